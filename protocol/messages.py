@@ -1,0 +1,142 @@
+"""The message vocabulary. Each frame holds ``{"v": PROTOCOL_VERSION, "type": <kind>, ...fields}``."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, ClassVar
+
+from protocol.frames import MAX_FRAME_BYTES, FrameError, FrameReader, encode
+
+# Bump on any change a peer could misread; a mismatched worker is rejected at hello.
+PROTOCOL_VERSION = 1
+
+
+class UnknownMessage(FrameError):
+    """A well-formed document that is not a message of this vocabulary."""
+
+
+class VersionMismatch(FrameError):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    kind: ClassVar[str] = ""
+
+
+# Supervisor -> worker.
+@dataclasses.dataclass(frozen=True)
+class Start(Message):
+    kind: ClassVar[str] = "start"
+    job_id: str
+    crew_id: str
+    operation: str
+    input: dict[str, Any]
+    timeout_ms: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Stop(Message):
+    kind: ClassVar[str] = "stop"
+
+
+# Worker -> supervisor.
+@dataclasses.dataclass(frozen=True)
+class Hello(Message):
+    kind: ClassVar[str] = "hello"
+    pid: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Registry(Message):
+    """The crew ids a registry offers; the answer of a worker started to describe it."""
+
+    kind: ClassVar[str] = "registry"
+    crews: list[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Started(Message):
+    kind: ClassVar[str] = "started"
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunk(Message):
+    kind: ClassVar[str] = "chunk"
+    channel: str
+    data: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Completed(Message):
+    kind: ClassVar[str] = "completed"
+    output: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Failed(Message):
+    kind: ClassVar[str] = "failed"
+    error_type: str
+    message: str
+    uncertain_outcome: bool
+
+
+TERMINAL = (Completed, Failed)
+_KINDS: dict[str, type[Message]] = {
+    cls.kind: cls for cls in (Start, Stop, Hello, Registry, Started, Chunk, Completed, Failed)
+}
+_FIELDS = {kind: typing.get_type_hints(cls) for kind, cls in _KINDS.items()}
+
+
+def pack(message: Message) -> bytes:
+    """The frame carrying ``message``."""
+    document = {"v": PROTOCOL_VERSION, "type": message.kind, **dataclasses.asdict(message)}
+    return encode(document)
+
+
+def decode(document: dict[str, Any]) -> Message:
+    """The message a document holds; raises UnknownMessage or VersionMismatch."""
+    version = document.get("v")
+    if version != PROTOCOL_VERSION:
+        raise VersionMismatch(f"protocol version {version!r}, expected {PROTOCOL_VERSION}")
+    kind = document.get("type")
+    cls = _KINDS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise UnknownMessage(f"unknown message type {kind!r}")
+    hints = {name: hint for name, hint in _FIELDS[kind].items() if name != "kind"}
+    fields = {k: v for k, v in document.items() if k not in ("v", "type")}
+    if fields.keys() != hints.keys():
+        raise UnknownMessage(f"{kind} needs fields {sorted(hints)}, got {sorted(fields)}")
+    for name, value in fields.items():
+        if not _conforms(value, hints[name]):
+            raise UnknownMessage(f"{kind}.{name} is not a {hints[name]}")
+    return cls(**fields)
+
+
+def _conforms(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, arm) for arm in typing.get_args(hint))
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        return isinstance(value, list) and all(_conforms(v, item) for v in value)
+    if origin is dict:
+        return isinstance(value, dict)  # keys are str by JSON; values are free-form
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+class MessageReader:
+    """Frames in, messages out; every error is a FrameError subclass."""
+
+    def __init__(self, max_bytes: int = MAX_FRAME_BYTES) -> None:
+        self._frames = FrameReader(max_bytes)
+
+    def feed(self, data: bytes) -> list[Message]:
+        return [decode(document) for document in self._frames.feed(data)]
+
+    def close(self) -> None:
+        self._frames.close()

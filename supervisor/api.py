@@ -1,0 +1,229 @@
+"""The HTTP contract: routes, admission order, status codes and SSE framing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+import orjson
+from fastapi import FastAPI, Header, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from supervisor.auth import BearerAuth
+from supervisor.jobs import Supervisor
+from supervisor.journal import Event, Job, JournalError
+from supervisor.models import (
+    CancelRequest,
+    StartRequest,
+    input_problem,
+    input_too_large,
+    key_problem,
+    path_id_problem,
+    request_hash,
+)
+
+# The input bound is 1 MiB of compact JSON; the envelope and pretty-printing get room beside it.
+MAX_BODY_BYTES = 4 * 1024 * 1024
+EVENTS_PER_SLICE = 1000
+CONTROL_OPERATIONS = ("status", "events", "cancel")
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
+LastEventId = Annotated[str | None, Header(alias="Last-Event-ID")]
+
+
+def create_app(sup: Supervisor) -> FastAPI:
+    settings = sup.settings
+    journal = sup.journal
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        sup.start()
+        yield
+        await sup.stop()
+
+    app = FastAPI(title="crew-supervisor", version="0.1.0", lifespan=lifespan, max_body_size=MAX_BODY_BYTES)
+    app.add_middleware(BearerAuth, token=settings.token)
+
+    def find(action_id: str) -> Job:
+        if problem := path_id_problem(action_id):
+            raise HTTPException(422, problem)
+        job = journal.get(action_id)
+        if job is None:
+            raise HTTPException(404, "run was not found")
+        return job
+
+    def view(job: Job) -> dict[str, Any]:
+        last = journal.last_event(job.action_id) if job.status != "running" else None
+        return {
+            "action_id": job.action_id,
+            "crew_id": job.crew_id,
+            "operation": job.operation,
+            "status": job.status,
+            "event_count": job.event_count,
+            "output": journal.output(job.action_id) if job.status == "completed" else None,
+            "terminal": last.data if last is not None and last.terminal else None,
+        }
+
+    def admit(body: StartRequest, key: str | None, legacy: bool) -> Job:
+        """The reference's admission order; an exact repeat returns its job even if policy changed since."""
+        if input_too_large(body):
+            raise HTTPException(413, "input exceeds 1 MiB")
+        if legacy and body.operation != "run":
+            raise HTTPException(400, "this route starts only the run operation")
+        bad_key = key_problem(key)
+        digest = request_hash(body, key) if bad_key is None and key is not None else ""
+        existing = journal.get(body.action_id)
+        if existing is not None and existing.request_hash == digest:
+            return existing
+        if body.operation not in settings.allowed_operations:
+            raise HTTPException(403, f"operation {body.operation} is not allowed")
+        if bad_key is not None:
+            raise HTTPException(*bad_key)
+        if problem := input_problem(body):
+            raise HTTPException(422, problem)
+        if body.crew_id not in sup.crews:
+            raise HTTPException(404, "crew was not found")
+        if existing is not None:
+            raise HTTPException(409, "action id was already admitted with different request material")
+        if journal.count() >= settings.max_retained_runs:
+            raise HTTPException(507, "journal holds the maximum number of retained runs; archive some")
+        if journal.size_bytes() >= settings.max_state_bytes:
+            raise HTTPException(507, "journal has reached its byte limit; archive some runs")
+        job = Job(body.action_id, body.crew_id, body.operation, digest, "running", 0)
+        try:
+            journal.admit(job)
+        except JournalError as exc:
+            raise HTTPException(507, f"admission could not be made durable: {exc}") from None
+        sup.launch(job, body.input, body.timeout_ms)
+        return job
+
+    def stream(action_id: str, cursor: int) -> StreamingResponse:
+        return StreamingResponse(
+            sse_frames(sup.follow(action_id, cursor, settings.heartbeat_seconds)),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
+
+    async def start_blocking(body: StartRequest, key: str | None, legacy: bool) -> Response:
+        loop = asyncio.get_running_loop()
+        waited_from = loop.time()
+        job = admit(body, key, legacy)
+        finished = await sup.wait(job.action_id, body.timeout_ms / 1000 - (loop.time() - waited_from))
+        job = journal.get(job.action_id) or job
+        if not finished or job.status == "running":
+            return JSONResponse({"detail": "timed out waiting; the job continues", **view(job)}, 504)
+        if job.status == "completed":
+            return JSONResponse(journal.output(job.action_id))
+        detail = "run was cancelled" if job.status == "cancelled" else "run failed"
+        return JSONResponse({"detail": detail, **view(job)}, 409 if job.status == "cancelled" else 502)
+
+    async def start_streaming(body: StartRequest, key: str | None, legacy: bool, last_id: str | None) -> Response:
+        job = admit(body, key, legacy)
+        return stream(job.action_id, resume_cursor(last_id, 0))
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {
+            "status": "ready",
+            "crews": sup.crews,
+            "active_runs": len(sup.live),
+            "retained_runs": journal.count(),
+            "max_retained_runs": settings.max_retained_runs,
+            "durable_journal": bool(settings.state_file),
+            "stream_checkpoint_events": settings.stream_checkpoint_events,
+            "operations": [*settings.allowed_operations, *CONTROL_OPERATIONS],
+            "training_directory": bool(settings.training_dir),
+            "launcher": sup.launcher.name,
+        }
+
+    @app.post("/jobs")
+    async def post_job(body: StartRequest, key: IdempotencyKey = None) -> Response:
+        return await start_blocking(body, key, legacy=False)
+
+    @app.post("/runs")
+    async def post_run(body: StartRequest, key: IdempotencyKey = None) -> Response:
+        return await start_blocking(body, key, legacy=True)
+
+    @app.post("/jobs/stream")
+    async def post_job_stream(body: StartRequest, key: IdempotencyKey = None, last_id: LastEventId = None) -> Response:
+        return await start_streaming(body, key, False, last_id)
+
+    @app.post("/runs/stream")
+    async def post_run_stream(body: StartRequest, key: IdempotencyKey = None, last_id: LastEventId = None) -> Response:
+        return await start_streaming(body, key, True, last_id)
+
+    @app.get("/jobs/{action_id}")
+    @app.get("/runs/{action_id}")
+    async def get_job(action_id: str) -> dict[str, Any]:
+        return view(find(action_id))
+
+    @app.get("/jobs/{action_id}/events")
+    async def get_events(
+        action_id: str, request: Request, cursor: Annotated[int, Query()] = 0, last_id: LastEventId = None
+    ) -> Response:
+        job = find(action_id)
+        cursor = resume_cursor(last_id, cursor)
+        if not 0 <= cursor <= job.event_count:
+            raise HTTPException(416, f"cursor must be from 0 to {job.event_count}")
+        if "text/event-stream" in request.headers.get("accept", ""):
+            return stream(action_id, cursor)
+        events = journal.events(action_id, cursor, EVENTS_PER_SLICE)
+        return JSONResponse(
+            {
+                "action_id": action_id,
+                "cursor": cursor,
+                "next_cursor": cursor + len(events),
+                "status": job.status,
+                "events": [event.as_dict() for event in events],
+            }
+        )
+
+    @app.post("/jobs/{action_id}/cancel")
+    @app.post("/runs/{action_id}/cancel")
+    async def cancel(action_id: str, body: CancelRequest) -> dict[str, Any]:
+        if body.action_id != action_id:
+            raise HTTPException(400, "action_id in the body differs from the path")
+        job = find(action_id)
+        if job.crew_id != body.crew_id:
+            raise HTTPException(404, "run was not found")
+        await sup.cancel(action_id, body.reason)
+        return view(journal.get(action_id) or job)
+
+    @app.delete("/jobs/{action_id}")
+    async def archive(
+        action_id: str, confirmation: Annotated[str | None, Header(alias="X-AIP-Archive-Confirmation")] = None
+    ) -> dict[str, Any]:
+        if confirmation != action_id:
+            raise HTTPException(428, "X-AIP-Archive-Confirmation must equal the action id")
+        job = find(action_id)
+        if job.status == "running":
+            raise HTTPException(409, "a running job cannot be archived")
+        try:
+            journal.archive(action_id)
+        except JournalError as exc:
+            raise HTTPException(507, f"archive could not be made durable: {exc}") from None
+        return {"archived": True, "action_id": action_id}
+
+    return app
+
+
+def resume_cursor(last_event_id: str | None, cursor: int) -> int:
+    """Last-Event-ID (an SSE reconnect) resumes after that sequence and wins over the query."""
+    if last_event_id is None:
+        return cursor
+    if not last_event_id.strip().isdigit():
+        raise HTTPException(400, "Last-Event-ID must be an event sequence number")
+    return int(last_event_id) + 1
+
+
+async def sse_frames(events: AsyncIterator[Event | None]) -> AsyncIterator[bytes]:
+    """``event:`` and ``data:`` first, as the reference writes them, then ``id:`` for resuming."""
+    async for event in events:
+        if event is None:
+            yield b": keep-alive\n\n"
+        else:
+            data = orjson.dumps(event.as_dict())
+            yield b"event: %s\ndata: %s\nid: %d\n\n" % (event.event.encode(), data, event.sequence)

@@ -1,0 +1,96 @@
+"""``crew-supervisor serve``: check everything that can be checked, fence the past, then listen."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import uvicorn
+
+from supervisor import config
+from supervisor.api import create_app
+from supervisor.jobs import Supervisor, worker_env
+from supervisor.journal import Journal, JournalError, prepare_directory
+from supervisor.launcher import LaunchError, SpawnLauncher
+from supervisor.process import become_subreaper
+
+log = logging.getLogger("crew_supervisor")
+GRACEFUL_SHUTDOWN_SECONDS = 5
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="crew-supervisor", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve_parser = commands.add_parser("serve", help="run the supervisor")
+    serve_parser.add_argument(
+        "--demo", action="store_true", help=f"serve the offline demo crews ({config.DEMO_REGISTRY})"
+    )
+    serve_parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    config.add_flags(serve_parser)
+    args = parser.parse_args(argv)
+    flags = {name: getattr(args, name) for name in config.SPEC}
+    if args.demo:
+        flags["REGISTRY"] = flags["REGISTRY"] or config.DEMO_REGISTRY
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        settings = config.load(flags)
+    except config.ConfigError as exc:
+        sys.exit(f"crew-supervisor: {exc}")
+    serve(settings, args.log_level)
+
+
+def serve(settings: config.Settings, log_level: str) -> None:
+    ephemeral = None if settings.state_file else Path(tempfile.mkdtemp(prefix="crew-supervisor-"))
+    journal_path = ephemeral / "journal.db" if ephemeral else Path(settings.state_file).absolute()
+    try:
+        sup = _prepare(settings, journal_path)
+    except (JournalError, LaunchError, OSError) as exc:
+        sys.exit(f"crew-supervisor: {exc}")
+    try:
+        uvicorn.run(
+            create_app(sup),
+            host=settings.host,
+            port=settings.port,
+            proxy_headers=False,
+            server_header=False,
+            log_level=log_level,
+            access_log=False,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        )
+    finally:
+        sup.journal.close()
+        if ephemeral:
+            shutil.rmtree(ephemeral, ignore_errors=True)
+
+
+def _prepare(settings: config.Settings, journal_path: Path) -> Supervisor:
+    """Lock and open the journal, learn the crews, fence jobs a dead supervisor left running."""
+    state = journal_path.parent
+    prepare_directory(state)
+    for place in ("home", "storage", "scratch"):
+        (state / place).mkdir(mode=0o700, exist_ok=True)
+    journal = Journal(journal_path, settings.stream_checkpoint_events)
+    try:
+        become_subreaper()
+        launcher = SpawnLauncher()
+        crews = asyncio.run(launcher.describe(worker_env(settings.registry, state, ""), str(state / "scratch")))
+        sup = Supervisor(settings, journal, launcher, crews, state)
+        fenced = sup.fence_restored()
+    except BaseException:
+        journal.close()
+        raise
+    if fenced:
+        log.warning("fenced %d job(s) left running by a previous supervisor", len(fenced))
+    log.info(
+        "serving crews %s on %s:%d with launcher %s", ", ".join(crews), settings.host, settings.port, launcher.name
+    )
+    return sup
+
+
+if __name__ == "__main__":
+    main()

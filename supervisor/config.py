@@ -1,0 +1,219 @@
+"""Settings: the reference's AIP_CREWAI_* names, defaults and ranges, each also a flag."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import ipaddress
+import os
+import stat
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+PREFIX = "AIP_CREWAI_"
+OPERATIONS = ("run", "batch_run", "replay", "train", "test", "knowledge_query", "memory_reset")
+DEMO_REGISTRY = "worker.demo:registry"
+MAX_TOKEN_BYTES = 16384
+
+
+class ConfigError(Exception):
+    """One line naming the setting and what is wrong with it."""
+
+
+def _boolean(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("must be true or false")
+
+
+def _integer(low: int, high: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        value = int(raw.strip())
+        if not low <= value <= high:
+            raise ValueError(f"must be from {low} to {high}")
+        return value
+
+    return parse
+
+
+def _number(low: float, high: float) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        value = float(raw.strip())
+        if not low <= value <= high:
+            raise ValueError(f"must be from {low:g} to {high:g}")
+        return value
+
+    return parse
+
+
+def _operations(raw: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(part.strip() for part in raw.split(",") if part.strip()))
+    unknown = [name for name in names if name not in OPERATIONS]
+    if unknown or not names:
+        raise ValueError(f"must be a comma-separated subset of {','.join(OPERATIONS)}")
+    return names
+
+
+def _text(raw: str) -> str:
+    return raw.strip()
+
+
+MiB = 1024 * 1024
+# name (after the prefix) -> (parser, default, help)
+SPEC: dict[str, tuple[Callable[[str], Any], str, str]] = {
+    "REGISTRY": (_text, "", "crew registry as module:attr (required; --demo picks the offline demo crews)"),
+    "HOST": (_text, "127.0.0.1", "address to bind"),
+    "PORT": (_integer(0, 65535), "8090", "port to bind"),
+    "STATE_FILE": (_text, "", "journal path (SQLite); required unless ALLOW_EPHEMERAL on loopback"),
+    "BEARER_TOKEN": (_text, "", "the bearer token clients must send"),
+    "BEARER_TOKEN_FILE": (_text, "", "file holding the bearer token (regular, 0600 or stricter)"),
+    "ALLOW_UNAUTHENTICATED": (_boolean, "false", "serve without a token (loopback only)"),
+    "ALLOW_EPHEMERAL": (_boolean, "false", "keep the journal in a temporary directory (loopback only)"),
+    "ALLOWED_OPERATIONS": (_operations, "run", "comma-separated startable operations"),
+    "MAX_CONCURRENCY": (_integer(1, 1024), "4", "workers running at once; more jobs wait in order"),
+    "MAX_RETAINED_RUNS": (_integer(1, 100000), "2000", "jobs kept in the journal before admission answers 507"),
+    "MAX_EVENTS_PER_RUN": (_integer(2, 100000), "1000", "events per job, the last kept for the terminal one"),
+    "MAX_EVENT_BYTES": (_integer(1024, 4 * MiB), "262144", "largest encoded event"),
+    "MAX_STATE_BYTES": (_integer(MiB, 4096 * MiB), str(256 * MiB), "largest journal before admission answers 507"),
+    "STREAM_CHECKPOINT_EVENTS": (_integer(1, 10000), "128", "chunk events a crash may lose at most"),
+    "TRAINING_DIR": (_text, "", "where train writes artifacts (required when train is allowed)"),
+    "STOP_GRACE_MS": (_integer(0, 60000), "0", "SIGTERM grace before SIGKILL when stopping a worker"),
+    "HEARTBEAT_SECONDS": (_number(0.05, 300), "15", "SSE comment sent while a stream is idle"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    registry: str
+    host: str
+    port: int
+    state_file: str
+    bearer_token: str
+    bearer_token_file: str
+    allow_unauthenticated: bool
+    allow_ephemeral: bool
+    allowed_operations: tuple[str, ...]
+    max_concurrency: int
+    max_retained_runs: int
+    max_events_per_run: int
+    max_event_bytes: int
+    max_state_bytes: int
+    stream_checkpoint_events: int
+    training_dir: str
+    stop_grace_ms: int
+    heartbeat_seconds: float
+    token: str | None = None  # resolved from BEARER_TOKEN or BEARER_TOKEN_FILE
+
+    @property
+    def loopback(self) -> bool:
+        return is_loopback(self.host)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    for name, (_, default, help_text) in SPEC.items():
+        flag = "--" + name.lower().replace("_", "-")
+        parser.add_argument(flag, dest=name, default=None, help=f"{help_text} [{PREFIX}{name}, default {default!r}]")
+
+
+def load(flags: Mapping[str, str | None], environ: Mapping[str, str] = os.environ) -> Settings:
+    """Flags win over the environment, which wins over defaults. Raises ConfigError."""
+    values: dict[str, Any] = {}
+    for name, (parse, default, _) in SPEC.items():
+        raw = flags.get(name)
+        if raw is None:
+            raw = environ.get(PREFIX + name, default)
+        try:
+            values[name.lower()] = parse(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{PREFIX}{name}={raw!r}: {exc}") from None
+    settings = Settings(**values)
+    return dataclasses.replace(settings, token=_check(settings))
+
+
+def _check(s: Settings) -> str | None:
+    if not s.registry:
+        raise ConfigError(f"{PREFIX}REGISTRY is required (module:attr), or pass --demo for the offline demo crews")
+    if s.max_retained_runs < s.max_concurrency:
+        raise ConfigError(f"{PREFIX}MAX_RETAINED_RUNS must be at least {PREFIX}MAX_CONCURRENCY ({s.max_concurrency})")
+    if not s.state_file and not (s.allow_ephemeral and s.loopback):
+        raise ConfigError(f"{PREFIX}STATE_FILE is required unless {PREFIX}ALLOW_EPHEMERAL=true on a loopback host")
+    if s.allow_ephemeral and not s.loopback:
+        raise ConfigError(f"{PREFIX}ALLOW_EPHEMERAL is only allowed on a loopback host, not {s.host!r}")
+    if s.allow_unauthenticated and not s.loopback:
+        raise ConfigError(f"{PREFIX}ALLOW_UNAUTHENTICATED is only allowed on a loopback host, not {s.host!r}")
+    if "train" in s.allowed_operations:
+        _check_training_dir(s.training_dir)
+    token = _token(s)
+    if token is None and not s.allow_unauthenticated:
+        raise ConfigError(
+            f"{PREFIX}BEARER_TOKEN or {PREFIX}BEARER_TOKEN_FILE is required "
+            f"(or {PREFIX}ALLOW_UNAUTHENTICATED=true on a loopback host)"
+        )
+    return token
+
+
+def _token(s: Settings) -> str | None:
+    if s.bearer_token and s.bearer_token_file:
+        raise ConfigError(f"set only one of {PREFIX}BEARER_TOKEN and {PREFIX}BEARER_TOKEN_FILE")
+    raw = s.bearer_token
+    if s.bearer_token_file:
+        raw = _read_token_file(s.bearer_token_file)
+    if not raw:
+        return None
+    if len(raw.encode()) > MAX_TOKEN_BYTES or any(ord(c) < 0x21 or ord(c) == 0x7F for c in raw):
+        raise ConfigError(f"{PREFIX}BEARER_TOKEN must be at most {MAX_TOKEN_BYTES} bytes of visible characters")
+    return raw
+
+
+def _read_token_file(path: str) -> str:
+    name = f"{PREFIX}BEARER_TOKEN_FILE={path!r}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot open without following links: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(f"{name}: not a regular file")
+        if info.st_mode & 0o077:
+            raise ConfigError(f"{name}: mode {info.st_mode & 0o777:04o} lets others read it; use 0600")
+        if info.st_size > MAX_TOKEN_BYTES + 2:
+            raise ConfigError(f"{name}: larger than {MAX_TOKEN_BYTES} bytes")
+        data = os.read(fd, MAX_TOKEN_BYTES + 2)
+    finally:
+        os.close(fd)
+    try:
+        return data.decode().strip()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{name}: not UTF-8") from None
+
+
+def _check_training_dir(path: str) -> None:
+    name = f"{PREFIX}TRAINING_DIR"
+    if not path:
+        raise ConfigError(f"{name} is required when train is an allowed operation")
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        raise ConfigError(f"{name}={path!r}: {exc.strerror}") from None
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise ConfigError(f"{name}={path!r}: must be a directory, not a symlink")
+    if info.st_mode & 0o077:
+        raise ConfigError(f"{name}={path!r}: mode {info.st_mode & 0o777:04o}; use 0700")
+
+
+def state_dir(settings: Settings) -> Path:
+    return Path(settings.state_file).absolute().parent

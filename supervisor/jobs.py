@@ -1,0 +1,338 @@
+"""The life of a job: queue for a slot, spawn a worker, relay its frames to the journal, settle once.
+
+Every job ends with exactly one terminal event. Cancel and timeout kill the worker's process
+group and record the evidence; a worker that dies on its own fails only its own job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from protocol import Chunk, Completed, Failed, FrameError, Hello, Message, Start, Started
+from supervisor.config import PREFIX, Settings
+from supervisor.journal import Event, Job, Journal
+from supervisor.launcher import Launcher, LaunchError
+from supervisor.process import CONFIRM_SECONDS, WorkerProcess, kill_orphan
+
+log = logging.getLogger("crew_supervisor.jobs")
+FLUSH_SECONDS = 0.2
+EXIT_WAIT_SECONDS = 2.0  # after its terminal frame a worker leaves at once; past this it is killed
+EVENTS_PER_READ = 256
+RESTART_MESSAGE = "sidecar restarted before CrewAI produced a terminal result"
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    event: str  # completed | failed | cancelled
+    data: dict[str, Any]
+    output: dict[str, Any] | None = None
+
+
+def failure(error_type: str, message: str, uncertain: bool, **proof: Any) -> Outcome:
+    data = {"status": "failed", "error_type": error_type, "message": message, "uncertain_outcome": uncertain}
+    return Outcome("failed", {**data, **proof})
+
+
+@dataclasses.dataclass(eq=False)
+class LiveJob:
+    """A job that has no terminal event yet, as only this process knows it."""
+
+    action_id: str
+    crew_id: str
+    operation: str
+    input: dict[str, Any]
+    timeout_ms: int
+    deadline: float  # loop time; the timeout counts from admission, queue wait included
+    event_count: int = 0
+    phase: str = "queued"  # queued -> launching -> running -> settling
+    cancel_reason: str | None = None
+    worker: WorkerProcess | None = None
+    task: asyncio.Task[None] | None = None
+    done: asyncio.Future[None] = dataclasses.field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, journal: Journal, launcher: Launcher, crews: list[str], state: Path) -> None:
+        self.settings = settings
+        self.journal = journal
+        self.launcher = launcher
+        self.crews = crews
+        self.state = state
+        self.live: dict[str, LiveJob] = {}
+        self._slots = asyncio.Semaphore(settings.max_concurrency)
+        self._flusher: asyncio.Task[None] | None = None
+        self._grace = settings.stop_grace_ms / 1000
+
+    # Lifecycle of the supervisor -----------------------------------------------------------------
+
+    def fence_restored(self) -> list[str]:
+        """Before serving: every job left running by a dead supervisor fails, its orphan killed."""
+        fenced = []
+        for job in self.journal.running():
+            orphan = False
+            if job.worker_pid and job.worker_start_time and job.worker_pgid:
+                orphan = kill_orphan(job.worker_pid, job.worker_start_time, job.worker_pgid)
+            self.journal.finish(
+                job.action_id,
+                "failed",
+                {
+                    "status": "failed",
+                    "error_type": "supervisor_restarted",
+                    "message": RESTART_MESSAGE,
+                    "uncertain_outcome": True,
+                    "orphan_killed": orphan,
+                },
+            )
+            fenced.append(job.action_id)
+        return fenced
+
+    def start(self) -> None:
+        self._flusher = asyncio.get_running_loop().create_task(self._flush_periodically())
+
+    async def stop(self) -> None:
+        """Kill every worker; their jobs stay `running` so the next start fences them honestly."""
+        jobs = list(self.live.values())
+        for job in jobs:
+            if job.task is not None:
+                job.task.cancel()
+        await asyncio.gather(*(job.task for job in jobs if job.task), return_exceptions=True)
+        if self._flusher is not None:
+            self._flusher.cancel()
+        self.journal.flush()
+
+    async def _flush_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_SECONDS)
+            self.journal.flush()
+
+    # Admission, cancel, observation --------------------------------------------------------------
+
+    def launch(self, job: Job, input: dict[str, Any], timeout_ms: int) -> None:
+        """Schedule an admitted (already durable) job."""
+        loop = asyncio.get_running_loop()
+        live = LiveJob(job.action_id, job.crew_id, job.operation, input, timeout_ms, loop.time() + timeout_ms / 1000)
+        self.live[job.action_id] = live
+        live.task = loop.create_task(self._run(live), name=f"job:{job.action_id}")
+
+    async def cancel(self, action_id: str, reason: str | None) -> None:
+        """Return once the job is terminal; a job already settling keeps its own outcome."""
+        job = self.live.get(action_id)
+        if job is None:
+            return
+        if job.cancel_reason is None and job.phase != "settling":
+            job.cancel_reason = reason or "cancelled by request"
+            # While launching, the task checks the reason itself once the worker exists.
+            if job.phase in ("queued", "running") and job.task is not None:
+                job.task.cancel()
+        await asyncio.shield(job.done)
+
+    async def wait(self, action_id: str, timeout: float) -> bool:
+        """True once the job is terminal (or was never live here), False if ``timeout`` passed first."""
+        job = self.live.get(action_id)
+        if job is None:
+            return True
+        try:
+            await asyncio.wait_for(asyncio.shield(job.done), max(timeout, 0))
+        except TimeoutError:
+            return False
+        return True
+
+    async def follow(self, action_id: str, cursor: int, heartbeat: float) -> AsyncIterator[Event | None]:
+        """Events from ``cursor`` through the terminal one; None whenever ``heartbeat`` passes idle."""
+        while True:
+            job = self.live.get(action_id)
+            changed = job.changed if job is not None else None  # taken before reading: no lost wake-up
+            events = self.journal.events(action_id, cursor, EVENTS_PER_READ)
+            for event in events:
+                yield event
+                cursor = event.sequence + 1
+                if event.terminal:
+                    return
+            if events:
+                continue
+            if changed is None:
+                return
+            try:
+                await asyncio.wait_for(changed.wait(), heartbeat)
+            except TimeoutError:
+                yield None
+
+    # The job task ---------------------------------------------------------------------------------
+
+    async def _run(self, job: LiveJob) -> None:
+        try:
+            outcome = await self._queue_and_supervise(job)
+        except asyncio.CancelledError:
+            if job.cancel_reason is None:
+                raise  # supervisor stopping: the record stays running, to be fenced on restart
+            _uncancel()
+            outcome = Outcome(
+                "cancelled",
+                {"status": "cancelled", "reason": job.cancel_reason, "stop_confirmed": True, "launched": False},
+            )
+        except Exception:
+            log.exception("job failed inside the supervisor", extra={"action_id": job.action_id})
+            outcome = failure("supervisor_error", "the supervisor failed while running the job", job.worker is not None)
+        finally:
+            self.live.pop(job.action_id, None)
+        self._settle(job, outcome)
+
+    async def _queue_and_supervise(self, job: LiveJob) -> Outcome:
+        try:
+            async with asyncio.timeout_at(job.deadline):
+                await self._slots.acquire()
+        except TimeoutError:
+            return failure("timeout", f"no worker slot within timeout_ms={job.timeout_ms}", False)
+        try:
+            job.phase = "launching"
+            return await self._supervise(job)
+        finally:
+            self._slots.release()
+
+    async def _supervise(self, job: LiveJob) -> Outcome:
+        scratch = Path(tempfile.mkdtemp(prefix="job-", dir=self.state / "scratch"))
+        try:
+            try:
+                worker = await self.launcher.spawn(self._worker_env(job.crew_id), str(scratch))
+            except LaunchError as exc:
+                return failure("launch_failed", str(exc), False)
+            job.worker = worker
+            self.journal.set_worker(job.action_id, worker.pid, worker.create_time, worker.pgid)
+            worker.send(Start(job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms))
+            job.phase = "running"
+            try:
+                if job.cancel_reason is not None:
+                    raise asyncio.CancelledError  # cancelled while launching
+                async with asyncio.timeout_at(job.deadline):
+                    result = await self._relay(job, worker)
+            except TimeoutError:
+                job.phase = "settling"
+                evidence = await worker.kill(self._grace)
+                return failure("timeout", f"job exceeded timeout_ms={job.timeout_ms}", True, **evidence.as_dict())
+            except asyncio.CancelledError:
+                if job.cancel_reason is None:
+                    raise
+                _uncancel()
+                job.phase = "settling"
+                evidence = await worker.kill(self._grace)
+                return Outcome("cancelled", {"status": "cancelled", "reason": job.cancel_reason, **evidence.as_dict()})
+            job.phase = "settling"
+            if isinstance(result, Outcome):
+                return result
+            return await self._conclude(worker, result)
+        finally:
+            if job.worker is not None and not job.worker.exited.done():
+                await job.worker.kill()
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    async def _relay(self, job: LiveJob, worker: WorkerProcess) -> Completed | Failed | Outcome:
+        """Journal the worker's frames until its terminal message, or fault it."""
+        hello = await worker.next_message()
+        if not isinstance(hello, Hello) or hello.pid != worker.pid:
+            return await self._fault(worker, "protocol_error", _unexpected("hello", hello))
+        while True:
+            message = await worker.next_message()
+            if isinstance(message, Completed | Failed):
+                return message
+            if isinstance(message, Started):
+                fault = self._record(job, "started", {"status": "running", "pid": worker.pid})
+            elif isinstance(message, Chunk):
+                fault = self._record(job, "chunk", message.data)
+            elif message is None:
+                status = await worker.wait_exit(CONFIRM_SECONDS)
+                return failure(
+                    "worker_exited",
+                    f"worker exited with status {status} before a result",
+                    True,
+                    exit_status=status,
+                    pid=worker.pid,
+                )
+            else:
+                fault = ("protocol_error", _unexpected("a job message", message))
+            if fault is not None:
+                return await self._fault(worker, *fault)
+
+    def _record(self, job: LiveJob, name: str, data: dict[str, Any]) -> tuple[str, str] | None:
+        """Append a non-terminal event, or say which bound it breaks (the last slot is the terminal's)."""
+        if job.event_count + 1 >= self.settings.max_events_per_run:
+            return "event_limit_exceeded", f"more than {self.settings.max_events_per_run - 1} events"
+        size = len(orjson.dumps({"event": name, "sequence": job.event_count, "data": data}))
+        if size > self.settings.max_event_bytes:
+            return "event_too_large", f"an event of {size} bytes exceeds {self.settings.max_event_bytes}"
+        self.journal.append(job.action_id, name, data)
+        job.event_count += 1
+        _wake(job)
+        return None
+
+    async def _fault(self, worker: WorkerProcess, error_type: str, message: str) -> Outcome:
+        evidence = await worker.kill()
+        return failure(error_type, message, True, **evidence.as_dict())
+
+    async def _conclude(self, worker: WorkerProcess, message: Completed | Failed) -> Outcome:
+        """The worker answered; it must also leave. Its exit status joins the proof."""
+        status = await worker.wait_exit(EXIT_WAIT_SECONDS)
+        proof: dict[str, Any] = {"exit_status": status}
+        if status is None:
+            proof = (await worker.kill()).as_dict()
+        if isinstance(message, Failed):
+            return failure(message.error_type, message.message, message.uncertain_outcome, **proof)
+        data = {"status": "completed", **proof, "output": message.output}
+        if len(orjson.dumps(data)) > self.settings.max_event_bytes:
+            data = {"status": "completed", **proof, "output_in_record": True}
+        return Outcome("completed", data, message.output)
+
+    def _settle(self, job: LiveJob, outcome: Outcome) -> None:
+        try:
+            self.journal.finish(job.action_id, outcome.event, outcome.data, outcome.output)
+        except Exception:
+            log.critical(
+                "terminal event not durable; the job will be fenced on restart", extra={"action_id": job.action_id}
+            )
+        log.info("job %s %s", outcome.event, outcome.data.get("error_type", ""), extra={"action_id": job.action_id})
+        _wake(job)
+        if not job.done.done():
+            job.done.set_result(None)
+
+    def _worker_env(self, crew_id: str) -> dict[str, str]:
+        return worker_env(self.settings.registry, self.state, crew_id)
+
+
+def worker_env(registry: str, state: Path, crew_id: str) -> dict[str, str]:
+    """The supervisor's environment without its secrets, plus the worker's own places.
+
+    Each crew gets its own CrewAI storage, so a replay finds that crew's latest kickoff.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(PREFIX + "BEARER_TOKEN")}
+    storage = state / "storage" / hashlib.sha256(crew_id.encode()).hexdigest()[:24]
+    env.update(AIP_CREWAI_REGISTRY=registry, HOME=str(state / "home"), CREWAI_STORAGE_DIR=str(storage))
+    return env
+
+
+def _wake(job: LiveJob) -> None:
+    job.changed.set()
+    job.changed = asyncio.Event()
+
+
+def _uncancel() -> None:
+    """The cancellation was ours to handle; later awaits in this task must not see it."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+
+
+def _unexpected(wanted: str, got: Message | FrameError | None) -> str:
+    if isinstance(got, FrameError):
+        return f"{type(got).__name__}: {got}"
+    return f"expected {wanted}, got {'end of stream' if got is None else type(got).__name__}"

@@ -1,0 +1,290 @@
+"""The durable journal: one SQLite file in WAL mode, one writer guarded by a flock.
+
+Admission and terminal events commit before they are acknowledged; chunk events are
+group-committed, so a crash loses at most ``checkpoint_events`` of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import os
+import sqlite3
+import stat
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+SCHEMA_VERSION = 1
+TERMINAL_EVENTS = ("completed", "failed", "cancelled")
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    action_id TEXT PRIMARY KEY,
+    crew_id TEXT NOT NULL,
+    operation TEXT NOT NULL,
+    request_hash TEXT NOT NULL,
+    status TEXT NOT NULL,
+    event_count INTEGER NOT NULL DEFAULT 0,
+    output BLOB,
+    admitted_at REAL NOT NULL,
+    worker_pid INTEGER,
+    worker_start_time REAL,
+    worker_pgid INTEGER
+);
+CREATE TABLE IF NOT EXISTS events (
+    action_id TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    event TEXT NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (action_id, sequence)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status);
+"""
+
+
+class JournalError(Exception):
+    """The journal cannot be used or could not make a write durable."""
+
+
+class JournalLocked(JournalError):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    action_id: str
+    crew_id: str
+    operation: str
+    request_hash: str
+    status: str
+    event_count: int
+    worker_pid: int | None = None
+    worker_start_time: float | None = None
+    worker_pgid: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    event: str
+    sequence: int
+    data: dict[str, Any]
+
+    @property
+    def terminal(self) -> bool:
+        return self.event in TERMINAL_EVENTS
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"event": self.event, "sequence": self.sequence, "data": self.data}
+
+
+_JOB_COLUMNS = (
+    "action_id, crew_id, operation, request_hash, status, event_count, worker_pid, worker_start_time, worker_pgid"
+)
+
+
+class Journal:
+    def __init__(self, path: Path, checkpoint_events: int) -> None:
+        self.path = path
+        self._checkpoint = checkpoint_events
+        self._pending = 0  # chunk events written but not yet committed
+        self._lock_fd = _lock(path.with_name(path.name + ".lock"))
+        try:
+            _prepare_file(path)
+            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self._db.executescript("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=OFF;")
+            self._migrate()
+            for companion in ("-wal", "-shm"):
+                _restrict(path.with_name(path.name + companion))
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+
+    def _migrate(self) -> None:
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise JournalError(f"journal schema {version} is newer than this supervisor ({SCHEMA_VERSION})")
+        self._db.executescript(f"BEGIN; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """Join the open chunk transaction or start one; commit at the end (durable)."""
+        if not self._db.in_transaction:
+            self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            self._pending = 0
+            raise
+        self._commit()
+
+    def _commit(self) -> None:
+        try:
+            if self._db.in_transaction:
+                self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            # Never acknowledge what is not durable; SQLite rolled back or the db is unusable.
+            raise JournalError(f"journal commit failed: {exc}") from exc
+        self._pending = 0
+
+    def flush(self) -> None:
+        """Commit group-committed chunk events."""
+        if self._pending:
+            self._commit()
+
+    def close(self) -> None:
+        try:
+            self.flush()
+            self._db.close()
+        finally:
+            os.close(self._lock_fd)
+
+    # Reads ---------------------------------------------------------------------------------------
+
+    def get(self, action_id: str) -> Job | None:
+        row = self._db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE action_id = ?", (action_id,)).fetchone()
+        return Job(*row) if row else None
+
+    def output(self, action_id: str) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT output FROM jobs WHERE action_id = ?", (action_id,)).fetchone()
+        return orjson.loads(row[0]) if row and row[0] is not None else None
+
+    def events(self, action_id: str, cursor: int, limit: int = 1000) -> list[Event]:
+        rows = self._db.execute(
+            "SELECT event, sequence, data FROM events WHERE action_id = ? AND sequence >= ? ORDER BY sequence LIMIT ?",
+            (action_id, cursor, limit),
+        )
+        return [Event(name, sequence, orjson.loads(data)) for name, sequence, data in rows]
+
+    def last_event(self, action_id: str) -> Event | None:
+        row = self._db.execute(
+            "SELECT event, sequence, data FROM events WHERE action_id = ? ORDER BY sequence DESC LIMIT 1", (action_id,)
+        ).fetchone()
+        return Event(row[0], row[1], orjson.loads(row[2])) if row else None
+
+    def running(self) -> list[Job]:
+        rows = self._db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE status = 'running' ORDER BY admitted_at")
+        return [Job(*row) for row in rows]
+
+    def count(self) -> int:
+        return int(self._db.execute("SELECT count(*) FROM jobs").fetchone()[0])
+
+    def size_bytes(self) -> int:
+        return sum(
+            os.stat(p).st_size if os.path.exists(p) else 0
+            for p in (self.path, self.path.with_name(self.path.name + "-wal"))
+        )
+
+    # Writes --------------------------------------------------------------------------------------
+
+    def admit(self, job: Job) -> None:
+        """The start fence: durable before any worker exists."""
+        with self._transaction():
+            self._db.execute(
+                "INSERT INTO jobs (action_id, crew_id, operation, request_hash, status, event_count, admitted_at)"
+                " VALUES (?, ?, ?, ?, 'running', 0, ?)",
+                (job.action_id, job.crew_id, job.operation, job.request_hash, time.time()),
+            )
+
+    def set_worker(self, action_id: str, pid: int, start_time: float, pgid: int) -> None:
+        """Durable, so a restart can find and fence the worker."""
+        with self._transaction():
+            self._db.execute(
+                "UPDATE jobs SET worker_pid = ?, worker_start_time = ?, worker_pgid = ? WHERE action_id = ?",
+                (pid, start_time, pgid, action_id),
+            )
+
+    def append(self, action_id: str, event: str, data: dict[str, Any]) -> Event:
+        """A non-terminal event, group-committed."""
+        if not self._db.in_transaction:
+            self._db.execute("BEGIN IMMEDIATE")
+        try:
+            appended = self._insert(action_id, event, data)
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            self._pending = 0
+            raise
+        self._pending += 1
+        if self._pending >= self._checkpoint:
+            self._commit()
+        return appended
+
+    def finish(self, action_id: str, event: str, data: dict[str, Any], output: dict[str, Any] | None = None) -> Event:
+        """The terminal event, the status it implies and the output: one durable commit."""
+        with self._transaction():
+            appended = self._insert(action_id, event, data)
+            self._db.execute(
+                "UPDATE jobs SET status = ?, output = ? WHERE action_id = ?",
+                (event, orjson.dumps(output) if output is not None else None, action_id),
+            )
+        return appended
+
+    def archive(self, action_id: str) -> None:
+        with self._transaction():
+            self._db.execute("DELETE FROM events WHERE action_id = ?", (action_id,))
+            self._db.execute("DELETE FROM jobs WHERE action_id = ?", (action_id,))
+
+    def _insert(self, action_id: str, event: str, data: dict[str, Any]) -> Event:
+        (sequence,) = self._db.execute(
+            "UPDATE jobs SET event_count = event_count + 1 WHERE action_id = ? RETURNING event_count - 1", (action_id,)
+        ).fetchone()
+        self._db.execute(
+            "INSERT INTO events (action_id, sequence, event, data) VALUES (?, ?, ?, ?)",
+            (action_id, sequence, event, orjson.dumps(data)),
+        )
+        return Event(event, sequence, data)
+
+
+def _lock(path: Path) -> int:
+    """Exclusive, non-blocking: a second supervisor on the same state refuses to start."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise JournalError(f"cannot open lock file {path}: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise JournalError(f"lock file {path} is not a regular file")
+        os.fchmod(fd, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise JournalLocked(f"journal {path.with_suffix('')} is in use by another supervisor") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _prepare_file(path: Path) -> None:
+    """Create the journal 0600 without following links, or check the one that is there."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise JournalError(f"cannot open journal {path}: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise JournalError(f"journal {path} is not a regular file")
+        if info.st_mode & 0o077:
+            raise JournalError(f"journal {path} has mode {info.st_mode & 0o777:04o}; it must be 0600")
+    finally:
+        os.close(fd)
+
+
+def _restrict(path: Path) -> None:
+    if path.exists() and not path.is_symlink():
+        os.chmod(path, 0o600)
+
+
+def prepare_directory(directory: Path) -> None:
+    """The state directory: 0700 when we create it; never a symlink, never group/world-writable."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = os.lstat(directory)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise JournalError(f"state directory {directory} must be a directory, not a symlink")
+    if info.st_mode & 0o022:
+        raise JournalError(f"state directory {directory} is group- or world-writable (mode {info.st_mode & 0o777:04o})")

@@ -1,0 +1,254 @@
+"""One worker process as the supervisor sees it: its pipes, its exit, and how to stop it for sure."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import dataclasses
+import os
+import signal
+import subprocess
+import time
+from typing import Any
+
+import psutil
+
+from protocol import FrameError, Message, MessageReader, pack
+
+PR_SET_CHILD_SUBREAPER = 36
+OUTPUT_TAIL_BYTES = 64 * 1024
+# Reading pauses while this many messages wait: a flooding worker blocks on its own pipe.
+QUEUE_HIGH, QUEUE_LOW = 256, 64
+CONFIRM_SECONDS = 5.0
+
+
+def become_subreaper() -> None:
+    """Adopt orphaned descendants, so a killed worker's grandchildren are ours to reap."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+@dataclasses.dataclass(frozen=True)
+class StopEvidence:
+    """What a stop proved: recorded in the job's terminal event."""
+
+    stop_confirmed: bool
+    pid: int
+    pgid: int
+    signal: str
+    exit_status: int | None
+    descendants_killed: int
+    elapsed_ms: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class Tail(asyncio.Protocol):
+    """The last ``limit`` bytes of a worker's stdout or stderr, and how many came in all."""
+
+    def __init__(self, limit: int = OUTPUT_TAIL_BYTES) -> None:
+        self.limit = limit
+        self.total = 0
+        self._buffer = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        self.total += len(data)
+        self._buffer += data
+        if len(self._buffer) > self.limit:
+            del self._buffer[: len(self._buffer) - self.limit]
+
+    def text(self) -> str:
+        return self._buffer.decode(errors="replace")
+
+
+class _Frames(asyncio.Protocol):
+    """Feeds the event pipe to a MessageReader; hands messages, a FrameError, then None (EOF) to a queue."""
+
+    def __init__(self, queue: asyncio.Queue[Message | FrameError | None]) -> None:
+        self._queue = queue
+        self._reader = MessageReader()
+        self.transport: asyncio.ReadTransport | None = None
+        self.paused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            for message in self._reader.feed(data):
+                self._queue.put_nowait(message)
+        except FrameError as exc:
+            self._fail(exc)
+            return
+        if self._queue.qsize() >= QUEUE_HIGH and self.transport is not None:
+            self.transport.pause_reading()
+            self.paused = True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._reader is None:
+            return
+        try:
+            self._reader.close()
+        except FrameError as error:
+            self._fail(error)
+            return
+        self._reader = None  # type: ignore[assignment]
+        self._queue.put_nowait(None)
+
+    def _fail(self, exc: FrameError) -> None:
+        self._reader = None  # type: ignore[assignment]
+        self._queue.put_nowait(exc)
+        self._queue.put_nowait(None)
+        if self.transport is not None:
+            self.transport.close()
+
+
+class WorkerProcess:
+    """A launched worker: leads its own process group; reaped exactly once, by us."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], control_fd: int, event_fd: int) -> None:
+        self.popen = popen
+        self.pid = popen.pid
+        self.pgid = popen.pid  # start_new_session: the worker leads its group
+        self.create_time = psutil.Process(popen.pid).create_time()
+        self.stdout = Tail()
+        self.stderr = Tail()
+        self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._control_fd = control_fd
+        self._event_fd = event_fd
+        self._messages: asyncio.Queue[Message | FrameError | None] = asyncio.Queue()
+        self._frames = _Frames(self._messages)
+        self._control: asyncio.WriteTransport | None = None
+        self._pidfd = os.pidfd_open(popen.pid)
+
+    async def attach(self) -> None:
+        """Start reading pipes and watching for exit without blocking the loop."""
+        loop = asyncio.get_running_loop()
+        await loop.connect_read_pipe(lambda: self._frames, os.fdopen(self._event_fd, "rb", buffering=0))
+        for stream, tail in ((self.popen.stdout, self.stdout), (self.popen.stderr, self.stderr)):
+            if stream is not None:
+                await loop.connect_read_pipe(lambda tail=tail: tail, stream)
+        if self._control_fd >= 0:
+            self._control, _ = await loop.connect_write_pipe(
+                asyncio.Protocol, os.fdopen(self._control_fd, "wb", buffering=0)
+            )
+        loop.add_reader(self._pidfd, self._reap)
+
+    def send(self, message: Message) -> None:
+        if self._control is not None and not self._control.is_closing():
+            self._control.write(pack(message))
+
+    def close_control(self) -> None:
+        """The worker exits when it sees EOF here."""
+        if self._control is not None:
+            self._control.close()
+
+    async def next_message(self) -> Message | FrameError | None:
+        """The next message, a FrameError if the stream broke, or None at EOF."""
+        message = await self._messages.get()
+        if self._frames.paused and self._messages.qsize() <= QUEUE_LOW and self._frames.transport:
+            self._frames.transport.resume_reading()
+            self._frames.paused = False
+        return message
+
+    def _reap(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        status = self.popen.wait()
+        if not self.exited.done():
+            self.exited.set_result(status)
+
+    async def wait_exit(self, timeout: float) -> int | None:
+        try:
+            return await asyncio.wait_for(asyncio.shield(self.exited), timeout)
+        except TimeoutError:
+            return None
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    async def kill(self, grace: float = 0.0) -> StopEvidence:
+        """Stop the worker's whole group and every descendant, then prove they are gone."""
+        started = time.monotonic()
+        # Snapshot first: a grandchild may have left the group with setsid.
+        tree = self.descendants()
+        sent = signal.SIGKILL
+        if grace > 0 and not self.exited.done():
+            _signal_group(self.pgid, signal.SIGTERM)
+            if await self.wait_exit(grace) is not None:
+                sent = signal.SIGTERM
+        if not self.exited.done():
+            _signal_group(self.pgid, signal.SIGKILL)
+        for process in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()  # psutil refuses a pid that now names another process
+        status = await self.wait_exit(CONFIRM_SECONDS)
+        confirmed = status is not None and await confirm_gone(tree, CONFIRM_SECONDS)
+        self.close_control()
+        return StopEvidence(
+            stop_confirmed=confirmed,
+            pid=self.pid,
+            pgid=self.pgid,
+            signal=signal.Signals(sent).name,
+            exit_status=status,
+            descendants_killed=len(tree),
+            elapsed_ms=round((time.monotonic() - started) * 1000, 3),
+        )
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+async def confirm_gone(processes: list[psutil.Process], timeout: float) -> bool:
+    """True once none of ``processes`` runs; reaps those that became our children (subreaper)."""
+    deadline = time.monotonic() + timeout
+    pending = list(processes)
+    while pending:
+        pending = [p for p in pending if not _gone(p)]
+        if not pending:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.002)
+    return True
+
+
+def _gone(process: psutil.Process) -> bool:
+    try:
+        if not process.is_running():  # compares start time too: a reused pid is not ours
+            return True
+        if process.status() != psutil.STATUS_ZOMBIE:
+            return False
+    except psutil.NoSuchProcess:
+        return True
+    # Our child through the subreaper: reap it. Another parent's zombie is dead all the same.
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(process.pid, os.WNOHANG)
+    return True
+
+
+def kill_orphan(pid: int, start_time: float, pgid: int) -> bool:
+    """Kill a worker left by an earlier supervisor; True if it was found. A reused pid is never signalled."""
+    try:
+        process = psutil.Process(pid)
+        if process.create_time() != start_time:
+            return False
+        tree = [process, *process.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return False
+    if pgid == pid:
+        _signal_group(pgid, signal.SIGKILL)
+    for member in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            member.kill()
+    psutil.wait_procs(tree, timeout=CONFIRM_SECONDS)
+    return True

@@ -1,0 +1,79 @@
+"""Settings: reference names and defaults; every bad value fails with one line naming the setting."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from supervisor.config import ConfigError, load
+
+BASE = {
+    "AIP_CREWAI_REGISTRY": "worker.demo:registry",
+    "AIP_CREWAI_BEARER_TOKEN": "t0ken",
+    "AIP_CREWAI_STATE_FILE": "/x/j.db",
+}
+
+
+def test_defaults_match_the_reference_except_a_loopback_host() -> None:
+    s = load({}, BASE)
+    assert (s.host, s.port, s.max_concurrency, s.max_retained_runs) == ("127.0.0.1", 8090, 4, 2000)
+    assert (s.max_events_per_run, s.max_event_bytes, s.max_state_bytes) == (1000, 262144, 256 * 1024 * 1024)
+    assert (s.stream_checkpoint_events, s.allowed_operations, s.token) == (128, ("run",), "t0ken")
+
+
+def test_flags_win_over_environment() -> None:
+    assert load({"PORT": "9001"}, {**BASE, "AIP_CREWAI_PORT": "9000"}).port == 9001
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"AIP_CREWAI_MAX_CONCURRENCY": "0"}, "AIP_CREWAI_MAX_CONCURRENCY"),
+        ({"AIP_CREWAI_MAX_CONCURRENCY": "four"}, "AIP_CREWAI_MAX_CONCURRENCY"),
+        ({"AIP_CREWAI_MAX_EVENTS_PER_RUN": "1"}, "AIP_CREWAI_MAX_EVENTS_PER_RUN"),
+        ({"AIP_CREWAI_MAX_EVENT_BYTES": "1023"}, "AIP_CREWAI_MAX_EVENT_BYTES"),
+        ({"AIP_CREWAI_ALLOWED_OPERATIONS": "run,fly"}, "AIP_CREWAI_ALLOWED_OPERATIONS"),
+        ({"AIP_CREWAI_ALLOW_EPHEMERAL": "maybe"}, "AIP_CREWAI_ALLOW_EPHEMERAL"),
+        ({"AIP_CREWAI_REGISTRY": ""}, "AIP_CREWAI_REGISTRY"),
+        ({"AIP_CREWAI_STATE_FILE": ""}, "AIP_CREWAI_STATE_FILE"),
+        ({"AIP_CREWAI_BEARER_TOKEN": ""}, "AIP_CREWAI_BEARER_TOKEN"),
+        (
+            {"AIP_CREWAI_HOST": "0.0.0.0", "AIP_CREWAI_ALLOW_UNAUTHENTICATED": "true"},
+            "AIP_CREWAI_ALLOW_UNAUTHENTICATED",
+        ),
+        ({"AIP_CREWAI_HOST": "0.0.0.0", "AIP_CREWAI_ALLOW_EPHEMERAL": "true"}, "AIP_CREWAI_ALLOW_EPHEMERAL"),
+        ({"AIP_CREWAI_BEARER_TOKEN_FILE": "/nonexistent"}, "AIP_CREWAI_BEARER_TOKEN"),
+        ({"AIP_CREWAI_ALLOWED_OPERATIONS": "run,train"}, "AIP_CREWAI_TRAINING_DIR"),
+        ({"AIP_CREWAI_MAX_RETAINED_RUNS": "2", "AIP_CREWAI_MAX_CONCURRENCY": "3"}, "AIP_CREWAI_MAX_RETAINED_RUNS"),
+    ],
+)
+def test_bad_values_name_their_setting(overrides: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load({}, {**BASE, **overrides})
+    assert named in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_loopback_may_run_unauthenticated_and_ephemeral() -> None:
+    env = {"AIP_CREWAI_REGISTRY": "m:a", "AIP_CREWAI_ALLOW_UNAUTHENTICATED": "1", "AIP_CREWAI_ALLOW_EPHEMERAL": "1"}
+    assert load({}, env).token is None
+
+
+def test_token_file_must_be_private_regular_and_not_a_link(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    token.chmod(0o600)
+    env = {**BASE, "AIP_CREWAI_BEARER_TOKEN": "", "AIP_CREWAI_BEARER_TOKEN_FILE": str(token)}
+    assert load({}, env).token == "s3cret"
+    token.chmod(0o644)
+    with pytest.raises(ConfigError, match="0600"):
+        load({}, env)
+    token.chmod(0o600)
+    link = tmp_path / "link"
+    os.symlink(token, link)
+    with pytest.raises(ConfigError, match="links"):
+        load({}, {**env, "AIP_CREWAI_BEARER_TOKEN_FILE": str(link)})
+    with pytest.raises(ConfigError, match="only one"):
+        load({}, {**env, "AIP_CREWAI_BEARER_TOKEN": "other"})

@@ -1,0 +1,120 @@
+"""Frames and messages: any split of the stream reads back; corrupt input always raises."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocol import (
+    PROTOCOL_VERSION,
+    Chunk,
+    Completed,
+    Failed,
+    FrameReader,
+    FrameTooLarge,
+    Hello,
+    InvalidDocument,
+    MessageReader,
+    Start,
+    Started,
+    Stop,
+    TruncatedFrame,
+    UnknownMessage,
+    VersionMismatch,
+    encode,
+    pack,
+)
+from protocol.frames import FrameError
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+objects = st.dictionaries(st.text(max_size=8), json_values, max_size=5)
+messages = st.one_of(
+    st.builds(Start, st.text(max_size=10), st.text(max_size=10), st.just("run"), objects, st.integers(1, 3_600_000)),
+    st.just(Stop()),
+    st.builds(Hello, st.integers(1, 2**22)),
+    st.just(Started()),
+    st.builds(Chunk, st.sampled_from(["llm", "tools"]), objects),
+    st.builds(Completed, objects),
+    st.builds(Failed, st.text(max_size=10), st.text(max_size=30), st.booleans()),
+)
+
+
+def split(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    return [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(messages, max_size=8), st.lists(st.integers(0, 10**6), max_size=20))
+def test_any_sequence_survives_any_chunking(sent: list, cuts: list[int]) -> None:
+    stream = b"".join(pack(m) for m in sent)
+    reader = MessageReader()
+    received = [m for piece in split(stream, cuts) for m in reader.feed(piece)]
+    reader.close()
+    assert received == sent
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200), st.lists(st.integers(0, 400), max_size=10))
+def test_arbitrary_bytes_parse_or_raise_never_hang(data: bytes, cuts: list[int]) -> None:
+    reader = MessageReader(max_bytes=1024)
+    try:
+        for piece in split(data, cuts):
+            reader.feed(piece)
+        reader.close()
+    except FrameError:
+        pass  # the only acceptable failure
+
+
+def test_one_byte_at_a_time_and_coalesced() -> None:
+    stream = pack(Hello(pid=7)) + pack(Started()) + pack(Completed(output={"raw": "x"}))
+    reader = MessageReader()
+    one_by_one = [m for i in range(len(stream)) for m in reader.feed(stream[i : i + 1])]
+    assert one_by_one == MessageReader().feed(stream) == [Hello(7), Started(), Completed({"raw": "x"})]
+
+
+def test_oversized_length_is_rejected_before_the_body_arrives() -> None:
+    reader = FrameReader(max_bytes=10)
+    with pytest.raises(FrameTooLarge):
+        reader.feed(struct.pack(">I", 11))  # header only: no body was needed to decide
+
+
+def test_encode_refuses_what_no_reader_would_accept() -> None:
+    with pytest.raises(FrameTooLarge):
+        encode({"x": "y" * 100}, max_bytes=50)
+
+
+def test_eof_inside_a_frame_is_truncation() -> None:
+    reader = FrameReader()
+    reader.feed(encode({"a": 1})[:-1])
+    with pytest.raises(TruncatedFrame):
+        reader.close()
+    header_only = FrameReader()
+    header_only.feed(b"\x00\x00")
+    with pytest.raises(TruncatedFrame):
+        header_only.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        (b"{not json", InvalidDocument),
+        (b"[1, 2]", InvalidDocument),
+        (b'{"v": %d, "type": "launch"}' % PROTOCOL_VERSION, UnknownMessage),
+        (b'{"v": %d, "type": "hello"}' % PROTOCOL_VERSION, UnknownMessage),
+        (b'{"v": %d, "type": "hello", "pid": true}' % PROTOCOL_VERSION, UnknownMessage),
+        (b'{"v": %d, "type": "hello", "pid": 1, "extra": 2}' % PROTOCOL_VERSION, UnknownMessage),
+        (b'{"v": %d, "type": "hello", "pid": 1}' % (PROTOCOL_VERSION + 1), VersionMismatch),
+        (b'{"type": "hello", "pid": 1}', VersionMismatch),
+    ],
+)
+def test_corrupt_documents_raise_precisely(body: bytes, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        MessageReader().feed(struct.pack(">I", len(body)) + body)

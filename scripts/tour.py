@@ -1,0 +1,147 @@
+"""A scripted tour of crew-supervisor with the offline demo crews: run, stream, cancel with proof.
+
+Starts ``crew-supervisor serve --demo`` on loopback with a fresh token, walks through the API with
+httpx, then stops it. ``--serve`` keeps the supervisor running afterwards for your own requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import psutil
+
+
+def say(text: str) -> None:
+    print(f"\n\033[1m== {text}\033[0m", flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def events(response: httpx.Response) -> Any:
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            yield orjson.loads(line[6:])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--serve", action="store_true", help="keep the supervisor running after the tour")
+    parser.add_argument("--port", type=int, default=0, help="port to listen on (default: a free one)")
+    args = parser.parse_args()
+
+    port = args.port or free_port()
+    token = secrets.token_urlsafe(24)
+    state = Path(tempfile.mkdtemp(prefix="crew-supervisor-demo-")) / "state"
+    env = {**os.environ, "AIP_CREWAI_BEARER_TOKEN": token, "AIP_CREWAI_STATE_FILE": str(state / "journal.db")}
+    say(f"starting: crew-supervisor serve --demo --port {port}   (state in {state})")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "supervisor", "serve", "--demo", "--port", str(port), "--log-level", "warning"], env=env
+    )
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    try:
+        wait_ready(client, server)
+        tour(client)
+        if args.serve:
+            say(f"serving on http://127.0.0.1:{port} — press Ctrl-C to stop")
+            print(f"  export TOKEN={token}")
+            print(f'  curl -H "Authorization: Bearer $TOKEN" http://127.0.0.1:{port}/health')
+            server.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        client.close()
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
+    say("done: the supervisor stopped")
+    return 0
+
+
+def wait_ready(client: httpx.Client, server: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            sys.exit("the supervisor exited during startup")
+        try:
+            health = client.get("/health").json()
+            print(f"ready: crews {health['crews']}, operations {health['operations']}")
+            print(f"without the token: HTTP {httpx.get(str(client.base_url) + '/health').status_code}")
+            return
+        except httpx.TransportError:
+            time.sleep(0.3)
+    sys.exit("the supervisor did not become ready")
+
+
+def tour(client: httpx.Client) -> None:
+    say("1. run: POST /jobs (blocking) — one worker process runs the demo crew")
+    started = time.monotonic()
+    body = {"crew_id": "demo", "action_id": "tour-run", "input": {"topic": "process supervision"}}
+    output = client.post("/jobs", json=body, headers={"Idempotency-Key": "tour-1"}).json()
+    print(
+        f"raw: {output['raw']!r}  tokens: {output['token_usage']['total_tokens']}  "
+        f"({time.monotonic() - started:.1f} s, mostly the worker importing CrewAI)"
+    )
+    again = client.post("/jobs", json=body, headers={"Idempotency-Key": "tour-1"}).json()
+    print(f"exact repeat returns the same job, no second worker: {again['raw'] == output['raw']}")
+
+    say("2. stream: POST /jobs/stream — server-sent events as the crew works")
+    body = {"crew_id": "demo", "action_id": "tour-stream", "input": {"topic": "durable jobs"}}
+    with client.stream("POST", "/jobs/stream", json=body, headers={"Idempotency-Key": "tour-2"}) as response:
+        for event in events(response):
+            if event["event"] == "chunk":
+                print(event["data"]["content"], end="", flush=True)
+            else:
+                print(f"\n[{event['sequence']}] {event['event']}", flush=True)
+
+    say("3. cancel with proof: demo-slow ticks every 100 ms until we cancel it")
+    body = {"crew_id": "demo-slow", "action_id": "tour-cancel", "input": {"seconds": 600}}
+    ticking = threading.Event()
+    pid: list[int] = []
+
+    def follow() -> None:
+        with client.stream("POST", "/jobs/stream", json=body, headers={"Idempotency-Key": "tour-3"}) as response:
+            for event in events(response):
+                if event["event"] == "started":
+                    pid.append(event["data"]["pid"])
+                    print(f"[{event['sequence']}] started in worker pid {pid[0]}")
+                elif event["event"] == "chunk":
+                    print(f"  {event['data']['content'].strip()}", flush=True)
+                    if event["sequence"] >= 10:
+                        ticking.set()
+                else:
+                    print(f"[{event['sequence']}] {event['event']}")
+
+    follower = threading.Thread(target=follow)
+    follower.start()
+    ticking.wait(120)
+    print(f"worker pid {pid[0]} alive before cancel: {psutil.pid_exists(pid[0])}")
+    cancel = {"crew_id": "demo-slow", "action_id": "tour-cancel", "reason": "shown in the tour"}
+    record = client.post("/jobs/tour-cancel/cancel", json=cancel).json()
+    follower.join(30)
+    proof = record["terminal"]
+    print(
+        f"status: {record['status']}; proof: stop_confirmed={proof['stop_confirmed']} signal={proof['signal']} "
+        f"exit_status={proof['exit_status']} descendants_killed={proof['descendants_killed']} "
+        f"elapsed_ms={proof['elapsed_ms']}"
+    )
+    print(f"psutil after cancel: pid {pid[0]} exists = {psutil.pid_exists(pid[0])}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,296 @@
+"""The HTTP contract against a real supervisor, real workers and real CrewAI (offline)."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import Server, gone, sse_events, start_body, start_server, wait_until
+
+KEY = {"Idempotency-Key": "key-1"}
+SSE = {"Accept": "text/event-stream"}
+
+
+def stream_job(client: httpx.Client, body: dict[str, Any], key: str = "key-1") -> list[dict[str, Any]]:
+    with client.stream("POST", "/jobs/stream", json=body, headers={"Idempotency-Key": key}) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        return list(sse_events(response))
+
+
+def assert_contiguous(events: list[dict[str, Any]], start: int = 0) -> None:
+    assert [e["sequence"] for e in events] == list(range(start, start + len(events)))
+    assert [e["event"] for e in events].count(events[-1]["event"]) == 1
+    assert events[-1]["event"] in ("completed", "failed", "cancelled")
+
+
+def started_pid(client: httpx.Client, action: str) -> int:
+    def first_event() -> bool:
+        response = client.get(f"/jobs/{action}/events")  # 404 until the admission lands
+        return response.status_code == 200 and response.json()["events"] != []
+
+    assert wait_until(first_event, timeout=60)
+    first = client.get(f"/jobs/{action}/events").json()["events"][0]
+    assert first["event"] == "started"
+    return int(first["data"]["pid"])
+
+
+ROUTES = [
+    ("GET", "/health"),
+    ("POST", "/jobs"),
+    ("POST", "/jobs/stream"),
+    ("GET", "/jobs/x"),
+    ("GET", "/jobs/x/events"),
+    ("POST", "/jobs/x/cancel"),
+    ("DELETE", "/jobs/x"),
+    ("POST", "/runs"),
+    ("POST", "/runs/stream"),
+    ("GET", "/runs/x"),
+    ("POST", "/runs/x/cancel"),
+    ("GET", "/no-such-route"),
+]
+
+
+@pytest.mark.parametrize(("method", "path"), ROUTES)
+def test_every_route_requires_the_bearer_token(server: Server, method: str, path: str) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"bearer {server.token}"}):
+        response = httpx.request(method, server.url + path, headers=headers, json={})
+        assert response.status_code == 401
+        assert response.headers["www-authenticate"] == "Bearer"
+
+
+def test_health_lists_crews_and_policy(server: Server) -> None:
+    with server.client() as client:
+        health = client.get("/health").json()
+    assert health["status"] == "ready" and health["durable_journal"] is True
+    assert {"demo", "demo-slow", "stubborn"} <= set(health["crews"])
+    assert health["operations"] == ["run", "status", "events", "cancel"]
+
+
+def test_demo_blocking_run_is_deterministic(server: Server) -> None:
+    with server.client() as client:
+        first = client.post("/jobs", json=start_body("demo", "det-1", input={"topic": "x"}), headers=KEY)
+        second = client.post("/runs", json=start_body("demo", "det-2", input={"topic": "x"}), headers=KEY)
+    assert first.status_code == second.status_code == 200
+    assert first.json()["raw"] == second.json()["raw"]
+    assert first.json()["raw"].startswith("Writer reports finding")
+    assert set(first.json()) >= {"raw", "json_dict", "pydantic", "tasks_output", "token_usage"}
+
+
+def test_stream_then_replay_and_tail(server: Server) -> None:
+    with server.client() as client:
+        events = stream_job(client, start_body("demo", "stream-1"))
+        assert events[0]["event"] == "started" and events[-1]["event"] == "completed"
+        assert all(e["event"] == "chunk" and e["data"]["channel"] == "llm" for e in events[1:-1])
+        assert len(events) > 3
+        assert_contiguous(events)
+        assert events[-1]["data"]["output"]["raw"].startswith("Writer reports finding")
+        assert events[-1]["data"]["exit_status"] == 0
+
+        # An exact repeat is the same job: the same events, no second worker.
+        assert stream_job(client, start_body("demo", "stream-1")) == events
+
+        tail = client.get("/jobs/stream-1/events", params={"cursor": 3}).json()
+        assert tail["events"] == events[3:] and tail["next_cursor"] == len(events) and tail["cursor"] == 3
+        assert client.get("/jobs/stream-1/events", params={"cursor": len(events)}).json()["events"] == []
+        for cursor in (-1, len(events) + 1):
+            assert client.get("/jobs/stream-1/events", params={"cursor": cursor}).status_code == 416
+
+        with client.stream("GET", "/jobs/stream-1/events", headers={**SSE, "Last-Event-ID": "4"}) as response:
+            assert list(sse_events(response)) == events[5:]
+        with client.stream("GET", "/jobs/stream-1/events", params={"cursor": 2}, headers=SSE) as response:
+            assert list(sse_events(response)) == events[2:]
+
+        record = client.get("/jobs/stream-1").json()
+        assert record["status"] == "completed" and record["event_count"] == len(events)
+        assert record["output"] == events[-1]["data"]["output"]
+        assert client.get("/runs/stream-1").json() == record
+
+
+def test_exact_repeat_and_conflicting_reuse(server: Server) -> None:
+    body = start_body("demo", "repeat-1", input={"n": 1})
+    with server.client() as client:
+        first = client.post("/jobs", json=body, headers=KEY)
+        count = client.get("/jobs/repeat-1").json()["event_count"]
+        again = client.post("/jobs", json=body, headers=KEY)
+        assert again.json() == first.json()
+        assert client.get("/jobs/repeat-1").json()["event_count"] == count
+        events = client.get("/jobs/repeat-1/events").json()["events"]
+        assert [e["event"] for e in events].count("started") == 1
+        for changed, key in (
+            ({**body, "input": {"n": 2}}, KEY),
+            ({**body, "timeout_ms": 5}, KEY),
+            (body, {"Idempotency-Key": "key-2"}),
+        ):
+            assert client.post("/jobs", json=changed, headers=key).status_code == 409
+
+
+def test_admission_rejections_in_order(server: Server) -> None:
+    big = {"blob": "x" * (1024 * 1024)}
+    cases: list[tuple[str, dict[str, Any], dict[str, str], int]] = [
+        ("/jobs", start_body("demo", "r-413", input=big), KEY, 413),
+        ("/jobs", start_body("nope", "r-413b", input=big, operation="replay"), {}, 413),
+        ("/runs", start_body("demo", "r-400", operation="batch_run"), {}, 400),
+        ("/jobs", start_body("demo", "r-403", operation="batch_run"), {}, 403),
+        ("/jobs", start_body("demo", "r-428"), {}, 428),
+        ("/jobs", start_body("demo", "r-428b"), {"Idempotency-Key": ""}, 428),
+        ("/jobs", start_body("demo", "r-400k"), {"Idempotency-Key": "k" * 513}, 400),
+        ("/jobs", start_body("demo", "r-400c"), {"Idempotency-Key": "a\tb"}, 400),
+        ("/jobs", start_body("demo", "r-422", input={f"p{i}": i for i in range(513)}), KEY, 422),
+        ("/jobs", start_body("nope", "r-404"), KEY, 404),
+        ("/jobs", {**start_body("demo", "r-422u"), "extra": 1}, KEY, 422),
+        ("/jobs", start_body("demo", "r-422t", timeout_ms=True), KEY, 422),
+        ("/jobs", start_body("demo", "r-422z", timeout_ms=0), KEY, 422),
+        ("/jobs", start_body("demo", "r-422m", timeout_ms=3_600_001), KEY, 422),
+        ("/jobs", start_body("demo", "x" * 257), KEY, 422),
+        ("/jobs", start_body("demo", "r-422o", operation="fly"), KEY, 422),
+    ]
+    with server.client() as client:
+        for path, body, headers, status in cases:
+            response = client.post(path, json=body, headers=headers)
+            assert response.status_code == status, (body.get("action_id"), response.text)
+            assert "detail" in response.json()
+        assert (
+            client.post("/jobs", content=b"{not json", headers={**KEY, "content-type": "application/json"}).status_code
+            == 422
+        )
+        assert client.post("/jobs", json=start_body("demo", "r-256-" + "x" * 250), headers=KEY).status_code == 200
+        for action in ("r-413", "r-403", "r-428", "r-404"):
+            assert client.get(f"/jobs/{action}").status_code == 404  # nothing stored
+        assert client.get("/jobs/bad%01id").status_code == 422
+        assert client.get("/jobs/" + "x" * 257).status_code == 422
+        assert client.get("/jobs/nobody").status_code == 404
+
+
+def test_cancel_mid_stream_kills_the_worker_and_proves_it(server: Server) -> None:
+    body = start_body("demo-slow", "cancel-1", input={"seconds": 600})
+    seen: list[dict[str, Any]] = []
+    two_chunks = threading.Event()
+
+    def follow() -> None:
+        with server.client() as client, client.stream("POST", "/jobs/stream", json=body, headers=KEY) as response:
+            for event in sse_events(response):
+                seen.append(event)
+                if sum(e["event"] == "chunk" for e in seen) >= 2:
+                    two_chunks.set()
+
+    with ThreadPoolExecutor(1) as pool, server.client() as client:
+        follower = pool.submit(follow)
+        assert two_chunks.wait(90)
+        pid = started_pid(client, "cancel-1")
+        cancel = {"crew_id": "demo-slow", "action_id": "cancel-1", "reason": "operator stop"}
+        response = client.post("/jobs/cancel-1/cancel", json=cancel)
+        follower.result(30)
+        record = response.json()
+        assert response.status_code == 200 and record["status"] == "cancelled"
+        proof = record["terminal"]
+        assert proof["stop_confirmed"] is True and proof["pid"] == pid and proof["reason"] == "operator stop"
+        assert proof["signal"] == "SIGKILL" and proof["exit_status"] == -9 and proof["elapsed_ms"] >= 0
+        assert gone(pid)
+        assert seen[-1] == {"event": "cancelled", "sequence": len(seen) - 1, "data": proof}
+        assert_contiguous(seen)
+        assert client.get("/jobs/cancel-1").json() == record
+        assert client.post("/runs/cancel-1/cancel", json=cancel).json() == record  # terminal: unchanged
+        assert client.post("/jobs/cancel-1/cancel", json={**cancel, "action_id": "other"}).status_code == 400
+        assert client.post("/jobs/cancel-1/cancel", json={**cancel, "crew_id": "demo"}).status_code == 404
+        assert client.post("/jobs/none/cancel", json={**cancel, "action_id": "none"}).status_code == 404
+        assert client.post("/jobs/cancel-1/cancel", json={**cancel, "reason": "r" * 2049}).status_code == 422
+
+
+def test_blocking_results_cancelled_failed_and_wait_expired(server: Server) -> None:
+    with ThreadPoolExecutor(2) as pool, server.client() as client:
+        blocked = pool.submit(client.post, "/jobs", json=start_body("demo-slow", "block-1"), headers=KEY)
+        started_pid(client, "block-1")
+        client.post("/jobs/block-1/cancel", json={"crew_id": "demo-slow", "action_id": "block-1"})
+        cancelled = blocked.result(30)
+        assert cancelled.status_code == 409 and cancelled.json()["status"] == "cancelled"
+
+        failed = client.post("/jobs", json=start_body("boom", "block-2"), headers=KEY)
+        assert failed.status_code == 502
+        terminal = failed.json()["terminal"]
+        assert terminal["error_type"] and terminal["uncertain_outcome"] is False
+        assert "secret" not in failed.text
+        assert "secret" not in client.get("/jobs/block-2/events").text
+
+        factory = client.post("/jobs", json=start_body("broken-factory", "block-3"), headers=KEY)
+        assert factory.status_code == 502
+        events = client.get("/jobs/block-3/events").json()["events"]
+        assert [e["event"] for e in events] == ["failed"]  # no `started` before a factory failure
+
+        expired = client.post("/jobs", json=start_body("demo-slow", "block-4", timeout_ms=1500), headers=KEY)
+        assert expired.status_code == 504
+        assert wait_until(lambda: client.get("/jobs/block-4").json()["status"] == "failed", timeout=30)
+        terminal = client.get("/jobs/block-4").json()["terminal"]
+        assert terminal["error_type"] == "timeout" and terminal["uncertain_outcome"] is True
+        assert terminal["stop_confirmed"] is True and gone(terminal["pid"])
+
+
+def test_timeout_mid_stream_kills_the_worker(server: Server) -> None:
+    with server.client() as client:
+        events = stream_job(client, start_body("stubborn", "timeout-1", timeout_ms=9000))
+    assert_contiguous(events)
+    assert events[0]["event"] == "started"
+    last = events[-1]["data"]
+    assert events[-1]["event"] == "failed" and last["error_type"] == "timeout" and last["uncertain_outcome"] is True
+    assert last["stop_confirmed"] is True and last["pid"] == events[0]["data"]["pid"] and gone(last["pid"])
+
+
+def test_stream_heartbeats_while_idle(server: Server) -> None:
+    with server.client() as client:
+        with client.stream("POST", "/jobs/stream", json=start_body("demo", "beat-1"), headers=KEY) as response:
+            lines = list(response.iter_lines())
+        assert ": keep-alive" in lines  # the worker spends seconds importing CrewAI before `started`
+        assert lines.index(": keep-alive") < lines.index("event: started")
+
+
+def test_archive(server: Server) -> None:
+    with ThreadPoolExecutor(1) as pool, server.client() as client:
+        running = pool.submit(client.post, "/jobs", json=start_body("demo-slow", "arch-1"), headers=KEY)
+        started_pid(client, "arch-1")
+        confirm = {"X-AIP-Archive-Confirmation": "arch-1"}
+        assert client.delete("/jobs/arch-1").status_code == 428
+        assert client.delete("/jobs/arch-1", headers={"X-AIP-Archive-Confirmation": "other"}).status_code == 428
+        assert client.delete("/jobs/arch-1", headers=confirm).status_code == 409
+        assert client.delete("/jobs/ghost", headers={"X-AIP-Archive-Confirmation": "ghost"}).status_code == 404
+        client.post("/jobs/arch-1/cancel", json={"crew_id": "demo-slow", "action_id": "arch-1"})
+        running.result(30)
+        assert client.delete("/jobs/arch-1", headers=confirm).json() == {"archived": True, "action_id": "arch-1"}
+        assert client.get("/jobs/arch-1").status_code == 404
+        assert client.get("/jobs/arch-1/events").status_code == 404
+
+
+def test_queue_order_queued_cancel_and_capacity(tmp_path: Path) -> None:
+    env = {"AIP_CREWAI_MAX_CONCURRENCY": "1", "AIP_CREWAI_MAX_RETAINED_RUNS": "2"}
+    small = start_server(tmp_path / "state", env=env)
+    try:
+        with ThreadPoolExecutor(1) as pool, small.client() as client:
+            first = pool.submit(client.post, "/jobs", json=start_body("demo-slow", "q-1"), headers=KEY)
+            started_pid(client, "q-1")
+            # The only slot is taken: q-2 waits, and its timeout counts while it waits.
+            queued = client.post("/jobs", json=start_body("demo", "q-2", timeout_ms=1000), headers=KEY)
+            assert queued.status_code == 504
+            assert wait_until(lambda: client.get("/jobs/q-2").json()["status"] == "failed")
+            terminal = client.get("/jobs/q-2").json()["terminal"]
+            assert terminal["error_type"] == "timeout" and terminal["uncertain_outcome"] is False  # nothing ran
+            assert client.post("/jobs", json=start_body("demo", "q-3"), headers=KEY).status_code == 507
+            assert client.get("/jobs/q-3").status_code == 404
+            client.delete("/jobs/q-2", headers={"X-AIP-Archive-Confirmation": "q-2"})
+            with client.stream("POST", "/jobs/stream", json=start_body("demo", "q-4"), headers=KEY) as waiting:
+                cancel = client.post("/jobs/q-4/cancel", json={"crew_id": "demo", "action_id": "q-4"}).json()
+                assert [e["event"] for e in sse_events(waiting)] == ["cancelled"]
+            assert cancel["terminal"] == {
+                "status": "cancelled",
+                "reason": "cancelled by request",
+                "stop_confirmed": True,
+                "launched": False,
+            }
+            assert client.get("/health").json()["active_runs"] == 1
+            client.post("/jobs/q-1/cancel", json={"crew_id": "demo-slow", "action_id": "q-1"})
+            assert first.result(30).status_code == 409
+    finally:
+        small.stop()

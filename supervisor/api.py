@@ -27,6 +27,7 @@ from supervisor.models import (
 # The input bound is 1 MiB of compact JSON; the envelope and pretty-printing get room beside it.
 MAX_BODY_BYTES = 4 * 1024 * 1024
 EVENTS_PER_SLICE = 1000
+SLICE_BYTES = 8 * 1024 * 1024  # a JSON slice stops here (at least one event); next_cursor says where
 CONTROL_OPERATIONS = ("status", "events", "cancel")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -208,6 +209,15 @@ def create_app(sup: Supervisor) -> FastAPI:
         return {"archived": True, "action_id": action_id}
 
     return app
+
+
+def bounded_slice(events: list[Event]) -> list[Event]:
+    total = 0
+    for index, event in enumerate(events):
+        total += len(orjson.dumps(event.data))
+        if total > SLICE_BYTES and index > 0:
+            return events[:index]
+    return events
 
 
 def resume_cursor(last_event_id: str | None, cursor: int) -> int:

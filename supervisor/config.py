@@ -8,7 +8,6 @@ import ipaddress
 import os
 import stat
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 PREFIX = "AIP_CREWAI_"
@@ -213,7 +212,3 @@ def _check_training_dir(path: str) -> None:
         raise ConfigError(f"{name}={path!r}: must be a directory, not a symlink")
     if info.st_mode & 0o077:
         raise ConfigError(f"{name}={path!r}: mode {info.st_mode & 0o777:04o}; use 0700")
-
-
-def state_dir(settings: Settings) -> Path:
-    return Path(settings.state_file).absolute().parent

@@ -111,16 +111,16 @@ class Journal:
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:
-        """Join the open chunk transaction or start one; commit at the end (durable)."""
-        if not self._db.in_transaction:
-            self._db.execute("BEGIN IMMEDIATE")
+        """One durable commit. Pending chunks commit first, so a failure here rolls back only this."""
+        self.flush()
+        self._db.execute("BEGIN IMMEDIATE")
         try:
             yield
+            self._commit()
         except BaseException:
-            self._db.execute("ROLLBACK")
-            self._pending = 0
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
             raise
-        self._commit()
 
     def _commit(self) -> None:
         try:
@@ -133,7 +133,7 @@ class Journal:
 
     def flush(self) -> None:
         """Commit group-committed chunk events."""
-        if self._pending:
+        if self._db.in_transaction:
             self._commit()
 
     def close(self) -> None:
@@ -205,6 +205,8 @@ class Journal:
         try:
             appended = self._insert(action_id, event, data)
         except BaseException:
+            # Losing the uncommitted chunks with it is the price of one connection; a failed
+            # insert means the journal is unusable anyway (disk full, I/O error).
             self._db.execute("ROLLBACK")
             self._pending = 0
             raise

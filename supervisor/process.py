@@ -158,6 +158,9 @@ class WorkerProcess:
         loop = asyncio.get_running_loop()
         loop.remove_reader(self._pidfd)
         os.close(self._pidfd)
+        # The leader is a zombie now, so its pid (the group id) cannot be reused yet:
+        # anything it left running in its group goes with it.
+        _signal_group(self.pgid, signal.SIGKILL)
         status = self.popen.wait()
         if not self.exited.done():
             self.exited.set_result(status)

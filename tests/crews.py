@@ -22,11 +22,13 @@ HOUR = 3600
 
 class MisbehavingLLM(BaseLLM):
     """``sleep``: blocks in time.sleep; ``spawn``: starts a grandchild that leaves the group, then
-    blocks; ``raise``: fails with text that must never reach the journal."""
+    blocks; ``raise``: fails with text that must never reach the journal; ``huge``: answers 5 MiB."""
 
     mode: str
 
     def call(self, messages: Any, *args: Any, **kwargs: Any) -> str:
+        if self.mode == "huge":
+            return "Final Answer: " + "x" * (5 * 1024 * 1024)
         if self.mode == "spawn":
             subprocess.Popen([sys.executable, "-c", "import os, time; os.setsid(); time.sleep(3600)"])
         if self.mode == "raise":
@@ -59,6 +61,10 @@ def boom() -> Crew:
     return _single(MisbehavingLLM(model="boom", mode="raise"))
 
 
+def huge() -> Crew:
+    return _single(MisbehavingLLM(model="huge", mode="huge"))
+
+
 def broken_factory() -> Crew:
     raise ValueError("factory cannot build this crew")
 
@@ -77,5 +83,6 @@ registry: dict[str, Callable[[], Crew]] = {
     "spawner": spawner,
     "boom": boom,
     "broken-factory": broken_factory,
+    "huge": huge,
     "chatty": chatty,
 }

@@ -248,6 +248,16 @@ def test_stream_heartbeats_while_idle(server: Server) -> None:
         assert lines.index(": keep-alive") < lines.index("event: started")
 
 
+def test_a_client_disconnect_never_cancels_the_job(server: Server) -> None:
+    with server.client() as client:
+        with client.stream("POST", "/jobs/stream", json=start_body("demo", "gone-1"), headers=KEY) as response:
+            for line in response.iter_lines():
+                if line == "event: started":
+                    break  # hang up mid-stream
+        assert wait_until(lambda: client.get("/jobs/gone-1").json()["status"] != "running", timeout=60)
+        assert client.get("/jobs/gone-1").json()["status"] == "completed"
+
+
 def test_archive(server: Server) -> None:
     with ThreadPoolExecutor(1) as pool, server.client() as client:
         running = pool.submit(client.post, "/jobs", json=start_body("demo-slow", "arch-1"), headers=KEY)

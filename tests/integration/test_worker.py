@@ -172,6 +172,14 @@ def test_crew_failure_is_reported_by_class_without_its_text(tmp_path: Path) -> N
     assert "secret" not in last.message and last.error_type
 
 
+def test_an_output_over_4_mib_fails_cleanly(tmp_path: Path) -> None:
+    async def scenario() -> list[Any]:
+        return await collect(await start(tmp_path, "huge"))
+
+    last = run(scenario)[-1]
+    assert isinstance(last, Failed) and last.error_type == "output_too_large"
+
+
 @pytest.mark.parametrize(
     ("behaviour", "error"),
     [

@@ -1,0 +1,97 @@
+"""The journal on real SQLite files: the start fence, group commit, crash loss bounds, lock and modes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from supervisor.journal import Job, Journal, JournalError, JournalLocked, prepare_directory
+from tests.conftest import ROOT
+
+
+def job(action_id: str) -> Job:
+    return Job(action_id, "demo", "run", "hash-" + action_id, "running", 0)
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Path:
+    state = tmp_path / "state"
+    prepare_directory(state)
+    return state / "journal.db"
+
+
+def test_events_are_contiguous_and_the_terminal_sets_status(path: Path) -> None:
+    journal = Journal(path, checkpoint_events=3)
+    journal.admit(job("a"))
+    journal.admit(job("b"))
+    for n in range(5):
+        journal.append("a", "chunk", {"n": n})
+        journal.append("b", "chunk", {"n": n})
+    journal.finish("a", "completed", {"status": "completed"}, {"raw": "x"})
+    events = journal.events("a", 0)
+    assert [e.sequence for e in events] == list(range(6)) and events[-1].terminal
+    assert journal.get("a").status == "completed" and journal.get("a").event_count == 6  # type: ignore[union-attr]
+    assert journal.output("a") == {"raw": "x"} and journal.output("b") is None
+    assert [e.data["n"] for e in journal.events("b", 3)] == [3, 4]
+    assert [j.action_id for j in journal.running()] == ["b"]
+    journal.archive("a")
+    assert journal.get("a") is None and journal.events("a", 0) == []
+    journal.close()
+
+
+CRASH = """
+import os, sys
+from pathlib import Path
+from supervisor.journal import Job, Journal
+journal = Journal(Path(sys.argv[1]), checkpoint_events=int(sys.argv[2]))
+journal.admit(Job("a", "demo", "run", "h", "running", 0))
+for n in range(int(sys.argv[3])):
+    journal.append("a", "chunk", {"n": n})
+os._exit(0)  # a crash: no flush, no close
+"""
+
+
+@pytest.mark.parametrize(("checkpoint", "appended", "survive"), [(10, 9, 0), (10, 10, 10), (4, 10, 8)])
+def test_a_crash_loses_at_most_the_uncommitted_chunks(path: Path, checkpoint: int, appended: int, survive: int) -> None:
+    subprocess.run([sys.executable, "-c", CRASH, str(path), str(checkpoint), str(appended)], cwd=ROOT, check=True)
+    journal = Journal(path, checkpoint_events=checkpoint)
+    assert journal.get("a") is not None  # admission is durable at once
+    assert len(journal.events("a", 0)) == survive
+    journal.close()
+
+
+def test_a_second_writer_is_locked_out(path: Path) -> None:
+    first = Journal(path, checkpoint_events=1)
+    with pytest.raises(JournalLocked, match="in use"):
+        Journal(path, checkpoint_events=1)
+    first.close()
+    Journal(path, checkpoint_events=1).close()  # released with the first
+
+
+def test_files_are_private_and_links_refused(path: Path) -> None:
+    Journal(path, checkpoint_events=1).close()
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
+    path.chmod(0o644)
+    with pytest.raises(JournalError, match="0600"):
+        Journal(path, checkpoint_events=1)
+    path.chmod(0o600)
+    link = path.with_name("link.db")
+    os.symlink(path, link)
+    with pytest.raises(JournalError, match="cannot open"):
+        Journal(link, checkpoint_events=1)
+
+
+def test_state_directory_must_be_private_and_real(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    with pytest.raises(JournalError, match="writable"):
+        prepare_directory(shared)
+    os.symlink(tmp_path, tmp_path / "alias")
+    with pytest.raises(JournalError, match="symlink"):
+        prepare_directory(tmp_path / "alias")

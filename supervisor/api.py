@@ -16,12 +16,13 @@ from supervisor.jobs import Supervisor
 from supervisor.journal import Event, Job, JournalError
 from supervisor.models import (
     CancelRequest,
+    InputError,
     StartRequest,
-    input_problem,
     input_too_large,
     key_problem,
     path_id_problem,
     request_hash,
+    validate_input,
 )
 
 # The input bound is 1 MiB of compact JSON; the envelope and pretty-printing get room beside it.
@@ -83,8 +84,10 @@ def create_app(sup: Supervisor) -> FastAPI:
             raise HTTPException(403, f"operation {body.operation} is not allowed")
         if bad_key is not None:
             raise HTTPException(*bad_key)
-        if problem := input_problem(body):
-            raise HTTPException(422, problem)
+        try:
+            operation_input = validate_input(body)
+        except InputError as exc:
+            raise HTTPException(422, str(exc)) from None
         if body.crew_id not in sup.crews:
             raise HTTPException(404, "crew was not found")
         if existing is not None:
@@ -98,7 +101,7 @@ def create_app(sup: Supervisor) -> FastAPI:
             journal.admit(job)
         except JournalError as exc:
             raise HTTPException(507, f"admission could not be made durable: {exc}") from None
-        sup.launch(job, body.input, body.timeout_ms)
+        sup.launch(job, operation_input, body.timeout_ms)
         return job
 
     def stream(action_id: str, cursor: int) -> StreamingResponse:

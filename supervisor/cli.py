@@ -78,7 +78,7 @@ def _prepare(settings: config.Settings, journal_path: Path) -> Supervisor:
     try:
         become_subreaper()
         launcher = SpawnLauncher()
-        crews = asyncio.run(launcher.describe(worker_env(settings.registry, state, ""), str(state / "scratch")))
+        crews = asyncio.run(launcher.describe(worker_env(settings, state, ""), str(state / "scratch")))
         sup = Supervisor(settings, journal, launcher, crews, state)
         fenced = sup.fence_restored()
     except BaseException:

@@ -306,17 +306,19 @@ class Supervisor:
             job.done.set_result(None)
 
     def _worker_env(self, crew_id: str) -> dict[str, str]:
-        return worker_env(self.settings.registry, self.state, crew_id)
+        return worker_env(self.settings, self.state, crew_id)
 
 
-def worker_env(registry: str, state: Path, crew_id: str) -> dict[str, str]:
+def worker_env(settings: Settings, state: Path, crew_id: str) -> dict[str, str]:
     """The supervisor's environment without its secrets, plus the worker's own places.
 
     Each crew gets its own CrewAI storage, so a replay finds that crew's latest kickoff.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith(PREFIX + "BEARER_TOKEN")}
     storage = state / "storage" / hashlib.sha256(crew_id.encode()).hexdigest()[:24]
-    env.update(AIP_CREWAI_REGISTRY=registry, HOME=str(state / "home"), CREWAI_STORAGE_DIR=str(storage))
+    env.update(AIP_CREWAI_REGISTRY=settings.registry, HOME=str(state / "home"), CREWAI_STORAGE_DIR=str(storage))
+    if settings.training_dir:
+        env[PREFIX + "TRAINING_DIR"] = str(Path(settings.training_dir).absolute())
     return env
 
 

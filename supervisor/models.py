@@ -6,7 +6,18 @@ import hashlib
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    RootModel,
+    StrictInt,
+    StrictStr,
+    StringConstraints,
+    ValidationError,
+)
 
 from supervisor.config import OPERATIONS
 
@@ -59,11 +70,101 @@ def key_problem(key: str | None) -> tuple[int, str] | None:
     return None
 
 
-def input_problem(body: StartRequest) -> str | None:
-    """Operation-specific input checks (422)."""
-    if len(body.input) > MAX_INPUT_PROPERTIES:
-        return f"input has {len(body.input)} top-level properties; at most {MAX_INPUT_PROPERTIES} allowed"
-    return None
+def _bounded_text(max_bytes: int) -> Any:
+    """Non-empty, at most ``max_bytes`` of UTF-8, no control characters."""
+
+    def check(value: str) -> str:
+        if not value:
+            raise ValueError("must not be empty")
+        if len(value.encode()) > max_bytes:
+            raise ValueError(f"must be at most {max_bytes} bytes")
+        if any(ord(c) < 0x20 for c in value):
+            raise ValueError("must not contain control characters")
+        return value
+
+    return Annotated[StrictStr, AfterValidator(check)]
+
+
+def _few_properties(value: dict[str, Any]) -> dict[str, Any]:
+    if len(value) > MAX_INPUT_PROPERTIES:
+        raise ValueError(f"has {len(value)} top-level properties; at most {MAX_INPUT_PROPERTIES} allowed")
+    return value
+
+
+def _not_boolean(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not a boolean")
+    return value
+
+
+Inputs = Annotated[dict[str, Any], AfterValidator(_few_properties)]
+Iterations = Annotated[StrictInt, Field(ge=1, le=100)]
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunInput(RootModel[Inputs]):
+    pass
+
+
+class BatchRunInput(_Closed):
+    inputs: Annotated[list[Inputs], Field(min_length=1, max_length=100)]
+
+
+class ReplayInput(_Closed):
+    task_id: _bounded_text(256)  # type: ignore[valid-type]
+    inputs: Inputs | None = None
+
+
+class TrainInput(_Closed):
+    n_iterations: Iterations
+    artifact_name: Annotated[StrictStr, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
+    inputs: Inputs | None = None
+    feedback: _bounded_text(4096) | None = None  # type: ignore[valid-type]
+
+
+class TestInput(_Closed):
+    n_iterations: Iterations
+    eval_llm: _bounded_text(256)  # type: ignore[valid-type]
+    inputs: Inputs | None = None
+
+
+class KnowledgeQueryInput(_Closed):
+    query: Annotated[list[_bounded_text(4096)], Field(min_length=1, max_length=100)]  # type: ignore[valid-type]
+    results_limit: Annotated[StrictInt, Field(ge=1, le=100)] = 3
+    score_threshold: Annotated[float, BeforeValidator(_not_boolean), Field(ge=0, le=1)] = 0.35
+
+
+class MemoryResetInput(_Closed):
+    command_type: Literal["memory", "knowledge", "agent_knowledge", "kickoff_outputs", "all"]
+
+
+INPUT_MODELS: dict[str, type[BaseModel]] = {
+    "run": RunInput,
+    "batch_run": BatchRunInput,
+    "replay": ReplayInput,
+    "train": TrainInput,
+    "test": TestInput,
+    "knowledge_query": KnowledgeQueryInput,
+    "memory_reset": MemoryResetInput,
+}
+
+
+def validate_input(body: StartRequest) -> dict[str, Any]:
+    """The operation's input with defaults filled in; raises InputError naming the field (422)."""
+    try:
+        model = INPUT_MODELS[body.operation].model_validate(body.input)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in ("input", *first["loc"]))
+        raise InputError(f"{where}: {first['msg']}") from None
+    return model.model_dump(mode="json", exclude_none=True)
+
+
+class InputError(ValueError):
+    pass
 
 
 def request_hash(body: StartRequest, key: str) -> str:

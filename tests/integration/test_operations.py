@@ -1,0 +1,110 @@
+"""All seven operations through HTTP: policy, exact input validation, and each one run and stopped."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Server, start_body, start_server
+
+KEY = {"Idempotency-Key": "key-1"}
+ALL = "run,batch_run,replay,train,test,knowledge_query,memory_reset"
+
+
+@pytest.fixture(scope="module")
+def ops_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("ops")
+    training = root / "training"
+    training.mkdir(mode=0o700)
+    running = start_server(
+        root / "state", env={"AIP_CREWAI_ALLOWED_OPERATIONS": ALL, "AIP_CREWAI_TRAINING_DIR": str(training)}
+    )
+    running.training = training  # type: ignore[attr-defined]
+    yield running
+    running.stop()
+
+
+def op(operation: str, action: str, payload: Any, crew: str = "demo") -> dict[str, Any]:
+    return start_body(crew, action, operation=operation, input=payload)
+
+
+INVALID: list[tuple[str, Any, str]] = [
+    ("batch_run", {}, "input.inputs"),
+    ("batch_run", {"inputs": []}, "input.inputs"),
+    ("batch_run", {"inputs": [{}] * 101}, "input.inputs"),
+    ("batch_run", {"inputs": [1]}, "input.inputs.0"),
+    ("batch_run", {"inputs": [{f"p{i}": i for i in range(513)}]}, "input.inputs.0"),
+    ("batch_run", {"inputs": [{}], "extra": 1}, "input.extra"),
+    ("replay", {}, "input.task_id"),
+    ("replay", {"task_id": ""}, "input.task_id"),
+    ("replay", {"task_id": "x" * 257}, "input.task_id"),
+    ("replay", {"task_id": "a\nb"}, "input.task_id"),
+    ("replay", {"task_id": 5}, "input.task_id"),
+    ("replay", {"task_id": "t", "inputs": []}, "input.inputs"),
+    ("train", {"n_iterations": 1}, "input.artifact_name"),
+    ("train", {"n_iterations": 0, "artifact_name": "a"}, "input.n_iterations"),
+    ("train", {"n_iterations": 101, "artifact_name": "a"}, "input.n_iterations"),
+    ("train", {"n_iterations": True, "artifact_name": "a"}, "input.n_iterations"),
+    ("train", {"n_iterations": 1.0, "artifact_name": "a"}, "input.n_iterations"),
+    ("train", {"n_iterations": 1, "artifact_name": "../escape"}, "input.artifact_name"),
+    ("train", {"n_iterations": 1, "artifact_name": "a" * 129}, "input.artifact_name"),
+    ("train", {"n_iterations": 1, "artifact_name": "a", "feedback": "f" * 4097}, "input.feedback"),
+    ("test", {"n_iterations": 1}, "input.eval_llm"),
+    ("test", {"n_iterations": 1, "eval_llm": "e" * 257}, "input.eval_llm"),
+    ("test", {"n_iterations": False, "eval_llm": "e"}, "input.n_iterations"),
+    ("knowledge_query", {"query": []}, "input.query"),
+    ("knowledge_query", {"query": ["q"] * 101}, "input.query"),
+    ("knowledge_query", {"query": ["q" * 4097]}, "input.query.0"),
+    ("knowledge_query", {"query": ["a\x00b"]}, "input.query.0"),
+    ("knowledge_query", {"query": "q"}, "input.query"),
+    ("knowledge_query", {"query": ["q"], "results_limit": 0}, "input.results_limit"),
+    ("knowledge_query", {"query": ["q"], "results_limit": 101}, "input.results_limit"),
+    ("knowledge_query", {"query": ["q"], "results_limit": True}, "input.results_limit"),
+    ("knowledge_query", {"query": ["q"], "score_threshold": 1.5}, "input.score_threshold"),
+    ("knowledge_query", {"query": ["q"], "score_threshold": True}, "input.score_threshold"),
+    ("memory_reset", {"command_type": "everything"}, "input.command_type"),
+    ("memory_reset", {}, "input.command_type"),
+]
+
+
+@pytest.mark.parametrize(("operation", "payload", "field"), INVALID)
+def test_operation_inputs_are_validated_exactly(ops_server: Server, operation: str, payload: Any, field: str) -> None:
+    action = f"invalid-{operation}-{abs(hash(repr(payload)))}"
+    with ops_server.client() as client:
+        response = client.post("/jobs", json=op(operation, action, payload), headers=KEY)
+        assert response.status_code == 422, response.text
+        assert response.json()["detail"].startswith(field + ":"), response.json()
+        assert client.get(f"/jobs/{action}").status_code == 404  # nothing stored, nothing launched
+
+
+def test_health_lists_every_enabled_operation(ops_server: Server) -> None:
+    with ops_server.client() as client:
+        health = client.get("/health").json()
+    assert health["operations"] == [*ALL.split(","), "status", "events", "cancel"]
+    assert health["training_directory"] is True
+
+
+def test_disabled_operation_is_forbidden_but_exact_repeats_still_answer(tmp_path: Path) -> None:
+    reset = op("memory_reset", "reset-1", {"command_type": "memory"})
+    first = start_server(tmp_path / "state", env={"AIP_CREWAI_ALLOWED_OPERATIONS": "run,memory_reset"})
+    try:
+        with first.client() as client:
+            admitted = client.post("/jobs", json=reset, headers=KEY)
+            assert admitted.status_code in (200, 502)
+    finally:
+        first.stop()
+    second = start_server(tmp_path / "state", env={"AIP_CREWAI_ALLOWED_OPERATIONS": "run"})
+    try:
+        with second.client() as client:
+            # Policy changed after admission: the exact repeat still finds its job.
+            again = client.post("/jobs", json=reset, headers=KEY)
+            assert again.status_code == admitted.status_code and again.json() == admitted.json()
+            for operation, payload in [("memory_reset", {"command_type": "all"}), ("replay", {"task_id": "t"})]:
+                response = client.post("/jobs", json=op(operation, f"off-{operation}", payload), headers=KEY)
+                assert response.status_code == 403 and operation in response.json()["detail"]
+                assert client.get(f"/jobs/off-{operation}").status_code == 404
+    finally:
+        second.stop()

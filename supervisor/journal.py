@@ -81,6 +81,30 @@ class Event:
         return {"event": self.event, "sequence": self.sequence, "data": self.data}
 
 
+# Per job: events numbered 0..event_count-1, at most one terminal event, it comes last, and the
+# status agrees with it. Events of unknown jobs are also inconsistent.
+_INCONSISTENT = """
+WITH summary AS (
+    SELECT action_id, count(*) AS n, min(sequence) AS lo, max(sequence) AS hi,
+           sum(event IN ('completed', 'failed', 'cancelled')) AS terminals,
+           max(CASE WHEN event IN ('completed', 'failed', 'cancelled') THEN sequence END) AS terminal_at,
+           max(CASE WHEN event IN ('completed', 'failed', 'cancelled') THEN event END) AS terminal
+    FROM events GROUP BY action_id
+)
+SELECT j.action_id,
+       CASE WHEN coalesce(s.n, 0) != j.event_count THEN 'event count differs from its events'
+            WHEN s.n > 0 AND (s.lo != 0 OR s.hi != s.n - 1) THEN 'event sequences are not contiguous from 0'
+            WHEN s.terminals > 1 THEN 'more than one terminal event'
+            WHEN s.terminals = 1 AND s.terminal_at != s.hi THEN 'events follow the terminal event'
+            WHEN j.status = 'running' AND s.terminals = 1 THEN 'running with a terminal event'
+            WHEN j.status != 'running' AND coalesce(s.terminal, '') != j.status THEN 'status without its terminal event'
+       END AS problem
+FROM jobs AS j LEFT JOIN summary AS s USING (action_id)
+WHERE problem IS NOT NULL
+UNION ALL
+SELECT action_id, 'events of an unknown job' FROM summary WHERE action_id NOT IN (SELECT action_id FROM jobs)
+LIMIT 1
+"""
 _JOB_COLUMNS = (
     "action_id, crew_id, operation, request_hash, status, event_count, worker_pid, worker_start_time, worker_pgid"
 )
@@ -95,10 +119,14 @@ class Journal:
         try:
             _prepare_file(path)
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-            self._db.executescript("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=OFF;")
+            self._db.executescript("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;")
             self._migrate()
+            self._verify()
             for companion in ("-wal", "-shm"):
                 _restrict(path.with_name(path.name + companion))
+        except sqlite3.Error as exc:
+            os.close(self._lock_fd)
+            raise JournalError(f"journal {path} cannot be used: {exc}") from None
         except BaseException:
             os.close(self._lock_fd)
             raise
@@ -108,6 +136,15 @@ class Journal:
         if version > SCHEMA_VERSION:
             raise JournalError(f"journal schema {version} is newer than this supervisor ({SCHEMA_VERSION})")
         self._db.executescript(f"BEGIN; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+
+    def _verify(self) -> None:
+        """Refuse to serve a corrupt journal rather than repeat or lose what it says."""
+        (result,) = self._db.execute("PRAGMA quick_check").fetchone()
+        if result != "ok":
+            raise JournalError(f"journal {self.path} failed its integrity check: {result}")
+        row = self._db.execute(_INCONSISTENT).fetchone()
+        if row is not None:
+            raise JournalError(f"journal {self.path} is inconsistent for job {row[0]!r}: {row[1]}")
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -95,3 +96,34 @@ def test_state_directory_must_be_private_and_real(tmp_path: Path) -> None:
     os.symlink(tmp_path, tmp_path / "alias")
     with pytest.raises(JournalError, match="symlink"):
         prepare_directory(tmp_path / "alias")
+
+
+def test_a_corrupt_file_is_refused(path: Path) -> None:
+    path.write_bytes(b"this is not a database" * 100)
+    path.chmod(0o600)
+    with pytest.raises(JournalError, match="cannot be used"):
+        Journal(path, checkpoint_events=1)
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        ("DELETE FROM events WHERE sequence = 1", "event count"),
+        ("UPDATE events SET sequence = 7 WHERE sequence = 2", "not contiguous"),
+        ("UPDATE events SET event = 'failed' WHERE sequence = 0", "more than one terminal"),
+        ("UPDATE jobs SET status = 'running'", "running with a terminal"),
+        ("UPDATE jobs SET status = 'cancelled'", "status without its terminal"),
+        ("INSERT INTO events VALUES ('ghost', 0, 'chunk', '{}')", "unknown job"),
+    ],
+)
+def test_an_inconsistent_journal_is_refused(path: Path, edit: str, problem: str) -> None:
+    journal = Journal(path, checkpoint_events=1)
+    journal.admit(job("a"))
+    journal.append("a", "started", {})
+    journal.append("a", "chunk", {})
+    journal.finish("a", "completed", {})
+    journal.close()
+    with sqlite3.connect(path) as db:
+        db.execute(edit)
+    with pytest.raises(JournalError, match=problem):
+        Journal(path, checkpoint_events=1)

@@ -74,7 +74,11 @@ def _prepare(settings: config.Settings, journal_path: Path) -> Supervisor:
     prepare_directory(state)
     for place in ("home", "storage", "scratch"):
         (state / place).mkdir(mode=0o700, exist_ok=True)
-    journal = Journal(journal_path, settings.stream_checkpoint_events)
+    journal = Journal(journal_path, settings.stream_checkpoint_events, settings.max_state_bytes)
+    if journal.imported_from:
+        log.warning(
+            "imported the reference journal at %s; the original is kept at %s", journal_path, journal.imported_from
+        )
     try:
         become_subreaper()
         launcher = SpawnLauncher()

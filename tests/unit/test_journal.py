@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import orjson
 import pytest
 
 from supervisor.journal import Job, Journal, JournalError, JournalLocked, prepare_directory
@@ -127,3 +128,54 @@ def test_an_inconsistent_journal_is_refused(path: Path, edit: str, problem: str)
         db.execute(edit)
     with pytest.raises(JournalError, match=problem):
         Journal(path, checkpoint_events=1)
+
+
+REFERENCE_RECORDS = [
+    {
+        "action_id": "old-done",
+        "crew_id": "demo",
+        "operation": "run",
+        "request_hash": "h1",
+        "status": "completed",
+        "events": [
+            {"event": "started", "sequence": 0, "data": {}},
+            {"event": "chunk", "sequence": 1, "data": {"content": "hi", "channel": "llm"}},
+            {"event": "completed", "sequence": 2, "data": {"status": "completed"}},
+        ],
+        "output": {"raw": "done"},
+    },
+    {
+        "action_id": "old-running",
+        "crew_id": "demo",
+        "operation": "run",
+        "request_hash": "h2",
+        "status": "running",
+        "events": [{"event": "started", "sequence": 0, "data": {}}],
+        "output": None,
+    },
+]
+
+
+def test_a_reference_journal_is_imported_once_and_kept(path: Path) -> None:
+    original = orjson.dumps(REFERENCE_RECORDS)
+    path.write_bytes(original)
+    path.chmod(0o600)
+    journal = Journal(path, checkpoint_events=1)
+    assert journal.imported_from == path.with_name("journal.db.reference.json")
+    assert journal.imported_from.read_bytes() == original
+    assert oct(journal.imported_from.stat().st_mode & 0o777) == "0o600"
+    assert journal.output("old-done") == {"raw": "done"}
+    assert [e.event for e in journal.events("old-done", 0)] == ["started", "chunk", "completed"]
+    assert [j.action_id for j in journal.running()] == ["old-running"]  # fenced by the supervisor at start
+    journal.close()
+    again = Journal(path, checkpoint_events=1)
+    assert again.imported_from is None and again.count() == 2
+    again.close()
+
+
+def test_a_malformed_reference_journal_refuses_to_start(path: Path) -> None:
+    path.write_bytes(orjson.dumps([{"action_id": "x"}]))
+    path.chmod(0o600)
+    with pytest.raises(JournalError, match="malformed"):
+        Journal(path, checkpoint_events=1)
+    assert path.read_bytes().startswith(b"[")  # the original is untouched

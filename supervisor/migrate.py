@@ -1,0 +1,122 @@
+"""Drop-in migration: a reference sidecar's journal (one JSON array of records) becomes ours.
+
+The import happens once, under the journal's lock, before anything is served. The original is
+kept beside the journal; the JSON file is replaced only after the SQLite copy is complete and
+synced, so a crash mid-import leaves the JSON in place to be imported again.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from supervisor.schema import SCHEMA, SCHEMA_VERSION, TERMINAL_EVENTS, JournalError
+
+STATUSES = ("running", *TERMINAL_EVENTS)
+EVENTS = ("started", "chunk", *TERMINAL_EVENTS)
+
+
+def is_reference_journal(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(64)
+    except (FileNotFoundError, IsADirectoryError):
+        return False
+    return head.lstrip()[:1] == b"["
+
+
+def import_reference(path: Path, max_bytes: int) -> Path:
+    """Convert ``path`` in place; returns where the original JSON is kept."""
+    records = _read(path, max_bytes)
+    backup = path.with_name(path.name + ".reference.json")
+    _write_private(backup, path.read_bytes())
+    temporary = path.with_name(path.name + ".importing")
+    temporary.unlink(missing_ok=True)
+    _write_private(temporary, b"")
+    db = sqlite3.connect(temporary, isolation_level=None)
+    try:
+        db.executescript(f"BEGIN; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION};")
+        for record in records:
+            _insert(db, record)
+        db.execute("COMMIT")
+    except sqlite3.Error as exc:
+        raise JournalError(f"cannot import reference journal {path}: {exc}") from None
+    finally:
+        db.close()
+    _fsync(temporary)
+    os.replace(temporary, path)
+    _fsync(path.parent)
+    return backup
+
+
+def _read(path: Path, max_bytes: int) -> list[dict[str, Any]]:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_mode & 0o077:
+            raise JournalError(f"reference journal {path} must be a regular file with mode 0600")
+        if info.st_size > max_bytes:
+            raise JournalError(f"reference journal {path} is larger than AIP_CREWAI_MAX_STATE_BYTES")
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            data = fh.read()
+    finally:
+        os.close(fd)
+    try:
+        records = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise JournalError(f"reference journal {path} is not valid JSON: {exc}") from None
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise JournalError(f"reference journal {path} is not an array of records")
+    return records
+
+
+def _insert(db: sqlite3.Connection, record: dict[str, Any]) -> None:
+    try:
+        action_id, crew_id, operation = record["action_id"], record["crew_id"], record["operation"]
+        request_hash, status, events = record["request_hash"], record["status"], record.get("events", [])
+        if status not in STATUSES or not all(isinstance(v, str) for v in (action_id, crew_id, operation, request_hash)):
+            raise ValueError("bad field")
+        rows = [(action_id, int(e["sequence"]), str(e["event"]), orjson.dumps(e.get("data", {}))) for e in events]
+        if any(row[2] not in EVENTS for row in rows):
+            raise ValueError("unknown event")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise JournalError(f"reference record {record.get('action_id')!r} is malformed: {exc}") from None
+    output = record.get("output")
+    db.execute(
+        "INSERT INTO jobs (action_id, crew_id, operation, request_hash, status, event_count, output, admitted_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            action_id,
+            crew_id,
+            operation,
+            request_hash,
+            status,
+            len(rows),
+            orjson.dumps(output) if output is not None else None,
+            time.time(),
+        ),
+    )
+    db.executemany("INSERT INTO events (action_id, sequence, event, data) VALUES (?, ?, ?, ?)", rows)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

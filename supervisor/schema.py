@@ -1,0 +1,58 @@
+"""The journal's SQLite schema and the consistency rule a journal must pass before it is served."""
+
+
+class JournalError(Exception):
+    """The journal cannot be used or could not make a write durable."""
+
+
+SCHEMA_VERSION = 1
+TERMINAL_EVENTS = ("completed", "failed", "cancelled")
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    action_id TEXT PRIMARY KEY,
+    crew_id TEXT NOT NULL,
+    operation TEXT NOT NULL,
+    request_hash TEXT NOT NULL,
+    status TEXT NOT NULL,
+    event_count INTEGER NOT NULL DEFAULT 0,
+    output BLOB,
+    admitted_at REAL NOT NULL,
+    worker_pid INTEGER,
+    worker_start_time REAL,
+    worker_pgid INTEGER
+);
+CREATE TABLE IF NOT EXISTS events (
+    action_id TEXT NOT NULL,
+    sequence INTEGER NOT NULL,
+    event TEXT NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (action_id, sequence)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status);
+"""
+
+
+# Per job: events numbered 0..event_count-1, at most one terminal event, it comes last, and the
+# status agrees with it. Events of unknown jobs are also inconsistent.
+INCONSISTENT = """
+WITH summary AS (
+    SELECT action_id, count(*) AS n, min(sequence) AS lo, max(sequence) AS hi,
+           sum(event IN ('completed', 'failed', 'cancelled')) AS terminals,
+           max(CASE WHEN event IN ('completed', 'failed', 'cancelled') THEN sequence END) AS terminal_at,
+           max(CASE WHEN event IN ('completed', 'failed', 'cancelled') THEN event END) AS terminal
+    FROM events GROUP BY action_id
+)
+SELECT j.action_id,
+       CASE WHEN coalesce(s.n, 0) != j.event_count THEN 'event count differs from its events'
+            WHEN s.n > 0 AND (s.lo != 0 OR s.hi != s.n - 1) THEN 'event sequences are not contiguous from 0'
+            WHEN s.terminals > 1 THEN 'more than one terminal event'
+            WHEN s.terminals = 1 AND s.terminal_at != s.hi THEN 'events follow the terminal event'
+            WHEN j.status = 'running' AND s.terminals = 1 THEN 'running with a terminal event'
+            WHEN j.status != 'running' AND coalesce(s.terminal, '') != j.status THEN 'status without its terminal event'
+       END AS problem
+FROM jobs AS j LEFT JOIN summary AS s USING (action_id)
+WHERE problem IS NOT NULL
+UNION ALL
+SELECT action_id, 'events of an unknown job' FROM summary WHERE action_id NOT IN (SELECT action_id FROM jobs)
+LIMIT 1
+"""

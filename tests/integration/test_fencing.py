@@ -1,0 +1,116 @@
+"""Restart fencing: an orphan that outlived its supervisor is killed; a reused pid never is.
+Also the drop-in import of a reference journal on first start."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+import orjson
+import psutil
+import pytest
+
+from supervisor.process import become_subreaper
+from tests.conftest import gone, start_body, start_server, wait_until
+
+KEY = {"Idempotency-Key": "key-1"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def subreaper() -> None:
+    # Orphans of a killed supervisor come to us, not to init, so "gone" can mean reaped.
+    become_subreaper()
+
+
+def test_an_orphan_that_survived_a_crash_is_killed_at_restart(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    env = {"AIP_CREWAI_REGISTRY": "tests.orphan_crews:registry"}
+    first = start_server(state, env=env)
+    with (
+        first.client() as client,
+        client.stream("POST", "/jobs/stream", json=start_body("immortal", "orphan-1"), headers=KEY) as response,
+    ):
+        for line in response.iter_lines():
+            if line == "event: started":
+                break
+        pid = client.get("/jobs/orphan-1/events").json()["events"][0]["data"]["pid"]
+    first.stop(signal.SIGKILL)
+    time.sleep(1.0)
+    assert psutil.Process(pid).status() != psutil.STATUS_ZOMBIE, "the orphan should have survived"
+
+    second = start_server(state, env=env)
+    try:
+        assert gone(pid), "restart did not kill the orphan"
+        with second.client() as client:
+            terminal = client.get("/jobs/orphan-1").json()["terminal"]
+        assert terminal["uncertain_outcome"] is True and terminal["orphan_killed"] is True
+    finally:
+        second.stop()
+
+
+def test_a_reused_pid_is_never_signalled(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    start_server(state).stop()
+    bystander = subprocess.Popen(["sleep", "600"])
+    try:
+        started = psutil.Process(bystander.pid).create_time()
+        with sqlite3.connect(state / "journal.db") as db:
+            db.execute(
+                "INSERT INTO jobs (action_id, crew_id, operation, request_hash, status, event_count, admitted_at,"
+                " worker_pid, worker_start_time, worker_pgid) VALUES ('reused', 'demo', 'run', 'h', 'running', 0, 0,"
+                " ?, ?, ?)",
+                (bystander.pid, started - 1000, bystander.pid),
+            )
+        server = start_server(state)
+        try:
+            with server.client() as client:
+                terminal = client.get("/jobs/reused").json()["terminal"]
+            assert terminal["orphan_killed"] is False and terminal["uncertain_outcome"] is True
+            assert bystander.poll() is None, "an unrelated process holding the pid was killed"
+        finally:
+            server.stop()
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_a_reference_journal_is_imported_on_first_start(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    records = [
+        {
+            "action_id": "ref-done",
+            "crew_id": "demo",
+            "operation": "run",
+            "request_hash": "h1",
+            "status": "completed",
+            "events": [{"event": "completed", "sequence": 0, "data": {"status": "completed"}}],
+            "output": {"raw": "r"},
+        },
+        {
+            "action_id": "ref-running",
+            "crew_id": "demo",
+            "operation": "run",
+            "request_hash": "h2",
+            "status": "running",
+            "events": [{"event": "started", "sequence": 0, "data": {}}],
+            "output": None,
+        },
+    ]
+    journal = state / "journal.db"
+    journal.write_bytes(orjson.dumps(records))
+    journal.chmod(0o600)
+    server = start_server(state)
+    try:
+        with server.client() as client:
+            assert client.get("/jobs/ref-done").json()["output"] == {"raw": "r"}
+            running = client.get("/jobs/ref-running").json()
+            assert running["status"] == "failed" and running["terminal"]["uncertain_outcome"] is True
+            assert [e["sequence"] for e in client.get("/jobs/ref-running/events").json()["events"]] == [0, 1]
+    finally:
+        server.stop()
+    assert (state / "journal.db.reference.json").read_bytes() == orjson.dumps(records)
+    assert wait_until(lambda: "imported the reference journal" in server.log.read_text())

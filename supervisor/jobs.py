@@ -21,12 +21,12 @@ import orjson
 
 from protocol import Chunk, Completed, Failed, FrameError, Hello, Message, Start, Started
 from supervisor.config import PREFIX, Settings
-from supervisor.journal import Event, Job, Journal
+from supervisor.journal import Event, Job, Journal, JournalError
 from supervisor.launcher import Launcher, LaunchError
 from supervisor.process import CONFIRM_SECONDS, WorkerProcess, kill_orphan
 
 log = logging.getLogger("crew_supervisor.jobs")
-FLUSH_SECONDS = 0.2
+FLUSH_SECONDS = 0.05  # how long a chunk may wait before readers can see it
 EXIT_WAIT_SECONDS = 2.0  # after its terminal frame a worker leaves at once; past this it is killed
 EVENTS_PER_READ = 256
 RESTART_MESSAGE = "sidecar restarted before CrewAI produced a terminal result"
@@ -74,6 +74,7 @@ class Supervisor:
         self._slots = asyncio.Semaphore(settings.max_concurrency)
         self._flusher: asyncio.Task[None] | None = None
         self._grace = settings.stop_grace_ms / 1000
+        journal.on_commit = self._wake_all  # readers see only committed events: look again after each commit
 
     # Lifecycle of the supervisor -----------------------------------------------------------------
 
@@ -271,9 +272,13 @@ class Supervisor:
         size = len(orjson.dumps({"event": name, "sequence": job.event_count, "data": data}))
         if size > self.settings.max_event_bytes:
             return "event_too_large", f"an event of {size} bytes exceeds {self.settings.max_event_bytes}"
-        self.journal.append(job.action_id, name, data)
+        try:
+            self.journal.append(job.action_id, name, data)
+            if name == "started":
+                self.journal.flush()  # visible at once: start latency is what clients feel first
+        except JournalError as exc:
+            return "journal_error", str(exc)
         job.event_count += 1
-        _wake(job)
         return None
 
     async def _fault(self, worker: WorkerProcess, error_type: str, message: str) -> Outcome:
@@ -304,6 +309,10 @@ class Supervisor:
         _wake(job)
         if not job.done.done():
             job.done.set_result(None)
+
+    def _wake_all(self) -> None:
+        for job in self.live.values():
+            _wake(job)
 
     def _worker_env(self, crew_id: str) -> dict[str, str]:
         return worker_env(self.settings, self.state, crew_id)

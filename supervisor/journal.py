@@ -12,7 +12,8 @@ import os
 import sqlite3
 import stat
 import time
-from collections.abc import Iterator
+import urllib.parse
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ import orjson
 
 from supervisor import migrate
 from supervisor.schema import INCONSISTENT, SCHEMA, SCHEMA_VERSION, TERMINAL_EVENTS, JournalError
+
+HEADROOM_BYTES = 16 * 1024 * 1024
 
 
 class JournalLocked(JournalError):
@@ -65,6 +68,7 @@ class Journal:
         self._checkpoint = checkpoint_events
         self._pending = 0  # chunk events written but not yet committed
         self.imported_from: Path | None = None  # the backup of a reference journal imported at open
+        self.on_commit: Callable[[], None] = lambda: None  # readers may look again
         self._lock_fd = _lock(path.with_name(path.name + ".lock"))
         try:
             if migrate.is_reference_journal(path):
@@ -72,7 +76,19 @@ class Journal:
             _prepare_file(path)
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self._db.executescript("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;")
+            # A hard ceiling: past it SQLite reports "disk full" and the write fails cleanly. Admission
+            # stops at max_bytes already; the headroom is for the terminal events of running jobs.
+            (page_size,) = self._db.execute("PRAGMA page_size").fetchone()
+            self._db.execute(f"PRAGMA max_page_count = {(max_bytes + HEADROOM_BYTES) // page_size}")
             self._migrate()
+            # Readers get their own connection, so they see only committed events: a client never
+            # reads an event that a crash could take back (and whose sequence a restart would reuse).
+            self._read = sqlite3.connect(
+                f"file:{urllib.parse.quote(str(path.absolute()))}?mode=ro",
+                uri=True,
+                isolation_level=None,
+                check_same_thread=False,
+            )
             self._verify()
             for companion in ("-wal", "-shm"):
                 _restrict(path.with_name(path.name + companion))
@@ -94,7 +110,7 @@ class Journal:
         (result,) = self._db.execute("PRAGMA quick_check").fetchone()
         if result != "ok":
             raise JournalError(f"journal {self.path} failed its integrity check: {result}")
-        row = self._db.execute(INCONSISTENT).fetchone()
+        row = self._read.execute(INCONSISTENT).fetchone()
         if row is not None:
             raise JournalError(f"journal {self.path} is inconsistent for job {row[0]!r}: {row[1]}")
 
@@ -106,9 +122,11 @@ class Journal:
         try:
             yield
             self._commit()
-        except BaseException:
+        except BaseException as exc:
             if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise JournalError(f"journal write failed: {exc}") from exc
             raise
 
     def _commit(self) -> None:
@@ -119,6 +137,7 @@ class Journal:
             # Never acknowledge what is not durable; SQLite rolled back or the db is unusable.
             raise JournalError(f"journal commit failed: {exc}") from exc
         self._pending = 0
+        self.on_commit()
 
     def flush(self) -> None:
         """Commit group-committed chunk events."""
@@ -128,6 +147,7 @@ class Journal:
     def close(self) -> None:
         try:
             self.flush()
+            self._read.close()
             self._db.close()
         finally:
             os.close(self._lock_fd)
@@ -135,32 +155,32 @@ class Journal:
     # Reads ---------------------------------------------------------------------------------------
 
     def get(self, action_id: str) -> Job | None:
-        row = self._db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE action_id = ?", (action_id,)).fetchone()
+        row = self._read.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE action_id = ?", (action_id,)).fetchone()
         return Job(*row) if row else None
 
     def output(self, action_id: str) -> dict[str, Any] | None:
-        row = self._db.execute("SELECT output FROM jobs WHERE action_id = ?", (action_id,)).fetchone()
+        row = self._read.execute("SELECT output FROM jobs WHERE action_id = ?", (action_id,)).fetchone()
         return orjson.loads(row[0]) if row and row[0] is not None else None
 
     def events(self, action_id: str, cursor: int, limit: int = 1000) -> list[Event]:
-        rows = self._db.execute(
+        rows = self._read.execute(
             "SELECT event, sequence, data FROM events WHERE action_id = ? AND sequence >= ? ORDER BY sequence LIMIT ?",
             (action_id, cursor, limit),
         )
         return [Event(name, sequence, orjson.loads(data)) for name, sequence, data in rows]
 
     def last_event(self, action_id: str) -> Event | None:
-        row = self._db.execute(
+        row = self._read.execute(
             "SELECT event, sequence, data FROM events WHERE action_id = ? ORDER BY sequence DESC LIMIT 1", (action_id,)
         ).fetchone()
         return Event(row[0], row[1], orjson.loads(row[2])) if row else None
 
     def running(self) -> list[Job]:
-        rows = self._db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE status = 'running' ORDER BY admitted_at")
+        rows = self._read.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE status = 'running' ORDER BY admitted_at")
         return [Job(*row) for row in rows]
 
     def count(self) -> int:
-        return int(self._db.execute("SELECT count(*) FROM jobs").fetchone()[0])
+        return int(self._read.execute("SELECT count(*) FROM jobs").fetchone()[0])
 
     def size_bytes(self) -> int:
         return sum(
@@ -191,14 +211,18 @@ class Journal:
         """A non-terminal event, group-committed."""
         if not self._db.in_transaction:
             self._db.execute("BEGIN IMMEDIATE")
+        # A savepoint undoes only this event on failure, never the pending chunks readers have seen.
+        self._db.execute("SAVEPOINT event")
         try:
             appended = self._insert(action_id, event, data)
-        except BaseException:
-            # Losing the uncommitted chunks with it is the price of one connection; a failed
-            # insert means the journal is unusable anyway (disk full, I/O error).
-            self._db.execute("ROLLBACK")
-            self._pending = 0
-            raise
+        except sqlite3.Error as exc:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK TO event")
+                self._db.execute("RELEASE event")
+            else:
+                self._pending = 0  # SQLite rolled the whole transaction back (disk full, I/O error)
+            raise JournalError(f"journal append failed: {exc}") from exc
+        self._db.execute("RELEASE event")
         self._pending += 1
         if self._pending >= self._checkpoint:
             self._commit()

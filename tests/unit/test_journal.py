@@ -26,6 +26,22 @@ def path(tmp_path: Path) -> Path:
     return state / "journal.db"
 
 
+def test_readers_see_only_committed_events(path: Path) -> None:
+    journal = Journal(path, checkpoint_events=3)
+    commits: list[int] = []
+    journal.on_commit = lambda: commits.append(1)
+    journal.admit(job("a"))
+    journal.append("a", "chunk", {"n": 0})
+    journal.append("a", "chunk", {"n": 1})
+    assert journal.events("a", 0) == [] and journal.get("a").event_count == 0  # type: ignore[union-attr]
+    journal.append("a", "chunk", {"n": 2})  # the third makes a checkpoint
+    assert len(journal.events("a", 0)) == 3 and len(commits) == 2
+    journal.append("a", "chunk", {"n": 3})
+    journal.flush()
+    assert len(journal.events("a", 0)) == 4 and len(commits) == 3
+    journal.close()
+
+
 def test_events_are_contiguous_and_the_terminal_sets_status(path: Path) -> None:
     journal = Journal(path, checkpoint_events=3)
     journal.admit(job("a"))
@@ -179,3 +195,22 @@ def test_a_malformed_reference_journal_refuses_to_start(path: Path) -> None:
     with pytest.raises(JournalError, match="malformed"):
         Journal(path, checkpoint_events=1)
     assert path.read_bytes().startswith(b"[")  # the original is untouched
+
+
+def test_a_full_journal_fails_the_write_not_the_journal(path: Path) -> None:
+    journal = Journal(path, checkpoint_events=1, max_bytes=1024 * 1024)
+    journal.admit(job("a"))
+    with pytest.raises(JournalError, match="full"):
+        for n in range(1, 10_000):
+            journal.append("a", "chunk", {"blob": "x" * 8192, "n": n})
+    written = journal.get("a").event_count  # type: ignore[union-attr]
+    assert written > 0
+    assert [e.sequence for e in journal.events("a", 0, 100_000)] == list(range(written))  # nothing half-written
+    with pytest.raises(JournalError, match="full"):
+        journal.append("a", "chunk", {"blob": "x" * 8192})
+    journal.finish("a", "failed", {"status": "failed"})  # small writes still fit: the terminal event lands
+    written += 1
+    journal.close()
+    reopened = Journal(path, checkpoint_events=1)
+    assert reopened.get("a").event_count == written  # type: ignore[union-attr]
+    reopened.close()

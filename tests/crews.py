@@ -5,19 +5,25 @@ Loaded by real workers as ``AIP_CREWAI_REGISTRY=tests.crews:registry``.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from crewai import Agent, Crew, Task
 from crewai.llms.base_llm import BaseLLM
 
-from worker.demo import OfflineLLM, demo, demo_slow
+from worker.demo import OfflineLLM, demo, demo_knowledge, demo_slow
+from worker.demo import eval_llms as demo_eval_llms
 
 HOUR = 3600
+CALL_LOG = "llm-calls.log"  # in the worker's cwd
+HEARTBEAT = "heartbeat"
+BEAT_SECONDS = 0.02
 
 
 class MisbehavingLLM(BaseLLM):
@@ -76,6 +82,52 @@ def chatty() -> Crew:
     return _single(OfflineLLM(model="offline-demo"))
 
 
+class RecordingLLM(OfflineLLM):
+    """The offline model, leaving evidence in the worker's cwd: one line per call in CALL_LOG (the first word
+    of the calling task, or "-"). A prompt saying "block mode" never returns: it appends a HEARTBEAT line
+    every 20 ms instead, so a test can see whether anything of the job still runs."""
+
+    def call(
+        self,
+        messages: str | list[Any],
+        tools: list[dict[str, Any]] | None = None,
+        callbacks: list[Any] | None = None,
+        available_functions: dict[str, Any] | None = None,
+        from_task: Any = None,
+        from_agent: Any = None,
+        response_model: Any = None,
+    ) -> Any:
+        words = str(getattr(from_task, "description", "") or "-").split()
+        with open(Path.cwd() / CALL_LOG, "a") as log:
+            log.write(f"{words[0] if words else '-'}\n")
+        prompt = messages if isinstance(messages, str) else " ".join(str(m.get("content", "")) for m in messages)
+        if "block mode" in prompt:
+            while True:
+                with open(Path.cwd() / HEARTBEAT, "a") as beat:
+                    beat.write(f"{os.getpid()}\n")
+                time.sleep(BEAT_SECONDS)
+        return super().call(
+            messages, tools, callbacks, available_functions, from_task, from_agent, response_model=response_model
+        )
+
+
+def _with_mode(inputs: dict[str, Any] | None) -> dict[str, Any]:
+    return {"mode": "answer", **(inputs or {})}
+
+
+def recorder() -> Crew:
+    """Two tasks of one agent on a RecordingLLM; input ``mode: block`` makes it block, ignoring SIGTERM."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    agent = Agent(
+        role="Recorder", goal="Keep a record", backstory="Writes everything down.", llm=RecordingLLM(model="recorder")
+    )
+    tasks = [
+        Task(description="Gather notes in {mode} mode.", expected_output="Notes.", agent=agent),
+        Task(description="Write the report in {mode} mode.", expected_output="A report.", agent=agent),
+    ]
+    return Crew(agents=[agent], tasks=tasks, before_kickoff_callbacks=[_with_mode])
+
+
 registry: dict[str, Callable[[], Crew]] = {
     "demo": demo,
     "demo-slow": demo_slow,
@@ -85,4 +137,8 @@ registry: dict[str, Callable[[], Crew]] = {
     "broken-factory": broken_factory,
     "huge": huge,
     "chatty": chatty,
+    "demo-knowledge": demo_knowledge,
+    "recorder": recorder,
 }
+# What ``test`` may name as eval_llm here (read from this module by worker.registry.eval_llms).
+eval_llms = dict(demo_eval_llms)

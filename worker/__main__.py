@@ -12,9 +12,9 @@ import sys
 
 from protocol import Completed, Failed, Hello, Registry, Start, Started
 from worker import lifecycle, registry
-from worker.operations import OPERATIONS, OutputTooLarge, bounded
+from worker.operations import OPERATIONS, OperationError, OutputTooLarge, bounded
 
-REGISTRY_ENV = "AIP_CREWAI_REGISTRY"
+REGISTRY_ENV = registry.ENV
 
 
 async def execute(start: Start, crews: dict[str, object], out: lifecycle.FrameWriter) -> None:
@@ -36,6 +36,8 @@ async def execute(start: Start, crews: dict[str, object], out: lifecycle.FrameWr
         output = bounded(await operation(crew, start.input, out.send))
     except OutputTooLarge as exc:
         out.send(Failed(error_type="output_too_large", message=str(exc), uncertain_outcome=False))
+    except OperationError as exc:  # our own words (or CrewAI's configuration text), never provider output
+        out.send(Failed(error_type=type(exc).__name__, message=str(exc), uncertain_outcome=False))
     except Exception as exc:
         out.send(Failed(error_type=type(exc).__name__, message="CrewAI operation failed", uncertain_outcome=False))
     else:

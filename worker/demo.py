@@ -9,17 +9,27 @@ import asyncio
 import hashlib
 import re
 import time
+import types
+import typing
 import uuid
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+from chromadb import EmbeddingFunction
 from crewai import Agent, Crew, Process, Task
 from crewai.events.types.llm_events import LLMCallType
+from crewai.knowledge.source.string_knowledge_source import StringKnowledgeSource
 from crewai.llms.base_llm import BaseLLM, llm_call_context
+from crewai.rag.embeddings.providers.custom.embedding_callable import CustomEmbeddingFunction
+from pydantic import BaseModel
 
 DEFAULT_SLOW_SECONDS = 30.0
 MAX_SLOW_SECONDS = 3600.0
 _TICK = re.compile(r"Tick for ([0-9]+(?:\.[0-9]+)?) seconds")
+_WORD = re.compile(r"[a-z0-9]+")
+OFFLINE_SCORE = 8  # what the offline model answers for any number a structured call asks for
+EMBEDDING_DIMENSIONS = 256
 
 
 def _text(messages: str | list[Any]) -> str:
@@ -32,11 +42,37 @@ def _words(text: str) -> int:
     return max(1, len(text.split()))
 
 
+def _sample(annotation: Any, text: str) -> Any:
+    """A deterministic value of ``annotation``: strings say ``text``, numbers are OFFLINE_SCORE."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return _sample(next((a for a in args if a is not type(None)), str), text)
+    if origin is typing.Literal:
+        return args[0]
+    if origin in (list, set, tuple):
+        return [_sample(args[0] if args else str, text)]
+    if origin is dict:
+        return {}
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return _structured(annotation, text)
+    if annotation in (int, float):
+        return annotation(OFFLINE_SCORE)
+    if annotation is bool:
+        return True
+    return text
+
+
+def _structured(model: type[BaseModel], text: str) -> BaseModel:
+    return model.model_validate({name: _sample(f.annotation, text) for name, f in model.model_fields.items()})
+
+
 class OfflineLLM(BaseLLM):
     """A deterministic model: the answer is derived from the prompt, streamed word by word.
 
     A prompt that says "Tick for N seconds" first gets a heartbeat chunk every ``tick_seconds``
     for N seconds (``demo-slow``): the task text is the only channel from inputs to a model.
+    Structured calls (``response_model``: test scores, training evaluation) get an instance of that
+    model, as native providers return, so ``test`` and ``train`` work offline too.
     """
 
     tick_seconds: float = 0.1
@@ -57,6 +93,10 @@ class OfflineLLM(BaseLLM):
         match = _TICK.search(prompt)
         ticks = round(float(match.group(1)) / self.tick_seconds) if match else 0
         answer = f"Thought: I know the answer.\nFinal Answer: {role} reports finding {digest}."
+        if response_model is not None:
+            return self._answer_structured(
+                messages, response_model, f"{role} reports finding {digest}.", from_task, from_agent
+            )
         with llm_call_context():
             self._emit_call_started_event(messages=messages, from_task=from_task, from_agent=from_agent)
             if self._effective_stream():
@@ -81,6 +121,26 @@ class OfflineLLM(BaseLLM):
 
     def get_input_tokens_count(self, *args: Any, **kwargs: Any) -> int:
         return 0
+
+    def supports_function_calling(self) -> bool:
+        # BaseLLM lacks this, yet TaskEvaluator (train) calls it; True makes converters pass response_model.
+        return True
+
+    def _answer_structured(
+        self, messages: str | list[Any], model: type[BaseModel], text: str, task: Any, agent: Any
+    ) -> Any:
+        answer = _structured(model, text)
+        with llm_call_context():
+            self._emit_call_started_event(messages=messages, from_task=task, from_agent=agent)
+            self._track_token_usage_internal({"prompt_tokens": _words(_text(messages)), "completion_tokens": 1})
+            self._emit_call_completed_event(
+                response=answer.model_dump_json(),
+                call_type=LLMCallType.LLM_CALL,
+                from_task=task,
+                from_agent=agent,
+                messages=messages,
+            )
+        return answer
 
     def _emit(self, text: str, task: Any, agent: Any, response_id: str) -> None:
         self._emit_stream_chunk_event(
@@ -134,4 +194,74 @@ def demo_slow() -> Crew:
     return Crew(agents=[agent], tasks=[task], before_kickoff_callbacks=[_with_seconds])
 
 
-registry: dict[str, Callable[[], Crew]] = {"demo": demo, "demo-slow": demo_slow}
+class HashEmbedder(CustomEmbeddingFunction, EmbeddingFunction):  # type: ignore[misc]
+    """A deterministic offline embedder: each word adds +-1 to a sha256-chosen dimension.
+
+    Texts sharing words point the same way. Both bases: CrewAI's custom provider wants its class,
+    chromadb its own protocol.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass  # chromadb's base __init__ only warns
+
+    def __call__(self, input: list[str]) -> list[np.ndarray]:
+        return [self._embed(text) for text in input]
+
+    @staticmethod
+    def _embed(text: str) -> np.ndarray:
+        vector = np.zeros(EMBEDDING_DIMENSIONS, dtype=np.float32)
+        for word in _WORD.findall(text.lower()):
+            digest = hashlib.sha256(word.encode()).digest()
+            vector[int.from_bytes(digest[:4], "big") % EMBEDDING_DIMENSIONS] += 1 if digest[4] & 1 else -1
+        norm = float(np.linalg.norm(vector))
+        if norm == 0:
+            vector[0], norm = 1.0, 1.0
+        return vector / norm
+
+    @staticmethod
+    def name() -> str:
+        return "crew-supervisor-hash"
+
+    def get_config(self) -> dict[str, Any]:
+        return {}
+
+    @staticmethod
+    def build_from_config(config: dict[str, Any]) -> HashEmbedder:
+        return HashEmbedder()
+
+
+OFFLINE_EMBEDDER = {"provider": "custom", "config": {"embedding_callable": HashEmbedder}}
+KNOWLEDGE = (
+    "Every CrewAI job runs in its own worker process, started by the supervisor.",
+    "Cancelling a job kills the worker's whole process group and confirms every process is gone.",
+    "The journal is a SQLite database in WAL mode; admission is durable before any work starts.",
+)
+
+
+def demo_knowledge() -> Crew:
+    """Knowledge embedded offline (HashEmbedder) at build time; ask e.g. "What does cancelling a job kill?"."""
+    agent = Agent(
+        role="Librarian",
+        goal="Answer from the knowledge base",
+        backstory="Well read.",
+        llm=OfflineLLM(model="offline-demo"),
+    )
+    task = Task(description="Answer: {question}", expected_output="An answer.", agent=agent)
+    return Crew(
+        agents=[agent],
+        tasks=[task],
+        knowledge_sources=[StringKnowledgeSource(content=fact) for fact in KNOWLEDGE],
+        embedder=OFFLINE_EMBEDDER,
+        before_kickoff_callbacks=[_with_question],
+    )
+
+
+def _with_question(inputs: dict[str, Any] | None) -> dict[str, Any]:
+    merged = dict(inputs or {})
+    merged.setdefault("question", "What does cancelling a job kill?")
+    return merged
+
+
+registry: dict[str, Callable[[], Crew]] = {"demo": demo, "demo-slow": demo_slow, "demo-knowledge": demo_knowledge}
+# Evaluator models ``test`` can name (eval_llm) without a network or an API key.
+eval_llms: dict[str, Callable[[], BaseLLM]] = {"offline-eval": lambda: OfflineLLM(model="offline-eval")}

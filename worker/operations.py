@@ -1,18 +1,48 @@
-"""The operations a job can run on a fresh Crew, and how their results become JSON."""
+"""The operations a job can run on a fresh Crew, and how their results become JSON.
+
+Each runs in its own worker process, so a blocking CrewAI call (replay, train, test) is simply run in a
+thread: stopping the job kills the process, and nothing here needs to be interruptible.
+CrewAI is imported inside functions: this module loads before the worker has switched telemetry off.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import shutil
+import tempfile
+import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
 
 from protocol import Chunk
 from protocol.frames import MAX_OUTPUT_BYTES
+from worker import registry
 
 Emit = Callable[[Chunk], None]
 Operation = Callable[[Any, dict[str, Any], Emit], Awaitable[dict[str, Any]]]
 OUTPUT_FIELDS = {"raw": "", "json_dict": None, "pydantic": None, "tasks_output": [], "token_usage": {}}
+TRAINING_DIR_ENV = "AIP_CREWAI_TRAINING_DIR"
+
+
+class OperationError(Exception):
+    """A failure whose message we wrote (or is CrewAI's configuration text): safe to report verbatim."""
+
+
+class ReplayError(OperationError):
+    pass
+
+
+class TrainingError(OperationError):
+    pass
+
+
+class MemoryResetError(OperationError):
+    pass
 
 
 class OutputTooLarge(Exception):
@@ -60,7 +90,195 @@ async def run(crew: Any, inputs: dict[str, Any], emit: Emit) -> dict[str, Any]:
         async for chunk in result:
             emit(chunk_message(chunk))
         result = result.result
-    return crew_output(result)
+    return {**crew_output(result), "replay_task_ids": replay_task_ids(crew)}
 
 
-OPERATIONS: dict[str, Operation] = {"run": run}
+def replay_task_ids(crew: Any) -> list[str]:
+    """The ids a later ``replay`` of this kickoff accepts: this crew's rows in the latest-kickoff store.
+
+    Only this crew's rows, because a concurrent job of the same crew may have replaced them already.
+    """
+    mine = {str(task.id) for task in crew.tasks}
+    try:
+        return [task_id for task_id in stored_task_ids() if task_id in mine]
+    except Exception:  # the run itself succeeded; an unreadable store only means nothing is replayable
+        return []
+
+
+def stored_outputs() -> list[dict[str, Any]]:
+    """The latest kickoff's task outputs in CREWAI_STORAGE_DIR, in task order: what replay reads."""
+    from crewai.utilities.task_output_storage_handler import TaskOutputStorageHandler
+
+    return TaskOutputStorageHandler().load() or []
+
+
+def stored_task_ids() -> list[str]:
+    return [str(row["task_id"]) for row in stored_outputs()]
+
+
+async def batch_run(crew: Any, job: dict[str, Any], emit: Emit) -> dict[str, Any]:
+    # Streamed batches yield every chunk twice (kickoff_for_each_async) and results only at the end.
+    crew.stream = False
+    batch = job["inputs"]
+    if hasattr(crew, "akickoff_for_each"):
+        results = await crew.akickoff_for_each(inputs=batch)
+    elif hasattr(crew, "kickoff_for_each_async"):
+        results = await crew.kickoff_for_each_async(inputs=batch)
+    else:
+        results = await asyncio.to_thread(crew.kickoff_for_each, inputs=batch)
+    outputs = [crew_output(result) for result in results]
+    return {"results": outputs, "count": len(outputs)}
+
+
+async def replay(crew: Any, job: dict[str, Any], emit: Emit) -> dict[str, Any]:
+    """Re-run from ``task_id`` on; earlier tasks' stored outputs (possibly from another process) are reused."""
+    crew.stream = False
+    task_id = job["task_id"]
+    rows = stored_outputs()
+    index = next((i for i, row in enumerate(rows) if str(row["task_id"]) == task_id), None)
+    if index is None:
+        if not rows:
+            raise ReplayError("this crew has no stored kickoff to replay: run it first")
+        raise ReplayError(f"task id {task_id!r} is not in this crew's latest kickoff; use one of its replay_task_ids")
+    # CrewAI's own check, done here so a mismatch is reported as such (its text names no inputs or outputs).
+    validate = getattr(crew, "_validate_replay_tasks", None)
+    if validate is not None:
+        try:
+            validate(rows, index)
+        except ValueError as exc:
+            raise ReplayError(str(exc)) from exc
+    result = await asyncio.to_thread(crew.replay, task_id, job.get("inputs"))
+    # The replay rewrote the replayed tasks' ids; the earlier ones keep theirs. All are replayable now.
+    return {**crew_output(result), "replay_task_ids": stored_task_ids()}
+
+
+async def train(crew: Any, job: dict[str, Any], emit: Emit) -> dict[str, Any]:
+    feedback = job.get("feedback")
+    if not isinstance(feedback, str) or not feedback.strip():
+        # CrewAI would otherwise read stdin once per task and iteration, and fail only then.
+        raise TrainingError(
+            "train requires input.feedback: the human feedback CrewAI asks for after every task of every iteration"
+        )
+    target = training_target(job["artifact_name"])
+    n_iterations = job["n_iterations"]
+    # CrewAI writes <filename>.pkl into the cwd (the job's scratch dir); a unique name avoids its own files.
+    scratch = Path.cwd() / f"train-{uuid.uuid4().hex}.pkl"
+    crew.stream = False
+
+    def headless() -> None:
+        from crewai.core.providers.human_input import set_provider
+
+        # The provider is a ContextVar: set it in the thread that runs the crew.
+        set_provider(feedback_provider(feedback))
+        crew.train(n_iterations=n_iterations, filename=scratch.name, inputs=job.get("inputs") or {})
+
+    await asyncio.to_thread(headless)
+    publish(scratch, target)
+    return {"status": "completed", "artifact_name": job["artifact_name"], "n_iterations": n_iterations}
+
+
+def feedback_provider(feedback: str) -> Any:
+    """CrewAI's human-input provider, answering every prompt with ``feedback`` instead of reading stdin."""
+    from crewai.core.providers.human_input import SyncHumanInputProvider
+
+    class Feedback(SyncHumanInputProvider):
+        def _prompt_input(self, crew: Any) -> str:  # type: ignore[override]
+            return feedback
+
+        async def _prompt_input_async(self, crew: Any) -> str:  # type: ignore[override]
+            return feedback
+
+    return Feedback()
+
+
+def training_target(artifact_name: str) -> Path:
+    directory = os.environ.get(TRAINING_DIR_ENV, "")
+    if not os.path.isabs(directory) or not os.path.isdir(directory):
+        raise TrainingError(f"{TRAINING_DIR_ENV} must name an existing absolute directory")
+    return Path(directory) / artifact_name
+
+
+def publish(source: Path, target: Path) -> None:
+    """Copy beside ``target`` under a temporary name, then rename: readers see the whole artifact or the old one.
+
+    A copy, not a rename, because the scratch dir and the training dir may be on different filesystems.
+    """
+    fd, partial = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "wb") as out, open(source, "rb") as data:
+            shutil.copyfileobj(data, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(partial, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(partial)
+        raise
+    directory = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(directory)  # the rename itself survives a crash
+    finally:
+        os.close(directory)
+
+
+async def evaluate(crew: Any, job: dict[str, Any], emit: Emit) -> dict[str, Any]:
+    """Score the crew with ``eval_llm``; CrewAI returns nothing and reports scores only as events."""
+    from crewai.events.event_bus import crewai_event_bus
+    from crewai.events.types.crew_events import CrewTestResultEvent
+
+    crew.stream = False
+    name = job["eval_llm"]
+    factory = registry.eval_llms(os.environ.get(registry.ENV, "")).get(name)
+    eval_llm = factory() if factory is not None else name
+    events: list[Any] = []
+
+    def record(source: Any, event: Any) -> None:
+        events.append(event)
+
+    crewai_event_bus.register_handler(CrewTestResultEvent, record)
+    try:
+        await asyncio.to_thread(crew.test, job["n_iterations"], eval_llm, job.get("inputs"))
+        # Handlers run on CrewAI's thread pool: wait until every score has been recorded.
+        await asyncio.to_thread(crewai_event_bus.flush)
+    finally:
+        crewai_event_bus.off(CrewTestResultEvent, record)
+    events.sort(key=lambda event: (event.emission_sequence or 0, event.timestamp))
+    scores = [
+        to_json({"quality": e.quality, "execution_duration": e.execution_duration, "model": e.model}) for e in events
+    ]
+    return {"status": "completed", "n_iterations": job["n_iterations"], "eval_llm": name, "scores": scores}
+
+
+async def knowledge_query(crew: Any, job: dict[str, Any], emit: Emit) -> dict[str, Any]:
+    """The sync query in a thread, not aquery_knowledge: CrewAI 1.15's default (sync) ChromaDB client fails
+    every async search ("requires an AsyncClientAPI") and the error is swallowed into an empty result."""
+    results = await asyncio.to_thread(
+        crew.query_knowledge,
+        job["query"],
+        results_limit=job.get("results_limit", 3),
+        score_threshold=job.get("score_threshold", 0.35),
+    )
+    return {"results": to_json(results or [])}
+
+
+async def memory_reset(crew: Any, job: dict[str, Any], emit: Emit) -> dict[str, Any]:
+    command_type = job["command_type"]
+    try:
+        await asyncio.to_thread(crew.reset_memories, command_type)
+    except RuntimeError as exc:
+        # "<name> memory system is not initialized" is configuration; other reset errors may carry storage text.
+        if not str(exc.__cause__ or "").endswith("is not initialized"):
+            raise
+        raise MemoryResetError(str(exc)) from exc
+    return {"status": "completed", "command_type": command_type}
+
+
+OPERATIONS: dict[str, Operation] = {
+    "run": run,
+    "batch_run": batch_run,
+    "replay": replay,
+    "train": train,
+    "test": evaluate,
+    "knowledge_query": knowledge_query,
+    "memory_reset": memory_reset,
+}

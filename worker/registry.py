@@ -5,8 +5,10 @@ from __future__ import annotations
 import copy
 import importlib
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+ENV = "AIP_CREWAI_REGISTRY"
 
 
 class RegistryError(Exception):
@@ -29,6 +31,16 @@ def load(spec: str) -> dict[str, Any]:
         if not isinstance(key, str) or not key.strip():
             raise RegistryError(f"registry {spec!r} has a blank or non-string crew id {key!r}")
     return dict(target)
+
+
+def eval_llms(spec: str) -> dict[str, Callable[[], Any]]:
+    """The registry module's optional ``eval_llms`` (name -> zero-arg LLM factory) for ``test``.
+
+    Lets a registry name offline or preconfigured evaluators; without it ``test`` hands the name to CrewAI.
+    """
+    module_name = spec.partition(":")[0]
+    offered = getattr(importlib.import_module(module_name), "eval_llms", None) if module_name else None
+    return dict(offered) if isinstance(offered, Mapping) else {}
 
 
 def build(entry: Any) -> Any:

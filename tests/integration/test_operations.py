@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import pickle
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import Server, start_body, start_server
+from tests.conftest import Server, gone, start_body, start_server, wait_until
 
 KEY = {"Idempotency-Key": "key-1"}
 ALL = "run,batch_run,replay,train,test,knowledge_query,memory_reset"
@@ -108,3 +110,82 @@ def test_disabled_operation_is_forbidden_but_exact_repeats_still_answer(tmp_path
                 assert client.get(f"/jobs/off-{operation}").status_code == 404
     finally:
         second.stop()
+
+
+def test_batch_run_replay_and_their_outputs(ops_server: Server) -> None:
+    with ops_server.client() as client:
+        batch = client.post(
+            "/jobs", json=op("batch_run", "batch-1", {"inputs": [{"topic": "a"}, {"topic": "b"}]}), headers=KEY
+        )
+        assert batch.status_code == 200, batch.text
+        assert batch.json()["count"] == 2 and all(r["raw"] for r in batch.json()["results"])
+
+        run = client.post("/jobs", json=start_body("recorder", "rec-run"), headers=KEY)
+        assert run.status_code == 200, run.text
+        task_ids = run.json()["replay_task_ids"]
+        assert len(task_ids) == 2
+        replay = client.post(
+            "/jobs", json=op("replay", "rec-replay", {"task_id": task_ids[1]}, "recorder"), headers=KEY
+        )
+        assert replay.status_code == 200, replay.text
+        assert replay.json()["tasks_output"][0]["raw"] == run.json()["tasks_output"][0]["raw"]
+        unknown = client.post("/jobs", json=op("replay", "rec-replay-2", {"task_id": "nope"}, "recorder"), headers=KEY)
+        assert unknown.status_code == 502
+        terminal = unknown.json()["terminal"]
+        assert terminal["error_type"] == "ReplayError" and "nope" in terminal["message"]
+        assert terminal["uncertain_outcome"] is False
+
+
+def test_train_test_knowledge_and_memory_reset(ops_server: Server) -> None:
+    training: Path = ops_server.training  # type: ignore[attr-defined]
+    with ops_server.client() as client:
+        train = {"n_iterations": 1, "artifact_name": "agent.pkl", "feedback": "be brief"}
+        trained = client.post("/jobs", json=op("train", "train-1", train), headers=KEY)
+        assert trained.status_code == 200, trained.text
+        assert trained.json() == {"status": "completed", "artifact_name": "agent.pkl", "n_iterations": 1}
+        with open(training / "agent.pkl", "rb") as artifact:
+            assert pickle.load(artifact)
+        no_feedback = client.post("/jobs", json=op("train", "train-2", {**train, "feedback": None}), headers=KEY)
+        assert no_feedback.status_code == 502
+        assert "feedback" in no_feedback.json()["terminal"]["message"]
+
+        tested = client.post(
+            "/jobs", json=op("test", "test-1", {"n_iterations": 1, "eval_llm": "offline-eval"}), headers=KEY
+        )
+        assert tested.status_code == 200, tested.text
+        assert tested.json()["eval_llm"] == "offline-eval" and tested.json()["scores"]
+
+        query = {"query": ["What does cancelling a job kill?"], "results_limit": 1}
+        found = client.post("/jobs", json=op("knowledge_query", "know-1", query, "demo-knowledge"), headers=KEY)
+        assert found.status_code == 200, found.text
+        assert "process group" in str(found.json()["results"])
+
+        reset = client.post("/jobs", json=op("memory_reset", "reset-1", {"command_type": "memory"}), headers=KEY)
+        assert reset.status_code == 502 and "not initialized" in reset.json()["terminal"]["message"]
+
+
+def test_thread_backed_operations_are_stopped_for_real(ops_server: Server) -> None:
+    block = {"mode": "block"}
+    with ops_server.client() as client:
+        # A cancel during training: the worker is killed, and no artifact appears.
+        train = {"n_iterations": 1, "artifact_name": "never.pkl", "feedback": "x", "inputs": block}
+        with client.stream(
+            "POST", "/jobs/stream", json=op("train", "train-stop", train, "recorder"), headers=KEY
+        ) as response:
+            for line in response.iter_lines():
+                if line == "event: started":
+                    break
+            time.sleep(0.5)  # inside the blocked model call, SIGTERM ignored
+            record = client.post("/jobs/train-stop/cancel", json={"crew_id": "recorder", "action_id": "train-stop"})
+        proof = record.json()["terminal"]
+        assert record.json()["status"] == "cancelled" and proof["stop_confirmed"] is True and gone(proof["pid"])
+        assert not (ops_server.training / "never.pkl").exists()  # type: ignore[attr-defined]
+
+        # A timeout during test: the same kill, recorded as an uncertain failure.
+        slow = op("test", "test-timeout", {"n_iterations": 1, "eval_llm": "offline-eval", "inputs": block}, "recorder")
+        timed_out = client.post("/jobs", json={**slow, "timeout_ms": 9000}, headers=KEY)
+        assert timed_out.status_code == 504
+        assert wait_until(lambda: client.get("/jobs/test-timeout").json()["status"] == "failed", timeout=30)
+        terminal = client.get("/jobs/test-timeout").json()["terminal"]
+        assert terminal["error_type"] == "timeout" and terminal["uncertain_outcome"] is True
+        assert terminal["stop_confirmed"] is True and gone(terminal["pid"])

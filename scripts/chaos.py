@@ -245,7 +245,7 @@ def main() -> int:
     for iteration in range(1, args.iterations + 1):
         tally.iterations = iteration
         with Load(sup, rng, args.concurrency, tally, acked):
-            deadline = time.monotonic() + rng.uniform(1.0, 4.0)
+            deadline = time.monotonic() + rng.uniform(0.5, 2.5)
             while time.monotonic() < deadline:
                 time.sleep(0.1)
                 victims = sup.workers()

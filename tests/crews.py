@@ -21,8 +21,9 @@ from worker.demo import OfflineLLM, demo, demo_knowledge, demo_slow
 from worker.demo import eval_llms as demo_eval_llms
 
 HOUR = 3600
-CALL_LOG = "llm-calls.log"  # in the worker's cwd
+CALL_LOG = "llm-calls.log"  # in EVIDENCE_DIR, or the worker's cwd
 HEARTBEAT = "heartbeat"
+EVIDENCE_DIR = "CREW_TEST_EVIDENCE_DIR"  # lets a test outside the job see its files after the scratch dir is gone
 BEAT_SECONDS = 0.02
 
 
@@ -98,12 +99,13 @@ class RecordingLLM(OfflineLLM):
         response_model: Any = None,
     ) -> Any:
         words = str(getattr(from_task, "description", "") or "-").split()
-        with open(Path.cwd() / CALL_LOG, "a") as log:
+        evidence = Path(os.environ.get(EVIDENCE_DIR) or Path.cwd())
+        with open(evidence / CALL_LOG, "a") as log:
             log.write(f"{words[0] if words else '-'}\n")
         prompt = messages if isinstance(messages, str) else " ".join(str(m.get("content", "")) for m in messages)
         if "block mode" in prompt:
             while True:
-                with open(Path.cwd() / HEARTBEAT, "a") as beat:
+                with open(evidence / HEARTBEAT, "a") as beat:
                     beat.write(f"{os.getpid()}\n")
                 time.sleep(BEAT_SECONDS)
         return super().call(

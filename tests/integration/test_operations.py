@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Server, gone, start_body, start_server, wait_until
+from tests.crews import EVIDENCE_DIR, HEARTBEAT
 
 KEY = {"Idempotency-Key": "key-1"}
 ALL = "run,batch_run,replay,train,test,knowledge_query,memory_reset"
@@ -21,10 +22,12 @@ def ops_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("ops")
     training = root / "training"
     training.mkdir(mode=0o700)
-    running = start_server(
-        root / "state", env={"AIP_CREWAI_ALLOWED_OPERATIONS": ALL, "AIP_CREWAI_TRAINING_DIR": str(training)}
-    )
+    evidence = root / "evidence"
+    evidence.mkdir()
+    env = {"AIP_CREWAI_ALLOWED_OPERATIONS": ALL, "AIP_CREWAI_TRAINING_DIR": str(training), EVIDENCE_DIR: str(evidence)}
+    running = start_server(root / "state", env=env)
     running.training = training  # type: ignore[attr-defined]
+    running.evidence = evidence  # type: ignore[attr-defined]
     yield running
     running.stop()
 
@@ -181,7 +184,9 @@ def test_thread_backed_operations_are_stopped_for_real(ops_server: Server) -> No
         assert record.json()["status"] == "cancelled" and proof["stop_confirmed"] is True and gone(proof["pid"])
         assert not (ops_server.training / "never.pkl").exists()  # type: ignore[attr-defined]
 
-        # A timeout during test: the same kill, recorded as an uncertain failure.
+        # A timeout during test: the same kill, recorded as an uncertain failure; the heartbeat stops.
+        heartbeat = ops_server.evidence / HEARTBEAT  # type: ignore[attr-defined]
+        heartbeat.unlink(missing_ok=True)
         slow = op("test", "test-timeout", {"n_iterations": 1, "eval_llm": "offline-eval", "inputs": block}, "recorder")
         timed_out = client.post("/jobs", json={**slow, "timeout_ms": 9000}, headers=KEY)
         assert timed_out.status_code == 504
@@ -189,3 +194,7 @@ def test_thread_backed_operations_are_stopped_for_real(ops_server: Server) -> No
         terminal = client.get("/jobs/test-timeout").json()["terminal"]
         assert terminal["error_type"] == "timeout" and terminal["uncertain_outcome"] is True
         assert terminal["stop_confirmed"] is True and gone(terminal["pid"])
+        beats = heartbeat.stat().st_size
+        assert beats > 0  # it was beating while blocked
+        time.sleep(0.5)
+        assert heartbeat.stat().st_size == beats  # and nothing of the job runs on

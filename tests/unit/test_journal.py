@@ -104,6 +104,14 @@ def test_files_are_private_and_links_refused(path: Path) -> None:
         Journal(link, checkpoint_events=1)
 
 
+def test_a_lock_file_that_is_a_link_is_refused(path: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere.lock"
+    elsewhere.write_text("")
+    os.symlink(elsewhere, path.with_name("journal.db.lock"))
+    with pytest.raises(JournalError, match="lock file"):
+        Journal(path, checkpoint_events=1)
+
+
 def test_state_directory_must_be_private_and_real(tmp_path: Path) -> None:
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o777)

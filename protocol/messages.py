@@ -51,10 +51,43 @@ class Hello(Message):
 
 @dataclasses.dataclass(frozen=True)
 class Registry(Message):
-    """The crew ids a registry offers; the answer of a worker started to describe it."""
+    """What a registry offers: crew ids and named evaluation models. A describing worker's answer,
+    and the fork server's first word."""
 
     kind: ClassVar[str] = "registry"
     crews: list[str]
+    eval_llms: list[str]
+
+
+# Supervisor <-> fork server, over a Unix socket (the job's pipes travel beside Fork as SCM_RIGHTS).
+@dataclasses.dataclass(frozen=True)
+class Fork(Message):
+    kind: ClassVar[str] = "fork"
+    env: dict[str, str]
+    cwd: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Forked(Message):
+    kind: ClassVar[str] = "forked"
+    pid: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Refused(Message):
+    """The fork server will not fork (it is no longer single-threaded); it exits after saying so."""
+
+    kind: ClassVar[str] = "refused"
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Exited(Message):
+    """A worker the fork server reaped, with its exit status (negative: killed by that signal)."""
+
+    kind: ClassVar[str] = "exited"
+    pid: int
+    exit_status: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +118,8 @@ class Failed(Message):
 
 TERMINAL = (Completed, Failed)
 _KINDS: dict[str, type[Message]] = {
-    cls.kind: cls for cls in (Start, Stop, Hello, Registry, Started, Chunk, Completed, Failed)
+    cls.kind: cls
+    for cls in (Start, Stop, Hello, Registry, Started, Chunk, Completed, Failed, Fork, Forked, Refused, Exited)
 }
 _FIELDS = {kind: typing.get_type_hints(cls) for kind, cls in _KINDS.items()}
 

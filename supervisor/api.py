@@ -141,6 +141,7 @@ def create_app(sup: Supervisor) -> FastAPI:
             "operations": [*settings.allowed_operations, *CONTROL_OPERATIONS],
             "training_directory": bool(settings.training_dir),
             "launcher": sup.launcher.name,
+            **sup.launcher.health(),
         }
 
     @app.post("/jobs")

@@ -14,6 +14,7 @@ import uvicorn
 
 from supervisor import config
 from supervisor.api import create_app
+from supervisor.forkserver import ForkServerLauncher
 from supervisor.jobs import Supervisor, worker_env
 from supervisor.journal import Journal, JournalError, prepare_directory
 from supervisor.launcher import LaunchError, SpawnLauncher
@@ -81,8 +82,10 @@ def _prepare(settings: config.Settings, journal_path: Path) -> Supervisor:
         )
     try:
         become_subreaper()
-        launcher = SpawnLauncher()
-        crews = asyncio.run(launcher.describe(worker_env(settings, state, ""), str(state / "scratch")))
+        spawn = SpawnLauncher()
+        launcher = ForkServerLauncher(spawn) if settings.launcher == "forkserver" else spawn
+        registry = asyncio.run(launcher.describe(worker_env(settings, state, ""), str(state / "scratch")))
+        crews = registry.crews
         sup = Supervisor(settings, journal, launcher, crews, state)
         fenced = sup.fence_restored()
     except BaseException:

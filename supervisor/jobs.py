@@ -111,6 +111,7 @@ class Supervisor:
         await asyncio.gather(*(job.task for job in jobs if job.task), return_exceptions=True)
         if self._flusher is not None:
             self._flusher.cancel()
+        await self.launcher.close()
         self.journal.flush()
 
     async def _flush_periodically(self) -> None:

@@ -1,18 +1,23 @@
-"""How workers come to exist. The interface lets a fork server replace cold spawning later."""
+"""How workers come to exist: cold spawning here, a fork server in ``forkserver.py``.
+
+Either way a worker starts in a new session (it leads its own process group), with its control pipe
+on fd 3, its event pipe on fd 4 and its stdout/stderr on pipes of their own.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
-import subprocess
 import sys
 from collections.abc import Mapping
 from typing import Protocol as Interface
 
-from protocol import Failed, FrameError, Hello, Registry
-from supervisor.process import WorkerProcess
+from protocol import Failed, FrameError, Hello, Message, Registry
+from supervisor.process import WorkerProcess, make_pipes
 
 DESCRIBE_SECONDS = 180.0
+CONTROL_FD, EVENT_FD = 3, 4
 
 
 class LaunchError(Exception):
@@ -22,74 +27,92 @@ class LaunchError(Exception):
 class Launcher(Interface):
     name: str
 
+    async def describe(self, env: Mapping[str, str], cwd: str) -> Registry:
+        """What the registry offers; a registry that cannot load raises LaunchError with its error."""
+        ...
+
     async def spawn(self, env: Mapping[str, str], cwd: str) -> WorkerProcess: ...
 
-    async def describe(self, env: Mapping[str, str], cwd: str) -> list[str]: ...
+    async def close(self) -> None: ...
+
+    def health(self) -> dict[str, object]:
+        """Extra fields for /health."""
+        ...
+
+
+def spawn_process(argv: list[str], env: Mapping[str, str], fds: Mapping[int, int]) -> int:
+    """posix_spawn ``argv`` in a new session with exactly ``fds`` (target: source) open.
+
+    Called from the loop's thread: PDEATHSIG follows the creating thread, which lives as long as we do.
+    """
+    # Move sources clear of the targets first, so placing one never clobbers another.
+    moved = {target: fcntl.fcntl(source, fcntl.F_DUPFD_CLOEXEC, 10) for target, source in fds.items()}
+    try:
+        actions = [(os.POSIX_SPAWN_DUP2, source, target) for target, source in moved.items()]
+        return os.posix_spawn(argv[0], argv, dict(env), file_actions=actions, setsid=True)
+    except OSError as exc:
+        raise LaunchError(f"cannot start {argv[0]}: {exc.strerror}") from None
+    finally:
+        for fd in moved.values():
+            os.close(fd)
 
 
 class SpawnLauncher:
-    """A fresh interpreter per job (``python -m worker``): slow to start, nothing shared."""
+    """A fresh interpreter per job (``python -m worker``): seconds to start, nothing shared."""
 
     name = "spawn"
 
     def __init__(self, argv: list[str] | None = None) -> None:
         self.argv = argv or [sys.executable, "-m", "worker"]
 
-    async def spawn(self, env: Mapping[str, str], cwd: str) -> WorkerProcess:
-        return await self._launch("job", env, cwd)
-
-    async def describe(self, env: Mapping[str, str], cwd: str) -> list[str]:
-        """The crew ids of the configured registry, read by a worker so we never import crewai."""
+    async def describe(self, env: Mapping[str, str], cwd: str) -> Registry:
+        """Asked of a worker, so the supervisor never imports crewai."""
         worker = await self._launch("describe", env, cwd)
         try:
             async with asyncio.timeout(DESCRIBE_SECONDS):
-                hello = await worker.next_message()
-                answer = await worker.next_message()
+                answer = await expect_registry(worker)
         except TimeoutError:
-            answer = None
-            hello = None
+            raise LaunchError(f"no answer from the registry within {DESCRIBE_SECONDS:.0f} s") from None
         finally:
             await worker.kill()
-        if isinstance(answer, Registry) and isinstance(hello, Hello):
-            return answer.crews
-        if isinstance(answer, Failed):
-            raise LaunchError(answer.message)
-        detail = worker.stderr.text().strip().splitlines()[-1:] or ["no output"]
-        if isinstance(answer, FrameError):
-            raise LaunchError(f"worker broke the protocol: {answer}")
-        raise LaunchError(f"worker did not describe the registry: {detail[0]}")
+        return answer
+
+    async def spawn(self, env: Mapping[str, str], cwd: str) -> WorkerProcess:
+        return await self._launch("job", env, cwd)
+
+    async def close(self) -> None:
+        pass
+
+    def health(self) -> dict[str, object]:
+        return {}
 
     async def _launch(self, mode: str, env: Mapping[str, str], cwd: str) -> WorkerProcess:
-        control_r, control_w = os.pipe()
-        event_r, event_w = os.pipe()
-        argv = [
-            *self.argv,
-            mode,
-            "--event-fd",
-            str(event_w),
-            "--control-fd",
-            str(control_r),
-            "--parent-pid",
-            str(os.getpid()),
-        ]
+        ours, theirs = make_pipes()
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        argv = [*self.argv, mode, "--parent-pid", str(os.getpid()), "--cwd", cwd]
         try:
-            # Spawned from the loop's thread: PDEATHSIG follows the creating thread, which lives on.
-            popen = subprocess.Popen(
-                argv,
-                pass_fds=(control_r, event_w),
-                start_new_session=True,
-                env=dict(env),
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-        except OSError as exc:
-            for fd in (control_r, control_w, event_r, event_w):
-                os.close(fd)
-            raise LaunchError(f"cannot start worker: {exc}") from exc
-        os.close(control_r)
-        os.close(event_w)
-        worker = WorkerProcess(popen, control_w, event_r)
+            fds = {0: null, 1: theirs.stdout, 2: theirs.stderr, CONTROL_FD: theirs.control, EVENT_FD: theirs.events}
+            pid = spawn_process(argv, env, fds)
+        except LaunchError:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+            os.close(null)
+        worker = WorkerProcess(pid, ours)
         await worker.attach()
         return worker
+
+
+async def expect_registry(worker: WorkerProcess) -> Registry:
+    """Hello, then the registry's description; anything else is a LaunchError saying what came."""
+    hello = await worker.next_message()
+    answer: Message | FrameError | None = await worker.next_message() if isinstance(hello, Hello) else hello
+    if isinstance(answer, Registry):
+        return answer
+    if isinstance(answer, Failed):
+        raise LaunchError(answer.message)
+    if isinstance(answer, FrameError):
+        raise LaunchError(f"worker broke the protocol: {answer}")
+    detail = worker.stderr.text().strip().splitlines()[-1:] or ["no output"]
+    raise LaunchError(f"worker did not describe the registry: {detail[0]}")

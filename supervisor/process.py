@@ -8,7 +8,6 @@ import ctypes
 import dataclasses
 import os
 import signal
-import subprocess
 import time
 from typing import Any
 
@@ -21,6 +20,7 @@ OUTPUT_TAIL_BYTES = 64 * 1024
 # Reading pauses while this many messages wait: a flooding worker blocks on its own pipe.
 QUEUE_HIGH, QUEUE_LOW = 256, 64
 CONFIRM_SECONDS = 5.0
+EXIT_REPORT_SECONDS = 1.0  # how long a fork server's exit report may lag the exit itself
 
 
 def become_subreaper() -> None:
@@ -106,36 +106,61 @@ class _Frames(asyncio.Protocol):
             self.transport.close()
 
 
-class WorkerProcess:
-    """A launched worker: leads its own process group; reaped exactly once, by us."""
+@dataclasses.dataclass(frozen=True)
+class PipeEnds:
+    """A job's four pipes, one end each: ours (write control, read the rest) or the worker's."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], control_fd: int, event_fd: int) -> None:
-        self.popen = popen
-        self.pid = popen.pid
-        self.pgid = popen.pid  # start_new_session: the worker leads its group
-        self.create_time = psutil.Process(popen.pid).create_time()
+    control: int
+    events: int
+    stdout: int
+    stderr: int
+
+    def close(self) -> None:
+        for fd in dataclasses.astuple(self):
+            os.close(fd)
+
+
+def make_pipes() -> tuple[PipeEnds, PipeEnds]:
+    """(ours, the worker's). All close-on-exec: a launcher places the worker's ends deliberately."""
+    control_r, control_w = os.pipe()
+    events_r, events_w = os.pipe()
+    stdout_r, stdout_w = os.pipe()
+    stderr_r, stderr_w = os.pipe()
+    return PipeEnds(control_w, events_r, stdout_r, stderr_r), PipeEnds(control_r, events_w, stdout_w, stderr_w)
+
+
+class WorkerProcess:
+    """A launched worker: leads its own process group; watched through a pidfd.
+
+    A worker we spawned is our child and we reap it. A fork server's worker is reaped by the fork
+    server, which reports the exit status (``report_exit``); if that report never comes (the fork
+    server died too), the exit is still seen, with an unknown status.
+    """
+
+    def __init__(self, pid: int, pipes: PipeEnds, our_child: bool = True) -> None:
+        self.pid = pid
+        self.pgid = pid  # the worker called setsid: it leads its group
+        self.our_child = our_child
+        self.create_time = psutil.Process(pid).create_time()
         self.stdout = Tail()
         self.stderr = Tail()
-        self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._control_fd = control_fd
-        self._event_fd = event_fd
+        self.exited: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        self._pipes = pipes
         self._messages: asyncio.Queue[Message | FrameError | None] = asyncio.Queue()
         self._frames = _Frames(self._messages)
         self._control: asyncio.WriteTransport | None = None
-        self._pidfd = os.pidfd_open(popen.pid)
+        self._pidfd = os.pidfd_open(pid)
 
     async def attach(self) -> None:
         """Start reading pipes and watching for exit without blocking the loop."""
         loop = asyncio.get_running_loop()
-        await loop.connect_read_pipe(lambda: self._frames, os.fdopen(self._event_fd, "rb", buffering=0))
-        for stream, tail in ((self.popen.stdout, self.stdout), (self.popen.stderr, self.stderr)):
-            if stream is not None:
-                await loop.connect_read_pipe(lambda tail=tail: tail, stream)
-        if self._control_fd >= 0:
-            self._control, _ = await loop.connect_write_pipe(
-                asyncio.Protocol, os.fdopen(self._control_fd, "wb", buffering=0)
-            )
-        loop.add_reader(self._pidfd, self._reap)
+        await loop.connect_read_pipe(lambda: self._frames, os.fdopen(self._pipes.events, "rb", buffering=0))
+        for fd, tail in ((self._pipes.stdout, self.stdout), (self._pipes.stderr, self.stderr)):
+            await loop.connect_read_pipe(lambda tail=tail: tail, os.fdopen(fd, "rb", buffering=0))
+        self._control, _ = await loop.connect_write_pipe(
+            asyncio.Protocol, os.fdopen(self._pipes.control, "wb", buffering=0)
+        )
+        loop.add_reader(self._pidfd, self._on_exit)
 
     def send(self, message: Message) -> None:
         if self._control is not None and not self._control.is_closing():
@@ -154,18 +179,25 @@ class WorkerProcess:
             self._frames.paused = False
         return message
 
-    def _reap(self) -> None:
-        loop = asyncio.get_running_loop()
-        loop.remove_reader(self._pidfd)
-        os.close(self._pidfd)
-        # The leader is a zombie now, so its pid (the group id) cannot be reused yet:
-        # anything it left running in its group goes with it.
-        _signal_group(self.pgid, signal.SIGKILL)
-        status = self.popen.wait()
+    def report_exit(self, status: int | None) -> None:
         if not self.exited.done():
             self.exited.set_result(status)
 
+    def _on_exit(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        # Until it is reaped the leader is a zombie and its pid (the group id) cannot be reused:
+        # anything it left running in its group goes with it.
+        _signal_group(self.pgid, signal.SIGKILL)
+        if self.our_child:
+            _, status = os.waitpid(self.pid, 0)
+            self.report_exit(os.waitstatus_to_exitcode(status))
+        else:
+            loop.call_later(EXIT_REPORT_SECONDS, self.report_exit, None)
+
     async def wait_exit(self, timeout: float) -> int | None:
+        """The exit status; None if it is unknown or ``timeout`` passed first (see ``exited``)."""
         try:
             return await asyncio.wait_for(asyncio.shield(self.exited), timeout)
         except TimeoutError:
@@ -185,7 +217,8 @@ class WorkerProcess:
         sent = signal.SIGKILL
         if grace > 0 and not self.exited.done():
             _signal_group(self.pgid, signal.SIGTERM)
-            if await self.wait_exit(grace) is not None:
+            await self.wait_exit(grace)
+            if self.exited.done():
                 sent = signal.SIGTERM
         if not self.exited.done():
             _signal_group(self.pgid, signal.SIGKILL)
@@ -193,7 +226,7 @@ class WorkerProcess:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()  # psutil refuses a pid that now names another process
         status = await self.wait_exit(CONFIRM_SECONDS)
-        confirmed = status is not None and await confirm_gone(tree, CONFIRM_SECONDS)
+        confirmed = self.exited.done() and await confirm_gone(tree, CONFIRM_SECONDS)
         self.close_control()
         return StopEvidence(
             stop_confirmed=confirmed,

@@ -130,7 +130,7 @@ def _healthy(client: httpx.Client) -> bool:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(tmp_path_factory: pytest.TempPathFactory, launcher: str) -> Iterator[Server]:
     state = tmp_path_factory.mktemp("state") / "s"
     running = start_server(state)
     yield running

@@ -13,10 +13,10 @@ parser.add_argument(
     "behaviour", choices=["garbage", "oversized", "truncated", "not-json", "unknown-type", "old-version"]
 )
 parser.add_argument("mode")
-parser.add_argument("--event-fd", type=int)
-parser.add_argument("--control-fd", type=int)
 parser.add_argument("--parent-pid", type=int)
+parser.add_argument("--cwd")
 args = parser.parse_args()
+EVENT_FD = 4  # where every launcher puts a worker's event pipe
 
 
 def frame(body: bytes) -> bytes:
@@ -31,8 +31,8 @@ payloads = {
     "unknown-type": frame(b'{"v":1,"type":"launch"}'),
     "old-version": frame(b'{"v":0,"type":"hello","pid":1}'),
 }
-os.write(args.event_fd, payloads[args.behaviour])
+os.write(EVENT_FD, payloads[args.behaviour])
 if args.behaviour == "truncated":
-    os.close(args.event_fd)
+    os.close(EVENT_FD)
 time.sleep(3600 if args.behaviour != "truncated" else 0)
 sys.exit(0)

@@ -19,7 +19,7 @@ async def main() -> None:
     worker = await SpawnLauncher().spawn(dict(os.environ), os.getcwd())
     worker.send(Start("orphan", "demo-slow", "run", {"seconds": 600}, 600_000))
     await worker.next_message()  # hello: sent after the worker armed its death signal
-    keeper = subprocess.Popen(["sleep", "3600"], pass_fds=[worker._control_fd])
+    keeper = subprocess.Popen(["sleep", "3600"], pass_fds=[worker._pipes.control])
     print(worker.pid, keeper.pid, flush=True)
     await asyncio.sleep(3600)
 

@@ -12,6 +12,8 @@ import pytest
 
 from tests.conftest import Server, gone, sse_events, start_body, start_server, wait_until
 
+pytestmark = pytest.mark.usefixtures("launcher")
+
 KEY = {"Idempotency-Key": "key-1"}
 SSE = {"Accept": "text/event-stream"}
 
@@ -242,10 +244,10 @@ def test_timeout_mid_stream_kills_the_worker(server: Server) -> None:
 
 def test_stream_heartbeats_while_idle(server: Server) -> None:
     with server.client() as client:
-        with client.stream("POST", "/jobs/stream", json=start_body("demo", "beat-1"), headers=KEY) as response:
+        body = start_body("stubborn", "beat-1", timeout_ms=2500)  # blocks silently until its timeout
+        with client.stream("POST", "/jobs/stream", json=body, headers=KEY) as response:
             lines = list(response.iter_lines())
-        assert ": keep-alive" in lines  # the worker spends seconds importing CrewAI before `started`
-        assert lines.index(": keep-alive") < lines.index("event: started")
+        assert lines.index("event: started") < lines.index(": keep-alive") < lines.index("event: failed")
 
 
 def test_a_client_disconnect_never_cancels_the_job(server: Server) -> None:

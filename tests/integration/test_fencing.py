@@ -16,6 +16,8 @@ import pytest
 from supervisor.process import become_subreaper
 from tests.conftest import gone, start_body, start_server, wait_until
 
+pytestmark = pytest.mark.usefixtures("launcher")
+
 KEY = {"Idempotency-Key": "key-1"}
 
 

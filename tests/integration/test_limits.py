@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import gone, start_body, start_server
+
+pytestmark = pytest.mark.usefixtures("launcher")
 
 KEY = {"Idempotency-Key": "key-1"}
 

@@ -13,12 +13,14 @@ import pytest
 from tests.conftest import Server, gone, start_body, start_server, wait_until
 from tests.crews import EVIDENCE_DIR, HEARTBEAT
 
+pytestmark = pytest.mark.usefixtures("launcher")
+
 KEY = {"Idempotency-Key": "key-1"}
 ALL = "run,batch_run,replay,train,test,knowledge_query,memory_reset"
 
 
 @pytest.fixture(scope="module")
-def ops_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def ops_server(tmp_path_factory: pytest.TempPathFactory, launcher: str) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("ops")
     training = root / "training"
     training.mkdir(mode=0o700)

@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT, gone, start_body, start_server, wait_until
+
+pytestmark = pytest.mark.usefixtures("launcher")
 
 KEY = {"Idempotency-Key": "key-1"}
 

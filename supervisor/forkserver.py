@@ -1,0 +1,243 @@
+"""Warm starts: a fork server that has imported CrewAI and the registry forks each job's worker.
+
+The fork server's workers are its children, not ours: it reaps them and reports their exit status;
+we watch each through a pidfd, kill its group and confirm it gone exactly as for a spawned worker.
+If the fork server dies or refuses, jobs fall back to cold spawning while a new one starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Mapping
+
+from protocol import (
+    MAX_FRAME_BYTES,
+    Exited,
+    Failed,
+    Fork,
+    Forked,
+    FrameError,
+    MessageReader,
+    Refused,
+    Registry,
+    pack,
+)
+from supervisor.launcher import DESCRIBE_SECONDS, LaunchError, SpawnLauncher, spawn_process
+from supervisor.process import WorkerProcess, make_pipes
+
+log = logging.getLogger("crew_supervisor.forkserver")
+FORK_SECONDS = 10.0
+SOCKET_FD = 3
+
+
+class ForkServerLauncher:
+    name = "forkserver"
+
+    def __init__(self, fallback: SpawnLauncher) -> None:
+        self.fallback = fallback
+        self.restarts = 0
+        self._server: _ForkServer | None = None
+        self._env: Mapping[str, str] = {}
+        self._cwd = "/"
+        self._replacing: asyncio.Task[None] | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self._server is not None and self._server.alive
+
+    async def describe(self, env: Mapping[str, str], cwd: str) -> Registry:
+        """Starts the fork server; its first word describes the registry."""
+        self._env, self._cwd = env, cwd
+        self._server = await _ForkServer.start(self.fallback.argv, env, cwd)
+        return self._server.registry
+
+    async def spawn(self, env: Mapping[str, str], cwd: str) -> WorkerProcess:
+        server = self._server
+        if server is not None and server.alive:
+            try:
+                return await server.fork(env, cwd)
+            except _Unavailable as exc:
+                log.warning("fork server unavailable (%s); spawning cold while it is replaced", exc)
+        self._replace()
+        return await self.fallback.spawn(env, cwd)
+
+    def health(self) -> dict[str, object]:
+        return {"forkserver": {"alive": self.alive, "restarts": self.restarts}}
+
+    async def close(self) -> None:
+        if self._replacing is not None:
+            self._replacing.cancel()
+        if self._server is not None:
+            await self._server.stop()
+
+    def _replace(self) -> None:
+        if self._replacing is None or self._replacing.done():
+            self._replacing = asyncio.get_running_loop().create_task(self._restart())
+
+    async def _restart(self) -> None:
+        if self._server is not None:
+            await self._server.stop()
+        try:
+            self._server = await _ForkServer.start(self.fallback.argv, self._env, self._cwd)
+        except LaunchError as exc:
+            log.error("fork server did not restart: %s", exc)
+            return
+        self.restarts += 1
+        log.warning("fork server restarted (pid %d)", self._server.pid)
+
+
+class _Unavailable(Exception):
+    pass
+
+
+@dataclasses.dataclass(eq=False)
+class _ForkServer:
+    pid: int
+    channel: socket.socket
+    registry: Registry
+    alive: bool = True
+    _attached: bool = False
+    _lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    _pending: asyncio.Future[int] | None = None
+    _workers: dict[int, WorkerProcess] = dataclasses.field(default_factory=dict)
+    _early_exits: dict[int, int] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    async def start(cls, argv: list[str], env: Mapping[str, str], cwd: str) -> _ForkServer:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        command = [*argv, "forkserver", "--parent-pid", str(os.getpid()), "--cwd", cwd]
+        try:
+            # Its stdout and stderr are ours: what it says while importing belongs in our log.
+            pid = spawn_process(
+                command, env, {0: null, 1: sys.stdout.fileno(), 2: sys.stderr.fileno(), SOCKET_FD: theirs.fileno()}
+            )
+        finally:
+            theirs.close()
+            os.close(null)
+        ours.setblocking(False)
+        try:
+            async with asyncio.timeout(DESCRIBE_SECONDS):
+                data = await asyncio.get_running_loop().sock_recv(ours, MAX_FRAME_BYTES)
+            answer = MessageReader().feed(data)
+        except (TimeoutError, FrameError, OSError) as exc:
+            answer = [
+                Failed(
+                    error_type="fork_server",
+                    message=f"no registry from the fork server: {exc}",
+                    uncertain_outcome=False,
+                )
+            ]
+        if len(answer) != 1 or not isinstance(answer[0], Registry):
+            ours.close()
+            await asyncio.to_thread(_reap_server, pid)
+            reason = answer[0].message if answer and isinstance(answer[0], Failed) else "it exited"
+            raise LaunchError(reason)
+        return cls(pid, ours, answer[0])
+
+    async def fork(self, env: Mapping[str, str], cwd: str) -> WorkerProcess:
+        self._attach()
+        async with self._lock:  # one request in flight: replies come in order
+            if not self.alive:
+                raise _Unavailable("it exited")
+            ours, theirs = make_pipes()
+            self._pending = asyncio.get_running_loop().create_future()
+            try:
+                socket.send_fds(self.channel, [pack(Fork(env=dict(env), cwd=cwd))], dataclasses.astuple(theirs))
+            except OSError as exc:
+                ours.close()
+                self._die()
+                raise _Unavailable(str(exc)) from None
+            finally:
+                theirs.close()
+            try:
+                pid = await asyncio.wait_for(self._pending, FORK_SECONDS)
+            except (TimeoutError, _Unavailable) as exc:
+                ours.close()  # a worker forked too late sees EOF on its control pipe and leaves
+                self._die()
+                raise _Unavailable(str(exc) or "no answer") from None
+        try:
+            worker = WorkerProcess(pid, ours, our_child=False)
+        except (ProcessLookupError, OSError) as exc:
+            ours.close()
+            raise LaunchError(f"forked worker {pid} died at once") from exc
+        self._workers[pid] = worker
+        if pid in self._early_exits:
+            worker.report_exit(self._early_exits.pop(pid))
+        await worker.attach()
+        return worker
+
+    def _attach(self) -> None:
+        """Listen for replies and exit reports on the serving loop (startup ran on another loop)."""
+        if not self._attached:
+            self._attached = True
+            asyncio.get_running_loop().add_reader(self.channel.fileno(), self._on_readable)
+
+    def _on_readable(self) -> None:
+        while self.alive:
+            try:
+                data = self.channel.recv(MAX_FRAME_BYTES)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._die()
+                return
+            try:
+                messages = MessageReader().feed(data)
+            except FrameError:
+                self._die()
+                return
+            for message in messages:
+                self._dispatch(message)
+
+    def _dispatch(self, message: object) -> None:
+        if isinstance(message, Exited):
+            worker = self._workers.pop(message.pid, None)
+            if worker is None:
+                self._early_exits[message.pid] = message.exit_status
+            else:
+                worker.report_exit(message.exit_status)
+        elif isinstance(message, Forked) and self._pending is not None and not self._pending.done():
+            self._pending.set_result(message.pid)
+        else:
+            reason = message.reason if isinstance(message, Refused) else f"unexpected {type(message).__name__}"
+            log.warning("fork server misbehaved: %s", reason)
+            self._die()
+
+    def _die(self) -> None:
+        if not self.alive:
+            return
+        self.alive = False
+        if self._attached:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(self.channel.fileno())
+        if self._pending is not None and not self._pending.done():
+            self._pending.set_exception(_Unavailable("the fork server exited"))
+        self.channel.close()
+
+    async def stop(self) -> None:
+        """Closing the socket ends it; its workers die with it (PDEATHSIG)."""
+        self._die()
+        await asyncio.to_thread(_reap_server, self.pid)
+
+
+def _reap_server(pid: int) -> None:
+    """It leaves on EOF of its socket; past five seconds it is killed. Either way it is reaped."""
+    deadline = time.monotonic() + 5
+    with contextlib.suppress(ChildProcessError):
+        while time.monotonic() < deadline:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)

@@ -1,0 +1,67 @@
+"""The fork server: warm workers, a fallback to cold spawning when it dies or refuses, and its return."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import psutil
+
+from tests.conftest import Server, gone, start_body, start_server, wait_until
+
+KEY = {"Idempotency-Key": "key-1"}
+
+
+def fork_server_of(server: Server) -> psutil.Process:
+    children = psutil.Process(server.process.pid).children()
+    (found,) = [p for p in children if "forkserver" in p.cmdline()]
+    return found
+
+
+def test_killing_the_fork_server_falls_back_to_spawning_and_it_comes_back(tmp_path: Path) -> None:
+    server = start_server(tmp_path / "state", env={"AIP_CREWAI_LAUNCHER": "forkserver"})
+    try:
+        with server.client() as client:
+            assert client.get("/health").json()["forkserver"] == {"alive": True, "restarts": 0}
+            first = fork_server_of(server)
+            assert client.post("/jobs", json=start_body("demo", "warm-1"), headers=KEY).status_code == 200
+            first.send_signal(signal.SIGKILL)
+            # Admitted while it is dead: spawned cold, and done all the same.
+            assert client.post("/jobs", json=start_body("demo", "cold-1"), headers=KEY).status_code == 200
+            assert wait_until(
+                lambda: client.get("/health").json()["forkserver"] == {"alive": True, "restarts": 1}, timeout=60
+            )
+            second = fork_server_of(server)
+            assert second.pid != first.pid and gone(first.pid)
+            assert client.post("/jobs", json=start_body("demo", "warm-2"), headers=KEY).status_code == 200
+            started = client.get("/jobs/warm-2/events").json()["events"][0]["data"]["pid"]
+            assert gone(started)  # the warm worker came from the new fork server and is gone after its job
+    finally:
+        server.stop()
+
+
+def test_a_fork_server_with_a_second_thread_refuses_and_jobs_still_run(tmp_path: Path) -> None:
+    env = {"AIP_CREWAI_LAUNCHER": "forkserver", "AIP_CREWAI_REGISTRY": "tests.threaded_crews:registry"}
+    server = start_server(tmp_path / "state", env=env)
+    try:
+        with server.client() as client:
+            response = client.post("/jobs", json=start_body("demo", "threaded-1"), headers=KEY)
+            assert response.status_code == 200  # spawned cold instead
+        assert wait_until(lambda: "threads; forking could hang" in server.log.read_text(), timeout=10)
+    finally:
+        server.stop()
+
+
+def test_supervisor_death_takes_the_fork_server_and_its_workers(tmp_path: Path) -> None:
+    server = start_server(tmp_path / "state", env={"AIP_CREWAI_LAUNCHER": "forkserver"})
+    with (
+        server.client() as client,
+        client.stream("POST", "/jobs/stream", json=start_body("demo-slow", "chain-1"), headers=KEY) as response,
+    ):
+        for line in response.iter_lines():
+            if line.startswith("event: chunk"):
+                break
+        tree = psutil.Process(server.process.pid).children(recursive=True)
+    assert len(tree) >= 2  # the fork server and the job's worker
+    server.stop(signal.SIGKILL)
+    assert wait_until(lambda: all(gone(p.pid, p.create_time()) for p in tree), timeout=10)

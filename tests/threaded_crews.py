@@ -1,0 +1,12 @@
+"""A registry whose import starts a thread: a fork server that loads it must refuse to fork."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from tests.crews import eval_llms, registry
+
+threading.Thread(target=time.sleep, args=(3600,), name="import-time thread", daemon=True).start()
+
+__all__ = ["eval_llms", "registry"]

@@ -1,0 +1,78 @@
+"""One job's life inside its worker: hello, registry, start, one operation, one terminal frame, exit.
+
+Frames go only to the event fd; stdout and stderr belong to CrewAI's panels and are captured apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from typing import Any, NoReturn
+
+from protocol import Completed, Failed, Hello, Registry, Start, Started
+from worker import lifecycle, registry
+from worker.operations import OPERATIONS, OperationError, OutputTooLarge, bounded
+
+
+def run(event_fd: int, control_fd: int, crews: dict[str, Any] | None = None, describe: bool = False) -> NoReturn:
+    """Serve one job (or describe the registry); ``crews`` comes preloaded from a fork server."""
+    out = lifecycle.FrameWriter(event_fd)
+    starts = lifecycle.watch_control(control_fd)
+    out.send(Hello(pid=os.getpid()))
+    try:
+        lifecycle.prepare_environment()
+        crews = crews if crews is not None else load(out)
+        if crews is not None and describe:
+            out.send(describe_registry(crews))
+        elif crews is not None:
+            # Not asyncio.run: its teardown would wait on threads CrewAI may leave blocked.
+            asyncio.new_event_loop().run_until_complete(execute(starts.get(), crews, out))
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Interpreter teardown after CrewAI costs 1-1.5 s; the terminal frame is already written.
+        os._exit(0)
+
+
+def load(out: lifecycle.FrameWriter) -> dict[str, Any] | None:
+    """The registry, or None after telling the supervisor why it cannot be loaded."""
+    spec = os.environ.get(registry.ENV, "")
+    try:
+        return registry.load(spec)
+    except Exception as exc:
+        # Registry errors are configuration, so their text is safe and needed to fix startup.
+        message = f"{spec}: {type(exc).__name__}: {exc}"
+        out.send(Failed(error_type="registry_error", message=message, uncertain_outcome=False))
+        return None
+
+
+def describe_registry(crews: dict[str, Any]) -> Registry:
+    return Registry(crews=sorted(crews), eval_llms=sorted(registry.eval_llms(os.environ.get(registry.ENV, ""))))
+
+
+async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWriter) -> None:
+    """Run one job and send exactly one terminal frame. Messages stay generic: no traceback text."""
+    operation = OPERATIONS.get(start.operation)
+    if start.crew_id not in crews or operation is None:
+        what = "crew" if start.crew_id not in crews else "operation"
+        out.send(
+            Failed(error_type=f"unknown_{what}", message=f"this worker has no such {what}", uncertain_outcome=False)
+        )
+        return
+    try:
+        crew = registry.build(crews[start.crew_id])
+    except Exception as exc:  # a broken factory is the registry's fault, reported by class
+        out.send(Failed(error_type=type(exc).__name__, message="crew factory failed", uncertain_outcome=False))
+        return
+    out.send(Started())
+    try:
+        output = bounded(await operation(crew, start.input, out.send))
+    except OutputTooLarge as exc:
+        out.send(Failed(error_type="output_too_large", message=str(exc), uncertain_outcome=False))
+    except OperationError as exc:  # our own words (or CrewAI's configuration text), never provider output
+        out.send(Failed(error_type=type(exc).__name__, message=str(exc), uncertain_outcome=False))
+    except Exception as exc:
+        out.send(Failed(error_type=type(exc).__name__, message="CrewAI operation failed", uncertain_outcome=False))
+    else:
+        out.send(Completed(output=output))

@@ -16,7 +16,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from protocol import (
     MAX_FRAME_BYTES,
@@ -48,6 +48,7 @@ class ForkServerLauncher:
         self._env: Mapping[str, str] = {}
         self._cwd = "/"
         self._replacing: asyncio.Task[None] | None = None
+        self._closing = False
 
     @property
     def alive(self) -> bool:
@@ -56,8 +57,12 @@ class ForkServerLauncher:
     async def describe(self, env: Mapping[str, str], cwd: str) -> Registry:
         """Starts the fork server; its first word describes the registry."""
         self._env, self._cwd = env, cwd
-        self._server = await _ForkServer.start(self.fallback.argv, env, cwd)
+        self._server = await self._start()
         return self._server.registry
+
+    def start(self) -> None:
+        if self._server is not None:
+            self._server.attach()
 
     async def spawn(self, env: Mapping[str, str], cwd: str) -> WorkerProcess:
         server = self._server
@@ -73,12 +78,20 @@ class ForkServerLauncher:
         return {"forkserver": {"alive": self.alive, "restarts": self.restarts}}
 
     async def close(self) -> None:
+        self._closing = True
         if self._replacing is not None:
             self._replacing.cancel()
         if self._server is not None:
             await self._server.stop()
 
+    async def _start(self) -> _ForkServer:
+        server = await _ForkServer.start(self.fallback.argv, self._env, self._cwd)
+        server.on_death = self._replace  # replace it as soon as it is seen dead, not at the next job
+        return server
+
     def _replace(self) -> None:
+        if self._closing:
+            return
         if self._replacing is None or self._replacing.done():
             self._replacing = asyncio.get_running_loop().create_task(self._restart())
 
@@ -86,10 +99,11 @@ class ForkServerLauncher:
         if self._server is not None:
             await self._server.stop()
         try:
-            self._server = await _ForkServer.start(self.fallback.argv, self._env, self._cwd)
+            self._server = await self._start()
         except LaunchError as exc:
             log.error("fork server did not restart: %s", exc)
             return
+        self._server.attach()
         self.restarts += 1
         log.warning("fork server restarted (pid %d)", self._server.pid)
 
@@ -109,6 +123,7 @@ class _ForkServer:
     _pending: asyncio.Future[int] | None = None
     _workers: dict[int, WorkerProcess] = dataclasses.field(default_factory=dict)
     _early_exits: dict[int, int] = dataclasses.field(default_factory=dict)
+    on_death: Callable[[], None] = lambda: None
 
     @classmethod
     async def start(cls, argv: list[str], env: Mapping[str, str], cwd: str) -> _ForkServer:
@@ -144,7 +159,7 @@ class _ForkServer:
         return cls(pid, ours, answer[0])
 
     async def fork(self, env: Mapping[str, str], cwd: str) -> WorkerProcess:
-        self._attach()
+        self.attach()
         async with self._lock:  # one request in flight: replies come in order
             if not self.alive:
                 raise _Unavailable("it exited")
@@ -175,7 +190,7 @@ class _ForkServer:
         await worker.attach()
         return worker
 
-    def _attach(self) -> None:
+    def attach(self) -> None:
         """Listen for replies and exit reports on the serving loop (startup ran on another loop)."""
         if not self._attached:
             self._attached = True
@@ -224,6 +239,7 @@ class _ForkServer:
         if self._pending is not None and not self._pending.done():
             self._pending.set_exception(_Unavailable("the fork server exited"))
         self.channel.close()
+        self.on_death()
 
     async def stop(self) -> None:
         """Closing the socket ends it; its workers die with it (PDEATHSIG)."""

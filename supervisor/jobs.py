@@ -100,6 +100,7 @@ class Supervisor:
         return fenced
 
     def start(self) -> None:
+        self.launcher.start()
         self._flusher = asyncio.get_running_loop().create_task(self._flush_periodically())
 
     async def stop(self) -> None:

@@ -31,6 +31,10 @@ class Launcher(Interface):
         """What the registry offers; a registry that cannot load raises LaunchError with its error."""
         ...
 
+    def start(self) -> None:
+        """Bind to the serving loop (``describe`` ran at startup, on a loop of its own)."""
+        ...
+
     async def spawn(self, env: Mapping[str, str], cwd: str) -> WorkerProcess: ...
 
     async def close(self) -> None: ...
@@ -76,6 +80,9 @@ class SpawnLauncher:
         finally:
             await worker.kill()
         return answer
+
+    def start(self) -> None:
+        pass
 
     async def spawn(self, env: Mapping[str, str], cwd: str) -> WorkerProcess:
         return await self._launch("job", env, cwd)

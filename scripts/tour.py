@@ -95,7 +95,7 @@ def tour(client: httpx.Client) -> None:
     output = client.post("/jobs", json=body, headers={"Idempotency-Key": "tour-1"}).json()
     print(
         f"raw: {output['raw']!r}  tokens: {output['token_usage']['total_tokens']}  "
-        f"({time.monotonic() - started:.1f} s, mostly the worker importing CrewAI)"
+        f"({time.monotonic() - started:.2f} s, in a worker the fork server forked for this job)"
     )
     again = client.post("/jobs", json=body, headers={"Idempotency-Key": "tour-1"}).json()
     print(f"exact repeat returns the same job, no second worker: {again['raw'] == output['raw']}")

@@ -75,7 +75,19 @@ def test_state_files_are_private(tmp_path: Path) -> None:
 
 def test_bad_startup_fails_with_one_clear_line(tmp_path: Path) -> None:
     base = {**os.environ, "PYTHONPATH": str(ROOT), "AIP_CREWAI_STATE_FILE": str(tmp_path / "s" / "j.db")}
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir(mode=0o700)
+    (corrupt / "j.db").write_bytes(b"SQLite format 3\x00" + b"\xff" * 4096)
+    (corrupt / "j.db").chmod(0o600)
     cases = [
+        (
+            {
+                "AIP_CREWAI_REGISTRY": "tests.crews:registry",
+                "AIP_CREWAI_BEARER_TOKEN": "t",
+                "AIP_CREWAI_STATE_FILE": str(corrupt / "j.db"),
+            },
+            "j.db",
+        ),
         ({"AIP_CREWAI_REGISTRY": "tests.crews:registry"}, "AIP_CREWAI_BEARER_TOKEN"),
         (
             {"AIP_CREWAI_REGISTRY": "tests.crews:registry", "AIP_CREWAI_BEARER_TOKEN": "t", "AIP_CREWAI_PORT": "x"},

@@ -71,6 +71,8 @@ def create_app(sup: Supervisor) -> FastAPI:
 
     def admit(body: StartRequest, key: str | None, legacy: bool) -> Job:
         """The reference's admission order; an exact repeat returns its job even if policy changed since."""
+        if sup.draining:
+            raise HTTPException(503, "the supervisor is shutting down", headers={"Retry-After": "5"})
         if input_too_large(body):
             raise HTTPException(413, "input exceeds 1 MiB")
         if legacy and body.operation != "run":

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import shutil
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -52,21 +53,43 @@ def serve(settings: config.Settings, log_level: str) -> None:
         sup = _prepare(settings, journal_path)
     except (JournalError, LaunchError, OSError) as exc:
         sys.exit(f"crew-supervisor: {exc}")
+    config = uvicorn.Config(
+        create_app(sup),
+        host=settings.host,
+        port=settings.port,
+        proxy_headers=False,
+        server_header=False,
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+    )
+    server = _DrainingServer(config, sup, ephemeral)
     try:
-        uvicorn.run(
-            create_app(sup),
-            host=settings.host,
-            port=settings.port,
-            proxy_headers=False,
-            server_header=False,
-            log_level=log_level,
-            access_log=False,
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
-        )
+        server.run()
     finally:
-        sup.journal.close()
-        if ephemeral:
-            shutil.rmtree(ephemeral, ignore_errors=True)
+        server.release()
+
+
+class _DrainingServer(uvicorn.Server):
+    """On SIGTERM, stop the jobs first: their waiters and streams then end, and connections close.
+
+    Everything is released before uvicorn re-raises the signal to end the process with it.
+    """
+
+    def __init__(self, config: uvicorn.Config, sup: Supervisor, ephemeral: Path | None) -> None:
+        super().__init__(config)
+        self.sup = sup
+        self.ephemeral = ephemeral
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await self.sup.stop()
+        await super().shutdown(sockets)
+        self.release()
+
+    def release(self) -> None:
+        self.sup.journal.close()
+        if self.ephemeral:
+            shutil.rmtree(self.ephemeral, ignore_errors=True)
 
 
 def _prepare(settings: config.Settings, journal_path: Path) -> Supervisor:

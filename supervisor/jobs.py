@@ -71,6 +71,7 @@ class Supervisor:
         self.crews = crews
         self.state = state
         self.live: dict[str, LiveJob] = {}
+        self.draining = False
         self._slots = asyncio.Semaphore(settings.max_concurrency)
         self._flusher: asyncio.Task[None] | None = None
         self._grace = settings.stop_grace_ms / 1000
@@ -104,10 +105,15 @@ class Supervisor:
         self._flusher = asyncio.get_running_loop().create_task(self._flush_periodically())
 
     async def stop(self) -> None:
-        """Kill every worker; their jobs stay `running` so the next start fences them honestly."""
+        """Drain: admissions answer 503; every worker is killed and its job ends `failed` with
+        `uncertain_outcome` and the kill's evidence (never `cancelled`: nobody asked for that)."""
+        if self.draining:
+            return
+        self.draining = True
         jobs = list(self.live.values())
         for job in jobs:
-            if job.task is not None:
+            # A launching job sees `draining` itself once its worker exists.
+            if job.phase in ("queued", "running") and job.task is not None:
                 job.task.cancel()
         await asyncio.gather(*(job.task for job in jobs if job.task), return_exceptions=True)
         if self._flusher is not None:
@@ -178,13 +184,10 @@ class Supervisor:
         try:
             outcome = await self._queue_and_supervise(job)
         except asyncio.CancelledError:
-            if job.cancel_reason is None:
-                raise  # supervisor stopping: the record stays running, to be fenced on restart
+            if not self._interrupted(job):
+                raise
             _uncancel()
-            outcome = Outcome(
-                "cancelled",
-                {"status": "cancelled", "reason": job.cancel_reason, "stop_confirmed": True, "launched": False},
-            )
+            outcome = self._interruption(job, {"stop_confirmed": True, "launched": False})
         except Exception:
             log.exception("job failed inside the supervisor", extra={"action_id": job.action_id})
             outcome = failure("supervisor_error", "the supervisor failed while running the job", job.worker is not None)
@@ -216,8 +219,8 @@ class Supervisor:
             worker.send(Start(job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms))
             job.phase = "running"
             try:
-                if job.cancel_reason is not None:
-                    raise asyncio.CancelledError  # cancelled while launching
+                if self._interrupted(job):
+                    raise asyncio.CancelledError  # cancelled, or the supervisor began stopping, while launching
                 async with asyncio.timeout_at(job.deadline):
                     result = await self._relay(job, worker)
             except TimeoutError:
@@ -225,12 +228,12 @@ class Supervisor:
                 evidence = await worker.kill(self._grace)
                 return failure("timeout", f"job exceeded timeout_ms={job.timeout_ms}", True, **evidence.as_dict())
             except asyncio.CancelledError:
-                if job.cancel_reason is None:
+                if not self._interrupted(job):
                     raise
                 _uncancel()
                 job.phase = "settling"
                 evidence = await worker.kill(self._grace)
-                return Outcome("cancelled", {"status": "cancelled", "reason": job.cancel_reason, **evidence.as_dict()})
+                return self._interruption(job, evidence.as_dict())
             job.phase = "settling"
             if isinstance(result, Outcome):
                 return result
@@ -239,6 +242,16 @@ class Supervisor:
             if job.worker is not None and not job.worker.exited.done():
                 await job.worker.kill()
             shutil.rmtree(scratch, ignore_errors=True)
+
+    def _interrupted(self, job: LiveJob) -> bool:
+        return job.cancel_reason is not None or self.draining
+
+    def _interruption(self, job: LiveJob, proof: dict[str, Any]) -> Outcome:
+        """A cancel is `cancelled`; a supervisor stopping is an uncertain failure if the job had begun."""
+        if job.cancel_reason is not None:
+            return Outcome("cancelled", {"status": "cancelled", "reason": job.cancel_reason, **proof})
+        began = proof.get("launched", True)
+        return failure("supervisor_stopped", "the supervisor stopped before the job finished", began, **proof)
 
     async def _relay(self, job: LiveJob, worker: WorkerProcess) -> Completed | Failed | Outcome:
         """Journal the worker's frames until its terminal message, or fault it."""

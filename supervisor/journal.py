@@ -145,12 +145,16 @@ class Journal:
             self._commit()
 
     def close(self) -> None:
+        """Idempotent; the lock goes last, so no other supervisor opens a journal still being written."""
+        if self._lock_fd < 0:
+            return
         try:
             self.flush()
             self._read.close()
             self._db.close()
         finally:
             os.close(self._lock_fd)
+            self._lock_fd = -1
 
     # Reads ---------------------------------------------------------------------------------------
 

@@ -7,8 +7,10 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import ROOT, gone, start_body, start_server, wait_until
@@ -106,3 +108,43 @@ def test_bad_startup_fails_with_one_clear_line(tmp_path: Path) -> None:
         assert result.returncode != 0
         last = result.stderr.strip().splitlines()[-1]
         assert last.startswith("crew-supervisor:") and named in last, result.stderr[-2000:]
+
+
+def test_sigterm_drains_kills_with_evidence_and_restart_reports_uncertain(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    # The grace makes the drain last long enough to see a 503: the stubborn crew ignores SIGTERM.
+    env = {"AIP_CREWAI_STOP_GRACE_MS": "2000", "AIP_CREWAI_MAX_CONCURRENCY": "1"}
+    server = start_server(state, env=env)
+    with (
+        server.client() as client,
+        client.stream("POST", "/jobs/stream", json=start_body("stubborn", "term-1"), headers=KEY) as response,
+    ):
+        lines = response.iter_lines()
+        for line in lines:
+            if line == "event: started":
+                break
+        with client.stream("POST", "/jobs/stream", json=start_body("demo", "term-2"), headers=KEY) as queued:
+            assert queued.status_code == 200  # admitted; it waits for the only slot
+        tree = psutil.Process(server.process.pid).children(recursive=True)
+        stopped_at = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert client.post("/jobs", json=start_body("demo", "term-3"), headers=KEY).status_code == 503
+        rest = list(lines)
+    # uvicorn ends the process with the signal it handled, after the drain and the journal's close.
+    assert server.process.wait(30) == -signal.SIGTERM and time.monotonic() - stopped_at < 30
+    assert "event: failed" in rest  # the stream ended with the job, not with the connection
+    assert all(gone(p.pid, p.create_time()) for p in tree), "a worker outlived the supervisor"
+
+    restarted = start_server(state, env=env)
+    try:
+        with restarted.client() as client:
+            running = client.get("/jobs/term-1").json()["terminal"]
+            assert running["error_type"] == "supervisor_stopped" and running["uncertain_outcome"] is True
+            assert running["stop_confirmed"] is True and running["signal"] == "SIGKILL"  # SIGTERM was ignored
+            waiting = client.get("/jobs/term-2").json()["terminal"]
+            assert waiting["error_type"] == "supervisor_stopped" and waiting["uncertain_outcome"] is False
+            assert waiting["launched"] is False
+            assert client.get("/jobs/term-3").status_code == 404
+    finally:
+        restarted.stop()

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import orjson
 from fastapi import FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from supervisor.auth import BearerAuth
 from supervisor.jobs import Supervisor
@@ -145,6 +146,10 @@ def create_app(sup: Supervisor) -> FastAPI:
             "launcher": sup.launcher.name,
             **sup.launcher.health(),
         }
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(sup.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/jobs")
     async def post_job(body: StartRequest, key: IdempotencyKey = None) -> Response:

@@ -23,6 +23,7 @@ from protocol import Chunk, Completed, Failed, FrameError, Hello, Message, Start
 from supervisor.config import PREFIX, Settings
 from supervisor.journal import Event, Job, Journal, JournalError
 from supervisor.launcher import Launcher, LaunchError
+from supervisor.metrics import Metrics
 from supervisor.process import CONFIRM_SECONDS, WorkerProcess, kill_orphan
 
 log = logging.getLogger("crew_supervisor.jobs")
@@ -53,6 +54,7 @@ class LiveJob:
     operation: str
     input: dict[str, Any]
     timeout_ms: int
+    admitted: float  # loop time
     deadline: float  # loop time; the timeout counts from admission, queue wait included
     event_count: int = 0
     phase: str = "queued"  # queued -> launching -> running -> settling
@@ -76,6 +78,14 @@ class Supervisor:
         self._flusher: asyncio.Task[None] | None = None
         self._grace = settings.stop_grace_ms / 1000
         journal.on_commit = self._wake_all  # readers see only committed events: look again after each commit
+        self.metrics = Metrics()
+        journal.commit_seconds = self.metrics.commit_latency.observe
+        self.metrics.observe_with(
+            running=lambda: sum(job.phase in ("launching", "running") for job in self.live.values()),
+            queued=lambda: sum(job.phase == "queued" for job in self.live.values()),
+            journal_bytes=journal.size_bytes,
+            restarts=lambda: getattr(launcher, "restarts", 0),
+        )
 
     # Lifecycle of the supervisor -----------------------------------------------------------------
 
@@ -131,21 +141,24 @@ class Supervisor:
     def launch(self, job: Job, input: dict[str, Any], timeout_ms: int) -> None:
         """Schedule an admitted (already durable) job."""
         loop = asyncio.get_running_loop()
-        live = LiveJob(job.action_id, job.crew_id, job.operation, input, timeout_ms, loop.time() + timeout_ms / 1000)
+        now = loop.time()
+        live = LiveJob(job.action_id, job.crew_id, job.operation, input, timeout_ms, now, now + timeout_ms / 1000)
         self.live[job.action_id] = live
         live.task = loop.create_task(self._run(live), name=f"job:{job.action_id}")
+        self.metrics.admitted.labels(job.operation).inc()
 
     async def cancel(self, action_id: str, reason: str | None) -> None:
         """Return once the job is terminal; a job already settling keeps its own outcome."""
         job = self.live.get(action_id)
         if job is None:
             return
-        if job.cancel_reason is None and job.phase != "settling":
-            job.cancel_reason = reason or "cancelled by request"
-            # While launching, the task checks the reason itself once the worker exists.
-            if job.phase in ("queued", "running") and job.task is not None:
-                job.task.cancel()
-        await asyncio.shield(job.done)
+        with self.metrics.cancel_latency.time():
+            if job.cancel_reason is None and job.phase != "settling":
+                job.cancel_reason = reason or "cancelled by request"
+                # While launching, the task checks the reason itself once the worker exists.
+                if job.phase in ("queued", "running") and job.task is not None:
+                    job.task.cancel()
+            await asyncio.shield(job.done)
 
     async def wait(self, action_id: str, timeout: float) -> bool:
         """True once the job is terminal (or was never live here), False if ``timeout`` passed first."""
@@ -215,6 +228,7 @@ class Supervisor:
             except LaunchError as exc:
                 return failure("launch_failed", str(exc), False)
             job.worker = worker
+            self.metrics.worker_starts.labels(worker.launched_by).inc()
             self.journal.set_worker(job.action_id, worker.pid, worker.create_time, worker.pgid)
             worker.send(Start(job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms))
             job.phase = "running"
@@ -263,6 +277,7 @@ class Supervisor:
             if isinstance(message, Completed | Failed):
                 return message
             if isinstance(message, Started):
+                self.metrics.start_latency.observe(asyncio.get_running_loop().time() - job.admitted)
                 fault = self._record(job, "started", {"status": "running", "pid": worker.pid})
             elif isinstance(message, Chunk):
                 fault = self._record(job, "chunk", message.data)
@@ -321,6 +336,9 @@ class Supervisor:
                 "terminal event not durable; the job will be fenced on restart", extra={"action_id": job.action_id}
             )
         log.info("job %s %s", outcome.event, outcome.data.get("error_type", ""), extra={"action_id": job.action_id})
+        self.metrics.finished.labels(job.operation, outcome.event).inc()
+        if "signal" in outcome.data:  # the supervisor killed the worker: say why
+            self.metrics.kills.labels(outcome.data.get("error_type") or outcome.event).inc()
         _wake(job)
         if not job.done.done():
             job.done.set_result(None)

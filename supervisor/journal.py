@@ -69,6 +69,7 @@ class Journal:
         self._pending = 0  # chunk events written but not yet committed
         self.imported_from: Path | None = None  # the backup of a reference journal imported at open
         self.on_commit: Callable[[], None] = lambda: None  # readers may look again
+        self.commit_seconds: Callable[[float], None] = lambda seconds: None  # how long a durable commit took
         self._lock_fd = _lock(path.with_name(path.name + ".lock"))
         try:
             if migrate.is_reference_journal(path):
@@ -130,9 +131,11 @@ class Journal:
             raise
 
     def _commit(self) -> None:
+        started = time.monotonic()
         try:
             if self._db.in_transaction:
                 self._db.execute("COMMIT")
+                self.commit_seconds(time.monotonic() - started)
         except sqlite3.Error as exc:
             # Never acknowledge what is not durable; SQLite rolled back or the db is unusable.
             raise JournalError(f"journal commit failed: {exc}") from exc

@@ -139,6 +139,7 @@ class WorkerProcess:
 
     def __init__(self, pid: int, pipes: PipeEnds, our_child: bool = True) -> None:
         self.pid = pid
+        self.launched_by = "spawn" if our_child else "forkserver"
         self.pgid = pid  # the worker called setsid: it leads its group
         self.our_child = our_child
         self.create_time = psutil.Process(pid).create_time()

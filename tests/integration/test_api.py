@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import Server, gone, sse_events, start_body, start_server, wait_until
 
@@ -54,6 +55,7 @@ ROUTES = [
     ("POST", "/runs/stream"),
     ("GET", "/runs/x"),
     ("POST", "/runs/x/cancel"),
+    ("GET", "/metrics"),
     ("GET", "/no-such-route"),
 ]
 
@@ -72,6 +74,28 @@ def test_health_lists_crews_and_policy(server: Server) -> None:
     assert health["status"] == "ready" and health["durable_journal"] is True
     assert {"demo", "demo-slow", "stubborn"} <= set(health["crews"])
     assert health["operations"] == ["run", "status", "events", "cancel"]
+
+
+def test_metrics_parse_and_move_as_jobs_run(server: Server) -> None:
+    def sample(text: str, name: str, **labels: str) -> float:
+        for family in text_string_to_metric_families(text):
+            for metric in family.samples:
+                if metric.name == name and all(metric.labels.get(k) == v for k, v in labels.items()):
+                    return metric.value
+        return 0.0
+
+    with server.client() as client:
+        before = client.get("/metrics")
+        assert before.headers["content-type"].startswith("text/plain")
+        client.post("/jobs", json=start_body("demo", "metrics-1"), headers=KEY)
+        after = client.get("/metrics").text
+    for name, labels in [
+        ("crew_supervisor_jobs_admitted_total", {"operation": "run"}),
+        ("crew_supervisor_jobs_finished_total", {"operation": "run", "outcome": "completed"}),
+        ("crew_supervisor_start_seconds_count", {}),
+    ]:
+        assert sample(after, name, **labels) == sample(before.text, name, **labels) + 1, name
+    assert sample(after, "crew_supervisor_journal_bytes") > 0
 
 
 def test_demo_blocking_run_is_deterministic(server: Server) -> None:

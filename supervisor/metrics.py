@@ -1,0 +1,57 @@
+"""Prometheus metrics: one registry per supervisor, so nothing leaks between instances (or tests).
+
+``/metrics`` sits behind the same bearer check as every other route; scrape it with the token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+PREFIX = "crew_supervisor"
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.admitted = Counter(f"{PREFIX}_jobs_admitted", "Jobs admitted (durable).", ["operation"], registry=r)
+        self.finished = Counter(
+            f"{PREFIX}_jobs_finished", "Jobs that reached their terminal event.", ["operation", "outcome"], registry=r
+        )
+        self.worker_starts = Counter(f"{PREFIX}_worker_starts", "Workers launched.", ["launcher"], registry=r)
+        self.kills = Counter(f"{PREFIX}_kills", "Workers killed by the supervisor.", ["reason"], registry=r)
+        self.start_latency = Histogram(
+            f"{PREFIX}_start_seconds", "Admission to the started event.", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.cancel_latency = Histogram(
+            f"{PREFIX}_cancel_seconds",
+            "Cancel request to a confirmed terminal event.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.commit_latency = Histogram(
+            f"{PREFIX}_journal_commit_seconds", "Durable journal commits.", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.running = Gauge(f"{PREFIX}_jobs_running", "Jobs with a worker launching or running.", registry=r)
+        self.queued = Gauge(f"{PREFIX}_jobs_queued", "Admitted jobs waiting for a worker slot.", registry=r)
+        self.journal_bytes = Gauge(f"{PREFIX}_journal_bytes", "Journal size on disk, WAL included.", registry=r)
+        self.forkserver_restarts = Gauge(f"{PREFIX}_forkserver_restarts", "Fork server restarts.", registry=r)
+
+    def observe_with(
+        self,
+        running: Callable[[], float],
+        queued: Callable[[], float],
+        journal_bytes: Callable[[], float],
+        restarts: Callable[[], float],
+    ) -> None:
+        """Gauges read at scrape time, so they cannot drift from the truth."""
+        self.running.set_function(running)
+        self.queued.set_function(queued)
+        self.journal_bytes.set_function(journal_bytes)
+        self.forkserver_restarts.set_function(restarts)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import uvicorn
 
-from supervisor import config
+from supervisor import config, logs
 from supervisor.api import create_app
 from supervisor.forkserver import ForkServerLauncher
 from supervisor.jobs import Supervisor, worker_env
@@ -38,11 +38,11 @@ def main(argv: list[str] | None = None) -> None:
     flags = {name: getattr(args, name) for name in config.SPEC}
     if args.demo:
         flags["REGISTRY"] = flags["REGISTRY"] or config.DEMO_REGISTRY
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         settings = config.load(flags)
     except config.ConfigError as exc:
         sys.exit(f"crew-supervisor: {exc}")
+    logs.configure(args.log_level, settings.log_format)
     serve(settings, args.log_level)
 
 
@@ -61,6 +61,7 @@ def serve(settings: config.Settings, log_level: str) -> None:
         server_header=False,
         log_level=log_level,
         access_log=False,
+        log_config=None,  # our handler (logs.configure) formats uvicorn's records too
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
     )
     server = _DrainingServer(config, sup, ephemeral)

@@ -57,10 +57,13 @@ def _operations(raw: str) -> tuple[str, ...]:
     return names
 
 
-def _launcher(raw: str) -> str:
-    if raw.strip() not in ("forkserver", "spawn"):
-        raise ValueError("must be forkserver or spawn")
-    return raw.strip()
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if raw.strip() not in allowed:
+            raise ValueError(f"must be one of {', '.join(allowed)}")
+        return raw.strip()
+
+    return parse
 
 
 def _text(raw: str) -> str:
@@ -86,7 +89,12 @@ SPEC: dict[str, tuple[Callable[[str], Any], str, str]] = {
     "MAX_STATE_BYTES": (_integer(MiB, 4096 * MiB), str(256 * MiB), "largest journal before admission answers 507"),
     "STREAM_CHECKPOINT_EVENTS": (_integer(1, 10000), "128", "chunk events a crash may lose at most"),
     "TRAINING_DIR": (_text, "", "where train writes artifacts (required when train is allowed)"),
-    "LAUNCHER": (_launcher, "forkserver", "forkserver (warm, milliseconds per job) or spawn (a fresh interpreter)"),
+    "LAUNCHER": (
+        _choice("forkserver", "spawn"),
+        "forkserver",
+        "forkserver (warm, milliseconds per job) or spawn (a fresh interpreter)",
+    ),
+    "LOG_FORMAT": (_choice("json", "text"), "json", "json (one object per line) or text"),
     "STOP_GRACE_MS": (_integer(0, 60000), "0", "SIGTERM grace before SIGKILL when stopping a worker"),
     "HEARTBEAT_SECONDS": (_number(0.05, 300), "15", "SSE comment sent while a stream is idle"),
 }
@@ -111,6 +119,7 @@ class Settings:
     stream_checkpoint_events: int
     training_dir: str
     launcher: str
+    log_format: str
     stop_grace_ms: int
     heartbeat_seconds: float
     token: str | None = None  # resolved from BEARER_TOKEN or BEARER_TOKEN_FILE

@@ -335,7 +335,17 @@ class Supervisor:
             log.critical(
                 "terminal event not durable; the job will be fenced on restart", extra={"action_id": job.action_id}
             )
-        log.info("job %s %s", outcome.event, outcome.data.get("error_type", ""), extra={"action_id": job.action_id})
+        log.info(
+            "job finished",
+            extra={
+                "action_id": job.action_id,
+                "crew_id": job.crew_id,
+                "operation": job.operation,
+                "outcome": outcome.event,
+                "error_type": outcome.data.get("error_type"),
+                "duration_ms": round((asyncio.get_running_loop().time() - job.admitted) * 1000, 1),
+            },
+        )
         self.metrics.finished.labels(job.operation, outcome.event).inc()
         if "signal" in outcome.data:  # the supervisor killed the worker: say why
             self.metrics.kills.labels(outcome.data.get("error_type") or outcome.event).inc()

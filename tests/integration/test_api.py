@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -96,6 +97,19 @@ def test_metrics_parse_and_move_as_jobs_run(server: Server) -> None:
     ]:
         assert sample(after, name, **labels) == sample(before.text, name, **labels) + 1, name
     assert sample(after, "crew_supervisor_journal_bytes") > 0
+
+
+def test_logs_are_json_lines_without_inputs(server: Server) -> None:
+    with server.client() as client:
+        body = start_body("demo", "logs-1", input={"topic": "s3cret-input-value"})
+        assert client.post("/jobs", json=body, headers=KEY).status_code == 200
+    assert wait_until(lambda: '"logs-1"' in server.log.read_text())
+    text = server.log.read_text()
+    records = [orjson.loads(line) for line in text.splitlines() if line.startswith("{")]
+    finished = [r for r in records if r.get("action_id") == "logs-1"]
+    assert finished and finished[-1]["event"] == "job finished" and finished[-1]["outcome"] == "completed"
+    assert finished[-1]["crew_id"] == "demo" and finished[-1]["duration_ms"] > 0
+    assert "s3cret-input-value" not in text and server.token not in text
 
 
 def test_demo_blocking_run_is_deterministic(server: Server) -> None:

@@ -1,0 +1,50 @@
+"""Logs: one JSON object per line (or plain text for people), never inputs, outputs or tokens.
+
+Exceptions are reduced to their class: provider exception text may carry governed content.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import orjson
+
+# What a record may carry beside its message (passed with ``extra=``); nothing else is emitted.
+FIELDS = ("action_id", "crew_id", "operation", "outcome", "error_type", "duration_ms", "pid", "launcher")
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        document = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "event": record.getMessage(),
+        }
+        document.update({name: getattr(record, name) for name in FIELDS if hasattr(record, name)})
+        if record.exc_info and record.exc_info[0] is not None:
+            document["exception"] = record.exc_info[0].__name__
+        return orjson.dumps(document).decode()
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        context = " ".join(f"{name}={getattr(record, name)}" for name in FIELDS if hasattr(record, name))
+        record = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None})
+        return f"{super().format(record)} {context}".rstrip()
+
+
+def configure(level: str, style: str) -> None:
+    """The root handler serves uvicorn's loggers too (uvicorn is started with log_config=None)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if style == "json" else TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for name in ("uvicorn", "uvicorn.error"):
+        logging.getLogger(name).handlers.clear()
+        logging.getLogger(name).propagate = True

@@ -113,6 +113,7 @@ def start_server(state: Path, *, env: dict[str, str] | None = None, wait: bool =
             [sys.executable, "-m", "supervisor", "serve"], env=full_env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
         )
     server = Server(process, f"http://127.0.0.1:{port}", token, state, log)
+    _started.append(server)
     if wait:
         with server.client() as client:
             ready = wait_until(lambda: process.poll() is not None or _healthy(client), timeout=90, interval=0.2)
@@ -120,6 +121,19 @@ def start_server(state: Path, *, env: dict[str, str] | None = None, wait: bool =
             server.stop()
             raise RuntimeError(f"supervisor did not start:\n{log.read_text()[-3000:]}")
     return server
+
+
+_started: list[Server] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_servers_a_test_started() -> Iterator[None]:
+    """A test that fails half-way must not leave its supervisor (and its workers) running."""
+    before = len(_started)
+    yield
+    for server in _started[before:]:
+        server.stop(signal.SIGKILL)
+    del _started[before:]
 
 
 def _healthy(client: httpx.Client) -> bool:

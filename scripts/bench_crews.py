@@ -1,0 +1,127 @@
+"""The benchmark's crew registry: the demo crews plus crews shaped to measure one thing each.
+
+Loaded by workers as ``AIP_CREWAI_REGISTRY=bench_crews:registry`` with ``PYTHONPATH=<repo>/scripts:<repo>``.
+A crew that blocks first touches ``$BENCH_MARKER_DIR/<pid>``, so the bench cancels it only once it
+really is blocked (rather than guessing with a sleep).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from crewai import Agent, Crew, Task
+from crewai.events.types.llm_events import LLMCallType
+from crewai.llms.base_llm import llm_call_context
+
+from worker.demo import OfflineLLM, demo, demo_slow
+
+MARKER_DIR = "BENCH_MARKER_DIR"
+BLOCK_SECONDS = 3600.0  # the job's timeout_ms or a cancel ends it long before
+DEFAULT_CHUNKS = 1000
+MAX_CHUNKS = 99_000  # MAX_EVENTS_PER_RUN tops out at 100,000, started and terminal included
+_CHUNKS = re.compile(r"Emit ([0-9]+) chunks")
+
+
+def _prompt(messages: str | list[Any]) -> str:
+    if isinstance(messages, str):
+        return messages
+    return "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+
+
+def block() -> None:
+    """Say we are blocked (for the bench to see), then block in time.sleep like a slow provider call."""
+    directory = os.environ.get(MARKER_DIR)
+    if directory:
+        Path(directory, str(os.getpid())).touch()
+    time.sleep(BLOCK_SECONDS)
+
+
+def _single(llm: OfflineLLM, description: str = "Answer briefly.", **crew_options: Any) -> Crew:
+    agent = Agent(role="Bencher", goal="Answer", backstory="Quick.", llm=llm, allow_delegation=False)
+    task = Task(description=description, expected_output="One line.", agent=agent)
+    return Crew(agents=[agent], tasks=[task], **crew_options)
+
+
+def fast() -> Crew:
+    """One agent, one task, the offline model: what a job costs when CrewAI does the least it can."""
+    return _single(OfflineLLM(model="offline-bench"))
+
+
+class FloodLLM(OfflineLLM):
+    """Streams the number of one-character chunks the prompt asks for ("Emit N chunks"), back to back."""
+
+    def call(self, messages: str | list[Any], *args: Any, **kwargs: Any) -> str:
+        match = _CHUNKS.search(_prompt(messages))
+        count = int(match.group(1)) if match else 0
+        task, agent = kwargs.get("from_task"), kwargs.get("from_agent")
+        answer = f"Thought: done.\nFinal Answer: emitted {count} chunks."
+        with llm_call_context():
+            self._emit_call_started_event(messages=messages, from_task=task, from_agent=agent)
+            if self._effective_stream():
+                response_id = str(uuid.uuid4())
+                for _ in range(count):
+                    self._emit("x", task, agent, response_id)
+            self._emit_call_completed_event(
+                response=answer, call_type=LLMCallType.LLM_CALL, from_task=task, from_agent=agent, messages=messages
+            )
+        return answer
+
+
+def _with_chunks(inputs: dict[str, Any] | None) -> dict[str, Any]:
+    merged = {"chunks": DEFAULT_CHUNKS, **(inputs or {})}
+    chunks = merged["chunks"]
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or not 0 <= chunks <= MAX_CHUNKS:
+        raise ValueError(f"chunks must be an integer from 0 to {MAX_CHUNKS}")
+    return merged
+
+
+def flood() -> Crew:
+    """Input ``chunks`` (default 1000): that many stream chunks as fast as the worker can emit them."""
+    return _single(FloodLLM(model="offline-flood"), "Emit {chunks} chunks.", before_kickoff_callbacks=[_with_chunks])
+
+
+class BlockingLLM(OfflineLLM):
+    """The offline model, except that a prompt saying "block mode" blocks (after touching its marker)."""
+
+    def call(self, messages: str | list[Any], *args: Any, **kwargs: Any) -> Any:
+        if "block mode" in _prompt(messages):
+            block()
+        return super().call(messages, *args, **kwargs)
+
+
+def stubborn() -> Crew:
+    """Ignores SIGTERM and blocks in time.sleep: only SIGKILL stops it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the factory runs on the worker's main thread
+    return _single(BlockingLLM(model="offline-stubborn"), "Wait in block mode.")
+
+
+def _with_mode(inputs: dict[str, Any] | None) -> dict[str, Any]:
+    return {"mode": "answer", **(inputs or {})}
+
+
+def replayable() -> Crew:
+    """Two tasks. Run it with mode "answer" for replay_task_ids, then replay the second with mode "block"."""
+    llm = BlockingLLM(model="offline-replayable")
+    agent = Agent(role="Recorder", goal="Keep a record", backstory="Careful.", llm=llm, allow_delegation=False)
+    tasks = [
+        Task(description="Gather notes in {mode} mode.", expected_output="Notes.", agent=agent),
+        Task(description="Write the report in {mode} mode.", expected_output="A report.", agent=agent),
+    ]
+    return Crew(agents=[agent], tasks=tasks, before_kickoff_callbacks=[_with_mode])
+
+
+registry: dict[str, Callable[[], Crew]] = {
+    "demo": demo,
+    "demo-slow": demo_slow,
+    "fast": fast,
+    "flood": flood,
+    "stubborn": stubborn,
+    "replayable": replayable,
+}

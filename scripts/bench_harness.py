@@ -1,0 +1,287 @@
+"""The bench's harness: real supervisors on loopback, the HTTP calls the measurements make."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "scripts"
+sys.path[:0] = [str(ROOT), str(SCRIPTS)]
+from supervisor.schema import SCHEMA, SCHEMA_VERSION  # noqa: E402 - needs ROOT on the path
+
+QUIET = {
+    "CREWAI_DISABLE_TELEMETRY": "true",
+    "OTEL_SDK_DISABLED": "true",
+    "CREWAI_TRACING_ENABLED": "false",
+    "CREWAI_DISABLE_VERSION_CHECK": "true",
+}
+TERMINAL = ("completed", "failed", "cancelled")
+JOB_TIMEOUT_MS = 120_000  # a job the bench loses track of is still ended by its supervisor
+READY_SECONDS = 240.0
+MARKER_SECONDS = 20.0
+MiB = 1024 * 1024
+JOURNAL_SIZES = (0, 1000, 10_000)  # retained jobs
+
+
+class BenchError(Exception):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Supervisor:
+    """``python -m supervisor serve`` on loopback with the bench registry and its own state directory."""
+
+    def __init__(self, name: str, root: Path, launcher: str, markers: Path) -> None:
+        self.name = name
+        self.state = root / name
+        self.port = free_port()
+        self.token = secrets.token_urlsafe(16)
+        self.log_path = root / f"{name}.log"
+        env = {
+            **os.environ,
+            **QUIET,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(SCRIPTS), str(ROOT), os.environ.get("PYTHONPATH")])),
+            "AIP_CREWAI_REGISTRY": "bench_crews:registry",
+            "AIP_CREWAI_HOST": "127.0.0.1",
+            "AIP_CREWAI_PORT": str(self.port),
+            "AIP_CREWAI_BEARER_TOKEN": self.token,
+            "AIP_CREWAI_STATE_FILE": str(self.state / "journal.db"),
+            "AIP_CREWAI_LAUNCHER": launcher,
+            "AIP_CREWAI_ALLOWED_OPERATIONS": "run,replay",
+            "AIP_CREWAI_MAX_RETAINED_RUNS": "100000",  # the journal phase keeps 10,000 jobs
+            "AIP_CREWAI_MAX_EVENTS_PER_RUN": "100000",  # the flood crew's chunks
+            "BENCH_MARKER_DIR": str(markers),
+        }
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "supervisor", "serve", "--log-level", "warning"],
+                env=env,
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def client(self, timeout: float = 60) -> httpx.Client:
+        # trust_env=False: loopback only, never through a proxy from the environment.
+        headers = {"Authorization": f"Bearer {self.token}"}
+        return httpx.Client(base_url=f"http://127.0.0.1:{self.port}", headers=headers, timeout=timeout, trust_env=False)
+
+    def ready(self, client: httpx.Client) -> bool:
+        if self.process.poll() is not None:
+            raise BenchError(f"supervisor {self.name} exited at start:\n{self.log_tail()}")
+        try:
+            return client.get("/health").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def log_tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else ""
+
+    def forkserver(self) -> psutil.Process:
+        for child in psutil.Process(self.process.pid).children():
+            with contextlib.suppress(psutil.Error):
+                if "forkserver" in " ".join(child.cmdline()):
+                    return child
+        raise BenchError(f"supervisor {self.name} has no fork server child")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def wait_ready(supervisors: list[Supervisor]) -> None:
+    deadline = time.monotonic() + READY_SECONDS
+    pending = list(supervisors)
+    clients = {s.name: s.client(timeout=2) for s in supervisors}
+    try:
+        while pending and time.monotonic() < deadline:
+            pending = [s for s in pending if not s.ready(clients[s.name])]
+            time.sleep(0.1)
+    finally:
+        for client in clients.values():
+            client.close()
+    if pending:
+        raise BenchError(f"not ready within {READY_SECONDS:.0f} s: {', '.join(s.name for s in pending)}")
+
+
+def populate(state: Path, jobs: int) -> None:
+    """A journal holding ``jobs`` completed jobs (four events each), written before its supervisor starts."""
+    state.mkdir(mode=0o700)
+    path = state / "journal.db"
+    os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))  # the supervisor refuses wider modes
+    output = {
+        "raw": "Bencher reports finding 0123456789ab.",
+        "json_dict": None,
+        "pydantic": None,
+        "tasks_output": [{"description": "Answer briefly.", "raw": "Bencher reports finding 0123456789ab."}],
+        "token_usage": {"total_tokens": 120, "prompt_tokens": 110, "completion_tokens": 10},
+        "replay_task_ids": [str(uuid.uuid4())],
+    }
+    db = sqlite3.connect(path)
+    try:
+        db.executescript(f"{SCHEMA} PRAGMA user_version = {SCHEMA_VERSION};")
+        now = time.time()
+        job_rows, event_rows = [], []
+        for i in range(jobs):
+            action = f"retained-{i:06d}"
+            job_rows.append((action, "fast", "run", secrets.token_hex(32), "completed", 4, orjson.dumps(output), now))
+            chunk = {"content": "finding ", "chunk_type": "text", "channel": "llm"}
+            for sequence, (name, data) in enumerate(
+                [
+                    ("started", {"status": "running", "pid": 1000 + i}),
+                    ("chunk", chunk),
+                    ("chunk", chunk),
+                    ("completed", {"status": "completed", "exit_status": 0, "output": output}),
+                ]
+            ):
+                event_rows.append((action, sequence, name, orjson.dumps(data)))
+        with db:
+            db.executemany(
+                "INSERT INTO jobs (action_id, crew_id, operation, request_hash, status, event_count, output,"
+                " admitted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                job_rows,
+            )
+            db.executemany("INSERT INTO events (action_id, sequence, event, data) VALUES (?, ?, ?, ?)", event_rows)
+    finally:
+        db.close()
+
+
+# HTTP helpers ------------------------------------------------------------------------------------
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def start(crew: str, action: str, input: dict[str, Any] | None = None, operation: str = "run") -> dict[str, Any]:
+    return {
+        "crew_id": crew,
+        "action_id": action,
+        "operation": operation,
+        "input": input or {},
+        "timeout_ms": JOB_TIMEOUT_MS,
+    }
+
+
+def key(action: str) -> dict[str, str]:
+    return {"Idempotency-Key": action}
+
+
+def sse(response: httpx.Response) -> Iterator[tuple[str, str]]:
+    """(event name, raw data) per SSE event; data is decoded only where a caller needs it."""
+    if response.status_code != 200:
+        response.read()
+        raise BenchError(f"stream answered {response.status_code}: {response.text[:300]}")
+    name = ""
+    for line in response.iter_lines():
+        if line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            yield name, line[6:]
+
+
+def next_event(events: Iterator[tuple[str, str]], wanted: str) -> dict[str, Any]:
+    name, data = next(events, ("end of stream", "{}"))
+    if name != wanted:
+        raise BenchError(f"expected a {wanted} event, got {name}: {data[:300]}")
+    return dict(orjson.loads(data)["data"])
+
+
+def drain(events: Iterator[tuple[str, str]]) -> str:
+    """Read through the terminal event; its name."""
+    for name, _ in events:
+        if name in TERMINAL:
+            return name
+    raise BenchError("stream ended without a terminal event")
+
+
+def post_job(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
+    response = client.post("/jobs", json=body, headers=key(body["action_id"]))
+    if response.status_code != 200:
+        raise BenchError(f"{body['crew_id']} job answered {response.status_code}: {response.text[:300]}")
+    return dict(response.json())
+
+
+Stop = tuple[float, float]  # (seconds from cancel request to response, the supervisor's kill-to-confirm ms)
+
+
+def cancel(client: httpx.Client, crew: str, action: str) -> Stop:
+    """Cancel over HTTP; the response must prove the worker is gone (stop_confirmed)."""
+    began = time.perf_counter()
+    response = client.post(f"/jobs/{action}/cancel", json={"crew_id": crew, "action_id": action, "reason": "bench"})
+    elapsed = time.perf_counter() - began
+    record = response.json() if response.status_code == 200 else {}
+    terminal = record.get("terminal") or {}
+    if record.get("status") != "cancelled" or terminal.get("stop_confirmed") is not True:
+        raise BenchError(f"cancel of {action} did not confirm the stop: {response.status_code} {response.text[:300]}")
+    return elapsed, float(terminal["elapsed_ms"])
+
+
+def wait_blocked(client: httpx.Client, markers: Path, pid: int, action: str) -> bool:
+    """True once the worker says it is blocked (bench_crews.block); False if its job ended first. Bounded."""
+    marker = markers / str(pid)
+    deadline = time.monotonic() + MARKER_SECONDS
+    looked = time.monotonic()
+    while not marker.exists():
+        now = time.monotonic()
+        if now > deadline:
+            raise BenchError(f"worker {pid} did not block within {MARKER_SECONDS:.0f} s")
+        if now - looked > 0.1:  # a replay of a stale task id fails at once: do not wait for nothing
+            looked = now
+            if client.get(f"/jobs/{action}").json()["status"] != "running":
+                return False
+        time.sleep(0.002)
+    marker.unlink()
+    return True
+
+
+def memory(pid: int) -> dict[str, float]:
+    info = psutil.Process(pid).memory_full_info()  # uss and pss walk /proc/<pid>/smaps
+    return {"rss": info.rss / MiB, "uss": info.uss / MiB, "pss": info.pss / MiB}
+
+
+class CpuMeter:
+    """CPU seconds of the supervisor, its fork server, the workers (the fork server reaps them, so their
+    time lands in its children's times by the time a job's terminal event is seen) and this client."""
+
+    def __init__(self, sup: Supervisor) -> None:
+        self.supervisor = psutil.Process(sup.process.pid)
+        self.forkserver = sup.forkserver()
+
+    def read(self) -> tuple[float, float, float, float]:
+        own, server = self.supervisor.cpu_times(), self.forkserver.cpu_times()
+        return (
+            own.user + own.system,
+            server.user + server.system,
+            server.children_user + server.children_system,
+            time.process_time(),
+        )
+
+    def per(self, before: tuple[float, ...], count: int, unit: float) -> tuple[float, ...]:
+        return tuple((after - earlier) / count * unit for after, earlier in zip(self.read(), before, strict=True))

@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ class LiveJob:
     admitted: float  # loop time
     deadline: float  # loop time; the timeout counts from admission, queue wait included
     event_count: int = 0
+    last_event_at: float | None = None  # wall clock
     phase: str = "queued"  # queued -> launching -> running -> settling
     cancel_reason: str | None = None
     worker: WorkerProcess | None = None
@@ -309,6 +311,7 @@ class Supervisor:
         except JournalError as exc:
             return "journal_error", str(exc)
         job.event_count += 1
+        job.last_event_at = time.time()
         return None
 
     async def _fault(self, worker: WorkerProcess, error_type: str, message: str) -> Outcome:

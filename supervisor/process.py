@@ -46,6 +46,17 @@ class StopEvidence:
         return dataclasses.asdict(self)
 
 
+@dataclasses.dataclass(frozen=True)
+class Usage:
+    """One sample of a worker's tree: the worker and every descendant still running."""
+
+    rss_bytes: int
+    cpu_seconds: float  # user + system, reaped children included
+    cpu_percent: float  # since the previous sample; 100 is one core
+    processes: int
+    sampled_at: float  # wall clock
+
+
 class Tail(asyncio.Protocol):
     """The last ``limit`` bytes of a worker's stdout or stderr, and how many came in all."""
 
@@ -145,6 +156,9 @@ class WorkerProcess:
         self.create_time = psutil.Process(pid).create_time()
         self.stdout = Tail()
         self.stderr = Tail()
+        self.usage: Usage | None = None  # the latest sample (see ``sample``)
+        self.peak_rss = 0
+        self._seen: dict[int, psutil.Process] = {}  # every descendant a sample found, by pid
         self.exited: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
         self._pipes = pipes
         self._messages: asyncio.Queue[Message | FrameError | None] = asyncio.Queue()
@@ -210,6 +224,38 @@ class WorkerProcess:
         except psutil.NoSuchProcess:
             return []
 
+    def sample(self) -> Usage | None:
+        """Measure the tree now; None once the worker is gone. Remembers every descendant it sees."""
+        try:
+            leader = psutil.Process(self.pid)
+            tree = [leader, *leader.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return None
+        rss, cpu, alive = 0, 0.0, 0
+        for process in tree:
+            try:
+                with process.oneshot():
+                    rss += process.memory_info().rss
+                    times = process.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            cpu += times.user + times.system + times.children_user + times.children_system
+            alive += 1
+            if process.pid != self.pid:
+                self._seen.setdefault(process.pid, process)
+        now = time.time()
+        previous = self.usage
+        elapsed = now - previous.sampled_at if previous else 0.0
+        percent = max(cpu - previous.cpu_seconds, 0.0) / elapsed * 100 if previous and elapsed > 0 else 0.0
+        self.usage = Usage(rss, round(cpu, 3), round(percent, 1), alive, now)
+        self.peak_rss = max(self.peak_rss, rss)
+        return self.usage
+
+    def strays(self) -> list[psutil.Process]:
+        """Descendants seen earlier that still run though they are no longer in the tree (they left it)."""
+        current = {p.pid for p in self.descendants()}
+        return [p for pid, p in self._seen.items() if pid not in current and _running(p)]
+
     async def kill(self, grace: float = 0.0) -> StopEvidence:
         """Stop the worker's whole group and every descendant, then prove they are gone."""
         started = time.monotonic()
@@ -257,6 +303,13 @@ async def confirm_gone(processes: list[psutil.Process], timeout: float) -> bool:
             return False
         await asyncio.sleep(0.002)
     return True
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _gone(process: psutil.Process) -> bool:

@@ -22,7 +22,7 @@ import orjson
 
 from protocol import Chunk, Completed, Failed, FrameError, Hello, Message, Start, Started
 from supervisor.config import PREFIX, Settings
-from supervisor.journal import Event, Job, Journal, JournalError
+from supervisor.journal import Event, Job, Journal, JournalError, Streams
 from supervisor.launcher import Launcher, LaunchError
 from supervisor.metrics import Metrics
 from supervisor.process import CONFIRM_SECONDS, WorkerProcess, kill_orphan
@@ -332,8 +332,10 @@ class Supervisor:
         return Outcome("completed", data, message.output)
 
     def _settle(self, job: LiveJob, outcome: Outcome) -> None:
+        # The worker's stdout/stderr tails outlive it: an operator reads them after the job ended.
+        streams = Streams.of(job.worker.stdout, job.worker.stderr) if job.worker is not None else None
         try:
-            self.journal.finish(job.action_id, outcome.event, outcome.data, outcome.output)
+            self.journal.finish(job.action_id, outcome.event, outcome.data, outcome.output, streams)
         except Exception:
             log.critical(
                 "terminal event not durable; the job will be fenced on restart", extra={"action_id": job.action_id}

@@ -16,12 +16,15 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from supervisor import migrate
 from supervisor.schema import INCONSISTENT, SCHEMA, SCHEMA_VERSION, TERMINAL_EVENTS, JournalError
+
+if TYPE_CHECKING:
+    from supervisor.process import Tail
 
 HEADROOM_BYTES = 16 * 1024 * 1024
 
@@ -55,6 +58,20 @@ class Event:
 
     def as_dict(self) -> dict[str, Any]:
         return {"event": self.event, "sequence": self.sequence, "data": self.data}
+
+
+@dataclasses.dataclass(frozen=True)
+class Streams:
+    """A worker's captured stdout/stderr tails and the bytes each carried in all."""
+
+    stdout: str
+    stderr: str
+    stdout_total: int
+    stderr_total: int
+
+    @classmethod
+    def of(cls, stdout: Tail, stderr: Tail) -> Streams:
+        return cls(stdout.text(), stderr.text(), stdout.total, stderr.total)
 
 
 _JOB_COLUMNS = (
@@ -182,6 +199,37 @@ class Journal:
         ).fetchone()
         return Event(row[0], row[1], orjson.loads(row[2])) if row else None
 
+    def list_jobs(
+        self,
+        status: str | None = None,
+        crew_id: str | None = None,
+        operation: str | None = None,
+        before: tuple[float, str] | None = None,
+        limit: int = 50,
+    ) -> list[dict[str, Any]]:
+        """Newest first; ``before`` is the (admitted_at, action_id) of the previous page's last row (keyset
+        paging: each page costs one index range however deep it is)."""
+        filters = {"status": status, "crew_id": crew_id, "operation": operation}
+        clauses = [f"{column} = ?" for column, value in filters.items() if value is not None]
+        params: list[Any] = [value for value in filters.values() if value is not None]
+        if before is not None:
+            clauses.append("(admitted_at, action_id) < (?, ?)")
+            params += before
+        rows = self._read.execute(
+            "SELECT action_id, crew_id, operation, status, event_count, admitted_at FROM jobs"
+            f" {'WHERE ' + ' AND '.join(clauses) if clauses else ''}"
+            " ORDER BY admitted_at DESC, action_id DESC LIMIT ?",
+            (*params, limit),
+        )
+        names = ("action_id", "crew_id", "operation", "status", "event_count", "admitted_at")
+        return [dict(zip(names, row, strict=True)) for row in rows]
+
+    def streams(self, action_id: str) -> Streams | None:
+        row = self._read.execute(
+            "SELECT stdout, stderr, stdout_total, stderr_total FROM outputs WHERE action_id = ?", (action_id,)
+        ).fetchone()
+        return Streams(*row) if row else None
+
     def running(self) -> list[Job]:
         rows = self._read.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE status = 'running' ORDER BY admitted_at")
         return [Job(*row) for row in rows]
@@ -235,19 +283,38 @@ class Journal:
             self._commit()
         return appended
 
-    def finish(self, action_id: str, event: str, data: dict[str, Any], output: dict[str, Any] | None = None) -> Event:
-        """The terminal event, the status it implies and the output: one durable commit."""
-        with self._transaction():
-            appended = self._insert(action_id, event, data)
-            self._db.execute(
-                "UPDATE jobs SET status = ?, output = ? WHERE action_id = ?",
-                (event, orjson.dumps(output) if output is not None else None, action_id),
-            )
+    def finish(
+        self,
+        action_id: str,
+        event: str,
+        data: dict[str, Any],
+        output: dict[str, Any] | None = None,
+        streams: Streams | None = None,
+    ) -> Event:
+        """The terminal event, the status it implies, the output and the worker's streams: one durable
+        commit. If the streams do not fit (the journal is full) they are dropped, never the terminal event."""
+        try:
+            with self._transaction():
+                appended = self._insert(action_id, event, data)
+                self._db.execute(
+                    "UPDATE jobs SET status = ?, output = ? WHERE action_id = ?",
+                    (event, orjson.dumps(output) if output is not None else None, action_id),
+                )
+                if streams is not None:
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO outputs VALUES (?, ?, ?, ?, ?)",
+                        (action_id, *dataclasses.astuple(streams)),
+                    )
+        except JournalError:
+            if streams is None:
+                raise
+            return self.finish(action_id, event, data, output)
         return appended
 
     def archive(self, action_id: str) -> None:
         with self._transaction():
             self._db.execute("DELETE FROM events WHERE action_id = ?", (action_id,))
+            self._db.execute("DELETE FROM outputs WHERE action_id = ?", (action_id,))
             self._db.execute("DELETE FROM jobs WHERE action_id = ?", (action_id,))
 
     def _insert(self, action_id: str, event: str, data: dict[str, Any]) -> Event:

@@ -29,6 +29,17 @@ CREATE TABLE IF NOT EXISTS events (
     PRIMARY KEY (action_id, sequence)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status);
+CREATE INDEX IF NOT EXISTS jobs_by_admission ON jobs (admitted_at, action_id);
+CREATE INDEX IF NOT EXISTS jobs_by_status_admission ON jobs (status, admitted_at, action_id);
+CREATE INDEX IF NOT EXISTS jobs_by_crew_admission ON jobs (crew_id, admitted_at, action_id);
+-- A settled worker's stdout/stderr tails (64 KiB each) and byte totals; created here, so old journals gain it.
+CREATE TABLE IF NOT EXISTS outputs (
+    action_id TEXT PRIMARY KEY,
+    stdout TEXT NOT NULL,
+    stderr TEXT NOT NULL,
+    stdout_total INTEGER NOT NULL,
+    stderr_total INTEGER NOT NULL
+);
 """
 
 

@@ -25,6 +25,7 @@ from supervisor.models import (
     request_hash,
     validate_input,
 )
+from supervisor.operator import operator_routes
 
 # The input bound is 1 MiB of compact JSON; the envelope and pretty-printing get room beside it.
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -145,6 +146,7 @@ def create_app(sup: Supervisor) -> FastAPI:
             "training_directory": bool(settings.training_dir),
             "launcher": sup.launcher.name,
             **sup.launcher.health(),
+            **sup.limits.health(),
         }
 
     @app.get("/metrics")
@@ -219,6 +221,7 @@ def create_app(sup: Supervisor) -> FastAPI:
             raise HTTPException(507, f"archive could not be made durable: {exc}") from None
         return {"archived": True, "action_id": action_id}
 
+    app.include_router(operator_routes(sup))
     return app
 
 

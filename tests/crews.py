@@ -83,6 +83,13 @@ def chatty() -> Crew:
     return _single(OfflineLLM(model="offline-demo"))
 
 
+def talker() -> Crew:
+    """Says something on stdout and stderr (flushed: the tail shows it at once), then ticks like demo-slow."""
+    print("talker: hello on stdout", flush=True)
+    print("talker: hello on stderr", file=sys.stderr, flush=True)
+    return demo_slow()
+
+
 class RecordingLLM(OfflineLLM):
     """The offline model, leaving evidence in the worker's cwd: one line per call in CALL_LOG (the first word
     of the calling task, or "-"). A prompt saying "block mode" never returns: it appends a HEARTBEAT line
@@ -139,6 +146,7 @@ registry: dict[str, Callable[[], Crew]] = {
     "broken-factory": broken_factory,
     "huge": huge,
     "chatty": chatty,
+    "talker": talker,
     "demo-knowledge": demo_knowledge,
     "recorder": recorder,
 }

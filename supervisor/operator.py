@@ -1,0 +1,109 @@
+"""Operator routes: the job list, the live worker view and a worker's captured output.
+
+They sit behind the same bearer middleware as the contract routes; none of them changes a job
+(cancel stays the way to stop one), and none logs inputs, outputs or captured streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from typing import Annotated, Any, Literal
+
+import orjson
+from fastapi import APIRouter, HTTPException, Query
+
+from supervisor.jobs import LiveJob, Supervisor
+from supervisor.journal import Streams
+from supervisor.models import Operation, path_id_problem
+
+DEFAULT_PAGE = 50
+MAX_PAGE = 500
+Status = Literal["running", "completed", "failed", "cancelled"]
+NOTHING_CAPTURED = Streams("", "", 0, 0)
+
+
+def operator_routes(sup: Supervisor) -> APIRouter:
+    router = APIRouter()
+    journal = sup.journal
+
+    @router.get("/jobs")
+    async def list_jobs(
+        status: Status | None = None,
+        crew_id: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
+        operation: Operation | None = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
+        cursor: Annotated[str | None, Query(max_length=1024)] = None,
+    ) -> dict[str, Any]:
+        """Newest first. One extra row is read to know whether another page exists."""
+        before = decode_cursor(cursor) if cursor else None
+        rows = journal.list_jobs(status, crew_id, operation, before, limit + 1)
+        page = rows[:limit]
+        more = len(rows) > limit
+        return {"jobs": page, "next_cursor": encode_cursor(page[-1]) if more else None}
+
+    @router.get("/workers")
+    async def workers() -> dict[str, Any]:
+        now = asyncio.get_running_loop().time()
+        jobs = sorted(sup.live.values(), key=lambda job: job.admitted)
+        return {"workers": [worker_view(job, now) for job in jobs]}
+
+    @router.get("/jobs/{action_id}/output")
+    async def output(action_id: str) -> dict[str, Any]:
+        """Live from the worker's tails while it runs; from the journal once it has settled."""
+        if problem := path_id_problem(action_id):
+            raise HTTPException(422, problem)
+        live = sup.live.get(action_id)
+        if live is not None:
+            worker = live.worker
+            streams = Streams.of(worker.stdout, worker.stderr) if worker is not None else NOTHING_CAPTURED
+        elif journal.get(action_id) is None:
+            raise HTTPException(404, "run was not found")
+        else:
+            # A job that never launched, or settled before this table existed, captured nothing.
+            streams = journal.streams(action_id) or NOTHING_CAPTURED
+        return {
+            "action_id": action_id,
+            "live": live is not None,
+            "stdout": {"text": streams.stdout, "total_bytes": streams.stdout_total},
+            "stderr": {"text": streams.stderr, "total_bytes": streams.stderr_total},
+        }
+
+    return router
+
+
+def worker_view(job: LiveJob, now: float) -> dict[str, Any]:
+    """A queued job has no worker yet: its process fields are null."""
+    worker = job.worker
+    # The sampler refreshes ``usage``; until its first pass one sample here is cheap.
+    usage = (worker.usage or worker.sample()) if worker is not None else None
+    return {
+        "action_id": job.action_id,
+        "crew_id": job.crew_id,
+        "operation": job.operation,
+        "phase": job.phase,
+        "pid": worker.pid if worker is not None else None,
+        "rss_bytes": usage.rss_bytes if usage else None,
+        "cpu_percent": usage.cpu_percent if usage else None,
+        "cpu_seconds": usage.cpu_seconds if usage else None,
+        "processes": usage.processes if usage else None,
+        "age_seconds": round(now - job.admitted, 3),
+        "event_count": job.event_count,
+        "last_event_at": job.last_event_at,
+    }
+
+
+def encode_cursor(row: dict[str, Any]) -> str:
+    """Opaque to clients: the keyset (admitted_at, action_id) of a page's last row."""
+    return base64.urlsafe_b64encode(orjson.dumps([row["admitted_at"], row["action_id"]])).decode()
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        admitted_at, action_id = orjson.loads(base64.urlsafe_b64decode(cursor.encode()))
+    except (binascii.Error, orjson.JSONDecodeError, TypeError, ValueError):
+        raise HTTPException(422, "cursor is not one this server handed out") from None
+    if isinstance(admitted_at, bool) or not isinstance(admitted_at, int | float) or not isinstance(action_id, str):
+        raise HTTPException(422, "cursor is not one this server handed out")
+    return float(admitted_at), action_id

@@ -1,0 +1,116 @@
+"""The operator API against a real supervisor (default fork server launcher): workers, job list, output."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.conftest import Server, gone, sse_events, start_body, start_server, wait_until
+
+MB = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    running = start_server(tmp_path_factory.mktemp("operator") / "s")
+    yield running
+    running.stop()
+
+
+def start_and_detach(client: httpx.Client, body: dict[str, object], key: str = "key-1") -> int:
+    """Start a streamed job, read its `started` event, hang up (the job goes on); return its pid."""
+    with client.stream("POST", "/jobs/stream", json=body, headers={"Idempotency-Key": key}) as response:
+        assert response.status_code == 200
+        first = next(sse_events(response))
+    assert first["event"] == "started"
+    return int(first["data"]["pid"])
+
+
+def test_worker_view_and_output_tail_during_and_after_a_job(server: Server) -> None:
+    with server.client() as client:
+        pid = start_and_detach(client, start_body("talker", "talk-1", input={"seconds": 60}))
+
+        view = client.get("/workers").json()["workers"]
+        (mine,) = [w for w in view if w["action_id"] == "talk-1"]
+        assert mine["pid"] == pid and mine["crew_id"] == "talker" and mine["operation"] == "run"
+        assert mine["phase"] == "running" and mine["processes"] >= 1
+        assert 10 * MB < mine["rss_bytes"] < 2048 * MB
+        assert mine["cpu_seconds"] >= 0 and mine["cpu_percent"] >= 0 and mine["age_seconds"] > 0
+        assert mine["event_count"] >= 1 and mine["last_event_at"] is not None
+        assert psutil.Process(pid).is_running()
+
+        def said_hello() -> bool:
+            output = client.get("/jobs/talk-1/output").json()
+            return "hello on stdout" in output["stdout"]["text"] and "hello on stderr" in output["stderr"]["text"]
+
+        assert wait_until(said_hello, timeout=10)
+        during = client.get("/jobs/talk-1/output").json()
+        assert during["live"] is True and during["stdout"]["total_bytes"] >= len("talker: hello on stdout\n")
+
+        client.post("/jobs/talk-1/cancel", json={"crew_id": "talker", "action_id": "talk-1", "reason": "test"})
+        assert wait_until(lambda: gone(pid))
+        assert all(w["action_id"] != "talk-1" for w in client.get("/workers").json()["workers"])
+        after = client.get("/jobs/talk-1/output").json()
+        assert after["live"] is False
+        assert "hello on stdout" in after["stdout"]["text"] and "hello on stderr" in after["stderr"]["text"]
+        assert after["stdout"]["total_bytes"] >= during["stdout"]["total_bytes"]
+
+        # Archived: its captured output goes with it.
+        client.delete("/jobs/talk-1", headers={"X-AIP-Archive-Confirmation": "talk-1"})
+        assert client.get("/jobs/talk-1/output").status_code == 404
+
+
+def test_output_of_a_completed_job_and_bad_ids(server: Server) -> None:
+    with server.client() as client:
+        assert client.post("/jobs", json=start_body("chatty", "chat-1"), headers={"Idempotency-Key": "k"}).is_success
+        output = client.get("/jobs/chat-1/output").json()
+        assert output["live"] is False and "panel panel" in output["stdout"]["text"]
+        assert output["stdout"]["total_bytes"] > 5000 and output["stderr"]["total_bytes"] > 7000
+        assert client.get("/jobs/nobody/output").status_code == 404
+        assert client.get("/jobs/%20" + "x" * 300 + "/output").status_code == 422
+        for path in ("/jobs", "/workers", "/jobs/chat-1/output"):
+            assert httpx.get(server.url + path, headers={"Authorization": "Bearer wrong"}).status_code == 401
+
+
+def test_job_list_filters_and_paging(tmp_path: Path) -> None:
+    server = start_server(tmp_path / "state")
+    try:
+        with server.client() as client:
+            for n in range(3):
+                client.post("/jobs", json=start_body("demo", f"ok-{n}"), headers={"Idempotency-Key": "k"})
+            for n in range(2):
+                client.post("/jobs", json=start_body("broken-factory", f"bad-{n}"), headers={"Idempotency-Key": "k"})
+
+            everything = client.get("/jobs").json()
+            ids = [job["action_id"] for job in everything["jobs"]]
+            assert ids == ["bad-1", "bad-0", "ok-2", "ok-1", "ok-0"] and everything["next_cursor"] is None
+            assert everything["jobs"][0]["status"] == "failed" and everything["jobs"][-1]["status"] == "completed"
+
+            paged, cursor = [], None
+            while True:
+                page = client.get("/jobs", params={"limit": 2, **({"cursor": cursor} if cursor else {})}).json()
+                assert len(page["jobs"]) <= 2
+                paged += [job["action_id"] for job in page["jobs"]]
+                cursor = page["next_cursor"]
+                if cursor is None:
+                    break
+            assert paged == ids
+
+            def listed(**params: object) -> list[str]:
+                return [job["action_id"] for job in client.get("/jobs", params=params).json()["jobs"]]
+
+            assert listed(status="failed") == ["bad-1", "bad-0"]
+            assert listed(crew_id="demo", limit=2) == ["ok-2", "ok-1"]
+            assert listed(crew_id="demo", status="failed") == []
+            assert listed(operation="run") == ids and listed(operation="batch_run") == []
+
+            for bad in ({"limit": 0}, {"limit": 501}, {"limit": "many"}, {"status": "asleep"}, {"cursor": "nope"}):
+                response = client.get("/jobs", params=bad)
+                assert response.status_code == 422, bad
+            assert "cursor" in client.get("/jobs", params={"cursor": "nope"}).json()["detail"]
+    finally:
+        server.stop()

@@ -1,4 +1,4 @@
-"""The bench's harness: real supervisors on loopback, the HTTP calls the measurements make."""
+"""Real supervisors on loopback and the HTTP calls that drive them: for scripts/bench, scripts/load, scripts/soak."""
 
 from __future__ import annotations
 
@@ -50,9 +50,14 @@ def free_port() -> int:
 
 
 class Supervisor:
-    """``python -m supervisor serve`` on loopback with the bench registry and its own state directory."""
+    """``python -m supervisor serve`` on loopback with the bench registry and its own state directory.
 
-    def __init__(self, name: str, root: Path, launcher: str, markers: Path) -> None:
+    ``settings`` (``AIP_CREWAI_*`` variables) override the bench's defaults, e.g. a wider MAX_CONCURRENCY.
+    """
+
+    def __init__(
+        self, name: str, root: Path, launcher: str, markers: Path, settings: dict[str, str] | None = None
+    ) -> None:
         self.name = name
         self.state = root / name
         self.port = free_port()
@@ -72,6 +77,7 @@ class Supervisor:
             "AIP_CREWAI_MAX_RETAINED_RUNS": "100000",  # the journal phase keeps 10,000 jobs
             "AIP_CREWAI_MAX_EVENTS_PER_RUN": "100000",  # the flood crew's chunks
             "BENCH_MARKER_DIR": str(markers),
+            **(settings or {}),
         }
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(

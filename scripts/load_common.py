@@ -1,0 +1,75 @@
+"""What scripts/load and scripts/soak share: one supervisor for the run, and a census of its process."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+from bench_harness import MiB, Supervisor, wait_ready
+
+
+@contextlib.contextmanager
+def serving(prefix: str, settings: dict[str, str] | None = None, keep: bool = False) -> Iterator[Supervisor]:
+    """One ready fork-server supervisor (bench registry) in a temporary directory; stopped and removed after."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    (root / "markers").mkdir()
+    sup = Supervisor("sup", root, "forkserver", root / "markers", settings)
+    try:
+        wait_ready([sup])
+        yield sup
+    finally:
+        sup.stop()
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Census:
+    """What a leak would make grow. ``children`` counts live descendants (fork server, workers), zombies apart."""
+
+    fds: int
+    threads: int
+    children: int
+    zombies: int
+    rss_mb: float
+
+
+def census(pid: int) -> Census:
+    me = psutil.Process(pid)
+    statuses = []
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):  # a worker may exit while we look
+            statuses.append(child.status())
+    zombies = statuses.count(psutil.STATUS_ZOMBIE)
+    return Census(me.num_fds(), me.num_threads(), len(statuses) - zombies, zombies, me.memory_info().rss / MiB)
+
+
+class PeakRss:
+    """Samples a process's RSS on a thread (every ``interval`` s) while in the ``with`` block; ``peak_mb`` after."""
+
+    def __init__(self, pid: int, interval: float = 0.02) -> None:
+        self.process = psutil.Process(pid)
+        self.interval = interval
+        self.peak_mb = 0.0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._done.is_set():
+            with contextlib.suppress(psutil.Error):
+                self.peak_mb = max(self.peak_mb, self.process.memory_info().rss / MiB)
+            self._done.wait(self.interval)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._done.set()
+        self._thread.join()

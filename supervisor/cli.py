@@ -1,4 +1,7 @@
-"""``crew-supervisor serve``: check everything that can be checked, fence the past, then listen."""
+"""``crew-supervisor serve``: check everything that can be checked, fence the past, then listen.
+
+The operator commands (``jobs``, ``show``, ``events``, ``cancel``, ``top``, ``run``) live in console.py.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from pathlib import Path
 
 import uvicorn
 
-from supervisor import config, logs
+from supervisor import config, console, logs
 from supervisor.api import create_app
 from supervisor.forkserver import ForkServerLauncher
 from supervisor.jobs import Supervisor, worker_env
@@ -34,7 +37,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     serve_parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     config.add_flags(serve_parser)
+    console.add_commands(commands)
     args = parser.parse_args(argv)
+    if args.command != "serve":
+        sys.exit(console.run_command(args))
     flags = {name: getattr(args, name) for name in config.SPEC}
     if args.demo:
         flags["REGISTRY"] = flags["REGISTRY"] or config.DEMO_REGISTRY

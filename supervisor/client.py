@@ -1,0 +1,171 @@
+"""The operator CLI's side of the wire: where the supervisor is, its token, and every failure as one line."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager
+from typing import Any
+
+import httpx
+import orjson
+
+from supervisor.config import PREFIX
+from supervisor.schema import TERMINAL_EVENTS
+
+DEFAULT_URL = "http://127.0.0.1:8090"
+SSE = {"Accept": "text/event-stream"}
+RECONNECTS = 8  # in a row without a new event before following gives up
+# Streams are idle between heartbeats (15 s by default): a read this long without a byte means a dead link.
+TIMEOUT = httpx.Timeout(30.0, connect=5.0, read=60.0)
+
+Opener = Callable[[int | None], AbstractContextManager[httpx.Response]]
+
+
+class OperatorError(Exception):
+    """What went wrong, said in one line; the CLI prints it and exits non-zero."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    url: str
+    token: str | None
+
+
+def resolve_target(
+    url: str | None, token: str | None, token_file: str | None, environ: Mapping[str, str] = os.environ
+) -> Target:
+    """Flags win over the environment, as with ``serve``; the token file is the server's own setting name."""
+    token_file = token_file or (None if token else environ.get(PREFIX + "BEARER_TOKEN_FILE"))
+    token = token or (None if token_file else environ.get(PREFIX + "BEARER_TOKEN"))
+    if token_file:
+        try:
+            with open(token_file) as file:
+                token = file.read().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise OperatorError(f"cannot read the token file {token_file}: {exc}") from None
+    return Target((url or environ.get(PREFIX + "URL") or DEFAULT_URL).rstrip("/"), token or None)
+
+
+class Client:
+    """Blocking httpx calls that either return JSON or raise OperatorError, never a transport traceback."""
+
+    def __init__(self, target: Target) -> None:
+        self.url = target.url
+        headers = {"Authorization": f"Bearer {target.token}"} if target.token else {}
+        self._http = httpx.Client(base_url=target.url, headers=headers, timeout=TIMEOUT)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._http.close()
+
+    def get(self, path: str, params: Mapping[str, Any] | None = None) -> Any:
+        with self._talking():
+            response = self._http.get(path, params={k: v for k, v in (params or {}).items() if v is not None})
+        return self._json(response)
+
+    def post(self, path: str, body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> Any:
+        with self._talking():
+            response = self._http.post(path, json=body, headers=headers)
+        return self._json(response)
+
+    def follow(self, action_id: str) -> Iterator[dict[str, Any]]:
+        """A job's events from the first through the terminal one, resuming after a dropped connection."""
+
+        def reopen(last: int | None) -> AbstractContextManager[httpx.Response]:
+            return self._http.stream("GET", f"/jobs/{action_id}/events", headers={**SSE, **resume_header(last)})
+
+        return self._resumable(reopen)
+
+    def start(self, body: Mapping[str, Any], key: str) -> Iterator[dict[str, Any]]:
+        """Start a job and follow it. A reconnect repeats the exact start, which observes the same job."""
+
+        def reopen(last: int | None) -> AbstractContextManager[httpx.Response]:
+            headers = {**SSE, "Idempotency-Key": key, **resume_header(last)}
+            return self._http.stream("POST", "/jobs/stream", json=body, headers=headers)
+
+        return self._resumable(reopen)
+
+    def _resumable(self, reopen: Opener) -> Iterator[dict[str, Any]]:
+        last: int | None = None
+        failures = 0
+        while True:
+            try:
+                with reopen(last) as response:
+                    if response.is_error:
+                        response.read()
+                        self._json(response)
+                    for event in parse_sse(response.iter_lines()):
+                        yield event
+                        last, failures = event["sequence"], 0
+                        if event["event"] in TERMINAL_EVENTS:
+                            return
+            except httpx.TransportError as exc:
+                if last is None and isinstance(exc, httpx.ConnectError):
+                    raise OperatorError(f"cannot connect to {self.url}: {_reason(exc)}") from None
+            # The stream ended before its terminal event: the link dropped. Resume after the last event seen.
+            failures += 1
+            if failures > RECONNECTS:
+                raise OperatorError(f"lost the event stream at {self.url} after {RECONNECTS} reconnects")
+            time.sleep(min(0.1 * 2**failures, 5.0))
+
+    @contextlib.contextmanager
+    def _talking(self) -> Iterator[None]:
+        try:
+            yield
+        except httpx.ConnectError as exc:
+            raise OperatorError(f"cannot connect to {self.url}: {_reason(exc)}") from None
+        except httpx.TimeoutException:
+            raise OperatorError(f"{self.url} did not answer in time") from None
+        except httpx.HTTPError as exc:
+            raise OperatorError(f"talking to {self.url} failed: {_reason(exc)}") from None
+
+    def _json(self, response: httpx.Response) -> Any:
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if response.status_code == 401:
+            raise OperatorError(
+                f"{self.url} refused the bearer token (401); give --token, --token-file or {PREFIX}BEARER_TOKEN"
+            )
+        if response.is_error:
+            detail = body.get("detail") if isinstance(body, dict) else None
+            raise OperatorError(f"{response.status_code} from {response.request.url.path}: {_detail(detail, response)}")
+        return body
+
+
+def resume_header(last: int | None) -> dict[str, str]:
+    return {} if last is None else {"Last-Event-ID": str(last)}
+
+
+def parse_sse(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """Whole events from SSE lines; comments (the keep-alive) are skipped."""
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data:
+                yield orjson.loads("\n".join(data))
+            data = []
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+    # A partial event at the end of a dropped stream is discarded; its sequence is asked for again.
+
+
+def _detail(detail: Any, response: httpx.Response) -> str:
+    """FastAPI's validation errors are a list of {loc, msg}: name the field, keep one line."""
+    if isinstance(detail, str):
+        return detail
+    if isinstance(detail, list) and detail and all(isinstance(item, dict) for item in detail):
+        return "; ".join(f"{'.'.join(map(str, item.get('loc', [])[1:]))}: {item.get('msg')}" for item in detail)
+    return orjson.dumps(detail).decode()[:300] if detail else response.reason_phrase
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[-1] if text else type(exc).__name__

@@ -1,0 +1,193 @@
+"""Operator commands of ``crew-supervisor``: they talk to a running supervisor over its HTTP API.
+
+Tables for people, ``--json`` for scripts. Exit codes: 0 done (a followed job completed), 1 the
+command failed (said in one line on stderr), 3 the followed job failed, 4 it was cancelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+from rich.console import Console
+from rich.live import Live
+
+from supervisor import views
+from supervisor.client import Client, OperatorError, resolve_target
+from supervisor.models import Operation
+
+EXIT_ERROR, EXIT_FAILED, EXIT_CANCELLED = 1, 3, 4
+OUTCOME_CODES = {"completed": 0, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}
+STATUSES = ("running", "completed", "failed", "cancelled")
+OPERATIONS = Operation.__args__  # type: ignore[attr-defined]
+
+
+def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", help="supervisor URL (env AIP_CREWAI_URL, default http://127.0.0.1:8090)")
+    common.add_argument("--token", help="bearer token (env AIP_CREWAI_BEARER_TOKEN)")
+    common.add_argument("--token-file", help="file holding the bearer token (env AIP_CREWAI_BEARER_TOKEN_FILE)")
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+
+    def command(name: str, handler: Any, help: str) -> argparse.ArgumentParser:
+        parser = commands.add_parser(name, parents=[common], help=help, description=help)
+        parser.set_defaults(handler=handler)
+        return parser
+
+    jobs = command("jobs", list_jobs, "list jobs, newest first")
+    jobs.add_argument("--status", choices=STATUSES)
+    jobs.add_argument("--crew", help="only this crew id")
+    jobs.add_argument("--operation", choices=OPERATIONS)
+    jobs.add_argument("--limit", type=int, default=50, help="jobs per page (1-500)")
+    jobs.add_argument("--cursor", help="the next_cursor of a previous page")
+    command("show", show, "one job's record and terminal event").add_argument("action_id")
+    events = command("events", events_of, "a job's events; --follow streams them until the terminal one")
+    events.add_argument("action_id")
+    events.add_argument("--follow", "-f", action="store_true", help="stream live, resuming after a dropped link")
+    cancel_parser = command("cancel", cancel, "kill a job's worker and wait until it is confirmed gone")
+    cancel_parser.add_argument("action_id")
+    cancel_parser.add_argument("--reason", help="recorded in the cancelled event")
+    top_parser = command("top", top, "the live worker view, refreshing")
+    top_parser.add_argument("--once", action="store_true", help="print one frame and exit")
+    top_parser.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    run_parser = command("run", run, "start a job and follow it to its end")
+    run_parser.add_argument("crew_id")
+    run_parser.add_argument("--input", required=True, help="JSON file with the job's input ('-' for stdin)")
+    run_parser.add_argument("--operation", choices=OPERATIONS, default="run")
+    run_parser.add_argument("--action-id", help="default: a new cli-<uuid>")
+    run_parser.add_argument("--timeout-ms", type=int, help="the job's timeout (server default if absent)")
+    run_parser.add_argument("--idempotency-key", help="default: a new random key")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Every failure ends as one line on stderr and a non-zero code: an operator never sees a traceback."""
+    try:
+        with Client(resolve_target(args.url, args.token, args.token_file)) as client:
+            return int(args.handler(client, args, Console(highlight=False)))
+    except OperatorError as exc:
+        print(f"crew-supervisor: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+def emit_json(value: Any) -> None:
+    sys.stdout.write(orjson.dumps(value).decode() + "\n")
+    sys.stdout.flush()
+
+
+def list_jobs(client: Client, args: argparse.Namespace, out: Console) -> int:
+    params = {"status": args.status, "crew_id": args.crew, "operation": args.operation}
+    page = client.get("/jobs", {**params, "limit": args.limit, "cursor": args.cursor})
+    if args.json:
+        emit_json(page)
+    else:
+        out.print(views.jobs_table(page["jobs"]))
+        if page["next_cursor"]:
+            out.print(f"more: --cursor {page['next_cursor']}", style="dim")
+    return 0
+
+
+def show(client: Client, args: argparse.Namespace, out: Console) -> int:
+    job = client.get(f"/jobs/{args.action_id}")
+    if args.json:
+        emit_json(job)
+    else:
+        out.print(views.job_panel(job))
+    return 0
+
+
+def events_of(client: Client, args: argparse.Namespace, out: Console) -> int:
+    if args.follow:
+        return follow(client.follow(args.action_id), args.action_id, args.json, out)
+    cursor, events = 0, []
+    while True:  # a JSON slice holds up to 1000 events; read on until caught up
+        page = client.get(f"/jobs/{args.action_id}/events", {"cursor": cursor})
+        events += page["events"]
+        if page["next_cursor"] == cursor:
+            break
+        cursor = page["next_cursor"]
+    for event in events:
+        emit_json(event) if args.json else out.print(views.event_line(event))
+    return 0
+
+
+def cancel(client: Client, args: argparse.Namespace, out: Console) -> int:
+    """The cancel route wants the crew id as a fence: it is read from the job first."""
+    job = client.get(f"/jobs/{args.action_id}")
+    body = {"crew_id": job["crew_id"], "action_id": args.action_id, "reason": args.reason}
+    result = client.post(f"/jobs/{args.action_id}/cancel", body)
+    if args.json:
+        emit_json(result)
+    else:
+        out.print(views.cancel_line(result))
+    return 0
+
+
+def top(client: Client, args: argparse.Namespace, out: Console) -> int:
+    if args.once:
+        snapshot = client.get("/workers")
+        emit_json(snapshot) if args.json else out.print(views.workers_table(snapshot["workers"]))
+        return 0
+    if args.json:  # one JSON document per refresh, for a script to read line by line
+        while True:
+            emit_json(client.get("/workers"))
+            time.sleep(args.interval)
+    with Live(views.workers_table([]), console=out, auto_refresh=False) as live:
+        while True:
+            live.update(views.workers_table(client.get("/workers")["workers"]), refresh=True)
+            time.sleep(args.interval)
+
+
+def run(client: Client, args: argparse.Namespace, out: Console) -> int:
+    body: dict[str, Any] = {
+        "crew_id": args.crew_id,
+        "action_id": args.action_id or f"cli-{uuid.uuid4()}",
+        "operation": args.operation,
+        "input": read_input(args.input),
+    }
+    if args.timeout_ms is not None:
+        body["timeout_ms"] = args.timeout_ms
+    if not args.json:
+        out.print(f"started {body['action_id']} ({args.crew_id}, {args.operation})", style="bold")
+    return follow(client.start(body, args.idempotency_key or uuid.uuid4().hex), body["action_id"], args.json, out)
+
+
+def read_input(source: str) -> dict[str, Any]:
+    try:
+        raw = sys.stdin.buffer.read() if source == "-" else Path(source).read_bytes()
+        value = orjson.loads(raw)
+    except OSError as exc:
+        raise OperatorError(f"cannot read the input file {source}: {exc.strerror}") from None
+    except orjson.JSONDecodeError as exc:
+        raise OperatorError(f"the input file {source} is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise OperatorError(f"the input file {source} must hold a JSON object")
+    return value
+
+
+def follow(events: Iterator[dict[str, Any]], action_id: str, as_json: bool, out: Console) -> int:
+    """Chunks print as they arrive (whole lines, under a spinner); the exit code is the job's outcome."""
+    last: dict[str, Any] | None = None
+    if as_json:
+        for last in events:
+            emit_json(last)
+        return OUTCOME_CODES.get(last["event"], EXIT_ERROR) if last else EXIT_ERROR
+    text = views.ChunkText()
+    with out.status(f"{action_id}: waiting for the worker") as status:
+        for count, last in enumerate(events, start=1):
+            for line in text.feed(last):
+                out.print(line, markup=False)
+            status.update(f"{action_id}: {last['event']} · {count} events")
+    for line in text.rest():
+        out.print(line, markup=False)
+    if last is None:
+        return EXIT_ERROR
+    out.print(views.terminal_line(last))
+    return OUTCOME_CODES.get(last["event"], EXIT_ERROR)

@@ -1,0 +1,130 @@
+"""How the operator CLI shows jobs, workers and events to a person (rich renderables, one place)."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+from rich.table import Table
+from rich.text import Text
+
+STATUS_STYLES = {"running": "cyan", "completed": "green", "failed": "red", "cancelled": "yellow"}
+OUTPUT_PREVIEW = 2000  # characters of a completed job's raw output that ``show`` prints
+
+
+def jobs_table(jobs: list[dict[str, Any]]) -> Table:
+    table = Table("action id", "crew", "operation", "status", "events", "admitted", box=None, header_style="bold")
+    for job in jobs:
+        table.add_row(
+            job["action_id"],
+            job["crew_id"],
+            job["operation"],
+            status_text(job["status"]),
+            str(job["event_count"]),
+            clock(job["admitted_at"]),
+        )
+    return table
+
+
+def workers_table(workers: list[dict[str, Any]]) -> Table:
+    table = Table(
+        "action id", "crew", "operation", "phase", "pid", "rss", "cpu %", "cpu s", "procs", "age", "events",
+        "last event", title=f"{len(workers)} live job(s)", box=None, header_style="bold",
+    )  # fmt: skip
+    for worker in workers:
+        table.add_row(
+            worker["action_id"],
+            worker["crew_id"],
+            worker["operation"],
+            worker["phase"],
+            dash(worker["pid"]),
+            megabytes(worker["rss_bytes"]),
+            dash(worker["cpu_percent"]),
+            dash(worker["cpu_seconds"]),
+            dash(worker["processes"]),
+            f"{worker['age_seconds']:.1f}s",
+            str(worker["event_count"]),
+            clock(worker["last_event_at"]),
+        )
+    return table
+
+
+def job_panel(job: dict[str, Any]) -> Table:
+    table = Table.grid(padding=(0, 2))
+    for name in ("action_id", "crew_id", "operation", "event_count"):
+        table.add_row(Text(name, style="bold"), str(job[name]))
+    table.add_row(Text("status", style="bold"), status_text(job["status"]))
+    for name, value in (job.get("terminal") or {}).items():
+        if name not in ("status", "output"):
+            table.add_row(Text(name, style="dim"), compact(value))
+    raw = (job.get("output") or {}).get("raw")
+    if raw is not None:
+        table.add_row(Text("output", style="bold"), Text(str(raw)[:OUTPUT_PREVIEW]))
+    return table
+
+
+def event_line(event: dict[str, Any]) -> Text:
+    data = event["data"]
+    summary = data.get("content") if event["event"] == "chunk" else compact(data)
+    return Text.assemble((f"{event['sequence']:>5} ", "dim"), (f"{event['event']:<9} ", "bold"), str(summary))
+
+
+def terminal_line(event: dict[str, Any]) -> Text:
+    data, name = event["data"], event["event"]
+    if name == "completed":
+        detail = f"exit status {data.get('exit_status')}"
+    elif name == "failed":
+        detail = f"{data.get('error_type')}: {data.get('message')}"
+    else:
+        detail = f"{data.get('reason')} (stop confirmed: {data.get('stop_confirmed')}, pid {data.get('pid')})"
+    return Text.assemble(status_text(name), f" after {event['sequence'] + 1} events · {detail}")
+
+
+def cancel_line(job: dict[str, Any]) -> Text:
+    terminal = job.get("terminal") or {}
+    if job["status"] != "cancelled":
+        return Text.assemble(f"{job['action_id']} had already ended: ", status_text(job["status"]))
+    proof = f"stop confirmed: {terminal.get('stop_confirmed')}, pid {terminal.get('pid')}, {terminal.get('signal')}"
+    return Text.assemble(f"{job['action_id']} ", status_text("cancelled"), f" ({proof})")
+
+
+class ChunkText:
+    """Chunks arrive a few words at a time: print whole lines, so the spinner below them stays intact."""
+
+    def __init__(self) -> None:
+        self._partial = ""
+
+    def feed(self, event: dict[str, Any]) -> Iterator[str]:
+        if event["event"] != "chunk":
+            return
+        *lines, self._partial = (self._partial + str(event["data"].get("content") or "")).split("\n")
+        yield from lines
+
+    def rest(self) -> Iterator[str]:
+        if self._partial:
+            yield self._partial
+        self._partial = ""
+
+
+def status_text(status: str) -> Text:
+    return Text(status, style=STATUS_STYLES.get(status, ""))
+
+
+def clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def megabytes(size: int | None) -> str:
+    return "-" if size is None else f"{size / (1024 * 1024):.0f} MiB"
+
+
+def dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def compact(value: Any) -> str:
+    return value if isinstance(value, str) else orjson.dumps(value).decode()

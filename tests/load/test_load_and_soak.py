@@ -1,0 +1,94 @@
+"""Shortened load and soak runs (scripts/load.py, scripts/soak.py) asserting their invariants.
+
+The full runs (32 jobs x 200 followers, 1,000 jobs) are documented in docs/load-and-soak.md; these keep the
+same checks at a size CI can afford. The checkers themselves are also tested, so a run that passes means
+the invariants held, not that nothing was checked.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))  # scripts/ is not a package
+import load
+import soak
+from load_common import Census
+
+
+@pytest.mark.timeout(120)
+def test_load_every_follower_and_reader_gets_every_event_once_in_order() -> None:
+    plan = load.Plan(jobs=8, followers=40, spread=1.5)
+    result = load.load(plan)
+    assert result.violations == []
+    figures = result.figures()
+    assert all(math.isfinite(value) and value > 0 for value in figures.values()), figures
+    assert len(result.latencies["follow"]) == 40 and len(result.latencies["start"]) == 8
+    assert result.delivered >= result.events * (1 + 40 / 8 + 1)  # starter, followers, reader per job
+
+
+@pytest.mark.timeout(150)
+def test_soak_of_200_jobs_leaks_nothing_and_grows_the_journal_linearly() -> None:
+    result = soak.soak(soak.Plan(jobs=200, every=50))
+    assert result.violations == [], soak.report(soak.Plan(jobs=200, every=50), result)
+    assert [s.jobs for s in result.samples] == [0, 50, 100, 150, 200]
+    before, after = result.before.census, result.after.census
+    assert after.zombies == 0 and after.children == before.children == 1  # the fork server
+    assert after.fds - before.fds <= 4 and after.threads - before.threads <= 4
+    assert all(rate > 0 for rate in result.bytes_per_job)
+
+
+def _job(events: list[dict[str, Any]], followed: list[list[dict[str, Any]]]) -> load.Job:
+    job = load.Job.__new__(load.Job)  # no event loop needed: only the received events matter here
+    job.action, job.started, job.followed, job.read = "a", events, followed, [events]
+    return job
+
+
+def _events(*names: str) -> list[dict[str, Any]]:
+    return [{"event": name, "sequence": i, "data": {}} for i, name in enumerate(names)]
+
+
+@pytest.mark.parametrize(
+    ("started", "followed", "wrong"),
+    [
+        (_events("started", "chunk", "completed"), _events("started", "chunk", "completed"), None),
+        (_events("started", "chunk", "completed"), _events("started", "chunk", "chunk", "completed"), "a follower"),
+        (_events("started", "chunk", "completed"), _events("started", "completed"), "a follower"),
+        (_events("started", "completed", "chunk"), _events("started", "completed", "chunk"), "terminal events"),
+        (_events("started", "failed"), _events("started", "failed"), "ended failed"),
+    ],
+)
+def test_load_check_catches_a_broken_stream(
+    started: list[dict[str, Any]], followed: list[dict[str, Any]], wrong: str | None
+) -> None:
+    result = load.Result()
+    terminal = started[-1]["event"]
+    load.check(
+        _job(started, [followed]), {"status": terminal, "event_count": len(started)}, load.Plan(readers=1), result
+    )
+    if wrong is None:
+        assert result.violations == []
+    else:
+        assert any(wrong in v for v in result.violations), result.violations
+
+
+def _sample(jobs: int, fds: int, sqlite_bytes: int, zombies: int = 0) -> soak.Sample:
+    return soak.Sample(jobs, float(jobs), Census(fds, 5, 1, zombies, 50.0), sqlite_bytes, sqlite_bytes)
+
+
+def test_soak_judge_catches_a_leak_and_nonlinear_growth() -> None:
+    plan = soak.Plan(jobs=200)
+    steady = soak.Result(samples=[_sample(0, 20, 0), _sample(100, 21, 900_000), _sample(200, 22, 1_800_000)])
+    soak.judge(plan, steady)
+    assert steady.violations == []
+    leaky = soak.Result(samples=[_sample(0, 20, 0), _sample(100, 120, 900_000), _sample(200, 220, 1_800_000, 1)])
+    soak.judge(plan, leaky)
+    assert any("fds grew by 200" in v for v in leaky.violations)
+    assert any("zombie" in v for v in leaky.violations)
+    bloating = soak.Result(samples=[_sample(0, 20, 0), _sample(100, 20, 900_000), _sample(200, 20, 3_000_000)])
+    soak.judge(plan, bloating)
+    assert any("not linear" in v for v in bloating.violations)

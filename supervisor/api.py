@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 import orjson
 from fastapi import FastAPI, Header, HTTPException, Query, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
 
 from supervisor.auth import BearerAuth
 from supervisor.jobs import Supervisor
@@ -23,6 +25,7 @@ from supervisor.models import (
     key_problem,
     path_id_problem,
     request_hash,
+    strict_json,
     validate_input,
 )
 from supervisor.operator import operator_routes
@@ -38,6 +41,76 @@ IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
 LastEventId = Annotated[str | None, Header(alias="Last-Event-ID")]
 
 
+class Problem(BaseModel):
+    """Every error body: ``detail`` says what is wrong (a blocking start's 409, 502 and 504 add the job's view)."""
+
+    detail: str
+
+
+class ValidationProblem(BaseModel):
+    """FastAPI's list of field errors for the envelope; one sentence for operation input and path ids."""
+
+    detail: str | list[dict[str, Any]]
+
+
+def _error(description: str, model: type[BaseModel] = Problem, **more_content: Any) -> dict[str, Any]:
+    # Content spelled out rather than ``model=``: FastAPI would file errors under the route's own media type
+    # (text/event-stream, text/plain), and they are always JSON.
+    content = {"application/json": {"schema": model.model_json_schema()}, **more_content}
+    return {"description": description, "content": content}
+
+
+# What the served schema declares beside each route's 200, so that it tells the truth about every answer.
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: _error("Non-run start on a legacy route, bad Idempotency-Key or Last-Event-ID, or cancel ids differ"),
+    401: _error("Missing or invalid bearer token (every route)"),
+    403: _error("Operation disabled by policy"),
+    404: _error("Crew or job not found"),
+    409: _error("Action id admitted with other material, job cancelled, or job running"),
+    # Starlette's body limit answers in plain text when the declared Content-Length is already too big.
+    413: _error("Input over 1 MiB, or body over the body limit", **{"text/plain": {"schema": {"type": "string"}}}),
+    416: _error("Cursor outside 0..event_count"),
+    422: _error("Request, path id or operation input invalid", ValidationProblem),
+    428: _error("Idempotency-Key or archive confirmation missing"),
+    502: _error("The job failed"),
+    503: _error("Shutting down: no new starts"),
+    504: _error("Wait expired; the job continues"),
+    507: _error("Journal full, or the write could not be made durable"),
+}
+BEARER_SCHEME = {"bearer": {"type": "http", "scheme": "bearer"}}
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {code: ERRORS[code] for code in codes}
+
+
+STREAM_ERRORS = errors(400, 403, 404, 409, 413, 422, 428, 503, 507)
+START_ERRORS = {**STREAM_ERRORS, **errors(502, 504)}  # a blocking start also reports how the job ended
+
+
+class EventStream(StreamingResponse):
+    media_type = "text/event-stream"
+
+
+class StrictJSONRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = strict_json(await self.body())
+        return self._json
+
+
+class StrictJSONRoute(APIRoute):
+    """Bodies are parsed by ``strict_json``: what orjson cannot carry is a 422 here, not a 500 later."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def strict(request: Request) -> Response:
+            return await handler(StrictJSONRequest(request.scope, request.receive))
+
+        return strict
+
+
 def create_app(sup: Supervisor) -> FastAPI:
     settings = sup.settings
     journal = sup.journal
@@ -48,8 +121,25 @@ def create_app(sup: Supervisor) -> FastAPI:
         yield
         await sup.stop()
 
-    app = FastAPI(title="crew-supervisor", version="0.1.0", lifespan=lifespan, max_body_size=MAX_BODY_BYTES)
+    app = FastAPI(
+        title="crew-supervisor",
+        version="0.1.0",
+        lifespan=lifespan,
+        max_body_size=MAX_BODY_BYTES,
+        responses=errors(401),  # the middleware answers it on every route, included routers too
+    )
+    app.router.route_class = StrictJSONRoute
     app.add_middleware(BearerAuth, token=settings.token)
+    generated_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        """The generated schema plus the bearer scheme the middleware enforces."""
+        schema = generated_openapi()
+        schema.setdefault("components", {})["securitySchemes"] = BEARER_SCHEME
+        schema["security"] = [{"bearer": []}]
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     def find(action_id: str) -> Job:
         if problem := path_id_problem(action_id):
@@ -108,12 +198,8 @@ def create_app(sup: Supervisor) -> FastAPI:
         sup.launch(job, operation_input, body.timeout_ms)
         return job
 
-    def stream(action_id: str, cursor: int) -> StreamingResponse:
-        return StreamingResponse(
-            sse_frames(sup.follow(action_id, cursor, settings.heartbeat_seconds)),
-            media_type="text/event-stream",
-            headers=SSE_HEADERS,
-        )
+    def stream(action_id: str, cursor: int) -> EventStream:
+        return EventStream(sse_frames(sup.follow(action_id, cursor, settings.heartbeat_seconds)), headers=SSE_HEADERS)
 
     async def start_blocking(body: StartRequest, key: str | None, legacy: bool) -> Response:
         loop = asyncio.get_running_loop()
@@ -149,32 +235,35 @@ def create_app(sup: Supervisor) -> FastAPI:
             **sup.limits.health(),
         }
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
         return Response(sup.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/jobs")
+    @app.post("/jobs", responses=START_ERRORS)
     async def post_job(body: StartRequest, key: IdempotencyKey = None) -> Response:
         return await start_blocking(body, key, legacy=False)
 
-    @app.post("/runs")
+    @app.post("/runs", responses=START_ERRORS)
     async def post_run(body: StartRequest, key: IdempotencyKey = None) -> Response:
         return await start_blocking(body, key, legacy=True)
 
-    @app.post("/jobs/stream")
+    @app.post("/jobs/stream", response_class=EventStream, responses=STREAM_ERRORS)
     async def post_job_stream(body: StartRequest, key: IdempotencyKey = None, last_id: LastEventId = None) -> Response:
         return await start_streaming(body, key, False, last_id)
 
-    @app.post("/runs/stream")
+    @app.post("/runs/stream", response_class=EventStream, responses=STREAM_ERRORS)
     async def post_run_stream(body: StartRequest, key: IdempotencyKey = None, last_id: LastEventId = None) -> Response:
         return await start_streaming(body, key, True, last_id)
 
-    @app.get("/jobs/{action_id}")
-    @app.get("/runs/{action_id}")
+    @app.get("/jobs/{action_id}", responses=errors(404, 422))
+    @app.get("/runs/{action_id}", responses=errors(404, 422))
     async def get_job(action_id: str) -> dict[str, Any]:
         return view(find(action_id))
 
-    @app.get("/jobs/{action_id}/events")
+    @app.get(
+        "/jobs/{action_id}/events",
+        responses={200: {"content": {"text/event-stream": {}}}, **errors(400, 404, 416, 422)},
+    )
     async def get_events(
         action_id: str, request: Request, cursor: Annotated[int, Query()] = 0, last_id: LastEventId = None
     ) -> Response:
@@ -195,8 +284,8 @@ def create_app(sup: Supervisor) -> FastAPI:
             }
         )
 
-    @app.post("/jobs/{action_id}/cancel")
-    @app.post("/runs/{action_id}/cancel")
+    @app.post("/jobs/{action_id}/cancel", responses=errors(400, 404, 422))
+    @app.post("/runs/{action_id}/cancel", responses=errors(400, 404, 422))
     async def cancel(action_id: str, body: CancelRequest) -> dict[str, Any]:
         if body.action_id != action_id:
             raise HTTPException(400, "action_id in the body differs from the path")
@@ -206,7 +295,7 @@ def create_app(sup: Supervisor) -> FastAPI:
         await sup.cancel(action_id, body.reason)
         return view(journal.get(action_id) or job)
 
-    @app.delete("/jobs/{action_id}")
+    @app.delete("/jobs/{action_id}", responses=errors(404, 409, 422, 428, 507))
     async def archive(
         action_id: str, confirmation: Annotated[str | None, Header(alias="X-AIP-Archive-Confirmation")] = None
     ) -> dict[str, Any]:
@@ -221,7 +310,8 @@ def create_app(sup: Supervisor) -> FastAPI:
             raise HTTPException(507, f"archive could not be made durable: {exc}") from None
         return {"archived": True, "action_id": action_id}
 
-    app.include_router(operator_routes(sup))
+    # The operator routes answer 404 (unknown job) and 422 with a sentence (bad page cursor, path id).
+    app.include_router(operator_routes(sup), responses=errors(404, 422))
     return app
 
 
@@ -238,7 +328,8 @@ def resume_cursor(last_event_id: str | None, cursor: int) -> int:
     """Last-Event-ID (an SSE reconnect) resumes after that sequence and wins over the query."""
     if last_event_id is None:
         return cursor
-    if not last_event_id.strip().isdigit():
+    # isascii: "²" is a digit to str.isdigit() but not to int()
+    if not (last_event_id.strip().isascii() and last_event_id.strip().isdigit()):
         raise HTTPException(400, "Last-Event-ID must be an event sequence number")
     return int(last_event_id) + 1
 

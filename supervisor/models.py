@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -28,6 +29,17 @@ DEFAULT_TIMEOUT_MS = 600_000
 MAX_TIMEOUT_MS = 3_600_000
 
 Id = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+
+def _addressable(action_id: str) -> str:
+    """A job is read, cancelled and archived by its id in a path: admitting one no path can name would
+    leave a job nobody can reach (and a retained slot nobody can free)."""
+    if problem := path_id_problem(action_id):
+        raise ValueError(problem)
+    return action_id
+
+
+ActionId = Annotated[Id, AfterValidator(_addressable)]
 Operation = Literal["run", "batch_run", "replay", "train", "test", "knowledge_query", "memory_reset"]
 assert set(Operation.__args__) == set(OPERATIONS)  # type: ignore[attr-defined]
 
@@ -36,7 +48,7 @@ class StartRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     crew_id: Id
-    action_id: Id
+    action_id: ActionId
     operation: Operation = "run"
     input: dict[str, Any] = Field(default_factory=dict)
     timeout_ms: Annotated[StrictInt, Field(ge=1, le=MAX_TIMEOUT_MS)] = DEFAULT_TIMEOUT_MS
@@ -46,8 +58,31 @@ class CancelRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     crew_id: Id
-    action_id: Id
+    action_id: ActionId
     reason: Annotated[str, StringConstraints(max_length=2048)] | None = None
+
+
+def strict_json(body: bytes) -> Any:
+    """A request body as RFC 8259 JSON that orjson (hash, journal, worker frames) can encode.
+
+    Python's parser alone answers 400 for invalid UTF-8 or deep nesting, and takes NaN, Infinity, lone
+    surrogates and integers beyond 64 bits, which then fail as a 500 where they are first encoded. Raising
+    JSONDecodeError makes each of them the 422 that malformed JSON gets, with the reason in the detail.
+    """
+    try:
+        value = json.loads(body.decode(), parse_constant=_no_constant)
+        orjson.dumps(value)
+    except UnicodeDecodeError as exc:
+        raise json.JSONDecodeError(f"body is not UTF-8: {exc.reason}", "", exc.start) from None
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", "", 0) from None
+    except orjson.JSONEncodeError as exc:
+        raise json.JSONDecodeError(f"value cannot be carried: {exc}", "", 0) from None
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise json.JSONDecodeError(f"{name} is not JSON", "", 0)
 
 
 def canonical(value: Any) -> bytes:

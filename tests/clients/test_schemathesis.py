@@ -1,0 +1,59 @@
+"""Schemathesis against the schema the real server serves: every route, authenticated, both generation modes.
+
+Each response must be no 5xx, documented (status, content type, headers) and valid against its declared
+schema; negative data must be refused. Examples are bounded and derandomized so the run fits CI and a
+failure found once is found every time.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, Phase, given, settings
+from schemathesis.core.failures import Failure, FailureGroup
+from schemathesis.generation.case import Case
+from schemathesis.generation.modes import GenerationMode
+from schemathesis.openapi import from_url
+from schemathesis.schemas import APIOperation
+from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+from tests.conftest import Server
+
+EXAMPLES = 40  # per operation and mode: ~16 routes x 2 modes x 40 stays well under a minute here
+CALL_TIMEOUT = 10  # seconds; a request that hangs fails its check instead of the suite
+# "Schema-valid request rejected" expects 2xx for any request the schema admits, but the contract has rules
+# no OpenAPI schema states: the Idempotency-Key (428) and archive confirmation (428) are optional to the
+# schema because admission order answers 403 before them; a cancel body must name its path's id (400); a
+# path id must not hold '/' or control characters (422). Every other check runs.
+SKIPPED_CHECKS = [positive_data_acceptance]
+
+
+def test_every_served_route_survives_generated_requests(server: Server) -> None:
+    auth = {"Authorization": f"Bearer {server.token}"}
+    schema = from_url(f"{server.url}/openapi.json", headers=auth)
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert {"GET /health", "POST /jobs", "GET /jobs/{action_id}/events", "DELETE /jobs/{action_id}"} <= {
+        operation.label for operation in operations
+    }
+    failures: list[str] = []
+    for operation in operations:
+        for mode in GenerationMode:
+            try:
+                exercise(operation, mode, auth)
+            except (Failure, FailureGroup) as exc:
+                failures.append(f"{operation.label} ({mode}): {exc}")
+    assert not failures, "\n\n".join(failures)
+
+
+def exercise(operation: APIOperation, mode: GenerationMode, auth: dict[str, str]) -> None:
+    @given(case=operation.as_strategy(generation_mode=mode))
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],  # shrinking would multiply the requests of a failure
+        suppress_health_check=list(HealthCheck),
+    )
+    def check(case: Case) -> None:
+        case.call_and_validate(headers=auth, excluded_checks=SKIPPED_CHECKS, timeout=CALL_TIMEOUT)
+
+    check()

@@ -20,12 +20,11 @@ from rich.live import Live
 
 from supervisor import views
 from supervisor.client import Client, OperatorError, resolve_target
-from supervisor.models import Operation
+from supervisor.config import OPERATIONS
 
 EXIT_ERROR, EXIT_FAILED, EXIT_CANCELLED = 1, 3, 4
 OUTCOME_CODES = {"completed": 0, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}
 STATUSES = ("running", "completed", "failed", "cancelled")
-OPERATIONS = Operation.__args__  # type: ignore[attr-defined]
 
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -133,15 +132,15 @@ def cancel(client: Client, args: argparse.Namespace, out: Console) -> int:
 def top(client: Client, args: argparse.Namespace, out: Console) -> int:
     if args.once:
         snapshot = client.get("/workers")
-        emit_json(snapshot) if args.json else out.print(views.workers_table(snapshot["workers"]))
+        emit_json(snapshot) if args.json else out.print(views.workers_table(snapshot["workers"], time.time()))
         return 0
     if args.json:  # one JSON document per refresh, for a script to read line by line
         while True:
             emit_json(client.get("/workers"))
             time.sleep(args.interval)
-    with Live(views.workers_table([]), console=out, auto_refresh=False) as live:
+    with Live(views.workers_table([], time.time()), console=out, auto_refresh=False) as live:
         while True:
-            live.update(views.workers_table(client.get("/workers")["workers"]), refresh=True)
+            live.update(views.workers_table(client.get("/workers")["workers"], time.time()), refresh=True)
             time.sleep(args.interval)
 
 

@@ -28,12 +28,19 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Table:
     return table
 
 
-def workers_table(workers: list[dict[str, Any]]) -> Table:
-    table = Table(
-        "action id", "crew", "operation", "phase", "pid", "rss", "cpu %", "cpu s", "procs", "age", "events",
-        "last event", title=f"{len(workers)} live job(s)", box=None, header_style="bold",
-    )  # fmt: skip
+def workers_table(workers: list[dict[str, Any]], now: float) -> Table:
+    """Fits 80 columns: the id and pid never shrink; ``idle`` is the time since the last event.
+    (``--json`` also has the process count and the wall-clock time of the last event.)"""
+    table = Table(title=f"{len(workers)} live job(s)", box=None, header_style="bold", padding=(0, 1))
+    longest = max((len(worker["action_id"]) for worker in workers), default=9)
+    table.add_column("action id", no_wrap=True, min_width=min(longest, 40))
+    for name in ("crew", "op", "phase"):
+        table.add_column(name, overflow="ellipsis", no_wrap=True, min_width=4, max_width=12)
+    table.add_column("pid", no_wrap=True, min_width=7)
+    for name in ("rss", "cpu%", "cpu s", "age", "events", "idle"):
+        table.add_column(name, justify="right", no_wrap=True)
     for worker in workers:
+        last = worker["last_event_at"]
         table.add_row(
             worker["action_id"],
             worker["crew_id"],
@@ -43,10 +50,9 @@ def workers_table(workers: list[dict[str, Any]]) -> Table:
             megabytes(worker["rss_bytes"]),
             dash(worker["cpu_percent"]),
             dash(worker["cpu_seconds"]),
-            dash(worker["processes"]),
-            f"{worker['age_seconds']:.1f}s",
+            f"{worker['age_seconds']:.0f}s",
             str(worker["event_count"]),
-            clock(worker["last_event_at"]),
+            "-" if last is None else f"{max(now - last, 0):.1f}s",
         )
     return table
 
@@ -119,7 +125,7 @@ def clock(seconds: float | None) -> str:
 
 
 def megabytes(size: int | None) -> str:
-    return "-" if size is None else f"{size / (1024 * 1024):.0f} MiB"
+    return "-" if size is None else f"{size / (1024 * 1024):.0f}M"
 
 
 def dash(value: Any) -> str:

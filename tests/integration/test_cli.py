@@ -1,0 +1,183 @@
+"""The operator CLI as a subprocess against a real supervisor (default fork server launcher)."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.conftest import ROOT, Server, free_port, gone, sse_events, start_server, wait_until
+
+EXIT_CANCELLED = 4
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    running = start_server(tmp_path_factory.mktemp("cli") / "s")
+    yield running
+    running.stop()
+
+
+def cli_env(server: Server, url: str | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIP_CREWAI_")}
+    target = {"AIP_CREWAI_URL": url or server.url, "AIP_CREWAI_BEARER_TOKEN": server.token}
+    return {**env, "PYTHONPATH": str(ROOT), **target}
+
+
+def command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "supervisor", *args]
+
+
+def cli(server: Server, *args: str, url: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command(*args),
+        env=cli_env(server, url),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def assert_whole(events: list[dict[str, Any]], outcome: str) -> None:
+    """Every event once, in order, ending with the terminal one."""
+    assert [e["sequence"] for e in events] == list(range(len(events)))
+    assert events[0]["event"] == "started" and events[-1]["event"] == outcome
+
+
+def test_run_then_jobs_show_and_events(server: Server, tmp_path: Path) -> None:
+    (tmp_path / "input.json").write_text('{"topic": "queues"}')
+    ran = cli(server, "run", "demo", "--input", str(tmp_path / "input.json"), "--action-id", "cli-run", "--json")
+    assert ran.returncode == 0, ran.stderr
+    events = json_lines(ran.stdout)
+    assert_whole(events, "completed")
+    assert "queues" in str(events[-1]["data"]["output"])
+
+    listed = cli(server, "jobs", "--json", "--crew", "demo", "--status", "completed")
+    assert listed.returncode == 0 and "cli-run" in [job["action_id"] for job in orjson.loads(listed.stdout)["jobs"]]
+    table = cli(server, "show", "cli-run")
+    assert table.returncode == 0 and "completed" in table.stdout and "Writer reports finding" in table.stdout
+    replayed = cli(server, "events", "cli-run", "--json")
+    assert replayed.returncode == 0 and json_lines(replayed.stdout) == events
+
+
+def test_follow_top_and_cancel(server: Server, tmp_path: Path) -> None:
+    (tmp_path / "slow.json").write_text('{"seconds": 60}')
+    started = subprocess.Popen(
+        command("run", "demo-slow", "--input", str(tmp_path / "slow.json"), "--action-id", "cli-slow", "--json"),
+        env=cli_env(server),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+    )
+    follower: subprocess.Popen[str] | None = None
+    try:
+        with server.client() as client:
+            assert wait_until(lambda: client.get("/jobs/cli-slow").status_code == 200, timeout=30)
+            follower = subprocess.Popen(
+                command("events", "cli-slow", "--follow"),
+                env=cli_env(server),
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert wait_until(lambda: client.get("/jobs/cli-slow").json()["event_count"] > 2, timeout=30)
+            pid = client.get("/jobs/cli-slow/events").json()["events"][0]["data"]["pid"]
+
+        frame = cli(server, "top", "--once", "--json")
+        (mine,) = [w for w in orjson.loads(frame.stdout)["workers"] if w["action_id"] == "cli-slow"]
+        assert frame.returncode == 0 and mine["pid"] == pid and mine["phase"] == "running"
+        table = cli(server, "top", "--once")
+        assert table.returncode == 0 and "cli-slow" in table.stdout and str(pid) in table.stdout
+
+        cancelled = cli(server, "cancel", "cli-slow", "--reason", "operator said so")
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert "cancelled" in cancelled.stdout and "stop confirmed: True" in cancelled.stdout
+        assert gone(pid)
+        # Both followers end at the terminal event with the cancelled exit code.
+        assert follower.wait(30) == EXIT_CANCELLED and started.wait(30) == EXIT_CANCELLED
+        shown = follower.stdout.read() if follower.stdout else ""
+        assert "tick 1/" in shown and "cancelled after" in shown and "operator said so" in shown
+    finally:
+        for process in (started, follower):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+class DroppingProxy:
+    """A flaky link: forwards to the server but cuts every connection after ``budget`` bytes of answer,
+    mid-event as often as not (however fast the events come, so the test does not depend on timing)."""
+
+    def __init__(self, upstream: str, budget: int) -> None:
+        self.upstream = ("127.0.0.1", int(upstream.rsplit(":", 1)[1]))
+        self.budget = budget
+        self.connections = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                near, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._pump, args=(near,), daemon=True).start()
+
+    def _pump(self, near: socket.socket) -> None:
+        far = socket.create_connection(self.upstream)
+        left = self.budget
+        with selectors.DefaultSelector() as selector, near, far:
+            selector.register(near, selectors.EVENT_READ, far)
+            selector.register(far, selectors.EVENT_READ, near)
+            while left > 0:
+                for key, _ in selector.select(30):
+                    data = key.fileobj.recv(65536)  # type: ignore[union-attr]
+                    if not data:
+                        return
+                    if key.fileobj is far:
+                        data, left = data[:left], left - len(data)
+                    key.data.sendall(data)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_events_follow_resumes_after_dropped_connections(server: Server, tmp_path: Path) -> None:
+    with server.client() as client:
+        body = {"crew_id": "demo-slow", "action_id": "cli-flaky", "input": {"seconds": 3}}
+        with client.stream("POST", "/jobs/stream", json=body, headers={"Idempotency-Key": "k"}) as response:
+            assert next(sse_events(response))["event"] == "started"  # then hang up: the job goes on
+    proxy = DroppingProxy(server.url, budget=4096)
+    try:
+        followed = cli(server, "events", "cli-flaky", "--follow", "--json", url=proxy.url)
+    finally:
+        proxy.close()
+    assert followed.returncode == 0, followed.stderr
+    assert_whole(json_lines(followed.stdout), "completed")
+    assert proxy.connections >= 3  # it really was cut, and resumed each time
+
+
+def test_errors_are_one_line_and_non_zero(server: Server) -> None:
+    for args, url, words in (
+        (("jobs", "--token", "wrong"), None, "refused the bearer token"),
+        (("show", "no-such-job"), None, "404"),
+        (("top", "--once"), f"http://127.0.0.1:{free_port()}", "cannot connect"),
+    ):
+        result = cli(server, *args, url=url)
+        assert result.returncode == 1 and result.stdout == "", args
+        assert len(result.stderr.strip().splitlines()) == 1 and words in result.stderr, result.stderr

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import random
 import sys
@@ -55,7 +56,7 @@ class Result:
     job_seconds: float = 0.0  # from the first start to the last terminal event a starter saw
     peak_rss_mb: float = 0.0
     latencies: dict[str, list[float]] = dataclasses.field(
-        default_factory=lambda: {"start": [], "follow": [], "read": []}
+        default_factory=lambda: {"start": [], "follow": [], "read": [], "lag": []}
     )
     violations: list[str] = dataclasses.field(default_factory=list)
 
@@ -128,6 +129,14 @@ async def run_follower(client: httpx.AsyncClient, job: Job, delay: float, result
         job.followed.append(await read_stream(response))
 
 
+async def watch_lag(done: asyncio.Event, result: Result) -> None:
+    """This client's own event-loop lag: large request latencies with a small lag are the server's."""
+    while not done.is_set():
+        began = time.perf_counter()
+        await asyncio.sleep(0.01)
+        result.latencies["lag"].append(time.perf_counter() - began - 0.01)
+
+
 async def run_reader(client: httpx.AsyncClient, job: Job, plan: Plan, result: Result) -> None:
     await job.admitted.wait()
     events: list[Event] = []
@@ -175,33 +184,46 @@ def check(job: Job, record: dict[str, Any], plan: Plan, result: Result) -> None:
     result.events += len(events)
 
 
+def client_for(sup: Supervisor) -> httpx.AsyncClient:
+    # Pooled connections expire before uvicorn's 5 s keep-alive does: reusing one it is closing is a ReadError.
+    limits = httpx.Limits(max_connections=None, keepalive_expiry=1.0)
+    return httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{sup.port}",
+        headers={"Authorization": f"Bearer {sup.token}"},
+        limits=limits,
+        timeout=httpx.Timeout(120, connect=30),
+        trust_env=False,  # loopback only, never through a proxy from the environment
+    )
+
+
 async def drive(sup: Supervisor, plan: Plan) -> Result:
     result = Result(jobs=plan.jobs)
     rng = random.Random(plan.seed)
     jobs = [Job(i, plan) for i in range(plan.jobs)]
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=plan.jobs * (plan.readers + 1))
-    headers = {"Authorization": f"Bearer {sup.token}"}
-    base = f"http://127.0.0.1:{sup.port}"
-    timeout = httpx.Timeout(120, connect=30)  # 30 s idle is two missed heartbeats: a stuck stream, not a slow one
-    async with httpx.AsyncClient(
-        base_url=base, headers=headers, limits=limits, timeout=timeout, trust_env=False
-    ) as client:
-        tasks = [run_starter(client, job, result) for job in jobs]
+    async with contextlib.AsyncExitStack() as stack:
+        # A client per job: one pool shared by hundreds of streams made the client, not the server, the
+        # bottleneck (seconds to read headers that curl got in 0.3 s beside it).
+        clients = [await stack.enter_async_context(client_for(sup)) for _ in jobs]
+        tasks = [run_starter(clients[i], job, result) for i, job in enumerate(jobs)]
         tasks += [
-            run_follower(client, jobs[i % plan.jobs], rng.uniform(0, plan.spread), result)
+            run_follower(clients[i % plan.jobs], jobs[i % plan.jobs], rng.uniform(0, plan.spread), result)
             for i in range(plan.followers)
         ]
-        tasks += [run_reader(client, job, plan, result) for job in jobs for _ in range(plan.readers)]
+        tasks += [run_reader(clients[i], job, plan, result) for i, job in enumerate(jobs) for _ in range(plan.readers)]
         with PeakRss(sup.process.pid) as rss:
+            done = asyncio.Event()
+            lag = asyncio.create_task(watch_lag(done, result))
             began = time.perf_counter()
             outcomes = await asyncio.gather(*tasks, return_exceptions=True)
             result.seconds = time.perf_counter() - began
+            done.set()
+            await lag
         result.job_seconds = max(job.ended for job in jobs) - began
         result.peak_rss_mb = rss.peak_mb
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 result.violations.append(f"a client failed: {type(outcome).__name__}: {outcome}")
-        for job in jobs:
+        for client, job in zip(clients, jobs, strict=True):
             check(job, (await client.get(f"/jobs/{job.action}")).json(), plan, result)
     expected = plan.followers
     if sum(len(job.followed) for job in jobs) != expected:
@@ -229,6 +251,7 @@ def report(plan: Plan, result: Result) -> str:
         ("start", "POST /jobs/stream to headers"),
         ("follow", "SSE GET to headers"),
         ("read", "JSON read"),
+        ("lag", "load client's event-loop lag"),
     ):
         lines.append(
             f"  {what:<30} p50 {f[f'{kind}_p50_ms']:8.1f} ms   p99 {f[f'{kind}_p99_ms']:8.1f} ms"

@@ -97,6 +97,17 @@ SPEC: dict[str, tuple[Callable[[str], Any], str, str]] = {
     "LOG_FORMAT": (_choice("json", "text"), "json", "json (one object per line) or text"),
     "STOP_GRACE_MS": (_integer(0, 60000), "0", "SIGTERM grace before SIGKILL when stopping a worker"),
     "HEARTBEAT_SECONDS": (_number(0.05, 300), "15", "SSE comment sent while a stream is idle"),
+    "WORKER_MAX_MEMORY_MB": (_integer(0, 1 << 20), "2048", "memory (PSS) of a worker and its descendants (0: off)"),
+    "WORKER_MAX_CPU_SECONDS": (_integer(0, 1 << 20), "3600", "CPU seconds a job's processes may use (0: off)"),
+    "WORKER_MAX_PROCESSES": (
+        _integer(0, 100000),
+        "256",
+        "processes and threads of one job, the worker's included, as a pids cgroup counts them (0: off)",
+    ),
+    "WORKER_MAX_OPEN_FILES": (_integer(0, 1 << 20), "1024", "open files per worker process (RLIMIT_NOFILE; 0: off)"),
+    "WORKER_MAX_ADDRESS_SPACE_MB": (_integer(0, 1 << 30), "0", "address space per worker process (RLIMIT_AS; 0: off)"),
+    "WORKER_MAX_OUTPUT_BYTES": (_integer(0, 1 << 40), str(64 * MiB), "stdout+stderr bytes a job may write (0: off)"),
+    "LIMIT_SAMPLE_MS": (_integer(10, 60000), "250", "how often memory, CPU and processes are sampled"),
 }
 
 
@@ -122,6 +133,13 @@ class Settings:
     log_format: str
     stop_grace_ms: int
     heartbeat_seconds: float
+    worker_max_memory_mb: int
+    worker_max_cpu_seconds: int
+    worker_max_processes: int
+    worker_max_open_files: int
+    worker_max_address_space_mb: int
+    worker_max_output_bytes: int
+    limit_sample_ms: int
     token: str | None = None  # resolved from BEARER_TOKEN or BEARER_TOKEN_FILE
 
     @property

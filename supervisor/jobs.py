@@ -24,7 +24,9 @@ from protocol import Chunk, Completed, Failed, FrameError, Hello, Message, Start
 from supervisor.config import PREFIX, Settings
 from supervisor.journal import Event, Job, Journal, JournalError, Streams
 from supervisor.launcher import Launcher, LaunchError
+from supervisor.limits import Breach, Limits
 from supervisor.metrics import Metrics
+from supervisor.outcomes import Outcome, exit_failure, failure
 from supervisor.process import CONFIRM_SECONDS, WorkerProcess, kill_orphan
 
 log = logging.getLogger("crew_supervisor.jobs")
@@ -32,18 +34,6 @@ FLUSH_SECONDS = 0.05  # how long a chunk may wait before readers can see it
 EXIT_WAIT_SECONDS = 2.0  # after its terminal frame a worker leaves at once; past this it is killed
 EVENTS_PER_READ = 256
 RESTART_MESSAGE = "sidecar restarted before CrewAI produced a terminal result"
-
-
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    event: str  # completed | failed | cancelled
-    data: dict[str, Any]
-    output: dict[str, Any] | None = None
-
-
-def failure(error_type: str, message: str, uncertain: bool, **proof: Any) -> Outcome:
-    data = {"status": "failed", "error_type": error_type, "message": message, "uncertain_outcome": uncertain}
-    return Outcome("failed", {**data, **proof})
 
 
 @dataclasses.dataclass(eq=False)
@@ -61,6 +51,7 @@ class LiveJob:
     last_event_at: float | None = None  # wall clock
     phase: str = "queued"  # queued -> launching -> running -> settling
     cancel_reason: str | None = None
+    breach: Breach | None = None  # a limit the job broke; it is being killed for it
     worker: WorkerProcess | None = None
     task: asyncio.Task[None] | None = None
     done: asyncio.Future[None] = dataclasses.field(default_factory=lambda: asyncio.get_running_loop().create_future())
@@ -79,6 +70,7 @@ class Supervisor:
         self._slots = asyncio.Semaphore(settings.max_concurrency)
         self._flusher: asyncio.Task[None] | None = None
         self._grace = settings.stop_grace_ms / 1000
+        self.limits = Limits(settings)
         journal.on_commit = self._wake_all  # readers see only committed events: look again after each commit
         self.metrics = Metrics()
         journal.commit_seconds = self.metrics.commit_latency.observe
@@ -131,6 +123,7 @@ class Supervisor:
         if self._flusher is not None:
             self._flusher.cancel()
         await self.launcher.close()
+        self.limits.close()
         self.journal.flush()
 
     async def _flush_periodically(self) -> None:
@@ -155,7 +148,7 @@ class Supervisor:
         if job is None:
             return
         with self.metrics.cancel_latency.time():
-            if job.cancel_reason is None and job.phase != "settling":
+            if job.cancel_reason is None and job.breach is None and job.phase != "settling":
                 job.cancel_reason = reason or "cancelled by request"
                 # While launching, the task checks the reason itself once the worker exists.
                 if job.phase in ("queued", "running") and job.task is not None:
@@ -224,6 +217,7 @@ class Supervisor:
 
     async def _supervise(self, job: LiveJob) -> Outcome:
         scratch = Path(tempfile.mkdtemp(prefix="job-", dir=self.state / "scratch"))
+        watcher: asyncio.Task[None] | None = None
         try:
             try:
                 worker = await self.launcher.spawn(self._worker_env(job.crew_id), str(scratch))
@@ -232,8 +226,10 @@ class Supervisor:
             job.worker = worker
             self.metrics.worker_starts.labels(worker.launched_by).inc()
             self.journal.set_worker(job.action_id, worker.pid, worker.create_time, worker.pgid)
+            self.limits.apply(worker, hashlib.sha256(job.action_id.encode()).hexdigest()[:32])
             worker.send(Start(job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms))
             job.phase = "running"
+            watcher = asyncio.get_running_loop().create_task(self.limits.watch(worker, lambda b: self._breach(job, b)))
             try:
                 if self._interrupted(job):
                     raise asyncio.CancelledError  # cancelled, or the supervisor began stopping, while launching
@@ -248,22 +244,35 @@ class Supervisor:
                     raise
                 _uncancel()
                 job.phase = "settling"
-                evidence = await worker.kill(self._grace)
+                # A job over a limit gets no grace: it would spend it growing.
+                evidence = await worker.kill(0 if job.breach else self._grace)
                 return self._interruption(job, evidence.as_dict())
             job.phase = "settling"
             if isinstance(result, Outcome):
                 return result
             return await self._conclude(worker, result)
         finally:
-            if job.worker is not None and not job.worker.exited.done():
-                await job.worker.kill()
+            if watcher is not None:
+                watcher.cancel()
+            if job.worker is not None:
+                if not job.worker.exited.done():
+                    await job.worker.kill()
+                self.limits.release(job.worker)
             shutil.rmtree(scratch, ignore_errors=True)
 
+    def _breach(self, job: LiveJob, breach: Breach) -> None:
+        """Stop a job over a limit the way a cancel does, unless it is already ending."""
+        if job.phase == "running" and not self._interrupted(job) and job.task is not None:
+            job.breach = breach
+            job.task.cancel()
+
     def _interrupted(self, job: LiveJob) -> bool:
-        return job.cancel_reason is not None or self.draining
+        return job.cancel_reason is not None or job.breach is not None or self.draining
 
     def _interruption(self, job: LiveJob, proof: dict[str, Any]) -> Outcome:
-        """A cancel is `cancelled`; a supervisor stopping is an uncertain failure if the job had begun."""
+        """A broken limit or a cancel says so; a supervisor stopping is an uncertain failure if the job had begun."""
+        if job.breach is not None:
+            return failure(job.breach.error_type, job.breach.message, True, **job.breach.proof, **proof)
         if job.cancel_reason is not None:
             return Outcome("cancelled", {"status": "cancelled", "reason": job.cancel_reason, **proof})
         began = proof.get("launched", True)
@@ -279,19 +288,13 @@ class Supervisor:
             if isinstance(message, Completed | Failed):
                 return message
             if isinstance(message, Started):
+                self.limits.begin(worker)
                 self.metrics.start_latency.observe(asyncio.get_running_loop().time() - job.admitted)
                 fault = self._record(job, "started", {"status": "running", "pid": worker.pid})
             elif isinstance(message, Chunk):
                 fault = self._record(job, "chunk", message.data)
             elif message is None:
-                status = await worker.wait_exit(CONFIRM_SECONDS)
-                return failure(
-                    "worker_exited",
-                    f"worker exited with status {status} before a result",
-                    True,
-                    exit_status=status,
-                    pid=worker.pid,
-                )
+                return exit_failure(await worker.wait_exit(CONFIRM_SECONDS), worker.pid)
             else:
                 fault = ("protocol_error", _unexpected("a job message", message))
             if fault is not None:
@@ -322,10 +325,13 @@ class Supervisor:
         """The worker answered; it must also leave. Its exit status joins the proof."""
         status = await worker.wait_exit(EXIT_WAIT_SECONDS)
         proof: dict[str, Any] = {"exit_status": status}
-        if status is None:
+        strays = len(worker.leftovers()) if status is not None else 0
+        if status is None or strays:
             proof = (await worker.kill()).as_dict()
         if isinstance(message, Failed):
             return failure(message.error_type, message.message, message.uncertain_outcome, **proof)
+        if strays:  # work escaped the worker: its result cannot be trusted to be all of it
+            return failure("stray_processes", f"the worker left {strays} process(es) running; killed", False, **proof)
         data = {"status": "completed", **proof, "output": message.output}
         if len(orjson.dumps(data)) > self.settings.max_event_bytes:
             data = {"status": "completed", **proof, "output_in_record": True}

@@ -14,6 +14,7 @@ from typing import Any
 import psutil
 
 from protocol import FrameError, Message, MessageReader, pack
+from supervisor.cgroups import PidsCgroup
 
 PR_SET_CHILD_SUBREAPER = 36
 OUTPUT_TAIL_BYTES = 64 * 1024
@@ -21,6 +22,7 @@ OUTPUT_TAIL_BYTES = 64 * 1024
 QUEUE_HIGH, QUEUE_LOW = 256, 64
 CONFIRM_SECONDS = 5.0
 EXIT_REPORT_SECONDS = 1.0  # how long a fork server's exit report may lag the exit itself
+MAX_REMEMBERED = 4096  # descendants remembered per worker (a fork bomb is capped well below this)
 
 
 def become_subreaper() -> None:
@@ -54,6 +56,7 @@ class Usage:
     cpu_seconds: float  # user + system, reaped children included
     cpu_percent: float  # since the previous sample; 100 is one core
     processes: int
+    threads: int  # in all processes: what a pids cgroup counts
     sampled_at: float  # wall clock
 
 
@@ -158,6 +161,8 @@ class WorkerProcess:
         self.stderr = Tail()
         self.usage: Usage | None = None  # the latest sample (see ``sample``)
         self.peak_rss = 0
+        self.cpu_baseline: float | None = None  # CPU seconds used before the job began (a cold start's imports)
+        self.cgroup: PidsCgroup | None = None  # set by the limits when the kernel offers one
         self._seen: dict[int, psutil.Process] = {}  # every descendant a sample found, by pid
         self.exited: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
         self._pipes = pipes
@@ -219,42 +224,59 @@ class WorkerProcess:
             return None
 
     def descendants(self) -> list[psutil.Process]:
+        """Every other process of this job: the worker's tree, its cgroup's members, and any
+        descendant a sample saw that has since left the tree (by setsid and a double fork)."""
         try:
-            return psutil.Process(self.pid).children(recursive=True)
+            found = {p.pid: p for p in psutil.Process(self.pid).children(recursive=True)}
         except psutil.NoSuchProcess:
-            return []
+            found = {}
+        for pid in self.cgroup.pids() if self.cgroup is not None else ():
+            if pid != self.pid and pid not in found:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    found[pid] = psutil.Process(pid)
+        for pid, process in self._seen.items():
+            if pid not in found and _running(process):
+                found[pid] = process
+        return list(found.values())
+
+    def proportional_memory(self) -> int:
+        """The tree's PSS: pages shared with the fork server or each other count by share. Exact but
+        slow (the kernel walks every mapping, ~6 ms for a CrewAI process), so asked only when RSS is high."""
+        total = 0
+        for process in [psutil.Process(self.pid), *self.descendants()]:
+            total += _pss(process)
+        return total
+
+    def leftovers(self) -> list[psutil.Process]:
+        """Processes of this job still running after the worker itself has exited."""
+        return [process for process in self.descendants() if _running(process)]
 
     def sample(self) -> Usage | None:
         """Measure the tree now; None once the worker is gone. Remembers every descendant it sees."""
         try:
-            leader = psutil.Process(self.pid)
-            tree = [leader, *leader.children(recursive=True)]
+            tree = [psutil.Process(self.pid), *self.descendants()]
         except psutil.NoSuchProcess:
             return None
-        rss, cpu, alive = 0, 0.0, 0
+        rss, cpu, alive, threads = 0, 0.0, 0, 0
         for process in tree:
             try:
                 with process.oneshot():
                     rss += process.memory_info().rss
                     times = process.cpu_times()
+                    threads += process.num_threads()
             except psutil.NoSuchProcess:
                 continue
             cpu += times.user + times.system + times.children_user + times.children_system
             alive += 1
-            if process.pid != self.pid:
+            if process.pid != self.pid and len(self._seen) < MAX_REMEMBERED:
                 self._seen.setdefault(process.pid, process)
         now = time.time()
         previous = self.usage
         elapsed = now - previous.sampled_at if previous else 0.0
         percent = max(cpu - previous.cpu_seconds, 0.0) / elapsed * 100 if previous and elapsed > 0 else 0.0
-        self.usage = Usage(rss, round(cpu, 3), round(percent, 1), alive, now)
+        self.usage = Usage(rss, round(cpu, 3), round(percent, 1), alive, threads, now)
         self.peak_rss = max(self.peak_rss, rss)
         return self.usage
-
-    def strays(self) -> list[psutil.Process]:
-        """Descendants seen earlier that still run though they are no longer in the tree (they left it)."""
-        current = {p.pid for p in self.descendants()}
-        return [p for pid, p in self._seen.items() if pid not in current and _running(p)]
 
     async def kill(self, grace: float = 0.0) -> StopEvidence:
         """Stop the worker's whole group and every descendant, then prove they are gone."""
@@ -303,6 +325,20 @@ async def confirm_gone(processes: list[psutil.Process], timeout: float) -> bool:
             return False
         await asyncio.sleep(0.002)
     return True
+
+
+def _pss(process: psutil.Process) -> int:
+    try:
+        with open(f"/proc/{process.pid}/smaps_rollup", "rb") as rollup:
+            for line in rollup:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    try:
+        return int(process.memory_info().rss)  # no rollup (an old kernel): RSS bounds PSS from above
+    except psutil.NoSuchProcess:
+        return 0
 
 
 def _running(process: psutil.Process) -> bool:

@@ -6,20 +6,26 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
+import sys
 import threading
+import time
 import types
+from collections.abc import Callable
 from typing import Any
 
 from crewai import Crew
 from crewai.events.types.llm_events import LLMCallType
 from crewai.llms.base_llm import llm_call_context
 
-from tests.crews import _single, stubborn
+from tests.crews import EVIDENCE_DIR, HOUR, _single, stubborn
 from tests.crews import registry as base_registry
 from worker import lifecycle
 from worker.demo import OfflineLLM
 
 PR_SET_PDEATHSIG = 1
+MiB = 1024 * 1024
+FLOOD_BYTES = 24 * MiB
 
 
 class SizedLLM(OfflineLLM):
@@ -39,6 +45,61 @@ class SizedLLM(OfflineLLM):
                     response_id="sized",
                 )
         return "Thought: done\nFinal Answer: " + "a" * self.answer_bytes
+
+
+def _leave_pid(name: str) -> None:
+    """Append this process's pid to a file in the test's evidence directory: the test checks it is gone."""
+    with open(os.path.join(os.environ[EVIDENCE_DIR], name), "a") as pids:
+        pids.write(f"{os.getpid()}\n")
+
+
+class RunawayLLM(OfflineLLM):
+    """Work that runs away inside a provider call (where a tool's code would run). Each is bounded on its
+    own (4 GiB, 2,000 processes, 1 GiB of output), so a broken limit fails a test, not the machine."""
+
+    mode: str
+
+    def call(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.mode == "memory":
+            hoard = [b"\x01" * (16 * MiB) for _ in range(256) if not time.sleep(0.005)]  # touched, so resident
+            del hoard
+        elif self.mode == "cpu":
+            while True:
+                pass
+        elif self.mode == "forkbomb":
+            for _ in range(2000):
+                try:
+                    if os.fork() == 0:
+                        _leave_pid("forkbomb.pids")
+                        time.sleep(HOUR)
+                        os._exit(0)
+                except OSError:
+                    break  # refused: the limit holds; wait to be stopped
+        elif self.mode == "events":
+            with llm_call_context():
+                for _ in range(100_000):
+                    self._emit_stream_chunk_event(
+                        chunk="e", from_task=None, from_agent=None, call_type=LLMCallType.LLM_CALL, response_id="flood"
+                    )
+        elif self.mode in ("stdout", "stdout-endless"):
+            line = b"flood " * 10922 + b"\n"  # 64 KiB
+            for _ in range(FLOOD_BYTES // len(line) if self.mode == "stdout" else 16384):
+                os.write(1, line)
+            os.write(2, b"flood done\n")
+            return super().call(messages, *args, **kwargs)
+        elif self.mode == "daemon":
+            code = (
+                "import os, sys, time; os.setsid(); open(sys.argv[1], 'a').write(f'{os.getpid()}\\n'); time.sleep(9999)"
+            )
+            subprocess.Popen([sys.executable, "-c", code, os.path.join(os.environ[EVIDENCE_DIR], "daemon.pids")])
+            time.sleep(0.5)  # long enough for a sample to see it
+            return super().call(messages, *args, **kwargs)
+        time.sleep(HOUR)
+        return "Final Answer: unreachable"
+
+
+def _runaway(mode: str) -> Callable[[], Crew]:
+    return lambda: _single(RunawayLLM(model=f"runaway-{mode}", mode=mode))
 
 
 def big_chunk() -> Crew:
@@ -61,4 +122,11 @@ def immortal() -> Crew:
     return stubborn()  # blocks in an LLM call, writing nothing that could fail on a dead pipe
 
 
-registry = {**base_registry, "immortal": immortal, "big-chunk": big_chunk, "big-output": big_output}
+RUNAWAY = ("memory", "cpu", "forkbomb", "events", "stdout", "stdout-endless", "daemon")
+registry = {
+    **base_registry,
+    "immortal": immortal,
+    "big-chunk": big_chunk,
+    "big-output": big_output,
+    **{f"runaway-{mode}": _runaway(mode) for mode in RUNAWAY},
+}

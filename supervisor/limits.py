@@ -1,0 +1,127 @@
+"""Per-job limits, enforced from the supervisor's side so a job cannot opt out.
+
+Kernel limits are set on the worker before it is given its job (``prlimit`` from here, not a
+request to the worker): open files, address space, a CPU backstop, and a pids cgroup where one can
+be made. The sampler then measures the worker's whole tree and names the limit a job broke.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import resource
+from collections.abc import Callable
+from typing import Any
+
+from supervisor.cgroups import PidsCgroups
+from supervisor.config import Settings
+from supervisor.process import WorkerProcess
+
+log = logging.getLogger("crew_supervisor.limits")
+MiB = 1024 * 1024
+# RLIMIT_CPU is per process and counts from its start; it backs up the sampler, which should act first.
+CPU_BACKSTOP_SECONDS = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class Breach:
+    error_type: str
+    message: str
+    proof: dict[str, Any]
+
+
+class Limits:
+    def __init__(self, settings: Settings) -> None:
+        self.memory_bytes = settings.worker_max_memory_mb * MiB
+        self.cpu_seconds = settings.worker_max_cpu_seconds
+        self.processes = settings.worker_max_processes
+        self.open_files = settings.worker_max_open_files
+        self.address_space = settings.worker_max_address_space_mb * MiB
+        self.output_bytes = settings.worker_max_output_bytes
+        self.period = settings.limit_sample_ms / 1000
+        self.cgroups = PidsCgroups.find() if self.processes else None
+
+    def health(self) -> dict[str, object]:
+        return {"process_limit": "cgroup" if self.cgroups else "sampled" if self.processes else "off"}
+
+    def apply(self, worker: WorkerProcess, name: str) -> None:
+        """Bound a worker that has not yet been given its job."""
+        for kind, value in ((resource.RLIMIT_NOFILE, self.open_files), (resource.RLIMIT_AS, self.address_space)):
+            if value:
+                _prlimit(worker.pid, kind, value, value)
+        if self.cgroups is not None:
+            worker.cgroup = self.cgroups.join(name, worker.pid, self.processes)
+
+    def begin(self, worker: WorkerProcess) -> None:
+        """The job starts now: CPU counts from here (not a cold start's imports), with a kernel backstop."""
+        usage = worker.sample()
+        worker.cpu_baseline = usage.cpu_seconds if usage else 0.0
+        if self.cpu_seconds:
+            soft = int(worker.cpu_baseline) + self.cpu_seconds + CPU_BACKSTOP_SECONDS
+            _prlimit(worker.pid, resource.RLIMIT_CPU, soft, soft + 1)  # SIGXCPU first, SIGKILL a second later
+
+    def release(self, worker: WorkerProcess) -> None:
+        if worker.cgroup is not None:
+            worker.cgroup.remove()
+
+    def close(self) -> None:
+        if self.cgroups is not None:
+            self.cgroups.close()
+
+    def check(self, worker: WorkerProcess) -> Breach | None:
+        """Sample the worker's tree now; the first limit it breaks, if any."""
+        output = worker.stdout.total + worker.stderr.total
+        if self.output_bytes and output > self.output_bytes:
+            return Breach(
+                "output_limit_exceeded",
+                f"the job wrote {output} bytes to stdout/stderr, over {self.output_bytes}",
+                {"output_bytes": output},
+            )
+        usage = worker.sample()
+        if usage is None:
+            return None
+        refused = worker.cgroup.refused_forks() if worker.cgroup is not None else 0
+        if self.processes and (refused or usage.threads > self.processes):
+            return Breach(
+                "process_limit_exceeded",
+                f"the job tried to run more than {self.processes} processes and threads",
+                {"processes": usage.processes, "threads": usage.threads, "forks_refused": refused},
+            )
+        # RSS counts pages shared with the fork server once per process; PSS, the measure, never exceeds it.
+        if self.memory_bytes and usage.rss_bytes > self.memory_bytes:
+            memory = worker.proportional_memory()
+            if memory > self.memory_bytes:
+                return Breach(
+                    "memory_limit_exceeded",
+                    f"the job's memory reached {memory // MiB} MiB, over {self.memory_bytes // MiB} MiB",
+                    {"memory_bytes": memory, "peak_rss_bytes": worker.peak_rss, "limit_bytes": self.memory_bytes},
+                )
+        used = usage.cpu_seconds - (worker.cpu_baseline or 0.0)
+        if self.cpu_seconds and worker.cpu_baseline is not None and used > self.cpu_seconds:
+            return Breach(
+                "cpu_limit_exceeded",
+                f"the job used {used:.1f} CPU seconds, over {self.cpu_seconds}",
+                {"cpu_seconds": round(used, 3), "limit_seconds": self.cpu_seconds},
+            )
+        return None
+
+    async def watch(self, worker: WorkerProcess, on_breach: Callable[[Breach], None]) -> None:
+        """Sample until the worker exits or breaks a limit (then ``on_breach`` is told once)."""
+        while not worker.exited.done():
+            breach = self.check(worker)
+            if breach is not None:
+                on_breach(breach)
+                return
+            await asyncio.sleep(self.period)
+
+
+def _prlimit(pid: int, kind: int, soft: int, hard: int) -> None:
+    """Lower only: a limit already tighter (set by the operator's own ulimit) is kept."""
+    _, current_hard = resource.prlimit(pid, kind)
+    hard = hard if current_hard == resource.RLIM_INFINITY else min(hard, current_hard)
+    soft = min(soft, hard)
+    try:
+        resource.prlimit(pid, kind, (soft, hard))
+    except (OSError, ValueError) as exc:
+        log.warning("could not set a worker limit", extra={"limit": kind, "error": type(exc).__name__})

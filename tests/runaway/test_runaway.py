@@ -1,0 +1,156 @@
+"""Runaway work is stopped by per-job limits while the supervisor and other jobs carry on.
+
+One supervisor with tight limits; each test runs a runaway crew beside a normal streaming job and
+checks the runaway's terminal event, that every process it made is gone, and that the neighbour
+completed. The limit crews live in ``tests/hostile_crews.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import Server, gone, start_body, start_server, wait_until
+
+KEY = {"Idempotency-Key": "runaway"}
+MEMORY_MB = 400
+CPU_SECONDS = 2
+PROCESSES = 32
+
+
+@pytest.fixture(scope="module")
+def evidence(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("evidence")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, evidence: Path) -> Iterator[Server]:
+    env = {
+        "AIP_CREWAI_REGISTRY": "tests.hostile_crews:registry",
+        "AIP_CREWAI_MAX_CONCURRENCY": "4",
+        "AIP_CREWAI_WORKER_MAX_MEMORY_MB": str(MEMORY_MB),
+        "AIP_CREWAI_WORKER_MAX_CPU_SECONDS": str(CPU_SECONDS),
+        "AIP_CREWAI_WORKER_MAX_PROCESSES": str(PROCESSES),
+        "AIP_CREWAI_WORKER_MAX_OUTPUT_BYTES": str(32 * 1024 * 1024),
+        "AIP_CREWAI_LIMIT_SAMPLE_MS": "50",
+        "CREW_TEST_EVIDENCE_DIR": str(evidence),
+    }
+    running = start_server(tmp_path_factory.mktemp("state") / "s", env=env)
+    yield running
+    running.stop()
+
+
+def run_beside_neighbour(server: Server, crew: str, action: str) -> dict[str, Any]:
+    """Run ``crew`` while a normal job streams next to it; the neighbour must complete. Returns the terminal data."""
+    neighbour: dict[str, Any] = {}
+
+    def stream_neighbour() -> None:
+        body = start_body("demo-slow", f"{action}-neighbour", input={"seconds": 2})
+        with server.client() as client:
+            neighbour["response"] = client.post("/jobs", json=body, headers=KEY)
+
+    thread = threading.Thread(target=stream_neighbour)
+    thread.start()
+    with server.client() as client:
+        answer = client.post("/jobs", json=start_body(crew, action), headers=KEY)
+        assert answer.status_code == 502, answer.text
+        terminal = answer.json()["terminal"]
+    thread.join(60)
+    assert neighbour["response"].status_code == 200, neighbour["response"].text
+    assert terminal["stop_confirmed"] is True and gone(terminal["pid"])
+    return terminal
+
+
+def pids_left_in(path: Path) -> list[int]:
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def test_memory_hog_is_killed_with_the_peak_it_reached(server: Server) -> None:
+    terminal = run_beside_neighbour(server, "runaway-memory", "hog")
+    assert terminal["error_type"] == "memory_limit_exceeded"
+    assert terminal["memory_bytes"] > MEMORY_MB * 1024 * 1024 == terminal["limit_bytes"]
+    assert terminal["peak_rss_bytes"] >= terminal["memory_bytes"]
+    assert terminal["signal"] == "SIGKILL"
+
+
+def test_cpu_spinner_is_killed_after_its_cpu_seconds(server: Server) -> None:
+    terminal = run_beside_neighbour(server, "runaway-cpu", "spinner")
+    assert terminal["error_type"] == "cpu_limit_exceeded"
+    assert CPU_SECONDS < terminal["cpu_seconds"] < CPU_SECONDS + 2
+
+
+def test_event_flood_ends_at_the_event_limit(server: Server) -> None:
+    terminal = run_beside_neighbour(server, "runaway-events", "events")
+    assert terminal["error_type"] == "event_limit_exceeded"
+
+
+def test_fork_bomb_is_contained_and_every_process_killed(server: Server, evidence: Path) -> None:
+    terminal = run_beside_neighbour(server, "runaway-forkbomb", "bomb")
+    assert terminal["error_type"] == "process_limit_exceeded"
+    children = pids_left_in(evidence / "forkbomb.pids")
+    assert 0 < len(children) < PROCESSES * 4  # the cap held (sampling alone may overshoot a little)
+    assert terminal["descendants_killed"] >= len(children)
+    assert wait_until(lambda: all(gone(pid) for pid in children), timeout=5)
+
+
+def test_a_process_left_behind_fails_the_job_and_is_killed(server: Server, evidence: Path) -> None:
+    with server.client() as client:
+        answer = client.post("/jobs", json=start_body("runaway-daemon", "daemon"), headers=KEY)
+    assert answer.status_code == 502, answer.text
+    terminal = answer.json()["terminal"]
+    assert terminal["error_type"] == "stray_processes" and terminal["stop_confirmed"] is True
+    (daemon,) = pids_left_in(evidence / "daemon.pids")
+    assert gone(daemon)
+
+
+def test_stdout_flood_completes_and_the_supervisor_stays_responsive(server: Server) -> None:
+    slowest = 0.0
+    done = threading.Event()
+
+    def probe_health() -> None:
+        nonlocal slowest
+        with server.client() as client:
+            while not done.is_set():
+                started = time.monotonic()
+                assert client.get("/health").status_code == 200
+                slowest = max(slowest, time.monotonic() - started)
+                time.sleep(0.02)
+
+    prober = threading.Thread(target=probe_health)
+    prober.start()
+    try:
+        with server.client() as client:
+            answer = client.post("/jobs", json=start_body("runaway-stdout", "flood"), headers=KEY)
+            assert answer.status_code == 200, answer.text
+    finally:
+        done.set()
+        prober.join()
+    assert slowest < 2.0  # generous: a stalled loop would take the whole flood's length
+
+
+def test_endless_output_is_stopped_at_the_output_limit(server: Server) -> None:
+    with server.client() as client:
+        answer = client.post("/jobs", json=start_body("runaway-stdout-endless", "endless"), headers=KEY)
+    assert answer.status_code == 502
+    terminal = answer.json()["terminal"]
+    assert terminal["error_type"] == "output_limit_exceeded" and terminal["output_bytes"] > 32 * 1024 * 1024
+
+
+def test_kills_are_counted_by_reason_in_metrics(server: Server) -> None:
+    with server.client() as client:
+        text = client.get("/metrics").text
+        health = client.get("/health").json()
+    kills = {
+        sample.labels["reason"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "crew_supervisor_kills_total"
+    }
+    assert kills.get("memory_limit_exceeded", 0) >= 1 and kills.get("cpu_limit_exceeded", 0) >= 1
+    assert health["process_limit"] in ("cgroup", "sampled")

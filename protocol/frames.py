@@ -65,9 +65,14 @@ class FrameReader:
             self._need = None
             documents.append(_parse(body))
 
+    @property
+    def inside_frame(self) -> bool:
+        """Part of a frame has arrived and the rest has not."""
+        return bool(self._buffer) or self._need is not None
+
     def close(self) -> None:
         """Declare EOF: anything buffered is a frame cut short."""
-        if self._buffer or self._need is not None:
+        if self.inside_frame:
             raise TruncatedFrame(f"stream ended inside a frame ({len(self._buffer)} bytes buffered)")
 
 

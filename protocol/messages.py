@@ -175,5 +175,9 @@ class MessageReader:
     def feed(self, data: bytes) -> list[Message]:
         return [decode(document) for document in self._frames.feed(data)]
 
+    @property
+    def inside_frame(self) -> bool:
+        return self._frames.inside_frame
+
     def close(self) -> None:
         self._frames.close()

@@ -20,19 +20,20 @@ from typing import Any
 
 import orjson
 
-from protocol import Chunk, Completed, Failed, FrameError, Hello, Message, Start, Started
+from protocol import Chunk, Completed, Failed, Hello, Start, Started
 from supervisor.config import PREFIX, Settings
 from supervisor.journal import Event, Job, Journal, JournalError, Streams
 from supervisor.launcher import Launcher, LaunchError
 from supervisor.limits import Breach, Limits
 from supervisor.metrics import Metrics
-from supervisor.outcomes import Outcome, exit_failure, failure
-from supervisor.process import CONFIRM_SECONDS, WorkerProcess, kill_orphan
+from supervisor.outcomes import Outcome, after_terminal, exit_failure, failure, protocol_fault
+from supervisor.process import WorkerProcess, kill_orphan
 
 log = logging.getLogger("crew_supervisor.jobs")
 FLUSH_SECONDS = 0.05  # how long a chunk may wait before readers can see it
 EXIT_WAIT_SECONDS = 2.0  # after its terminal frame a worker leaves at once; past this it is killed
 EVENTS_PER_READ = 256
+TRAILING_SECONDS = 0.5  # after a worker's exit its event pipe reaches EOF at once; a descendant may hold it
 RESTART_MESSAGE = "sidecar restarted before CrewAI produced a terminal result"
 
 
@@ -281,8 +282,10 @@ class Supervisor:
     async def _relay(self, job: LiveJob, worker: WorkerProcess) -> Completed | Failed | Outcome:
         """Journal the worker's frames until its terminal message, or fault it."""
         hello = await worker.next_message()
+        if hello is None:
+            return await self._ended(worker)
         if not isinstance(hello, Hello) or hello.pid != worker.pid:
-            return await self._fault(worker, "protocol_error", _unexpected("hello", hello))
+            return await self._fault(worker, *protocol_fault(hello, "hello"))
         while True:
             message = await worker.next_message()
             if isinstance(message, Completed | Failed):
@@ -294,11 +297,18 @@ class Supervisor:
             elif isinstance(message, Chunk):
                 fault = self._record(job, "chunk", message.data)
             elif message is None:
-                return exit_failure(await worker.wait_exit(CONFIRM_SECONDS), worker.pid)
+                return await self._ended(worker)
             else:
-                fault = ("protocol_error", _unexpected("a job message", message))
+                fault = protocol_fault(message, "a job message")
             if fault is not None:
                 return await self._fault(worker, *fault)
+
+    async def _ended(self, worker: WorkerProcess) -> Outcome:
+        """The event pipe closed before a result: the worker died, or it closed the pipe and runs on."""
+        status = await worker.wait_exit(EXIT_WAIT_SECONDS)
+        if worker.exited.done():
+            return exit_failure(status, worker.pid)
+        return await self._fault(worker, "frame_pipe_closed", "the worker closed its event pipe and kept running")
 
     def _record(self, job: LiveJob, name: str, data: dict[str, Any]) -> tuple[str, str] | None:
         """Append a non-terminal event, or say which bound it breaks (the last slot is the terminal's)."""
@@ -332,6 +342,9 @@ class Supervisor:
             return failure(message.error_type, message.message, message.uncertain_outcome, **proof)
         if strays:  # work escaped the worker: its result cannot be trusted to be all of it
             return failure("stray_processes", f"the worker left {strays} process(es) running; killed", False, **proof)
+        trailing = await worker.trailing_messages(TRAILING_SECONDS)
+        if trailing:
+            return after_terminal(trailing)
         data = {"status": "completed", **proof, "output": message.output}
         if len(orjson.dumps(data)) > self.settings.max_event_bytes:
             data = {"status": "completed", **proof, "output_in_record": True}
@@ -395,9 +408,3 @@ def _uncancel() -> None:
     task = asyncio.current_task()
     if task is not None:
         task.uncancel()
-
-
-def _unexpected(wanted: str, got: Message | FrameError | None) -> str:
-    if isinstance(got, FrameError):
-        return f"{type(got).__name__}: {got}"
-    return f"expected {wanted}, got {'end of stream' if got is None else type(got).__name__}"

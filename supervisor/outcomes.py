@@ -6,8 +6,28 @@ import dataclasses
 import signal
 from typing import Any
 
+from protocol import (
+    TERMINAL,
+    FrameError,
+    FrameTooLarge,
+    InvalidDocument,
+    Message,
+    TruncatedFrame,
+    UnknownMessage,
+    VersionMismatch,
+)
+
 # Signals the kernel sends a process for its own fault, as opposed to someone killing it.
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT, signal.SIGSYS})
+
+
+FRAME_FAULTS: dict[type[FrameError], str] = {
+    FrameTooLarge: "frame_too_large",
+    TruncatedFrame: "frame_truncated",
+    InvalidDocument: "frame_invalid",
+    UnknownMessage: "protocol_unknown_message",
+    VersionMismatch: "protocol_version_mismatch",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,3 +65,18 @@ def exit_failure(status: int | None, pid: int) -> Outcome:
         exit_signal=sig.name,
         pid=pid,
     )
+
+
+def protocol_fault(got: Message | FrameError | None, wanted: str) -> tuple[str, str]:
+    """The error type and message for a worker that sent ``got`` where ``wanted`` belonged."""
+    if isinstance(got, FrameError):
+        return FRAME_FAULTS.get(type(got), "protocol_error"), f"{type(got).__name__}: {got}"
+    return "protocol_error", f"expected {wanted}, got {'end of stream' if got is None else type(got).__name__}"
+
+
+def after_terminal(trailing: list[Message | FrameError]) -> Outcome:
+    """A worker spoke again after its terminal message: its result cannot be trusted."""
+    if any(isinstance(message, TERMINAL) for message in trailing):
+        return failure("protocol_duplicate_terminal", "the worker sent a second terminal message", True)
+    kinds = sorted({type(message).__name__ for message in trailing})
+    return failure("protocol_message_after_terminal", f"the worker sent {', '.join(kinds)} after its result", True)

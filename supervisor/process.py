@@ -13,7 +13,7 @@ from typing import Any
 
 import psutil
 
-from protocol import FrameError, Message, MessageReader, pack
+from protocol import FrameError, Message, MessageReader, TruncatedFrame, pack
 from supervisor.cgroups import PidsCgroup
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -21,6 +21,7 @@ OUTPUT_TAIL_BYTES = 64 * 1024
 # Reading pauses while this many messages wait: a flooding worker blocks on its own pipe.
 QUEUE_HIGH, QUEUE_LOW = 256, 64
 CONFIRM_SECONDS = 5.0
+STALL_SECONDS = 5.0  # a pipe write of a whole frame never pauses this long while we read
 EXIT_REPORT_SECONDS = 1.0  # how long a fork server's exit report may lag the exit itself
 MAX_REMEMBERED = 4096  # descendants remembered per worker (a fork bomb is capped well below this)
 
@@ -79,13 +80,18 @@ class Tail(asyncio.Protocol):
 
 
 class _Frames(asyncio.Protocol):
-    """Feeds the event pipe to a MessageReader; hands messages, a FrameError, then None (EOF) to a queue."""
+    """Feeds the event pipe to a MessageReader; hands messages, a FrameError, then None (EOF) to a queue.
+
+    A frame begun and not finished within STALL_SECONDS (while we were reading) is truncated: a worker
+    that wrote half a frame and fell silent must not hold its job until the timeout.
+    """
 
     def __init__(self, queue: asyncio.Queue[Message | FrameError | None]) -> None:
         self._queue = queue
         self._reader = MessageReader()
         self.transport: asyncio.ReadTransport | None = None
         self.paused = False
+        self._stall: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -100,8 +106,29 @@ class _Frames(asyncio.Protocol):
         if self._queue.qsize() >= QUEUE_HIGH and self.transport is not None:
             self.transport.pause_reading()
             self.paused = True
+        self._watch_stall()
+
+    def resume(self) -> None:
+        if self.paused and self.transport is not None:
+            self.transport.resume_reading()
+            self.paused = False
+            self._watch_stall()
+
+    def _watch_stall(self) -> None:
+        """Armed while a frame is incomplete and we are reading; re-armed by each arrival."""
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+        if self._reader is not None and self._reader.inside_frame and not self.paused:
+            self._stall = asyncio.get_running_loop().call_later(STALL_SECONDS, self._stalled)
+
+    def _stalled(self) -> None:
+        self._stall = None
+        self._fail(TruncatedFrame(f"a frame stayed incomplete for {STALL_SECONDS:g} s"))
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._stall is not None:
+            self._stall.cancel()
         if self._reader is None:
             return
         try:
@@ -194,10 +221,22 @@ class WorkerProcess:
     async def next_message(self) -> Message | FrameError | None:
         """The next message, a FrameError if the stream broke, or None at EOF."""
         message = await self._messages.get()
-        if self._frames.paused and self._messages.qsize() <= QUEUE_LOW and self._frames.transport:
-            self._frames.transport.resume_reading()
-            self._frames.paused = False
+        if self._messages.qsize() <= QUEUE_LOW:
+            self._frames.resume()
         return message
+
+    async def trailing_messages(self, timeout: float) -> list[Message | FrameError]:
+        """After the terminal message only EOF may come: whatever else arrives, until EOF or a quiet ``timeout``."""
+        trailing: list[Message | FrameError] = []
+        while len(trailing) < QUEUE_HIGH:  # enough to judge; the rest is not read
+            try:
+                message = await asyncio.wait_for(self.next_message(), timeout)
+            except TimeoutError:
+                break
+            if message is None:
+                break
+            trailing.append(message)
+        return trailing
 
     def report_exit(self, status: int | None) -> None:
         if not self.exited.done():

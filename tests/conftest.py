@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -170,3 +171,24 @@ def sse_events(response: httpx.Response) -> Iterator[dict[str, Any]]:
 
 def start_body(crew: str, action: str, **extra: Any) -> dict[str, Any]:
     return {"crew_id": crew, "action_id": action, **extra}
+
+
+def run_with_neighbour(server: Server, body: dict[str, Any], status: int = 502) -> dict[str, Any]:
+    """Run a job (expecting ``status``) while a normal job streams beside it; the neighbour must complete.
+    Returns the job's terminal event data (empty while it has none)."""
+    neighbour: dict[str, httpx.Response] = {}
+
+    def run_neighbour() -> None:
+        beside = start_body("demo-slow", f"{body['action_id']}-neighbour", input={"seconds": 1})
+        with server.client() as client:
+            neighbour["response"] = client.post("/jobs", json=beside, headers={"Idempotency-Key": "neighbour"})
+
+    thread = threading.Thread(target=run_neighbour)
+    thread.start()
+    with server.client() as client:
+        answer = client.post("/jobs", json=body, headers={"Idempotency-Key": "job"})
+        assert answer.status_code == status, answer.text
+        terminal = client.get(f"/jobs/{body['action_id']}").json()["terminal"]
+    thread.join(60)
+    assert neighbour["response"].status_code == 200, neighbour["response"].text
+    return dict(terminal or {})

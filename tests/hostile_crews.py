@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
 import subprocess
 import sys
 import threading
@@ -18,12 +19,14 @@ from crewai import Crew
 from crewai.events.types.llm_events import LLMCallType
 from crewai.llms.base_llm import llm_call_context
 
+from protocol import Completed, pack
 from tests.crews import EVIDENCE_DIR, HOUR, _single, stubborn
 from tests.crews import registry as base_registry
 from worker import lifecycle
 from worker.demo import OfflineLLM
 
 PR_SET_PDEATHSIG = 1
+EVENT_FD = 4  # where every launcher puts a worker's event pipe
 MiB = 1024 * 1024
 FLOOD_BYTES = 24 * MiB
 
@@ -102,6 +105,45 @@ def _runaway(mode: str) -> Callable[[], Crew]:
     return lambda: _single(RunawayLLM(model=f"runaway-{mode}", mode=mode))
 
 
+def _frame(body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + body
+
+
+# What a broken worker writes on its event pipe (fd 4) in the middle of its job.
+BROKEN_FRAMES = {
+    "garbage": _frame(b"\xffnot json at all"),
+    "oversized": struct.pack(">I", 2**31) + b"{}",
+    "truncated": struct.pack(">I", 100) + b'{"v": 1',
+    "unknown-message": _frame(b'{"v":1,"type":"launch"}'),
+    "old-version": _frame(b'{"v":0,"type":"chunk","channel":"x","data":{}}'),
+    "second-terminal": pack(Completed(output={"raw": "forged"})),
+}
+
+
+class BreakerLLM(OfflineLLM):
+    """A worker that breaks in one chosen way during its job: crashes, exits, or abuses the frame pipe."""
+
+    mode: str
+
+    def call(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.mode == "segfault":
+            ctypes.string_at(0)
+        elif self.mode == "exit3":
+            os._exit(3)
+        elif self.mode == "close-pipe":
+            os.close(EVENT_FD)
+        elif self.mode in BROKEN_FRAMES:
+            os.write(EVENT_FD, BROKEN_FRAMES[self.mode])
+            if self.mode == "second-terminal":
+                return super().call(messages, *args, **kwargs)  # then the real result follows
+        time.sleep(HOUR)
+        return "Final Answer: unreachable"
+
+
+def _breaker(mode: str) -> Callable[[], Crew]:
+    return lambda: _single(BreakerLLM(model=f"broken-{mode}", mode=mode))
+
+
 def big_chunk() -> Crew:
     return _single(SizedLLM(model="sized", chunk_bytes=4096))
 
@@ -129,4 +171,5 @@ registry = {
     "big-chunk": big_chunk,
     "big-output": big_output,
     **{f"runaway-{mode}": _runaway(mode) for mode in RUNAWAY},
+    **{f"broken-{mode}": _breaker(mode) for mode in ("segfault", "exit3", "close-pipe", *BROKEN_FRAMES)},
 }

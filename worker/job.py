@@ -63,7 +63,8 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
     try:
         crew = registry.build(crews[start.crew_id])
     except Exception as exc:  # a broken factory is the registry's fault, reported by class
-        out.send(Failed(error_type=type(exc).__name__, message="crew factory failed", uncertain_outcome=False))
+        message = f"the crew factory raised {type(exc).__name__}"
+        out.send(Failed(error_type="crew_factory_failed", message=message, uncertain_outcome=False))
         return
     out.send(Started())
     try:

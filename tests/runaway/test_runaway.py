@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Server, gone, start_body, start_server, wait_until
+from tests.conftest import Server, gone, run_with_neighbour, start_body, start_server, wait_until
 
 KEY = {"Idempotency-Key": "runaway"}
 MEMORY_MB = 400
@@ -47,22 +47,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, evidence: Path) -> Iterator
 
 
 def run_beside_neighbour(server: Server, crew: str, action: str) -> dict[str, Any]:
-    """Run ``crew`` while a normal job streams next to it; the neighbour must complete. Returns the terminal data."""
-    neighbour: dict[str, Any] = {}
-
-    def stream_neighbour() -> None:
-        body = start_body("demo-slow", f"{action}-neighbour", input={"seconds": 2})
-        with server.client() as client:
-            neighbour["response"] = client.post("/jobs", json=body, headers=KEY)
-
-    thread = threading.Thread(target=stream_neighbour)
-    thread.start()
-    with server.client() as client:
-        answer = client.post("/jobs", json=start_body(crew, action), headers=KEY)
-        assert answer.status_code == 502, answer.text
-        terminal = answer.json()["terminal"]
-    thread.join(60)
-    assert neighbour["response"].status_code == 200, neighbour["response"].text
+    terminal = run_with_neighbour(server, start_body(crew, action))
     assert terminal["stop_confirmed"] is True and gone(terminal["pid"])
     return terminal
 

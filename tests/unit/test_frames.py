@@ -93,7 +93,12 @@ def test_encode_refuses_what_no_reader_would_accept() -> None:
 
 def test_eof_inside_a_frame_is_truncation() -> None:
     reader = FrameReader()
-    reader.feed(encode({"a": 1})[:-1])
+    frame = encode({"a": 1})
+    assert not reader.inside_frame
+    reader.feed(frame[:-1])
+    assert reader.inside_frame  # what the supervisor's stall timer watches
+    assert reader.feed(frame[-1:]) == [{"a": 1}] and not reader.inside_frame
+    reader.feed(frame[:-1])
     with pytest.raises(TruncatedFrame):
         reader.close()
     header_only = FrameReader()

@@ -7,10 +7,8 @@ group-committed, so a crash loses at most ``checkpoint_events`` of them.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import os
 import sqlite3
-import stat
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -22,15 +20,12 @@ import orjson
 
 from supervisor import migrate
 from supervisor.schema import INCONSISTENT, SCHEMA, SCHEMA_VERSION, TERMINAL_EVENTS, JournalError
+from supervisor.statefiles import lock, prepare_file, restrict
 
 if TYPE_CHECKING:
     from supervisor.process import Tail
 
 HEADROOM_BYTES = 16 * 1024 * 1024
-
-
-class JournalLocked(JournalError):
-    pass
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,11 +82,11 @@ class Journal:
         self.imported_from: Path | None = None  # the backup of a reference journal imported at open
         self.on_commit: Callable[[], None] = lambda: None  # readers may look again
         self.commit_seconds: Callable[[float], None] = lambda seconds: None  # how long a durable commit took
-        self._lock_fd = _lock(path.with_name(path.name + ".lock"))
+        self._lock_fd = lock(path.with_name(path.name + ".lock"))
         try:
             if migrate.is_reference_journal(path):
                 self.imported_from = migrate.import_reference(path, max_bytes)
-            _prepare_file(path)
+            prepare_file(path)
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self._db.executescript("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;")
             # A hard ceiling: past it SQLite reports "disk full" and the write fails cleanly. Admission
@@ -109,7 +104,7 @@ class Journal:
             )
             self._verify()
             for companion in ("-wal", "-shm"):
-                _restrict(path.with_name(path.name + companion))
+                restrict(path.with_name(path.name + companion))
         except sqlite3.Error as exc:
             os.close(self._lock_fd)
             raise JournalError(f"journal {path} cannot be used: {exc}") from None
@@ -326,54 +321,3 @@ class Journal:
             (action_id, sequence, event, orjson.dumps(data)),
         )
         return Event(event, sequence, data)
-
-
-def _lock(path: Path) -> int:
-    """Exclusive, non-blocking: a second supervisor on the same state refuses to start."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise JournalError(f"cannot open lock file {path}: {exc.strerror}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise JournalError(f"lock file {path} is not a regular file")
-        os.fchmod(fd, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise JournalLocked(f"journal {path.with_suffix('')} is in use by another supervisor") from None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _prepare_file(path: Path) -> None:
-    """Create the journal 0600 without following links, or check the one that is there."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise JournalError(f"cannot open journal {path}: {exc.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise JournalError(f"journal {path} is not a regular file")
-        if info.st_mode & 0o077:
-            raise JournalError(f"journal {path} has mode {info.st_mode & 0o777:04o}; it must be 0600")
-    finally:
-        os.close(fd)
-
-
-def _restrict(path: Path) -> None:
-    if path.exists() and not path.is_symlink():
-        os.chmod(path, 0o600)
-
-
-def prepare_directory(directory: Path) -> None:
-    """The state directory: 0700 when we create it; never a symlink, never group/world-writable."""
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = os.lstat(directory)
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise JournalError(f"state directory {directory} must be a directory, not a symlink")
-    if info.st_mode & 0o022:
-        raise JournalError(f"state directory {directory} is group- or world-writable (mode {info.st_mode & 0o777:04o})")

@@ -11,7 +11,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from supervisor.journal import Job, Journal, JournalError, JournalLocked, prepare_directory
+from supervisor.journal import Job, Journal, JournalError
+from supervisor.statefiles import JournalLocked, prepare_directory
 from tests.conftest import ROOT
 
 

@@ -1,0 +1,65 @@
+"""The state's files: an exclusive lock, 0600 files opened without following links, a 0700 directory."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+from pathlib import Path
+
+from supervisor.schema import JournalError
+
+
+class JournalLocked(JournalError):
+    pass
+
+
+def lock(path: Path) -> int:
+    """Exclusive, non-blocking: a second supervisor on the same state refuses to start."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise JournalError(f"cannot open lock file {path}: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise JournalError(f"lock file {path} is not a regular file")
+        os.fchmod(fd, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise JournalLocked(f"journal {path.with_suffix('')} is in use by another supervisor") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def prepare_file(path: Path) -> None:
+    """Create the journal 0600 without following links, or check the one that is there."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise JournalError(f"cannot open journal {path}: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise JournalError(f"journal {path} is not a regular file")
+        if info.st_mode & 0o077:
+            raise JournalError(f"journal {path} has mode {info.st_mode & 0o777:04o}; it must be 0600")
+    finally:
+        os.close(fd)
+
+
+def restrict(path: Path) -> None:
+    if path.exists() and not path.is_symlink():
+        os.chmod(path, 0o600)
+
+
+def prepare_directory(directory: Path) -> None:
+    """The state directory: 0700 when we create it; never a symlink, never group/world-writable."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = os.lstat(directory)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise JournalError(f"state directory {directory} must be a directory, not a symlink")
+    if info.st_mode & 0o022:
+        raise JournalError(f"state directory {directory} is group- or world-writable (mode {info.st_mode & 0o777:04o})")

@@ -107,6 +107,7 @@ SPEC: dict[str, tuple[Callable[[str], Any], str, str]] = {
     "WORKER_MAX_OPEN_FILES": (_integer(0, 1 << 20), "1024", "open files per worker process (RLIMIT_NOFILE; 0: off)"),
     "WORKER_MAX_ADDRESS_SPACE_MB": (_integer(0, 1 << 30), "0", "address space per worker process (RLIMIT_AS; 0: off)"),
     "WORKER_MAX_OUTPUT_BYTES": (_integer(0, 1 << 40), str(64 * MiB), "stdout+stderr bytes a job may write (0: off)"),
+    "WORKER_NICE": (_integer(0, 19), "10", "workers' niceness, so the supervisor stays responsive under load"),
     "LIMIT_SAMPLE_MS": (_integer(10, 60000), "250", "how often memory, CPU and processes are sampled"),
 }
 
@@ -139,6 +140,7 @@ class Settings:
     worker_max_open_files: int
     worker_max_address_space_mb: int
     worker_max_output_bytes: int
+    worker_nice: int
     limit_sample_ms: int
     token: str | None = None  # resolved from BEARER_TOKEN or BEARER_TOKEN_FILE
 

@@ -72,7 +72,7 @@ class Supervisor:
         self._flusher: asyncio.Task[None] | None = None
         self._grace = settings.stop_grace_ms / 1000
         self.limits = Limits(settings)
-        journal.on_commit = self._wake_all  # readers see only committed events: look again after each commit
+        journal.on_commit = self._wake  # readers see only committed events: look again after each commit
         self.metrics = Metrics()
         journal.commit_seconds = self.metrics.commit_latency.observe
         self.metrics.observe_with(
@@ -218,7 +218,6 @@ class Supervisor:
 
     async def _supervise(self, job: LiveJob) -> Outcome:
         scratch = Path(tempfile.mkdtemp(prefix="job-", dir=self.state / "scratch"))
-        watcher: asyncio.Task[None] | None = None
         try:
             try:
                 worker = await self.launcher.spawn(self._worker_env(job.crew_id), str(scratch))
@@ -227,10 +226,10 @@ class Supervisor:
             job.worker = worker
             self.metrics.worker_starts.labels(worker.launched_by).inc()
             self.journal.set_worker(job.action_id, worker.pid, worker.create_time, worker.pgid)
-            self.limits.apply(worker, hashlib.sha256(job.action_id.encode()).hexdigest()[:32])
+            await self.limits.apply(worker, hashlib.sha256(job.action_id.encode()).hexdigest()[:32])
             worker.send(Start(job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms))
             job.phase = "running"
-            watcher = asyncio.get_running_loop().create_task(self.limits.watch(worker, lambda b: self._breach(job, b)))
+            self.limits.watch(worker, lambda breach: self._breach(job, breach))
             try:
                 if self._interrupted(job):
                     raise asyncio.CancelledError  # cancelled, or the supervisor began stopping, while launching
@@ -253,9 +252,8 @@ class Supervisor:
                 return result
             return await self._conclude(worker, result)
         finally:
-            if watcher is not None:
-                watcher.cancel()
             if job.worker is not None:
+                self.limits.unwatch(job.worker)
                 if not job.worker.exited.done():
                     await job.worker.kill()
                 self.limits.release(job.worker)
@@ -377,9 +375,12 @@ class Supervisor:
         if not job.done.done():
             job.done.set_result(None)
 
-    def _wake_all(self) -> None:
-        for job in self.live.values():
-            _wake(job)
+    def _wake(self, action_ids: set[str]) -> None:
+        """Only the followers of jobs with newly committed events: hundreds of streams must not all
+        query the journal on every commit."""
+        for action_id in action_ids:
+            if (job := self.live.get(action_id)) is not None:
+                _wake(job)
 
     def _worker_env(self, crew_id: str) -> dict[str, str]:
         return worker_env(self.settings, self.state, crew_id)
@@ -393,6 +394,7 @@ def worker_env(settings: Settings, state: Path, crew_id: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(PREFIX + "BEARER_TOKEN")}
     storage = state / "storage" / hashlib.sha256(crew_id.encode()).hexdigest()[:24]
     env.update(AIP_CREWAI_REGISTRY=settings.registry, HOME=str(state / "home"), CREWAI_STORAGE_DIR=str(storage))
+    env[PREFIX + "WORKER_NICE"] = str(settings.worker_nice)
     if settings.training_dir:
         env[PREFIX + "TRAINING_DIR"] = str(Path(settings.training_dir).absolute())
     return env

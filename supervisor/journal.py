@@ -80,7 +80,8 @@ class Journal:
         self._checkpoint = checkpoint_events
         self._pending = 0  # chunk events written but not yet committed
         self.imported_from: Path | None = None  # the backup of a reference journal imported at open
-        self.on_commit: Callable[[], None] = lambda: None  # readers may look again
+        self.on_commit: Callable[[set[str]], None] = lambda action_ids: None  # their readers may look again
+        self._touched: set[str] = set()  # jobs with events in the open transaction
         self.commit_seconds: Callable[[float], None] = lambda seconds: None  # how long a durable commit took
         self._lock_fd = lock(path.with_name(path.name + ".lock"))
         try:
@@ -152,7 +153,8 @@ class Journal:
             # Never acknowledge what is not durable; SQLite rolled back or the db is unusable.
             raise JournalError(f"journal commit failed: {exc}") from exc
         self._pending = 0
-        self.on_commit()
+        touched, self._touched = self._touched, set()
+        self.on_commit(touched)
 
     def flush(self) -> None:
         """Commit group-committed chunk events."""
@@ -320,4 +322,5 @@ class Journal:
             "INSERT INTO events (action_id, sequence, event, data) VALUES (?, ?, ?, ?)",
             (action_id, sequence, event, orjson.dumps(data)),
         )
+        self._touched.add(action_id)
         return Event(event, sequence, data)

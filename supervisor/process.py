@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ctypes
 import dataclasses
 import os
 import signal
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import psutil
@@ -262,21 +264,32 @@ class WorkerProcess:
         except TimeoutError:
             return None
 
-    def descendants(self) -> list[psutil.Process]:
+    def descendants(self, children: Mapping[int, list[int]] | None = None) -> list[psutil.Process]:
         """Every other process of this job: the worker's tree, its cgroup's members, and any
-        descendant a sample saw that has since left the tree (by setsid and a double fork)."""
-        try:
-            found = {p.pid: p for p in psutil.Process(self.pid).children(recursive=True)}
-        except psutil.NoSuchProcess:
-            found = {}
-        for pid in self.cgroup.pids() if self.cgroup is not None else ():
-            if pid != self.pid and pid not in found:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    found[pid] = psutil.Process(pid)
+        descendant a sample saw that has since left the tree (by setsid and a double fork).
+
+        ``children`` is one scan of the process table (``children_by_parent``), shared by a round of samples.
+        """
+        pids = _tree(children if children is not None else children_by_parent(), self.pid)
+        pids.update(self.cgroup.pids() if self.cgroup is not None else ())
+        pids.discard(self.pid)
+        found = {}
+        for pid in pids:
+            known = self._seen.get(pid)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                found[pid] = known if known is not None and known.is_running() else psutil.Process(pid)
         for pid, process in self._seen.items():
             if pid not in found and _running(process):
                 found[pid] = process
         return list(found.values())
+
+    def cpu_seconds(self) -> float:
+        """The worker's own CPU time so far (and its reaped children's); 0 once it is gone."""
+        try:
+            times = psutil.Process(self.pid).cpu_times()
+        except psutil.NoSuchProcess:
+            return 0.0
+        return times.user + times.system + times.children_user + times.children_system
 
     def proportional_memory(self) -> int:
         """The tree's PSS: pages shared with the fork server or each other count by share. Exact but
@@ -287,13 +300,15 @@ class WorkerProcess:
         return total
 
     def leftovers(self) -> list[psutil.Process]:
-        """Processes of this job still running after the worker itself has exited."""
-        return [process for process in self.descendants() if _running(process)]
+        """Processes of this job still running after the worker itself has exited. Its children went
+        to us (the subreaper) when it died, so no scan from its pid would find them: the cgroup and
+        the samples are what know them."""
+        return [process for process in self.descendants(children={}) if _running(process)]
 
-    def sample(self) -> Usage | None:
+    def sample(self, children: Mapping[int, list[int]] | None = None) -> Usage | None:
         """Measure the tree now; None once the worker is gone. Remembers every descendant it sees."""
         try:
-            tree = [psutil.Process(self.pid), *self.descendants()]
+            tree = [psutil.Process(self.pid), *self.descendants(children)]
         except psutil.NoSuchProcess:
             return None
         rss, cpu, alive, threads = 0, 0.0, 0, 0
@@ -364,6 +379,34 @@ async def confirm_gone(processes: list[psutil.Process], timeout: float) -> bool:
             return False
         await asyncio.sleep(0.002)
     return True
+
+
+def children_by_parent() -> dict[int, list[int]]:
+    """One pass over /proc: each pid's children. psutil's ``children()`` makes this pass per call."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                data = stat.read()
+            # After the command's closing parenthesis: state, then the parent's pid.
+            parent = int(data[data.rindex(b")") + 2 :].split(None, 2)[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children[parent].append(int(name))
+    return children
+
+
+def _tree(children: Mapping[int, list[int]], root: int) -> set[int]:
+    found: set[int] = set()
+    pending = list(children.get(root, ()))
+    while pending:
+        pid = pending.pop()
+        if pid not in found:
+            found.add(pid)
+            pending.extend(children.get(pid, ()))
+    return found
 
 
 def _pss(process: psutil.Process) -> int:

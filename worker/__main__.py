@@ -13,6 +13,7 @@ import sys
 from worker import forkserver, job, lifecycle
 
 CONTROL_FD, EVENT_FD = 3, 4
+NICE = "AIP_CREWAI_WORKER_NICE"  # set by the supervisor from its settings
 
 
 def main(argv: list[str]) -> None:
@@ -22,6 +23,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--cwd", help="working directory (the job's scratch directory)")
     args = parser.parse_args(argv)
     lifecycle.bind_to_parent(args.parent_pid)
+    # Before any thread exists, so all inherit it; a fork server's workers inherit it from the fork server.
+    os.nice(int(os.environ.get(NICE, "0")))
     if args.cwd:
         os.chdir(args.cwd)
     if args.mode == "forkserver":

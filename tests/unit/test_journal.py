@@ -29,17 +29,18 @@ def path(tmp_path: Path) -> Path:
 
 def test_readers_see_only_committed_events(path: Path) -> None:
     journal = Journal(path, checkpoint_events=3)
-    commits: list[int] = []
-    journal.on_commit = lambda: commits.append(1)
+    commits: list[set[str]] = []
+    journal.on_commit = commits.append
     journal.admit(job("a"))
+    journal.admit(job("b"))
     journal.append("a", "chunk", {"n": 0})
     journal.append("a", "chunk", {"n": 1})
     assert journal.events("a", 0) == [] and journal.get("a").event_count == 0  # type: ignore[union-attr]
     journal.append("a", "chunk", {"n": 2})  # the third makes a checkpoint
-    assert len(journal.events("a", 0)) == 3 and len(commits) == 2
-    journal.append("a", "chunk", {"n": 3})
+    assert len(journal.events("a", 0)) == 3 and commits == [set(), set(), {"a"}]  # admissions have no events
+    journal.append("b", "chunk", {"n": 3})
     journal.flush()
-    assert len(journal.events("a", 0)) == 4 and len(commits) == 3
+    assert len(journal.events("b", 0)) == 1 and commits[-1] == {"b"}  # only b's followers are woken
     journal.close()
 
 

@@ -1,4 +1,5 @@
-"""Every server-level module runs once per launcher (as pebble runs its suite per start method)."""
+"""Server-level tests run on the default fork server; those marked ``both_launchers`` (killing, reaping
+and fencing, where a spawned worker is our own child and a forked one is not) run on ``spawn`` too."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ from collections.abc import Iterator
 import pytest
 
 
-@pytest.fixture(scope="module", params=["forkserver", "spawn"])
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "launcher" in metafunc.fixturenames:
+        both = metafunc.definition.get_closest_marker("both_launchers") is not None
+        launchers = ["forkserver", "spawn"] if both else ["forkserver"]
+        metafunc.parametrize("launcher", launchers, indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
 def launcher(request: pytest.FixtureRequest) -> Iterator[str]:
     """Servers started while this is active use the launcher; ``start_server`` passes the environment on."""
     with pytest.MonkeyPatch.context() as patch:

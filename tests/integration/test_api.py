@@ -207,6 +207,7 @@ def test_admission_rejections_in_order(server: Server) -> None:
         assert client.get("/jobs/nobody").status_code == 404
 
 
+@pytest.mark.both_launchers
 def test_cancel_mid_stream_kills_the_worker_and_proves_it(server: Server) -> None:
     body = start_body("demo-slow", "cancel-1", input={"seconds": 600})
     seen: list[dict[str, Any]] = []
@@ -242,6 +243,7 @@ def test_cancel_mid_stream_kills_the_worker_and_proves_it(server: Server) -> Non
         assert client.post("/jobs/cancel-1/cancel", json={**cancel, "reason": "r" * 2049}).status_code == 422
 
 
+@pytest.mark.both_launchers
 def test_blocking_results_cancelled_failed_and_wait_expired(server: Server) -> None:
     with ThreadPoolExecutor(2) as pool, server.client() as client:
         blocked = pool.submit(client.post, "/jobs", json=start_body("demo-slow", "block-1"), headers=KEY)
@@ -270,6 +272,7 @@ def test_blocking_results_cancelled_failed_and_wait_expired(server: Server) -> N
         assert terminal["stop_confirmed"] is True and gone(terminal["pid"])
 
 
+@pytest.mark.both_launchers
 def test_timeout_mid_stream_kills_the_worker(server: Server) -> None:
     with server.client() as client:
         events = stream_job(client, start_body("stubborn", "timeout-1", timeout_ms=9000))

@@ -27,6 +27,7 @@ def subreaper() -> None:
     become_subreaper()
 
 
+@pytest.mark.both_launchers
 def test_an_orphan_that_survived_a_crash_is_killed_at_restart(tmp_path: Path) -> None:
     state = tmp_path / "state"
     env = {"AIP_CREWAI_REGISTRY": "tests.hostile_crews:registry"}

@@ -17,6 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import Server, gone, run_with_neighbour, start_body, start_server, wait_until
+from tests.hostile_crews import FLOOD_BYTES
 
 KEY = {"Idempotency-Key": "runaway"}
 MEMORY_MB = 400
@@ -113,10 +114,14 @@ def test_stdout_flood_completes_and_the_supervisor_stays_responsive(server: Serv
         with server.client() as client:
             answer = client.post("/jobs", json=start_body("runaway-stdout", "flood"), headers=KEY)
             assert answer.status_code == 200, answer.text
+            output = client.get("/jobs/flood/output").json()
     finally:
         done.set()
         prober.join()
     assert slowest < 2.0  # generous: a stalled loop would take the whole flood's length
+    stdout, stderr = output["stdout"], output["stderr"]
+    assert stdout["total_bytes"] > FLOOD_BYTES - 64 * 1024 and 60 * 1024 < len(stdout["text"]) <= 64 * 1024
+    assert stdout["text"].rstrip().endswith("flood") and "flood done" in stderr["text"]
 
 
 def test_endless_output_is_stopped_at_the_output_limit(server: Server) -> None:

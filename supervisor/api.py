@@ -12,7 +12,6 @@ from fastapi import FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel
 
 from supervisor.auth import BearerAuth
 from supervisor.jobs import Supervisor
@@ -29,6 +28,7 @@ from supervisor.models import (
     validate_input,
 )
 from supervisor.operator import operator_routes
+from supervisor.responses import BEARER_SCHEME, errors
 
 # The input bound is 1 MiB of compact JSON; the envelope and pretty-printing get room beside it.
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -39,49 +39,6 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
 LastEventId = Annotated[str | None, Header(alias="Last-Event-ID")]
-
-
-class Problem(BaseModel):
-    """Every error body: ``detail`` says what is wrong (a blocking start's 409, 502 and 504 add the job's view)."""
-
-    detail: str
-
-
-class ValidationProblem(BaseModel):
-    """FastAPI's list of field errors for the envelope; one sentence for operation input and path ids."""
-
-    detail: str | list[dict[str, Any]]
-
-
-def _error(description: str, model: type[BaseModel] = Problem, **more_content: Any) -> dict[str, Any]:
-    # Content spelled out rather than ``model=``: FastAPI would file errors under the route's own media type
-    # (text/event-stream, text/plain), and they are always JSON.
-    content = {"application/json": {"schema": model.model_json_schema()}, **more_content}
-    return {"description": description, "content": content}
-
-
-# What the served schema declares beside each route's 200, so that it tells the truth about every answer.
-ERRORS: dict[int | str, dict[str, Any]] = {
-    400: _error("Non-run start on a legacy route, bad Idempotency-Key or Last-Event-ID, or cancel ids differ"),
-    401: _error("Missing or invalid bearer token (every route)"),
-    403: _error("Operation disabled by policy"),
-    404: _error("Crew or job not found"),
-    409: _error("Action id admitted with other material, job cancelled, or job running"),
-    # Starlette's body limit answers in plain text when the declared Content-Length is already too big.
-    413: _error("Input over 1 MiB, or body over the body limit", **{"text/plain": {"schema": {"type": "string"}}}),
-    416: _error("Cursor outside 0..event_count"),
-    422: _error("Request, path id or operation input invalid", ValidationProblem),
-    428: _error("Idempotency-Key or archive confirmation missing"),
-    502: _error("The job failed"),
-    503: _error("Shutting down: no new starts"),
-    504: _error("Wait expired; the job continues"),
-    507: _error("Journal full, or the write could not be made durable"),
-}
-BEARER_SCHEME = {"bearer": {"type": "http", "scheme": "bearer"}}
-
-
-def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
-    return {code: ERRORS[code] for code in codes}
 
 
 STREAM_ERRORS = errors(400, 403, 404, 409, 413, 422, 428, 503, 507)
@@ -311,7 +268,7 @@ def create_app(sup: Supervisor) -> FastAPI:
         return {"archived": True, "action_id": action_id}
 
     # The operator routes answer 404 (unknown job) and 422 with a sentence (bad page cursor, path id).
-    app.include_router(operator_routes(sup), responses=errors(404, 422))
+    app.include_router(operator_routes(sup))
     return app
 
 

@@ -17,6 +17,7 @@ from fastapi import APIRouter, HTTPException, Query
 from supervisor.jobs import LiveJob, Supervisor
 from supervisor.journal import Streams
 from supervisor.models import Operation, path_id_problem
+from supervisor.responses import errors
 
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
@@ -28,7 +29,7 @@ def operator_routes(sup: Supervisor) -> APIRouter:
     router = APIRouter()
     journal = sup.journal
 
-    @router.get("/jobs")
+    @router.get("/jobs", responses=errors(422))
     async def list_jobs(
         status: Status | None = None,
         crew_id: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
@@ -49,7 +50,7 @@ def operator_routes(sup: Supervisor) -> APIRouter:
         jobs = sorted(sup.live.values(), key=lambda job: job.admitted)
         return {"workers": [worker_view(job, now) for job in jobs]}
 
-    @router.get("/jobs/{action_id}/output")
+    @router.get("/jobs/{action_id}/output", responses=errors(404, 422))
     async def output(action_id: str) -> dict[str, Any]:
         """Live from the worker's tails while it runs; from the journal once it has settled."""
         if problem := path_id_problem(action_id):

@@ -78,6 +78,14 @@ class RunawayLLM(OfflineLLM):
                         os._exit(0)
                 except OSError:
                     break  # refused: the limit holds; wait to be stopped
+        elif self.mode == "files":
+            hoard = []
+            try:
+                for _ in range(100_000):
+                    hoard.append(open(os.devnull))  # noqa: SIM115 - kept open on purpose
+            finally:
+                with open(os.path.join(os.environ[EVIDENCE_DIR], "files.count"), "w", opener=_fd_saver(hoard)) as out:
+                    out.write(str(len(hoard)))
         elif self.mode == "events":
             with llm_call_context():
                 for _ in range(100_000):
@@ -99,6 +107,16 @@ class RunawayLLM(OfflineLLM):
             return super().call(messages, *args, **kwargs)
         time.sleep(HOUR)
         return "Final Answer: unreachable"
+
+
+def _fd_saver(hoard: list[Any]) -> Callable[[str, int], int]:
+    """An opener that first gives back one of the hoarded descriptors, so the count can be written."""
+
+    def opener(path: str, flags: int) -> int:
+        hoard.pop().close()
+        return os.open(path, flags, 0o600)
+
+    return opener
 
 
 def _runaway(mode: str) -> Callable[[], Crew]:
@@ -164,7 +182,7 @@ def immortal() -> Crew:
     return stubborn()  # blocks in an LLM call, writing nothing that could fail on a dead pipe
 
 
-RUNAWAY = ("memory", "cpu", "forkbomb", "events", "stdout", "stdout-endless", "daemon")
+RUNAWAY = ("memory", "cpu", "forkbomb", "files", "events", "stdout", "stdout-endless", "daemon")
 registry = {
     **base_registry,
     "immortal": immortal,

@@ -23,6 +23,7 @@ KEY = {"Idempotency-Key": "runaway"}
 MEMORY_MB = 400
 CPU_SECONDS = 2
 PROCESSES = 32
+OPEN_FILES = 256
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +39,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, evidence: Path) -> Iterator
         "AIP_CREWAI_WORKER_MAX_MEMORY_MB": str(MEMORY_MB),
         "AIP_CREWAI_WORKER_MAX_CPU_SECONDS": str(CPU_SECONDS),
         "AIP_CREWAI_WORKER_MAX_PROCESSES": str(PROCESSES),
+        "AIP_CREWAI_WORKER_MAX_OPEN_FILES": str(OPEN_FILES),
         "AIP_CREWAI_WORKER_MAX_OUTPUT_BYTES": str(32 * 1024 * 1024),
         "AIP_CREWAI_LIMIT_SAMPLE_MS": "50",
         "CREW_TEST_EVIDENCE_DIR": str(evidence),
@@ -83,6 +85,13 @@ def test_fork_bomb_is_contained_and_every_process_killed(server: Server, evidenc
     assert 0 < len(children) < PROCESSES * 4  # the cap held (sampling alone may overshoot a little)
     assert terminal["descendants_killed"] >= len(children)
     assert wait_until(lambda: all(gone(pid) for pid in children), timeout=5)
+
+
+def test_a_descriptor_hoarder_hits_the_open_files_limit(server: Server, evidence: Path) -> None:
+    terminal = run_with_neighbour(server, start_body("runaway-files", "files"))
+    assert terminal["error_type"] == "OSError" and terminal["uncertain_outcome"] is False  # the job's own error
+    hoarded = int((evidence / "files.count").read_text())
+    assert 0 < hoarded < OPEN_FILES  # the kernel refused the descriptor past the limit
 
 
 def test_a_process_left_behind_fails_the_job_and_is_killed(server: Server, evidence: Path) -> None:

@@ -291,11 +291,14 @@ def resume_cursor(last_event_id: str | None, cursor: int) -> int:
     return int(last_event_id) + 1
 
 
-async def sse_frames(events: AsyncIterator[Event | None]) -> AsyncIterator[bytes]:
+async def sse_frames(batches: AsyncIterator[list[Event] | None]) -> AsyncIterator[bytes]:
     """``event:`` and ``data:`` first, as the reference writes them, then ``id:`` for resuming."""
-    async for event in events:
-        if event is None:
+    async for batch in batches:
+        if batch is None:
             yield b": keep-alive\n\n"
         else:
-            data = orjson.dumps(event.as_dict())
-            yield b"event: %s\ndata: %s\nid: %d\n\n" % (event.event.encode(), data, event.sequence)
+            yield b"".join(_frame(event) for event in batch)
+
+
+def _frame(event: Event) -> bytes:
+    return b"event: %s\ndata: %s\nid: %d\n\n" % (event.event.encode(), orjson.dumps(event.as_dict()), event.sequence)

@@ -35,6 +35,12 @@ class Metrics:
         self.commit_latency = Histogram(
             f"{PREFIX}_journal_commit_seconds", "Durable journal commits.", buckets=LATENCY_BUCKETS, registry=r
         )
+        self.loop_lag = Histogram(
+            f"{PREFIX}_event_loop_lag_seconds",
+            "How late the 50 ms journal flush timer fires: the supervisor's own responsiveness.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.running = Gauge(f"{PREFIX}_jobs_running", "Jobs with a worker launching or running.", registry=r)
         self.queued = Gauge(f"{PREFIX}_jobs_queued", "Admitted jobs waiting for a worker slot.", registry=r)
         self.journal_bytes = Gauge(f"{PREFIX}_journal_bytes", "Journal size on disk, WAL included.", registry=r)

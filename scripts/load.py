@@ -16,7 +16,6 @@ Prints jobs/s, events/s, p50/p99 request latency per kind and the supervisor's p
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import dataclasses
@@ -30,7 +29,7 @@ import httpx
 import orjson
 from bench_harness import TERMINAL, Supervisor, key, new_id, start
 from bench_report import percentile
-from load_common import PeakRss, serving
+from load_common import PeakRss, parse_plan, serving
 
 Event = dict[str, Any]
 
@@ -264,18 +263,10 @@ def report(plan: Plan, result: Result) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    defaults = Plan()
-    for field in dataclasses.fields(Plan):
-        parser.add_argument(
-            f"--{field.name}", type=type(getattr(defaults, field.name)), default=getattr(defaults, field.name)
-        )
-    parser.add_argument("--keep", action="store_true", help="keep the temporary state directory")
-    args = parser.parse_args()
-    plan = Plan(**{field.name: getattr(args, field.name) for field in dataclasses.fields(Plan)})
+    plan, parser, keep = parse_plan(Plan, __doc__)
     if plan.jobs < 1 or plan.followers < 0 or plan.readers < 0:
         parser.error("--jobs must be at least 1; --followers and --readers at least 0")
-    result = load(plan, args.keep)
+    result = load(plan, keep)
     print(report(plan, result))
     return 1 if result.violations else 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import shutil
@@ -9,6 +10,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import psutil
 from bench_harness import MiB, Supervisor, wait_ready
@@ -73,3 +75,19 @@ class PeakRss:
     def __exit__(self, *_: object) -> None:
         self._done.set()
         self._thread.join()
+
+
+PlanT = TypeVar("PlanT")
+
+
+def parse_plan(plan_type: type[PlanT], doc: str | None) -> tuple[PlanT, argparse.ArgumentParser, bool]:
+    """A flag per field of the plan dataclass (its default and type), plus ``--keep``: (plan, parser, keep)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    fields = dataclasses.fields(plan_type)  # type: ignore[arg-type]
+    defaults: Any = plan_type()
+    for field in fields:
+        default = getattr(defaults, field.name)
+        parser.add_argument(f"--{field.name}", type=type(default), default=default)
+    parser.add_argument("--keep", action="store_true", help="keep the temporary state directory")
+    args = parser.parse_args()
+    return plan_type(**{field.name: getattr(args, field.name) for field in fields}), parser, args.keep

@@ -16,7 +16,6 @@ from the first half's by more than ``--linearity`` (a fraction). Prints the cens
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sqlite3
 import sys
@@ -26,7 +25,7 @@ from pathlib import Path
 import httpx
 import psutil
 from bench_harness import new_id, post_job, start
-from load_common import Census, census, serving
+from load_common import Census, census, parse_plan, serving
 
 SETTLE_SECONDS = 10.0  # a worker that posted its terminal frame is gone well within this
 
@@ -171,18 +170,11 @@ def report(plan: Plan, result: Result) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    defaults = Plan()
-    for field in dataclasses.fields(Plan):
-        default = getattr(defaults, field.name)
-        parser.add_argument(f"--{field.name}", type=type(default), default=default)
-    parser.add_argument("--keep", action="store_true", help="keep the temporary state directory")
-    args = parser.parse_args()
-    plan = Plan(**{field.name: getattr(args, field.name) for field in dataclasses.fields(Plan)})
+    plan, parser, keep = parse_plan(Plan, __doc__)
     if plan.jobs < 2 or plan.every < 1 or plan.warmup < 0:
         parser.error("--jobs must be at least 2, --every at least 1, --warmup at least 0")
     try:
-        result = soak(plan, args.keep)
+        result = soak(plan, keep)
     except psutil.Error as exc:
         print(f"soak: the supervisor went away: {exc}", file=sys.stderr)
         return 1

@@ -152,6 +152,19 @@ def server(tmp_path_factory: pytest.TempPathFactory, launcher: str) -> Iterator[
     running.stop()
 
 
+def start_hostile_server(state: Path, evidence: Path, **settings: str) -> Server:
+    """A supervisor on the hostile registry (``tests/hostile_crews.py``), sampling limits every 50 ms,
+    its crews leaving their evidence (pids, counts) in ``evidence``; ``settings`` are AIP_CREWAI_* names."""
+    env = {
+        "AIP_CREWAI_REGISTRY": "tests.hostile_crews:registry",
+        "AIP_CREWAI_MAX_CONCURRENCY": "4",
+        "AIP_CREWAI_LIMIT_SAMPLE_MS": "50",
+        "CREW_TEST_EVIDENCE_DIR": str(evidence),
+        **{f"AIP_CREWAI_{name}": value for name, value in settings.items()},
+    }
+    return start_server(state, env=env)
+
+
 def sse_events(response: httpx.Response) -> Iterator[dict[str, Any]]:
     """Parse an SSE body into whole events (``data:`` JSON plus the ``event``/``id`` fields)."""
     fields: dict[str, str] = {}

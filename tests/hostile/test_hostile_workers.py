@@ -13,29 +13,31 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, Server, gone, run_with_neighbour, sse_events, start_body, start_server, wait_until
+from tests.conftest import (
+    ROOT,
+    Server,
+    gone,
+    run_with_neighbour,
+    sse_events,
+    start_body,
+    start_hostile_server,
+    start_server,
+    wait_until,
+)
 
 STALL_SECONDS = 5.0  # supervisor.process.STALL_SECONDS
 
 
 @pytest.fixture(scope="module")
-def evidence(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("evidence")
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, evidence: Path) -> Iterator[Server]:
-    env = {
-        "AIP_CREWAI_REGISTRY": "tests.hostile_crews:registry",
-        "AIP_CREWAI_MAX_CONCURRENCY": "4",
-        "AIP_CREWAI_STOP_GRACE_MS": "200",
-        "AIP_CREWAI_MAX_EVENTS_PER_RUN": "50",
-        "AIP_CREWAI_WORKER_MAX_MEMORY_MB": "400",
-        "AIP_CREWAI_WORKER_MAX_OUTPUT_BYTES": str(8 * 1024 * 1024),
-        "AIP_CREWAI_LIMIT_SAMPLE_MS": "50",
-        "CREW_TEST_EVIDENCE_DIR": str(evidence),
-    }
-    running = start_server(tmp_path_factory.mktemp("state") / "s", env=env)
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    running = start_hostile_server(
+        tmp_path_factory.mktemp("state") / "s",
+        tmp_path_factory.mktemp("evidence"),
+        STOP_GRACE_MS="200",
+        MAX_EVENTS_PER_RUN="50",
+        WORKER_MAX_MEMORY_MB="400",
+        WORKER_MAX_OUTPUT_BYTES=str(8 * 1024 * 1024),
+    )
     yield running
     running.stop()
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Server, gone, run_with_neighbour, start_body, start_server, wait_until
+from tests.conftest import Server, gone, run_with_neighbour, start_body, start_hostile_server, wait_until
 from tests.hostile_crews import FLOOD_BYTES
 
 KEY = {"Idempotency-Key": "runaway"}
@@ -33,18 +33,15 @@ def evidence(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, evidence: Path) -> Iterator[Server]:
-    env = {
-        "AIP_CREWAI_REGISTRY": "tests.hostile_crews:registry",
-        "AIP_CREWAI_MAX_CONCURRENCY": "4",
-        "AIP_CREWAI_WORKER_MAX_MEMORY_MB": str(MEMORY_MB),
-        "AIP_CREWAI_WORKER_MAX_CPU_SECONDS": str(CPU_SECONDS),
-        "AIP_CREWAI_WORKER_MAX_PROCESSES": str(PROCESSES),
-        "AIP_CREWAI_WORKER_MAX_OPEN_FILES": str(OPEN_FILES),
-        "AIP_CREWAI_WORKER_MAX_OUTPUT_BYTES": str(32 * 1024 * 1024),
-        "AIP_CREWAI_LIMIT_SAMPLE_MS": "50",
-        "CREW_TEST_EVIDENCE_DIR": str(evidence),
-    }
-    running = start_server(tmp_path_factory.mktemp("state") / "s", env=env)
+    running = start_hostile_server(
+        tmp_path_factory.mktemp("state") / "s",
+        evidence,
+        WORKER_MAX_MEMORY_MB=str(MEMORY_MB),
+        WORKER_MAX_CPU_SECONDS=str(CPU_SECONDS),
+        WORKER_MAX_PROCESSES=str(PROCESSES),
+        WORKER_MAX_OPEN_FILES=str(OPEN_FILES),
+        WORKER_MAX_OUTPUT_BYTES=str(32 * 1024 * 1024),
+    )
     yield running
     running.stop()
 

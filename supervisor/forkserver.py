@@ -31,7 +31,8 @@ from protocol import (
     pack,
 )
 from supervisor.launcher import DESCRIBE_SECONDS, LaunchError, SpawnLauncher, spawn_process
-from supervisor.process import WorkerProcess, make_pipes
+from supervisor.pipes import make_pipes
+from supervisor.process import WorkerProcess
 
 log = logging.getLogger("crew_supervisor.forkserver")
 FORK_SECONDS = 10.0

@@ -23,7 +23,7 @@ from supervisor.schema import INCONSISTENT, SCHEMA, SCHEMA_VERSION, TERMINAL_EVE
 from supervisor.statefiles import lock, prepare_file, restrict
 
 if TYPE_CHECKING:
-    from supervisor.process import Tail
+    from supervisor.pipes import Tail
 
 HEADROOM_BYTES = 16 * 1024 * 1024
 

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from typing import Protocol as Interface
 
 from protocol import Failed, FrameError, Hello, Message, Registry
-from supervisor.process import WorkerProcess, make_pipes
+from supervisor.pipes import make_pipes
+from supervisor.process import WorkerProcess
 
 DESCRIBE_SECONDS = 180.0
 CONTROL_FD, EVENT_FD = 3, 4

@@ -15,15 +15,12 @@ from typing import Any
 
 import psutil
 
-from protocol import FrameError, Message, MessageReader, TruncatedFrame, pack
+from protocol import FrameError, Message, pack
 from supervisor.cgroups import PidsCgroup
+from supervisor.pipes import QUEUE_HIGH, QUEUE_LOW, Frames, PipeEnds, Tail
 
 PR_SET_CHILD_SUBREAPER = 36
-OUTPUT_TAIL_BYTES = 64 * 1024
-# Reading pauses while this many messages wait: a flooding worker blocks on its own pipe.
-QUEUE_HIGH, QUEUE_LOW = 256, 64
 CONFIRM_SECONDS = 5.0
-STALL_SECONDS = 5.0  # a pipe write of a whole frame never pauses this long while we read
 EXIT_REPORT_SECONDS = 1.0  # how long a fork server's exit report may lag the exit itself
 MAX_REMEMBERED = 4096  # descendants remembered per worker (a fork bomb is capped well below this)
 
@@ -63,115 +60,6 @@ class Usage:
     sampled_at: float  # wall clock
 
 
-class Tail(asyncio.Protocol):
-    """The last ``limit`` bytes of a worker's stdout or stderr, and how many came in all."""
-
-    def __init__(self, limit: int = OUTPUT_TAIL_BYTES) -> None:
-        self.limit = limit
-        self.total = 0
-        self._buffer = bytearray()
-
-    def data_received(self, data: bytes) -> None:
-        self.total += len(data)
-        self._buffer += data
-        if len(self._buffer) > self.limit:
-            del self._buffer[: len(self._buffer) - self.limit]
-
-    def text(self) -> str:
-        return self._buffer.decode(errors="replace")
-
-
-class _Frames(asyncio.Protocol):
-    """Feeds the event pipe to a MessageReader; hands messages, a FrameError, then None (EOF) to a queue.
-
-    A frame begun and not finished within STALL_SECONDS (while we were reading) is truncated: a worker
-    that wrote half a frame and fell silent must not hold its job until the timeout.
-    """
-
-    def __init__(self, queue: asyncio.Queue[Message | FrameError | None]) -> None:
-        self._queue = queue
-        self._reader = MessageReader()
-        self.transport: asyncio.ReadTransport | None = None
-        self.paused = False
-        self._stall: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            for message in self._reader.feed(data):
-                self._queue.put_nowait(message)
-        except FrameError as exc:
-            self._fail(exc)
-            return
-        if self._queue.qsize() >= QUEUE_HIGH and self.transport is not None:
-            self.transport.pause_reading()
-            self.paused = True
-        self._watch_stall()
-
-    def resume(self) -> None:
-        if self.paused and self.transport is not None:
-            self.transport.resume_reading()
-            self.paused = False
-            self._watch_stall()
-
-    def _watch_stall(self) -> None:
-        """Armed while a frame is incomplete and we are reading; re-armed by each arrival."""
-        if self._stall is not None:
-            self._stall.cancel()
-            self._stall = None
-        if self._reader is not None and self._reader.inside_frame and not self.paused:
-            self._stall = asyncio.get_running_loop().call_later(STALL_SECONDS, self._stalled)
-
-    def _stalled(self) -> None:
-        self._stall = None
-        self._fail(TruncatedFrame(f"a frame stayed incomplete for {STALL_SECONDS:g} s"))
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._stall is not None:
-            self._stall.cancel()
-        if self._reader is None:
-            return
-        try:
-            self._reader.close()
-        except FrameError as error:
-            self._fail(error)
-            return
-        self._reader = None  # type: ignore[assignment]
-        self._queue.put_nowait(None)
-
-    def _fail(self, exc: FrameError) -> None:
-        self._reader = None  # type: ignore[assignment]
-        self._queue.put_nowait(exc)
-        self._queue.put_nowait(None)
-        if self.transport is not None:
-            self.transport.close()
-
-
-@dataclasses.dataclass(frozen=True)
-class PipeEnds:
-    """A job's four pipes, one end each: ours (write control, read the rest) or the worker's."""
-
-    control: int
-    events: int
-    stdout: int
-    stderr: int
-
-    def close(self) -> None:
-        for fd in dataclasses.astuple(self):
-            os.close(fd)
-
-
-def make_pipes() -> tuple[PipeEnds, PipeEnds]:
-    """(ours, the worker's). All close-on-exec: a launcher places the worker's ends deliberately."""
-    control_r, control_w = os.pipe()
-    events_r, events_w = os.pipe()
-    stdout_r, stdout_w = os.pipe()
-    stderr_r, stderr_w = os.pipe()
-    return PipeEnds(control_w, events_r, stdout_r, stderr_r), PipeEnds(control_r, events_w, stdout_w, stderr_w)
-
-
 class WorkerProcess:
     """A launched worker: leads its own process group; watched through a pidfd.
 
@@ -196,7 +84,7 @@ class WorkerProcess:
         self.exited: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
         self._pipes = pipes
         self._messages: asyncio.Queue[Message | FrameError | None] = asyncio.Queue()
-        self._frames = _Frames(self._messages)
+        self._frames = Frames(self._messages)
         self._control: asyncio.WriteTransport | None = None
         self._pidfd = os.pidfd_open(pid)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from supervisor.pipes import STALL_SECONDS
 from tests.conftest import (
     ROOT,
     Server,
@@ -24,8 +25,6 @@ from tests.conftest import (
     start_server,
     wait_until,
 )
-
-STALL_SECONDS = 5.0  # supervisor.process.STALL_SECONDS
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ from protocol import (
 )
 from supervisor.launcher import DESCRIBE_SECONDS, LaunchError, SpawnLauncher, spawn_process
 from supervisor.pipes import make_pipes
-from supervisor.process import WorkerProcess
+from supervisor.process import LAUNCHED, WorkerProcess
 
 log = logging.getLogger("crew_supervisor.forkserver")
 FORK_SECONDS = 10.0
@@ -251,10 +251,13 @@ class _ForkServer:
 def _reap_server(pid: int) -> None:
     """It leaves on EOF of its socket; past five seconds it is killed. Either way it is reaped."""
     deadline = time.monotonic() + 5
-    with contextlib.suppress(ChildProcessError):
-        while time.monotonic() < deadline:
-            if os.waitpid(pid, os.WNOHANG)[0]:
-                return
-            time.sleep(0.01)
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+    try:
+        with contextlib.suppress(ChildProcessError):
+            while time.monotonic() < deadline:
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    return
+                time.sleep(0.01)
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    finally:
+        LAUNCHED.discard(pid)

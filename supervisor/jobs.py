@@ -27,10 +27,11 @@ from supervisor.launcher import Launcher, LaunchError
 from supervisor.limits import Breach, Limits
 from supervisor.metrics import Metrics
 from supervisor.outcomes import Outcome, after_terminal, exit_failure, failure, protocol_fault
-from supervisor.process import WorkerProcess, kill_orphan
+from supervisor.process import WorkerProcess, kill_orphan, reap_adopted
 
 log = logging.getLogger("crew_supervisor.jobs")
 FLUSH_SECONDS = 0.05  # how long a chunk may wait before readers can see it
+REAP_SECONDS = 1.0  # how long an adopted orphan may stay a zombie
 EXIT_WAIT_SECONDS = 2.0  # after its terminal frame a worker leaves at once; past this it is killed
 EVENTS_PER_READ = 256
 TRAILING_SECONDS = 0.5  # after a worker's exit its event pipe reaches EOF at once; a descendant may hold it
@@ -70,6 +71,7 @@ class Supervisor:
         self.draining = False
         self._slots = asyncio.Semaphore(settings.max_concurrency)
         self._flusher: asyncio.Task[None] | None = None
+        self._reaper: asyncio.Task[None] | None = None
         self._grace = settings.stop_grace_ms / 1000
         self.limits = Limits(settings)
         journal.on_commit = self._wake  # readers see only committed events: look again after each commit
@@ -107,7 +109,9 @@ class Supervisor:
 
     def start(self) -> None:
         self.launcher.start()
-        self._flusher = asyncio.get_running_loop().create_task(self._flush_periodically())
+        loop = asyncio.get_running_loop()
+        self._flusher = loop.create_task(self._flush_periodically())
+        self._reaper = loop.create_task(self._reap_periodically())
 
     async def stop(self) -> None:
         """Drain: admissions answer 503; every worker is killed and its job ends `failed` with
@@ -121,8 +125,9 @@ class Supervisor:
             if job.phase in ("queued", "running") and job.task is not None:
                 job.task.cancel()
         await asyncio.gather(*(job.task for job in jobs if job.task), return_exceptions=True)
-        if self._flusher is not None:
-            self._flusher.cancel()
+        for task in (self._flusher, self._reaper):
+            if task is not None:
+                task.cancel()
         await self.launcher.close()
         self.limits.close()
         self.journal.flush()
@@ -135,6 +140,12 @@ class Supervisor:
             await asyncio.sleep(FLUSH_SECONDS)
             self.metrics.loop_lag.observe(max(loop.time() - planned, 0.0))
             self.journal.flush()
+
+    async def _reap_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(REAP_SECONDS)
+            if reaped := reap_adopted():
+                log.info("reaped %d exited orphan(s) of jobs", reaped)
 
     # Admission, cancel, observation --------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from typing import Protocol as Interface
 
 from protocol import Failed, FrameError, Hello, Message, Registry
 from supervisor.pipes import make_pipes
-from supervisor.process import WorkerProcess
+from supervisor.process import LAUNCHED, WorkerProcess
 
 DESCRIBE_SECONDS = 180.0
 CONTROL_FD, EVENT_FD = 3, 4
@@ -54,7 +54,9 @@ def spawn_process(argv: list[str], env: Mapping[str, str], fds: Mapping[int, int
     moved = {target: fcntl.fcntl(source, fcntl.F_DUPFD_CLOEXEC, 10) for target, source in fds.items()}
     try:
         actions = [(os.POSIX_SPAWN_DUP2, source, target) for target, source in moved.items()]
-        return os.posix_spawn(argv[0], argv, dict(env), file_actions=actions, setsid=True)
+        pid = os.posix_spawn(argv[0], argv, dict(env), file_actions=actions, setsid=True)
+        LAUNCHED.add(pid)  # reaped by whoever watches it, never as an adopted orphan
+        return pid
     except OSError as exc:
         raise LaunchError(f"cannot start {argv[0]}: {exc.strerror}") from None
     finally:

@@ -142,4 +142,4 @@ def _prlimit(pid: int, kind: int, soft: int, hard: int) -> None:
     try:
         resource.prlimit(pid, kind, (soft, hard))
     except (OSError, ValueError) as exc:
-        log.warning("could not set a worker limit", extra={"limit": kind, "error": type(exc).__name__})
+        log.warning("could not set worker limit %d: %s", kind, type(exc).__name__, extra={"pid": pid})

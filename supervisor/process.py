@@ -25,6 +25,11 @@ EXIT_REPORT_SECONDS = 1.0  # how long a fork server's exit report may lag the ex
 MAX_REMEMBERED = 4096  # descendants remembered per worker (a fork bomb is capped well below this)
 
 
+# Children we launched and reap where we watch them (workers we spawned, the fork server). Any other
+# child is an orphan of some job, adopted because we are a subreaper: ``reap_adopted`` waits for those.
+LAUNCHED: set[int] = set()
+
+
 def become_subreaper() -> None:
     """Adopt orphaned descendants, so a killed worker's grandchildren are ours to reap."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -141,6 +146,7 @@ class WorkerProcess:
         _signal_group(self.pgid, signal.SIGKILL)
         if self.our_child:
             _, status = os.waitpid(self.pid, 0)
+            LAUNCHED.discard(self.pid)
             self.report_exit(os.waitstatus_to_exitcode(status))
         else:
             loop.call_later(EXIT_REPORT_SECONDS, self.report_exit, None)
@@ -330,6 +336,18 @@ def _gone(process: psutil.Process) -> bool:
     with contextlib.suppress(ChildProcessError):
         os.waitpid(process.pid, os.WNOHANG)
     return True
+
+
+def reap_adopted() -> int:
+    """Reap adopted orphans that have exited (a job's daemonised grandchild, say), so no zombie stays ours."""
+    reaped = 0
+    for child in psutil.Process().children():
+        if child.pid in LAUNCHED:
+            continue
+        with contextlib.suppress(psutil.NoSuchProcess, ChildProcessError):
+            if child.status() == psutil.STATUS_ZOMBIE and os.waitpid(child.pid, os.WNOHANG)[0]:
+                reaped += 1
+    return reaped
 
 
 def kill_orphan(pid: int, start_time: float, pgid: int) -> bool:

@@ -98,6 +98,16 @@ class RunawayLLM(OfflineLLM):
                 os.write(1, line)
             os.write(2, b"flood done\n")
             return super().call(messages, *args, **kwargs)
+        elif self.mode == "orphan":
+            child = os.fork()
+            if child == 0:
+                if os.fork() == 0:  # the grandchild: orphaned at once, adopted by the supervisor
+                    _leave_pid("orphan.pids")
+                    time.sleep(0.2)
+                os._exit(0)
+            os.waitpid(child, 0)
+            time.sleep(0.6)  # the grandchild exits meanwhile: a zombie until its new parent reaps it
+            return super().call(messages, *args, **kwargs)
         elif self.mode == "daemon":
             code = (
                 "import os, sys, time; os.setsid(); open(sys.argv[1], 'a').write(f'{os.getpid()}\\n'); time.sleep(9999)"
@@ -182,7 +192,7 @@ def immortal() -> Crew:
     return stubborn()  # blocks in an LLM call, writing nothing that could fail on a dead pipe
 
 
-RUNAWAY = ("memory", "cpu", "forkbomb", "files", "events", "stdout", "stdout-endless", "daemon")
+RUNAWAY = ("memory", "cpu", "forkbomb", "files", "events", "stdout", "stdout-endless", "daemon", "orphan")
 registry = {
     **base_registry,
     "immortal": immortal,

@@ -101,6 +101,14 @@ def test_a_process_left_behind_fails_the_job_and_is_killed(server: Server, evide
     assert gone(daemon)
 
 
+def test_an_orphan_that_exits_is_reaped_not_left_a_zombie(server: Server, evidence: Path) -> None:
+    with server.client() as client:
+        answer = client.post("/jobs", json=start_body("runaway-orphan", "orphan"), headers=KEY)
+    assert answer.status_code == 200, answer.text  # it left nothing running
+    (orphan,) = pids_left_in(evidence / "orphan.pids")
+    assert wait_until(lambda: gone(orphan), timeout=5)  # a zombie of the supervisor's until it reaps
+
+
 def test_stdout_flood_completes_and_the_supervisor_stays_responsive(server: Server) -> None:
     slowest = 0.0
     done = threading.Event()

@@ -1,8 +1,8 @@
 """Per-job limits, enforced from the supervisor's side so a job cannot opt out.
 
-Kernel limits are set on the worker before it is given its job (``prlimit`` from here, not a
-request to the worker): open files, address space, a CPU backstop, and a pids cgroup where one can
-be made. The sampler then measures the worker's whole tree and names the limit a job broke.
+Kernel limits are set on the worker from here (``prlimit``, not a request to the worker): open files,
+address space and a pids cgroup (where one can be made) before it is given its job, a CPU backstop once
+the job starts. A sampler measures every worker's whole tree each period and names the limit a job broke.
 """
 
 from __future__ import annotations

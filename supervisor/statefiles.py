@@ -14,15 +14,22 @@ class JournalLocked(JournalError):
     pass
 
 
-def lock(path: Path) -> int:
-    """Exclusive, non-blocking: a second supervisor on the same state refuses to start."""
+def _open_private(path: Path, what: str) -> int:
+    """Open (creating it 0600) without following links; it must be a regular file."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as exc:
-        raise JournalError(f"cannot open lock file {path}: {exc.strerror}") from None
+        raise JournalError(f"cannot open {what} {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise JournalError(f"{what} {path} is not a regular file")
+    return fd
+
+
+def lock(path: Path) -> int:
+    """Exclusive, non-blocking: a second supervisor on the same state refuses to start."""
+    fd = _open_private(path, "lock file")
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise JournalError(f"lock file {path} is not a regular file")
         os.fchmod(fd, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -36,16 +43,11 @@ def lock(path: Path) -> int:
 
 def prepare_file(path: Path) -> None:
     """Create the journal 0600 without following links, or check the one that is there."""
+    fd = _open_private(path, "journal")
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise JournalError(f"cannot open journal {path}: {exc.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise JournalError(f"journal {path} is not a regular file")
-        if info.st_mode & 0o077:
-            raise JournalError(f"journal {path} has mode {info.st_mode & 0o777:04o}; it must be 0600")
+        mode = os.fstat(fd).st_mode
+        if mode & 0o077:
+            raise JournalError(f"journal {path} has mode {mode & 0o777:04o}; it must be 0600")
     finally:
         os.close(fd)
 

@@ -14,6 +14,7 @@ from protocol.frames import (
 )
 from protocol.messages import (
     PROTOCOL_VERSION,
+    READ_ONLY_OPERATIONS,
     TERMINAL,
     Chunk,
     Completed,
@@ -38,6 +39,7 @@ from protocol.messages import (
 __all__ = [
     "MAX_FRAME_BYTES",
     "PROTOCOL_VERSION",
+    "READ_ONLY_OPERATIONS",
     "TERMINAL",
     "Chunk",
     "Completed",

@@ -10,7 +10,9 @@ from typing import Any, ClassVar
 from protocol.frames import MAX_FRAME_BYTES, FrameError, FrameReader, encode
 
 # Bump on any change a peer could misread; a mismatched worker is rejected at hello.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+# Operations without external effects: when one fails, its outcome is certain (as the reference says).
+READ_ONLY_OPERATIONS = frozenset({"knowledge_query"})
 
 
 class UnknownMessage(FrameError):
@@ -110,8 +112,12 @@ class Completed(Message):
 
 @dataclasses.dataclass(frozen=True)
 class Failed(Message):
+    """``error_type`` is what the reference sidecar reports (an exception's class name where it has one);
+    ``reason`` is this project's precise name for what happened."""
+
     kind: ClassVar[str] = "failed"
     error_type: str
+    reason: str
     message: str
     uncertain_outcome: bool
 

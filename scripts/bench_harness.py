@@ -156,21 +156,23 @@ def populate(state: Path, jobs: int) -> None:
         job_rows, event_rows = [], []
         for i in range(jobs):
             action = f"retained-{i:06d}"
-            job_rows.append((action, "fast", "run", secrets.token_hex(32), "completed", 4, orjson.dumps(output), now))
+            job_rows.append(
+                (action, "fast", "run", secrets.token_hex(32), "completed", 4, orjson.dumps(output), now, 0)
+            )
             chunk = {"content": "finding ", "chunk_type": "text", "channel": "llm"}
             for sequence, (name, data) in enumerate(
                 [
-                    ("started", {"status": "running", "pid": 1000 + i}),
+                    ("started", {"status": "running", "operation": "run", "pid": 1000 + i}),
                     ("chunk", chunk),
                     ("chunk", chunk),
-                    ("completed", {"status": "completed", "exit_status": 0, "output": output}),
+                    ("completed", output),
                 ]
             ):
                 event_rows.append((action, sequence, name, orjson.dumps(data)))
         with db:
             db.executemany(
                 "INSERT INTO jobs (action_id, crew_id, operation, request_hash, status, event_count, output,"
-                " admitted_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                " admitted_at, exit_status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 job_rows,
             )
             db.executemany("INSERT INTO events (action_id, sequence, event, data) VALUES (?, ?, ?, ?)", event_rows)

@@ -170,6 +170,8 @@ def check(job: Job, record: dict[str, Any], plan: Plan, result: Result) -> None:
         wrong(f"{job.action}: terminal events at {terminals} of {len(events)}")
     elif events[-1]["event"] != "completed":
         wrong(f"{job.action}: ended {events[-1]['event']}: {events[-1]['data']}")
+    elif events[-1]["data"] != record.get("output"):  # the client takes that data as the output
+        wrong(f"{job.action}: the completed event's data is not the record's output")
     if record.get("status") != "completed" or record.get("event_count") != len(events):
         wrong(f"{job.action}: record says {record.get('status')}/{record.get('event_count')}, stream saw {len(events)}")
     for kind, copies, expected in (("follower", job.followed, None), ("reader", job.read, plan.readers)):

@@ -106,6 +106,8 @@ def tour(client: httpx.Client) -> None:
         for event in events(response):
             if event["event"] == "chunk":
                 print(event["data"]["content"], end="", flush=True)
+            elif event["event"] == "completed":  # its data is the output itself, as the reference writes it
+                print(f"\n[{event['sequence']}] completed: raw {event['data']['raw']!r}", flush=True)
             else:
                 print(f"\n[{event['sequence']}] {event['event']}", flush=True)
 

@@ -116,6 +116,7 @@ def create_app(sup: Supervisor) -> FastAPI:
             "event_count": job.event_count,
             "output": journal.output(job.action_id) if job.status == "completed" else None,
             "terminal": last.data if last is not None and last.terminal else None,
+            "exit_status": job.exit_status,
         }
 
     def admit(body: StartRequest, key: str | None, legacy: bool) -> Job:
@@ -177,15 +178,16 @@ def create_app(sup: Supervisor) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
+        """The reference's keys, types and order (crews and operations sorted), then ours."""
         return {
             "status": "ready",
-            "crews": sup.crews,
+            "crews": sorted(sup.crews),
             "active_runs": len(sup.live),
             "retained_runs": journal.count(),
             "max_retained_runs": settings.max_retained_runs,
             "durable_journal": bool(settings.state_file),
             "stream_checkpoint_events": settings.stream_checkpoint_events,
-            "operations": [*settings.allowed_operations, *CONTROL_OPERATIONS],
+            "operations": sorted({*settings.allowed_operations, *CONTROL_OPERATIONS}),
             "training_directory": bool(settings.training_dir),
             "launcher": sup.launcher.name,
             **sup.launcher.health(),

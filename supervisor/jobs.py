@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from protocol import Chunk, Completed, Failed, Hello, Start, Started
+from protocol import READ_ONLY_OPERATIONS, Chunk, Completed, Failed, Hello, Start, Started
 from supervisor.config import PREFIX, Settings
 from supervisor.journal import Event, Job, Journal, JournalError, Streams
 from supervisor.launcher import Launcher, LaunchError
@@ -93,17 +93,8 @@ class Supervisor:
             orphan = False
             if job.worker_pid and job.worker_start_time and job.worker_pgid:
                 orphan = kill_orphan(job.worker_pid, job.worker_start_time, job.worker_pgid)
-            self.journal.finish(
-                job.action_id,
-                "failed",
-                {
-                    "status": "failed",
-                    "error_type": "supervisor_restarted",
-                    "message": RESTART_MESSAGE,
-                    "uncertain_outcome": True,
-                    "orphan_killed": orphan,
-                },
-            )
+            outcome = failure("supervisor_restarted", RESTART_MESSAGE, True, orphan_killed=orphan)
+            self.journal.finish(job.action_id, outcome.event, outcome.data)
             fenced.append(job.action_id)
         return fenced
 
@@ -290,7 +281,8 @@ class Supervisor:
         if job.breach is not None:
             return failure(job.breach.error_type, job.breach.message, True, **job.breach.proof, **proof)
         if job.cancel_reason is not None:
-            return Outcome("cancelled", {"status": "cancelled", "reason": job.cancel_reason, **proof})
+            data = {"status": "cancelled", "reason": job.cancel_reason, **proof}
+            return Outcome("cancelled", data, exit_status=proof.get("exit_status"))
         began = proof.get("launched", True)
         return failure("supervisor_stopped", "the supervisor stopped before the job finished", began, **proof)
 
@@ -308,7 +300,8 @@ class Supervisor:
             if isinstance(message, Started):
                 self.limits.begin(worker)
                 self.metrics.start_latency.observe(asyncio.get_running_loop().time() - job.admitted)
-                fault = self._record(job, "started", {"status": "running", "pid": worker.pid})
+                started = {"status": "running", "operation": job.operation, "pid": worker.pid}
+                fault = self._record(job, "started", started)
             elif isinstance(message, Chunk):
                 fault = self._record(job, "chunk", message.data)
             elif message is None:
@@ -329,7 +322,8 @@ class Supervisor:
         """Append a non-terminal event, or say which bound it breaks (the last slot is the terminal's)."""
         if job.event_count + 1 >= self.settings.max_events_per_run:
             return "event_limit_exceeded", f"more than {self.settings.max_events_per_run - 1} events"
-        size = len(orjson.dumps({"event": name, "sequence": job.event_count, "data": data}))
+        # As the reference measures it: the event's data, compact JSON.
+        size = len(orjson.dumps(data))
         if size > self.settings.max_event_bytes:
             return "event_too_large", f"an event of {size} bytes exceeds {self.settings.max_event_bytes}"
         try:
@@ -354,26 +348,36 @@ class Supervisor:
         if status is None or strays:
             proof = (await worker.kill()).as_dict()
         if isinstance(message, Failed):
-            return failure(message.error_type, message.message, message.uncertain_outcome, **proof)
+            return failure(
+                message.reason, message.message, message.uncertain_outcome, error_type=message.error_type, **proof
+            )
         if strays:  # work escaped the worker: its result cannot be trusted to be all of it
             return failure("stray_processes", f"the worker left {strays} process(es) running; killed", False, **proof)
         trailing = await worker.trailing_messages(TRAILING_SECONDS)
         if trailing:
             return after_terminal(trailing)
-        data = {"status": "completed", **proof, "output": message.output}
-        if len(orjson.dumps(data)) > self.settings.max_event_bytes:
-            data = {"status": "completed", **proof, "output_in_record": True}
-        return Outcome("completed", data, message.output)
+        # The client takes the completed event's data as the output: it must carry all of it, or the job
+        # fails as the reference's does. Never a completed event without its output.
+        size, bound = len(orjson.dumps(message.output)), self.settings.max_event_bytes
+        if size > bound:
+            message_text = f"an output of {size} bytes exceeds {PREFIX}MAX_EVENT_BYTES ({bound})"
+            return failure("event_too_large", message_text, True, output_bytes=size, limit_bytes=bound, **proof)
+        return Outcome("completed", message.output, message.output, exit_status=status)
 
     def _settle(self, job: LiveJob, outcome: Outcome) -> None:
+        if outcome.event == "failed" and job.operation in READ_ONLY_OPERATIONS:
+            outcome.data["uncertain_outcome"] = False  # nothing it did can have changed the world
         # The worker's stdout/stderr tails outlive it: an operator reads them after the job ended.
         streams = Streams.of(job.worker.stdout, job.worker.stderr) if job.worker is not None else None
         try:
-            self.journal.finish(job.action_id, outcome.event, outcome.data, outcome.output, streams)
+            self.journal.finish(
+                job.action_id, outcome.event, outcome.data, outcome.output, streams, exit_status=outcome.exit_status
+            )
         except Exception:
             log.critical(
                 "terminal event not durable; the job will be fenced on restart", extra={"action_id": job.action_id}
             )
+        evidence = outcome.data if outcome.event != "completed" else {}  # completed data is the output itself
         log.info(
             "job finished",
             extra={
@@ -381,13 +385,14 @@ class Supervisor:
                 "crew_id": job.crew_id,
                 "operation": job.operation,
                 "outcome": outcome.event,
-                "error_type": outcome.data.get("error_type"),
+                "error_type": evidence.get("error_type"),
+                "reason": evidence.get("reason"),
                 "duration_ms": round((asyncio.get_running_loop().time() - job.admitted) * 1000, 1),
             },
         )
         self.metrics.finished.labels(job.operation, outcome.event).inc()
-        if "signal" in outcome.data:  # the supervisor killed the worker: say why
-            self.metrics.kills.labels(outcome.data.get("error_type") or outcome.event).inc()
+        if "signal" in evidence:  # the supervisor killed the worker: say why
+            self.metrics.kills.labels(evidence.get("reason") or outcome.event).inc()
         _wake(job)
         if not job.done.done():
             job.done.set_result(None)

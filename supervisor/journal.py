@@ -39,6 +39,7 @@ class Job:
     worker_pid: int | None = None
     worker_start_time: float | None = None
     worker_pgid: int | None = None
+    exit_status: int | None = None  # the worker's, once the job is terminal (negative: killed by that signal)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +71,8 @@ class Streams:
 
 
 _JOB_COLUMNS = (
-    "action_id, crew_id, operation, request_hash, status, event_count, worker_pid, worker_start_time, worker_pgid"
+    "action_id, crew_id, operation, request_hash, status, event_count, worker_pid, worker_start_time, worker_pgid,"
+    " exit_status"
 )
 
 
@@ -80,6 +82,7 @@ class Journal:
         self._checkpoint = checkpoint_events
         self._pending = 0  # chunk events written but not yet committed
         self.imported_from: Path | None = None  # the backup of a reference journal imported at open
+        self.upgraded_from: Path | None = None  # the backup of an older schema's journal upgraded at open
         self.on_commit: Callable[[set[str]], None] = lambda action_ids: None  # their readers may look again
         self._touched: set[str] = set()  # jobs with events in the open transaction
         self.commit_seconds: Callable[[float], None] = lambda seconds: None  # how long a durable commit took
@@ -117,6 +120,8 @@ class Journal:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise JournalError(f"journal schema {version} is newer than this supervisor ({SCHEMA_VERSION})")
+        if 0 < version < SCHEMA_VERSION:
+            self.upgraded_from = migrate.upgrade(self._db, self.path, version)
         self._db.executescript(f"BEGIN; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
 
     def _verify(self) -> None:
@@ -287,6 +292,7 @@ class Journal:
         data: dict[str, Any],
         output: dict[str, Any] | None = None,
         streams: Streams | None = None,
+        exit_status: int | None = None,
     ) -> Event:
         """The terminal event, the status it implies, the output and the worker's streams: one durable
         commit. If the streams do not fit (the journal is full) they are dropped, never the terminal event."""
@@ -294,8 +300,8 @@ class Journal:
             with self._transaction():
                 appended = self._insert(action_id, event, data)
                 self._db.execute(
-                    "UPDATE jobs SET status = ?, output = ? WHERE action_id = ?",
-                    (event, orjson.dumps(output) if output is not None else None, action_id),
+                    "UPDATE jobs SET status = ?, output = ?, exit_status = ? WHERE action_id = ?",
+                    (event, orjson.dumps(output) if output is not None else None, exit_status, action_id),
                 )
                 if streams is not None:
                     self._db.execute(
@@ -305,7 +311,7 @@ class Journal:
         except JournalError:
             if streams is None:
                 raise
-            return self.finish(action_id, event, data, output)
+            return self.finish(action_id, event, data, output, exit_status=exit_status)
         return appended
 
     def archive(self, action_id: str) -> None:

@@ -11,7 +11,7 @@ import time
 import orjson
 
 # What a record may carry beside its message (passed with ``extra=``); nothing else is emitted.
-FIELDS = ("action_id", "crew_id", "operation", "outcome", "error_type", "duration_ms", "pid", "launcher")
+FIELDS = ("action_id", "crew_id", "operation", "outcome", "error_type", "reason", "duration_ms", "pid", "launcher")
 
 
 class JsonFormatter(logging.Formatter):

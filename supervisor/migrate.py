@@ -1,8 +1,9 @@
-"""Drop-in migration: a reference sidecar's journal (one JSON array of records) becomes ours.
+"""Journals written by others become ours: a reference sidecar's (one JSON array of records), and
+ours of an older schema.
 
-The import happens once, under the journal's lock, before anything is served. The original is
-kept beside the journal; the JSON file is replaced only after the SQLite copy is complete and
-synced, so a crash mid-import leaves the JSON in place to be imported again.
+Both happen once, under the journal's lock, before anything is served, and the original is kept
+beside the journal, complete and synced, before anything changes: a crash mid-way leaves the old
+journal in place to be migrated again.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from supervisor.schema import SCHEMA, SCHEMA_VERSION, TERMINAL_EVENTS, JournalEr
 
 STATUSES = ("running", *TERMINAL_EVENTS)
 EVENTS = ("started", "chunk", *TERMINAL_EVENTS)
+# Schema 1 wrapped a completed event's output: {"status", "exit_status", "output" | "output_in_record"}.
+WRAPPED_COMPLETED = frozenset({"status", "exit_status", "output", "output_in_record"})
 
 
 def is_reference_journal(path: Path) -> bool:
@@ -103,6 +106,50 @@ def _insert(db: sqlite3.Connection, record: dict[str, Any]) -> None:
         ),
     )
     db.executemany("INSERT INTO events (action_id, sequence, event, data) VALUES (?, ?, ?, ?)", rows)
+
+
+def upgrade(db: sqlite3.Connection, path: Path, version: int) -> Path:
+    """Bring a schema-1 journal up to date in one transaction; returns where its copy is kept.
+
+    Completed events held ``{"status", "exit_status", "output"}`` (or ``output_in_record``); the real
+    client takes that data as the output, so each becomes the output itself (from the record when
+    the event left it out) and the exit status moves to the record.
+    """
+    backup = path.with_name(f"{path.name}.v{version}.backup")
+    _write_private(backup, b"")
+    copy = sqlite3.connect(backup)
+    try:
+        db.backup(copy)
+    finally:
+        copy.close()
+    _fsync(backup)
+    _fsync(path.parent)
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.execute("ALTER TABLE jobs ADD COLUMN exit_status INTEGER")
+        rows = db.execute(
+            "SELECT e.action_id, e.sequence, e.data, j.output FROM events AS e JOIN jobs AS j USING (action_id)"
+            " WHERE e.event = 'completed'"
+        ).fetchall()
+        for action_id, sequence, data, output in rows:
+            wrapped = orjson.loads(data)
+            if wrapped.get("status") != "completed" or not wrapped.keys() <= WRAPPED_COMPLETED:
+                continue  # already the output itself (a reference journal's)
+            unwrapped = wrapped["output"] if "output" in wrapped else orjson.loads(output or b"null")
+            if not isinstance(unwrapped, dict):
+                continue
+            db.execute(
+                "UPDATE events SET data = ? WHERE action_id = ? AND sequence = ?",
+                (orjson.dumps(unwrapped), action_id, sequence),
+            )
+            db.execute("UPDATE jobs SET exit_status = ? WHERE action_id = ?", (wrapped.get("exit_status"), action_id))
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+    return backup
 
 
 def _write_private(path: Path, data: bytes) -> None:

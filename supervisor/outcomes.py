@@ -30,16 +30,36 @@ FRAME_FAULTS: dict[type[FrameError], str] = {
 }
 
 
+# Where the reference sidecar reports the same condition: the class name of what it raises there.
+REFERENCE_ERROR_TYPES = {
+    "timeout": "TimeoutError",
+    "event_too_large": "RegistryError",
+    "event_limit_exceeded": "RegistryError",
+    "output_too_large": "RegistryError",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Outcome:
+    """The terminal event (``completed`` data is the output itself, as the reference writes it) and the
+    worker's exit status, which the record keeps."""
+
     event: str  # completed | failed | cancelled
     data: dict[str, Any]
     output: dict[str, Any] | None = None
+    exit_status: int | None = None
 
 
-def failure(error_type: str, message: str, uncertain: bool, **proof: Any) -> Outcome:
-    data = {"status": "failed", "error_type": error_type, "message": message, "uncertain_outcome": uncertain}
-    return Outcome("failed", {**data, **proof})
+def failure(reason: str, message: str, uncertain: bool, error_type: str | None = None, **proof: Any) -> Outcome:
+    """``reason`` is our precise name; ``error_type`` the reference's value for it where it has one."""
+    data = {
+        "status": "failed",
+        "error_type": error_type or REFERENCE_ERROR_TYPES.get(reason, reason),
+        "reason": reason,
+        "message": message,
+        "uncertain_outcome": uncertain,
+    }
+    return Outcome("failed", {**data, **proof}, exit_status=proof.get("exit_status"))
 
 
 def exit_failure(status: int | None, pid: int) -> Outcome:

@@ -5,7 +5,7 @@ class JournalError(Exception):
     """The journal cannot be used or could not make a write durable."""
 
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: completed events hold the output itself; the worker's exit status is in jobs
 TERMINAL_EVENTS = ("completed", "failed", "cancelled")
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -19,7 +19,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     admitted_at REAL NOT NULL,
     worker_pid INTEGER,
     worker_start_time REAL,
-    worker_pgid INTEGER
+    worker_pgid INTEGER,
+    exit_status INTEGER
 );
 CREATE TABLE IF NOT EXISTS events (
     action_id TEXT NOT NULL,

@@ -86,6 +86,8 @@ def _prepare(settings: config.Settings, journal_path: Path) -> Supervisor:
         log.warning(
             "imported the reference journal at %s; the original is kept at %s", journal_path, journal.imported_from
         )
+    if journal.upgraded_from:
+        log.warning("upgraded the journal at %s; the original is kept at %s", journal_path, journal.upgraded_from)
     try:
         become_subreaper()
         spawn = SpawnLauncher()

@@ -62,9 +62,12 @@ def job_panel(job: dict[str, Any]) -> Table:
     for name in ("action_id", "crew_id", "operation", "event_count"):
         table.add_row(Text(name, style="bold"), str(job[name]))
     table.add_row(Text("status", style="bold"), status_text(job["status"]))
-    for name, value in (job.get("terminal") or {}).items():
-        if name not in ("status", "output"):
-            table.add_row(Text(name, style="dim"), compact(value))
+    if job["status"] != "completed":  # a completed event's data is the output, shown below
+        for name, value in (job.get("terminal") or {}).items():
+            if name != "status":
+                table.add_row(Text(name, style="dim"), compact(value))
+    if job.get("exit_status") is not None:
+        table.add_row(Text("exit_status", style="dim"), str(job["exit_status"]))
     raw = (job.get("output") or {}).get("raw")
     if raw is not None:
         table.add_row(Text("output", style="bold"), Text(str(raw)[:OUTPUT_PREVIEW]))
@@ -80,7 +83,7 @@ def event_line(event: dict[str, Any]) -> Text:
 def terminal_line(event: dict[str, Any]) -> Text:
     data, name = event["data"], event["event"]
     if name == "completed":
-        detail = f"exit status {data.get('exit_status')}"
+        detail = f"{len(orjson.dumps(data))} bytes of output"
     elif name == "failed":
         detail = f"{data.get('error_type')}: {data.get('message')}"
     else:

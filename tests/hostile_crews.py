@@ -15,11 +15,13 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from crewai import Crew
+from crewai import Agent, Crew, Task
+from crewai.crews.crew_output import CrewOutput
 from crewai.events.types.llm_events import LLMCallType
 from crewai.llms.base_llm import llm_call_context
+from crewai.types.usage_metrics import UsageMetrics
 
-from protocol import Completed, pack
+from protocol import PROTOCOL_VERSION, Completed, pack
 from tests.crews import EVIDENCE_DIR, HOUR, _single, stubborn
 from tests.crews import registry as base_registry
 from worker import lifecycle
@@ -84,7 +86,10 @@ class RunawayLLM(OfflineLLM):
                 for _ in range(100_000):
                     hoard.append(open(os.devnull))  # noqa: SIM115 - kept open on purpose
             finally:
-                with open(os.path.join(os.environ[EVIDENCE_DIR], "files.count"), "w", opener=_fd_saver(hoard)) as out:
+                # Closed before the error leaves: CrewAI may call again while the traceback holds this frame.
+                for held in hoard:
+                    held.close()
+                with open(os.path.join(os.environ[EVIDENCE_DIR], "files.count"), "w") as out:
                     out.write(str(len(hoard)))
         elif self.mode == "events":
             with llm_call_context():
@@ -119,16 +124,6 @@ class RunawayLLM(OfflineLLM):
         return "Final Answer: unreachable"
 
 
-def _fd_saver(hoard: list[Any]) -> Callable[[str, int], int]:
-    """An opener that first gives back one of the hoarded descriptors, so the count can be written."""
-
-    def opener(path: str, flags: int) -> int:
-        hoard.pop().close()
-        return os.open(path, flags, 0o600)
-
-    return opener
-
-
 def _runaway(mode: str) -> Callable[[], Crew]:
     return lambda: _single(RunawayLLM(model=f"runaway-{mode}", mode=mode))
 
@@ -141,8 +136,8 @@ def _frame(body: bytes) -> bytes:
 BROKEN_FRAMES = {
     "garbage": _frame(b"\xffnot json at all"),
     "oversized": struct.pack(">I", 2**31) + b"{}",
-    "truncated": struct.pack(">I", 100) + b'{"v": 1',
-    "unknown-message": _frame(b'{"v":1,"type":"launch"}'),
+    "truncated": struct.pack(">I", 100) + b'{"v": %d' % PROTOCOL_VERSION,
+    "unknown-message": _frame(b'{"v":%d,"type":"launch"}' % PROTOCOL_VERSION),
     "old-version": _frame(b'{"v":0,"type":"chunk","channel":"x","data":{}}'),
     "second-terminal": pack(Completed(output={"raw": "forged"})),
 }
@@ -176,8 +171,20 @@ def big_chunk() -> Crew:
     return _single(SizedLLM(model="sized", chunk_bytes=4096))
 
 
-def big_output() -> Crew:
-    return _single(SizedLLM(model="sized", answer_bytes=700 * 1024))
+class SizedCrew(Crew):
+    """A real Crew whose kickoff answers ``bytes`` bytes of raw output and nothing else that grows, so an
+    output's encoded size is a constant plus that number: a test can meet a byte bound exactly."""
+
+    def kickoff(self, inputs: dict[str, Any] | None = None, *args: Any, **kwargs: Any) -> Any:
+        if self.stream:  # CrewAI's streamed kickoff runs this one again with streaming off
+            return super().kickoff(inputs, *args, **kwargs)
+        size = int((inputs or {}).get("bytes", 0))
+        return CrewOutput(raw="a" * size, tasks_output=[], token_usage=UsageMetrics())
+
+
+def sized_output() -> Crew:
+    agent = Agent(role="Sizer", goal="Answer to size", backstory="Exact.", llm=OfflineLLM(model="sized"))
+    return SizedCrew(agents=[agent], tasks=[Task(description="Answer.", expected_output="Bytes.", agent=agent)])
 
 
 def immortal() -> Crew:
@@ -197,7 +204,7 @@ registry = {
     **base_registry,
     "immortal": immortal,
     "big-chunk": big_chunk,
-    "big-output": big_output,
+    "sized-output": sized_output,
     **{f"runaway-{mode}": _runaway(mode) for mode in RUNAWAY},
     **{f"broken-{mode}": _breaker(mode) for mode in ("segfault", "exit3", "close-pipe", *BROKEN_FRAMES)},
 }

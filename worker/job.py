@@ -10,9 +10,9 @@ import os
 import sys
 from typing import Any, NoReturn
 
-from protocol import Completed, Failed, Hello, Registry, Start, Started
+from protocol import READ_ONLY_OPERATIONS, Completed, Failed, Hello, Registry, Start, Started
 from worker import lifecycle, registry
-from worker.operations import OPERATIONS, OperationError, OutputTooLarge, bounded
+from worker.operations import OPERATIONS, OperationError, OutputTooLarge, Work, bounded
 
 
 def run(event_fd: int, control_fd: int, crews: dict[str, Any] | None = None, describe: bool = False) -> NoReturn:
@@ -43,7 +43,7 @@ def load(out: lifecycle.FrameWriter) -> dict[str, Any] | None:
     except Exception as exc:
         # Registry errors are configuration, so their text is safe and needed to fix startup.
         message = f"{spec}: {type(exc).__name__}: {exc}"
-        out.send(Failed(error_type="registry_error", message=message, uncertain_outcome=False))
+        out.send(failed("registry_error", "registry_error", message, False))
         return None
 
 
@@ -52,28 +52,36 @@ def describe_registry(crews: dict[str, Any]) -> Registry:
 
 
 async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWriter) -> None:
-    """Run one job and send exactly one terminal frame. Messages stay generic: no traceback text."""
+    """Run one job and send exactly one terminal frame. Messages stay generic: no traceback text.
+
+    ``error_type`` is what the reference sidecar reports (the exception's class name); ``reason`` is ours.
+    """
     operation = OPERATIONS.get(start.operation)
     if start.crew_id not in crews or operation is None:
         what = "crew" if start.crew_id not in crews else "operation"
-        out.send(
-            Failed(error_type=f"unknown_{what}", message=f"this worker has no such {what}", uncertain_outcome=False)
-        )
+        out.send(failed(f"unknown_{what}", f"unknown_{what}", f"this worker has no such {what}", False))
         return
+    entry = crews[start.crew_id]
     try:
-        crew = registry.build(crews[start.crew_id])
+        crew = registry.build(entry)
     except Exception as exc:  # a broken factory is the registry's fault, reported by class
         message = f"the crew factory raised {type(exc).__name__}"
-        out.send(Failed(error_type="crew_factory_failed", message=message, uncertain_outcome=False))
+        out.send(failed(type(exc).__name__, "crew_factory_failed", message, False))
         return
     out.send(Started())
+    # Work that may have had effects leaves its outcome uncertain; a read-only query has none.
+    effects = start.operation not in READ_ONLY_OPERATIONS
     try:
-        output = bounded(await operation(crew, start.input, out.send))
+        output = bounded(await operation(Work(crew, start.input, out.send, lambda: registry.build(entry))))
     except OutputTooLarge as exc:
-        out.send(Failed(error_type="output_too_large", message=str(exc), uncertain_outcome=False))
-    except OperationError as exc:  # our own words (or CrewAI's configuration text), never provider output
-        out.send(Failed(error_type=type(exc).__name__, message=str(exc), uncertain_outcome=False))
+        out.send(failed("RegistryError", "output_too_large", str(exc), effects))
+    except OperationError as exc:  # our own words (or CrewAI's configuration text), refused before any work
+        out.send(failed(type(exc).__name__, "operation_refused", str(exc), False))
     except Exception as exc:
-        out.send(Failed(error_type=type(exc).__name__, message="CrewAI operation failed", uncertain_outcome=False))
+        out.send(failed(type(exc).__name__, "operation_failed", "CrewAI operation failed", effects))
     else:
         out.send(Completed(output=output))
+
+
+def failed(error_type: str, reason: str, message: str, uncertain: bool) -> Failed:
+    return Failed(error_type=error_type, reason=reason, message=message, uncertain_outcome=uncertain)

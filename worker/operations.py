@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -24,9 +25,22 @@ from protocol.frames import MAX_OUTPUT_BYTES
 from worker import registry
 
 Emit = Callable[[Chunk], None]
-Operation = Callable[[Any, dict[str, Any], Emit], Awaitable[dict[str, Any]]]
 OUTPUT_FIELDS = {"raw": "", "json_dict": None, "pydantic": None, "tasks_output": [], "token_usage": {}}
 TRAINING_DIR_ENV = "AIP_CREWAI_TRAINING_DIR"
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """What an operation gets: the job's crew (built before ``started``, so a broken factory fails first),
+    its input, where chunks go, and a way to build another fresh crew."""
+
+    crew: Any
+    input: dict[str, Any]
+    emit: Emit
+    fresh: Callable[[], Any]
+
+
+Operation = Callable[[Work], Awaitable[dict[str, Any]]]
 
 
 class OperationError(Exception):
@@ -82,13 +96,18 @@ def chunk_message(chunk: Any) -> Chunk:
     return Chunk(channel=channel, data={**data, "channel": channel})
 
 
-async def run(crew: Any, inputs: dict[str, Any], emit: Emit) -> dict[str, Any]:
+async def run(work: Work) -> dict[str, Any]:
+    """The crew's ``kickoff`` (in a thread, streamed), so the answer is what ``kickoff()`` gives in-process.
+
+    Not ``akickoff``: CrewAI 1.15's native async path fails knowledge search on the default ChromaDB
+    client and swallows the error, so a crew with knowledge sources would answer without them.
+    """
+    crew = work.crew
     crew.stream = True
-    kickoff = getattr(crew, "akickoff", None) or crew.kickoff_async
-    result = await kickoff(inputs=inputs)
+    result = await crew.kickoff_async(inputs=work.input)
     if hasattr(result, "__aiter__"):
         async for chunk in result:
-            emit(chunk_message(chunk))
+            work.emit(chunk_message(chunk))
         result = result.result
     return {**crew_output(result), "replay_task_ids": replay_task_ids(crew)}
 
@@ -116,22 +135,24 @@ def stored_task_ids() -> list[str]:
     return [str(row["task_id"]) for row in stored_outputs()]
 
 
-async def batch_run(crew: Any, job: dict[str, Any], emit: Emit) -> dict[str, Any]:
-    # Streamed batches yield every chunk twice (kickoff_for_each_async) and results only at the end.
-    crew.stream = False
-    batch = job["inputs"]
-    if hasattr(crew, "akickoff_for_each"):
-        results = await crew.akickoff_for_each(inputs=batch)
-    elif hasattr(crew, "kickoff_for_each_async"):
-        results = await crew.kickoff_for_each_async(inputs=batch)
-    else:
-        results = await asyncio.to_thread(crew.kickoff_for_each, inputs=batch)
+async def batch_run(work: Work) -> dict[str, Any]:
+    """Each input on a fresh crew from the factory, concurrently: each result is what ``kickoff()`` of that
+    input gives. (``akickoff_for_each`` copies one crew whose copies share one LLM token counter, so every
+    result reported the batch's running total.)"""
+    batch = work.input["inputs"]
+    crews = [work.crew, *(work.fresh() for _ in batch[1:])]
+    for crew in crews:
+        crew.stream = False
+    results = await asyncio.gather(
+        *(crew.kickoff_async(inputs=inputs) for crew, inputs in zip(crews, batch, strict=True))
+    )
     outputs = [crew_output(result) for result in results]
     return {"results": outputs, "count": len(outputs)}
 
 
-async def replay(crew: Any, job: dict[str, Any], emit: Emit) -> dict[str, Any]:
+async def replay(work: Work) -> dict[str, Any]:
     """Re-run from ``task_id`` on; earlier tasks' stored outputs (possibly from another process) are reused."""
+    crew, job = work.crew, work.input
     crew.stream = False
     task_id = job["task_id"]
     rows = stored_outputs()
@@ -152,7 +173,8 @@ async def replay(crew: Any, job: dict[str, Any], emit: Emit) -> dict[str, Any]:
     return {**crew_output(result), "replay_task_ids": stored_task_ids()}
 
 
-async def train(crew: Any, job: dict[str, Any], emit: Emit) -> dict[str, Any]:
+async def train(work: Work) -> dict[str, Any]:
+    crew, job = work.crew, work.input
     feedback = job.get("feedback")
     if not isinstance(feedback, str) or not feedback.strip():
         # CrewAI would otherwise read stdin once per task and iteration, and fail only then.
@@ -221,8 +243,9 @@ def publish(source: Path, target: Path) -> None:
         os.close(directory)
 
 
-async def evaluate(crew: Any, job: dict[str, Any], emit: Emit) -> dict[str, Any]:
+async def evaluate(work: Work) -> dict[str, Any]:
     """Score the crew with ``eval_llm``; CrewAI returns nothing and reports scores only as events."""
+    crew, job = work.crew, work.input
     from crewai.events.event_bus import crewai_event_bus
     from crewai.events.types.crew_events import CrewTestResultEvent
 
@@ -249,9 +272,10 @@ async def evaluate(crew: Any, job: dict[str, Any], emit: Emit) -> dict[str, Any]
     return {"status": "completed", "n_iterations": job["n_iterations"], "eval_llm": name, "scores": scores}
 
 
-async def knowledge_query(crew: Any, job: dict[str, Any], emit: Emit) -> dict[str, Any]:
+async def knowledge_query(work: Work) -> dict[str, Any]:
     """The sync query in a thread, not aquery_knowledge: CrewAI 1.15's default (sync) ChromaDB client fails
     every async search ("requires an AsyncClientAPI") and the error is swallowed into an empty result."""
+    crew, job = work.crew, work.input
     results = await asyncio.to_thread(
         crew.query_knowledge,
         job["query"],
@@ -261,7 +285,8 @@ async def knowledge_query(crew: Any, job: dict[str, Any], emit: Emit) -> dict[st
     return {"results": to_json(results or [])}
 
 
-async def memory_reset(crew: Any, job: dict[str, Any], emit: Emit) -> dict[str, Any]:
+async def memory_reset(work: Work) -> dict[str, Any]:
+    crew, job = work.crew, work.input
     command_type = job["command_type"]
     try:
         await asyncio.to_thread(crew.reset_memories, command_type)

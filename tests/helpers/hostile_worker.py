@@ -8,6 +8,8 @@ import struct
 import sys
 import time
 
+from protocol import PROTOCOL_VERSION
+
 parser = argparse.ArgumentParser()
 parser.add_argument(
     "behaviour", choices=["garbage", "oversized", "truncated", "not-json", "unknown-type", "old-version"]
@@ -26,9 +28,9 @@ def frame(body: bytes) -> bytes:
 payloads = {
     "garbage": b"\x00\x00\x00\x05hello-not-a-frame" * 3,
     "oversized": struct.pack(">I", 2**31) + b"{}",
-    "truncated": struct.pack(">I", 100) + b'{"v": 1',
+    "truncated": struct.pack(">I", 100) + b'{"v": %d' % PROTOCOL_VERSION,
     "not-json": frame(b"nope"),
-    "unknown-type": frame(b'{"v":1,"type":"launch"}'),
+    "unknown-type": frame(b'{"v":%d,"type":"launch"}' % PROTOCOL_VERSION),
     "old-version": frame(b'{"v":0,"type":"hello","pid":1}'),
 }
 os.write(EVENT_FD, payloads[args.behaviour])

@@ -65,23 +65,23 @@ CASES = [
 ]
 
 
-def test_error_types_are_distinct() -> None:
+def test_reasons_are_distinct() -> None:
     assert len({error for _, error in CASES}) == len(CASES)
 
 
-@pytest.mark.parametrize(("crew", "error_type"), CASES)
-def test_a_broken_worker_fails_only_its_own_job(server: Server, crew: str, error_type: str) -> None:
+@pytest.mark.parametrize(("crew", "reason"), CASES)
+def test_a_broken_worker_fails_only_its_own_job(server: Server, crew: str, reason: str) -> None:
     terminal = run_with_neighbour(server, start_body(crew, crew))
-    assert terminal["error_type"] == error_type, terminal
+    assert terminal["reason"] == reason, terminal
     pid = worker_pid(server, crew)
     assert pid is not None or crew == "broken-factory"  # a factory fails before `started`
     if pid is not None:
         assert wait_until(lambda: gone(pid), timeout=5)
-    if error_type == "worker_crashed":
+    if reason == "worker_crashed":
         assert terminal["exit_signal"] == "SIGSEGV"
-    if error_type == "worker_exited":
+    if reason == "worker_exited":
         assert terminal["exit_status"] == 3
-    if error_type == "frame_truncated":
+    if reason == "frame_truncated":
         assert f"{STALL_SECONDS:g} s" in terminal["message"]
 
 
@@ -108,7 +108,7 @@ def test_a_worker_ignoring_sigterm_is_killed_at_its_timeout(server: Server) -> N
     with server.client() as client:  # the blocking wait ends with the timeout; the terminal follows
         assert wait_until(lambda: client.get("/jobs/deaf").json()["status"] == "failed", timeout=10)
         terminal = client.get("/jobs/deaf").json()["terminal"]
-    assert terminal["error_type"] == "timeout" and terminal["signal"] == "SIGKILL"  # the grace did not help
+    assert terminal["reason"] == "timeout" and terminal["signal"] == "SIGKILL"  # the grace did not help
     assert terminal["stop_confirmed"] is True and gone(terminal["pid"])
 
 

@@ -64,7 +64,7 @@ def test_run_then_jobs_show_and_events(server: Server, tmp_path: Path) -> None:
     assert ran.returncode == 0, ran.stderr
     events = json_lines(ran.stdout)
     assert_whole(events, "completed")
-    assert "queues" in str(events[-1]["data"]["output"])
+    assert "queues" in str(events[-1]["data"]["tasks_output"])
 
     listed = cli(server, "jobs", "--json", "--crew", "demo", "--status", "completed")
     assert listed.returncode == 0 and "cli-run" in [job["action_id"] for job in orjson.loads(listed.stdout)["jobs"]]

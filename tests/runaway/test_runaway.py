@@ -72,7 +72,7 @@ def test_cpu_spinner_is_killed_after_its_cpu_seconds(server: Server) -> None:
 
 def test_event_flood_ends_at_the_event_limit(server: Server) -> None:
     terminal = run_beside_neighbour(server, "runaway-events", "events")
-    assert terminal["error_type"] == "event_limit_exceeded"
+    assert terminal["error_type"] == "RegistryError" and terminal["reason"] == "event_limit_exceeded"
 
 
 def test_fork_bomb_is_contained_and_every_process_killed(server: Server, evidence: Path) -> None:
@@ -86,7 +86,7 @@ def test_fork_bomb_is_contained_and_every_process_killed(server: Server, evidenc
 
 def test_a_descriptor_hoarder_hits_the_open_files_limit(server: Server, evidence: Path) -> None:
     terminal = run_with_neighbour(server, start_body("runaway-files", "files"))
-    assert terminal["error_type"] == "OSError" and terminal["uncertain_outcome"] is False  # the job's own error
+    assert terminal["error_type"] == "OSError" and terminal["reason"] == "operation_failed"  # the job's own error
     hoarded = int((evidence / "files.count").read_text())
     assert 0 < hoarded < OPEN_FILES  # the kernel refused the descriptor past the limit
 

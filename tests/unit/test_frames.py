@@ -42,7 +42,7 @@ messages = st.one_of(
     st.just(Started()),
     st.builds(Chunk, st.sampled_from(["llm", "tools"]), objects),
     st.builds(Completed, objects),
-    st.builds(Failed, st.text(max_size=10), st.text(max_size=30), st.booleans()),
+    st.builds(Failed, st.text(max_size=10), st.text(max_size=10), st.text(max_size=30), st.booleans()),
 )
 
 

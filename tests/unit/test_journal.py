@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import subprocess
@@ -224,3 +225,45 @@ def test_a_full_journal_fails_the_write_not_the_journal(path: Path) -> None:
     reopened = Journal(path, checkpoint_events=1)
     assert reopened.get("a").event_count == written  # type: ignore[union-attr]
     reopened.close()
+
+
+V1_JOURNAL = Path(__file__).parent / "data" / "journal-v1.db"  # written by the previous version's supervisor
+
+
+def test_a_journal_of_the_previous_version_is_upgraded_once_and_kept(path: Path) -> None:
+    """Schema 1 wrapped a completed event's output ({"status", "exit_status", "output" | "output_in_record"});
+    the client takes that data as the output, so each becomes the output itself and the exit status moves
+    to the record. A completed event that already is an output (imported from a reference) stays."""
+    path.write_bytes(V1_JOURNAL.read_bytes())
+    path.chmod(0o600)
+    imported = {"raw": "r", "status": "completed", "token_usage": {}}
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "INSERT INTO jobs (action_id, crew_id, operation, request_hash, status, event_count, output, admitted_at)"
+            " VALUES ('ref-done', 'demo', 'run', 'h', 'completed', 1, ?, 0)",
+            (orjson.dumps(imported),),
+        )
+        db.execute("INSERT INTO events VALUES ('ref-done', 0, 'completed', ?)", (orjson.dumps(imported),))
+    original = dump(path)
+
+    journal = Journal(path, checkpoint_events=3)
+    backup = path.with_name("journal.db.v1.backup")
+    assert journal.upgraded_from == backup and dump(backup) == original and backup.stat().st_mode & 0o777 == 0o600
+    for action_id in ("v1-completed", "v1-in-record"):
+        completed = journal.last_event(action_id)
+        assert completed is not None and completed.event == "completed"
+        assert completed.data == journal.output(action_id) and completed.data["raw"]
+        assert journal.get(action_id).exit_status == 0  # type: ignore[union-attr]
+    assert journal.last_event("ref-done").data == imported  # type: ignore[union-attr]
+    failed = journal.last_event("v1-failed")
+    assert failed is not None and failed.data["error_type"] == "RuntimeError"  # other events are untouched
+    journal.close()
+
+    again = Journal(path, checkpoint_events=3)  # once: a second open finds nothing to upgrade
+    assert again.upgraded_from is None and again.last_event("v1-completed").data["raw"]  # type: ignore[union-attr]
+    again.close()
+
+
+def dump(path: Path) -> list[str]:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        return [*db.iterdump(), str(db.execute("PRAGMA user_version").fetchone())]

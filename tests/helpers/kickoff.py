@@ -1,0 +1,113 @@
+"""What plain in-process CrewAI gives for a job: the reference a faithful sidecar must match.
+
+    python -m tests.helpers.kickoff <module:attr> <crew_id> <run|batch_run|replay> <json input>
+    python -m tests.helpers.kickoff --each < jobs.json    # [[module:attr, crew_id, operation, input], ...]
+
+Prints one JSON line: ``run`` is ``crew_output(crew.kickoff(inputs=input))``; ``batch_run`` kicks off a
+fresh crew from the factory per ``input["inputs"]`` item; ``replay`` kicks off with ``input`` and then,
+as the sidecar's replay job does, replays the second task (the first of a one-task crew) on a fresh crew
+from the stored outputs. CrewAI's storage is a fresh directory unless CREWAI_STORAGE_DIR is set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from typing import Any
+
+import orjson
+
+# What a faithful run may legitimately add or change: the sidecar's ids of this kickoff's stored tasks
+# (new ids every kickoff). Measured with CrewAI 1.15: crew_output() holds no other ids, times or pids.
+VOLATILE = frozenset({"replay_task_ids"})
+
+
+def comparable(output: dict[str, Any]) -> dict[str, Any]:
+    """The parts of an output (a crew output, or batch_run's ``{"results", "count"}``) that two faithful
+    runs must give equally: raw, pydantic, json_dict, every task output (raw, agent, messages, ...) and
+    token_usage. Crewai-free, so a test process can compare without importing CrewAI."""
+    if isinstance(output.get("results"), list) and "count" in output:
+        return {**output, "results": [comparable(result) for result in output["results"]]}
+    return {key: value for key, value in output.items() if key not in VOLATILE}
+
+
+def reference(spec: str, crew_id: str, operation: str, payload: dict[str, Any]) -> dict[str, Any]:
+    from worker import registry
+    from worker.operations import crew_output
+
+    factory = registry.load(spec)[crew_id]
+
+    def fresh() -> Any:
+        return registry.build(factory)
+
+    if operation == "run":
+        return crew_output(fresh().kickoff(inputs=payload))
+    if operation == "batch_run":
+        results = [crew_output(fresh().kickoff(inputs=inputs)) for inputs in payload["inputs"]]
+        return {"results": results, "count": len(results)}
+    if operation == "replay":
+        first = fresh()
+        first.kickoff(inputs=payload)
+        task_id = str(first.tasks[min(1, len(first.tasks) - 1)].id)
+        return crew_output(fresh().replay(task_id, payload))
+    raise ValueError(f"unknown operation {operation!r}")
+
+
+def answer(spec: str, crew_id: str, operation: str, payload: dict[str, Any]) -> None:
+    """Print the reference output as one line and exit at once (teardown after CrewAI costs a second)."""
+    storage = os.environ.get("CREWAI_STORAGE_DIR") or tempfile.mkdtemp(prefix="kickoff-storage-")
+    os.environ["CREWAI_STORAGE_DIR"] = storage
+    from worker import lifecycle
+
+    lifecycle.prepare_environment()  # telemetry off, the storage marker: as in a worker
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # CrewAI's panels must not mix with the answer
+            output = reference(spec, crew_id, operation, payload)
+    except Exception as exc:
+        output = {"error": f"{type(exc).__name__}: {exc}"}
+    sys.stdout.buffer.write(orjson.dumps(output) + b"\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def answer_each(jobs: list[list[Any]]) -> None:
+    """``--each``: jobs ``[spec, crew_id, operation, input]`` from stdin, one line each, in order.
+
+    CrewAI and the registries are imported once; each job then runs in a child forked from this process,
+    which never runs a crew (a fork after a crew ran would hang): every job starts as fresh as a worker.
+    """
+    from worker import lifecycle, registry
+
+    lifecycle.prepare_environment()
+    for spec in {job[0] for job in jobs}:
+        registry.load(spec)
+    storage = os.environ.get("CREWAI_STORAGE_DIR")
+    for spec, crew_id, operation, payload in jobs:
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                if storage is None:  # a fresh store per job unless the caller chose one
+                    os.environ.pop("CREWAI_STORAGE_DIR", None)
+                answer(spec, crew_id, operation, payload)
+            finally:
+                os._exit(70)  # only if answer() did not exit: a child must never return into this loop
+        _, status = os.waitpid(pid, 0)
+        if status != 0:
+            sys.stdout.buffer.write(orjson.dumps({"error": f"job exited with status {status}"}) + b"\n")
+    sys.stdout.flush()
+
+
+def main(argv: list[str]) -> None:
+    if argv == ["--each"]:
+        answer_each(orjson.loads(sys.stdin.buffer.read()))
+    else:
+        spec, crew_id, operation, payload = argv
+        answer(spec, crew_id, operation, orjson.loads(payload))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

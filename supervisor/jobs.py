@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from protocol import READ_ONLY_OPERATIONS, Chunk, Completed, Failed, Hello, Start, Started
+from supervisor.admission import Admission
 from supervisor.config import PREFIX, Settings
 from supervisor.journal import Event, Job, Journal, JournalError, Streams
 from supervisor.launcher import Launcher, LaunchError
@@ -68,6 +69,7 @@ class Supervisor:
         self.crews = crews
         self.state = state
         self.live: dict[str, LiveJob] = {}
+        self.admission = Admission(settings, journal, crews, self.launch)
         self.draining = False
         self._slots = asyncio.Semaphore(settings.max_concurrency)
         self._flusher: asyncio.Task[None] | None = None
@@ -110,6 +112,7 @@ class Supervisor:
         if self.draining:
             return
         self.draining = True
+        self.admission.stop()
         jobs = list(self.live.values())
         for job in jobs:
             # A launching job sees `draining` itself once its worker exists.

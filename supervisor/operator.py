@@ -14,64 +14,63 @@ from typing import Annotated, Any, Literal
 import orjson
 from fastapi import APIRouter, HTTPException, Query
 
-from supervisor.jobs import LiveJob, Supervisor
+from supervisor.jobs import LiveJob
 from supervisor.journal import Streams
 from supervisor.models import Operation, path_id_problem
 from supervisor.responses import errors
+from supervisor.routing import Sup
 
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
 Status = Literal["running", "completed", "failed", "cancelled"]
 NOTHING_CAPTURED = Streams("", "", 0, 0)
+router = APIRouter()
 
 
-def operator_routes(sup: Supervisor) -> APIRouter:
-    router = APIRouter()
-    journal = sup.journal
+@router.get("/jobs", responses=errors(422))
+async def list_jobs(
+    sup: Sup,
+    status: Status | None = None,
+    crew_id: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
+    operation: Operation | None = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
+    cursor: Annotated[str | None, Query(max_length=1024)] = None,
+) -> dict[str, Any]:
+    """Newest first. One extra row is read to know whether another page exists."""
+    before = decode_cursor(cursor) if cursor else None
+    rows = sup.journal.list_jobs(status, crew_id, operation, before, limit + 1)
+    page = rows[:limit]
+    more = len(rows) > limit
+    return {"jobs": page, "next_cursor": encode_cursor(page[-1]) if more else None}
 
-    @router.get("/jobs", responses=errors(422))
-    async def list_jobs(
-        status: Status | None = None,
-        crew_id: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
-        operation: Operation | None = None,
-        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
-        cursor: Annotated[str | None, Query(max_length=1024)] = None,
-    ) -> dict[str, Any]:
-        """Newest first. One extra row is read to know whether another page exists."""
-        before = decode_cursor(cursor) if cursor else None
-        rows = journal.list_jobs(status, crew_id, operation, before, limit + 1)
-        page = rows[:limit]
-        more = len(rows) > limit
-        return {"jobs": page, "next_cursor": encode_cursor(page[-1]) if more else None}
 
-    @router.get("/workers")
-    async def workers() -> dict[str, Any]:
-        now = asyncio.get_running_loop().time()
-        jobs = sorted(sup.live.values(), key=lambda job: job.admitted)
-        return {"workers": [worker_view(job, now) for job in jobs]}
+@router.get("/workers")
+async def workers(sup: Sup) -> dict[str, Any]:
+    now = asyncio.get_running_loop().time()
+    jobs = sorted(sup.live.values(), key=lambda job: job.admitted)
+    return {"workers": [worker_view(job, now) for job in jobs]}
 
-    @router.get("/jobs/{action_id}/output", responses=errors(404, 422))
-    async def output(action_id: str) -> dict[str, Any]:
-        """Live from the worker's tails while it runs; from the journal once it has settled."""
-        if problem := path_id_problem(action_id):
-            raise HTTPException(422, problem)
-        live = sup.live.get(action_id)
-        if live is not None:
-            worker = live.worker
-            streams = Streams.of(worker.stdout, worker.stderr) if worker is not None else NOTHING_CAPTURED
-        elif journal.get(action_id) is None:
-            raise HTTPException(404, "run was not found")
-        else:
-            # A job that never launched, or settled before this table existed, captured nothing.
-            streams = journal.streams(action_id) or NOTHING_CAPTURED
-        return {
-            "action_id": action_id,
-            "live": live is not None,
-            "stdout": {"text": streams.stdout, "total_bytes": streams.stdout_total},
-            "stderr": {"text": streams.stderr, "total_bytes": streams.stderr_total},
-        }
 
-    return router
+@router.get("/jobs/{action_id}/output", responses=errors(404, 422))
+async def output(sup: Sup, action_id: str) -> dict[str, Any]:
+    """Live from the worker's tails while it runs; from the journal once it has settled."""
+    if problem := path_id_problem(action_id):
+        raise HTTPException(422, problem)
+    live = sup.live.get(action_id)
+    if live is not None:
+        worker = live.worker
+        streams = Streams.of(worker.stdout, worker.stderr) if worker is not None else NOTHING_CAPTURED
+    elif sup.journal.get(action_id) is None:
+        raise HTTPException(404, "run was not found")
+    else:
+        # A job that never launched, or settled before this table existed, captured nothing.
+        streams = sup.journal.streams(action_id) or NOTHING_CAPTURED
+    return {
+        "action_id": action_id,
+        "live": live is not None,
+        "stdout": {"text": streams.stdout, "total_bytes": streams.stdout_total},
+        "stderr": {"text": streams.stderr, "total_bytes": streams.stderr_total},
+    }
 
 
 def worker_view(job: LiveJob, now: float) -> dict[str, Any]:

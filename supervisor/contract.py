@@ -1,0 +1,213 @@
+"""The contract's routes: start (blocking or streamed), status, events, cancel, archive, health.
+
+Admission decides (``supervisor.admission``); these routes only translate HTTP to it and back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Header, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from supervisor.jobs import Supervisor
+from supervisor.journal import Event, Job, JournalError
+from supervisor.models import CancelRequest, StartRequest, path_id_problem
+from supervisor.responses import errors
+from supervisor.routing import StrictJSONRoute, Sup
+
+EVENTS_PER_SLICE = 1000
+CONTROL_OPERATIONS = ("status", "events", "cancel")
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
+LastEventId = Annotated[str | None, Header(alias="Last-Event-ID")]
+
+STREAM_ERRORS = errors(400, 403, 404, 409, 413, 422, 428, 503, 507)
+START_ERRORS = {**STREAM_ERRORS, **errors(502, 504)}  # a blocking start also reports how the job ended
+
+
+class EventStream(StreamingResponse):
+    media_type = "text/event-stream"
+
+
+router = APIRouter(route_class=StrictJSONRoute)
+
+
+@router.get("/health")
+async def health(sup: Sup) -> dict[str, Any]:
+    """The reference's keys, types and order (crews and operations sorted), then ours."""
+    settings = sup.settings
+    return {
+        "status": "ready",
+        "crews": sorted(sup.crews),
+        "active_runs": len(sup.live),
+        "retained_runs": sup.journal.count(),
+        "max_retained_runs": settings.max_retained_runs,
+        "durable_journal": bool(settings.state_file),
+        "stream_checkpoint_events": settings.stream_checkpoint_events,
+        "operations": sorted({*settings.allowed_operations, *CONTROL_OPERATIONS}),
+        "training_directory": bool(settings.training_dir),
+        "launcher": sup.launcher.name,
+        **sup.launcher.health(),
+        **sup.limits.health(),
+    }
+
+
+@router.post("/jobs", responses=START_ERRORS)
+async def post_job(sup: Sup, body: StartRequest, key: IdempotencyKey = None) -> Response:
+    return await start_blocking(sup, body, key, legacy=False)
+
+
+@router.post("/runs", responses=START_ERRORS)
+async def post_run(sup: Sup, body: StartRequest, key: IdempotencyKey = None) -> Response:
+    return await start_blocking(sup, body, key, legacy=True)
+
+
+@router.post("/jobs/stream", response_class=EventStream, responses=STREAM_ERRORS)
+async def post_job_stream(
+    sup: Sup, body: StartRequest, key: IdempotencyKey = None, last_id: LastEventId = None
+) -> Response:
+    job = sup.admission.admit(body, key, legacy=False)
+    return stream(sup, job.action_id, resume_cursor(last_id, 0))
+
+
+@router.post("/runs/stream", response_class=EventStream, responses=STREAM_ERRORS)
+async def post_run_stream(
+    sup: Sup, body: StartRequest, key: IdempotencyKey = None, last_id: LastEventId = None
+) -> Response:
+    job = sup.admission.admit(body, key, legacy=True)
+    return stream(sup, job.action_id, resume_cursor(last_id, 0))
+
+
+@router.get("/jobs/{action_id}", responses=errors(404, 422))
+@router.get("/runs/{action_id}", responses=errors(404, 422))
+async def get_job(sup: Sup, action_id: str) -> dict[str, Any]:
+    return view(sup, find(sup, action_id))
+
+
+@router.get(
+    "/jobs/{action_id}/events",
+    responses={200: {"content": {"text/event-stream": {}}}, **errors(400, 404, 416, 422)},
+)
+async def get_events(
+    sup: Sup, action_id: str, request: Request, cursor: Annotated[int, Query()] = 0, last_id: LastEventId = None
+) -> Response:
+    job = find(sup, action_id)
+    cursor = resume_cursor(last_id, cursor)
+    if not 0 <= cursor <= job.event_count:
+        raise HTTPException(416, f"cursor must be from 0 to {job.event_count}")
+    if "text/event-stream" in request.headers.get("accept", ""):
+        return stream(sup, action_id, cursor)
+    events = sup.journal.events(action_id, cursor, EVENTS_PER_SLICE)
+    return JSONResponse(
+        {
+            "action_id": action_id,
+            "cursor": cursor,
+            "next_cursor": cursor + len(events),
+            "status": job.status,
+            "events": [event.as_dict() for event in events],
+        }
+    )
+
+
+@router.post("/jobs/{action_id}/cancel", responses=errors(400, 404, 422))
+@router.post("/runs/{action_id}/cancel", responses=errors(400, 404, 422))
+async def cancel(sup: Sup, action_id: str, body: CancelRequest) -> dict[str, Any]:
+    if body.action_id != action_id:
+        raise HTTPException(400, "action_id in the body differs from the path")
+    job = find(sup, action_id)
+    if job.crew_id != body.crew_id:
+        raise HTTPException(404, "run was not found")
+    await sup.cancel(action_id, body.reason)
+    return view(sup, sup.journal.get(action_id) or job)
+
+
+@router.delete("/jobs/{action_id}", responses=errors(404, 409, 422, 428, 507))
+async def archive(
+    sup: Sup,
+    action_id: str,
+    confirmation: Annotated[str | None, Header(alias="X-AIP-Archive-Confirmation")] = None,
+) -> dict[str, Any]:
+    if confirmation != action_id:
+        raise HTTPException(428, "X-AIP-Archive-Confirmation must equal the action id")
+    job = find(sup, action_id)
+    if job.status == "running":
+        raise HTTPException(409, "a running job cannot be archived")
+    try:
+        sup.journal.archive(action_id)
+    except JournalError as exc:
+        raise HTTPException(507, f"archive could not be made durable: {exc}") from None
+    return {"archived": True, "action_id": action_id}
+
+
+async def start_blocking(sup: Supervisor, body: StartRequest, key: str | None, legacy: bool) -> Response:
+    """Wait for the job up to its own timeout (counted from this request): 200 output, 409 cancelled,
+    502 failed, 504 wait expired (the job continues)."""
+    loop = asyncio.get_running_loop()
+    waited_from = loop.time()
+    job = sup.admission.admit(body, key, legacy)
+    finished = await sup.wait(job.action_id, body.timeout_ms / 1000 - (loop.time() - waited_from))
+    job = sup.journal.get(job.action_id) or job
+    if not finished or job.status == "running":
+        return JSONResponse({"detail": "timed out waiting; the job continues", **view(sup, job)}, 504)
+    if job.status == "completed":
+        return JSONResponse(sup.journal.output(job.action_id))
+    detail = "run was cancelled" if job.status == "cancelled" else "run failed"
+    return JSONResponse({"detail": detail, **view(sup, job)}, 409 if job.status == "cancelled" else 502)
+
+
+def find(sup: Supervisor, action_id: str) -> Job:
+    if problem := path_id_problem(action_id):
+        raise HTTPException(422, problem)
+    job = sup.journal.get(action_id)
+    if job is None:
+        raise HTTPException(404, "run was not found")
+    return job
+
+
+def view(sup: Supervisor, job: Job) -> dict[str, Any]:
+    """The reference's record, then ours: the terminal event's data and the worker's exit status."""
+    journal = sup.journal
+    last = journal.last_event(job.action_id) if job.status != "running" else None
+    return {
+        "action_id": job.action_id,
+        "crew_id": job.crew_id,
+        "operation": job.operation,
+        "status": job.status,
+        "event_count": job.event_count,
+        "output": journal.output(job.action_id) if job.status == "completed" else None,
+        "terminal": last.data if last is not None and last.terminal else None,
+        "exit_status": job.exit_status,
+    }
+
+
+def stream(sup: Supervisor, action_id: str, cursor: int) -> EventStream:
+    batches = sup.follow(action_id, cursor, sup.settings.heartbeat_seconds)
+    return EventStream(sse_frames(batches), headers=SSE_HEADERS)
+
+
+def resume_cursor(last_event_id: str | None, cursor: int) -> int:
+    """Last-Event-ID (an SSE reconnect) resumes after that sequence and wins over the query."""
+    if last_event_id is None:
+        return cursor
+    # isascii: "²" is a digit to str.isdigit() but not to int()
+    if not (last_event_id.strip().isascii() and last_event_id.strip().isdigit()):
+        raise HTTPException(400, "Last-Event-ID must be an event sequence number")
+    return int(last_event_id) + 1
+
+
+async def sse_frames(batches: AsyncIterator[list[Event] | None]) -> AsyncIterator[bytes]:
+    """``event:`` and ``data:`` first, as the reference writes them, then ``id:`` for resuming."""
+    async for batch in batches:
+        if batch is None:
+            yield b": keep-alive\n\n"
+        else:
+            yield b"".join(_frame(event) for event in batch)
+
+
+def _frame(event: Event) -> bytes:
+    return b"event: %s\ndata: %s\nid: %d\n\n" % (event.event.encode(), orjson.dumps(event.as_dict()), event.sequence)

@@ -27,7 +27,8 @@ from supervisor.launcher import Launcher, LaunchError
 from supervisor.limits import Breach, Limits
 from supervisor.metrics import Metrics
 from supervisor.outcomes import Outcome, after_terminal, exit_failure, failure, protocol_fault
-from supervisor.process import WorkerProcess, kill_orphan, reap_adopted
+from supervisor.process import WorkerProcess, kill_orphan
+from supervisor.reaper import Reaper
 
 log = logging.getLogger("crew_supervisor.jobs")
 FLUSH_SECONDS = 0.05  # how long a chunk may wait before readers can see it
@@ -61,10 +62,13 @@ class LiveJob:
 
 
 class Supervisor:
-    def __init__(self, settings: Settings, journal: Journal, launcher: Launcher, crews: list[str], state: Path) -> None:
+    def __init__(
+        self, settings: Settings, journal: Journal, launcher: Launcher, crews: list[str], state: Path, reaper: Reaper
+    ) -> None:
         self.settings = settings
         self.journal = journal
         self.launcher = launcher
+        self.reaper = reaper
         self.crews = crews
         self.state = state
         self.live: dict[str, LiveJob] = {}
@@ -135,7 +139,7 @@ class Supervisor:
     async def _reap_periodically(self) -> None:
         while True:
             await asyncio.sleep(REAP_SECONDS)
-            if reaped := reap_adopted():
+            if reaped := self.reaper.reap():
                 log.info("reaped %d exited orphan(s) of jobs", reaped)
 
     # Admission, cancel, observation --------------------------------------------------------------

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import ctypes
 import dataclasses
 import os
 import signal
@@ -18,23 +17,10 @@ import psutil
 from protocol import FrameError, Message, pack
 from supervisor.cgroups import PidsCgroup
 from supervisor.pipes import QUEUE_HIGH, QUEUE_LOW, Frames, PipeEnds, Tail
+from supervisor.reaper import Reaper, signal_group
 
-PR_SET_CHILD_SUBREAPER = 36
 CONFIRM_SECONDS = 5.0
-EXIT_REPORT_SECONDS = 1.0  # how long a fork server's exit report may lag the exit itself
 MAX_REMEMBERED = 4096  # descendants remembered per worker (a fork bomb is capped well below this)
-
-
-# Children we launched and reap where we watch them (workers we spawned, the fork server). Any other
-# child is an orphan of some job, adopted because we are a subreaper: ``reap_adopted`` waits for those.
-LAUNCHED: set[int] = set()
-
-
-def become_subreaper() -> None:
-    """Adopt orphaned descendants, so a killed worker's grandchildren are ours to reap."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,18 +52,15 @@ class Usage:
 
 
 class WorkerProcess:
-    """A launched worker: leads its own process group; watched through a pidfd.
+    """A launched worker: leads its own process group. Its exit status comes from the reaper
+    (``Reaper.watch``), whoever's child it is."""
 
-    A worker we spawned is our child and we reap it. A fork server's worker is reaped by the fork
-    server, which reports the exit status (``report_exit``); if that report never comes (the fork
-    server died too), the exit is still seen, with an unknown status.
-    """
-
-    def __init__(self, pid: int, pipes: PipeEnds, our_child: bool = True) -> None:
+    def __init__(
+        self, pid: int, pipes: PipeEnds, reaper: Reaper, exited: asyncio.Future[int | None], launched_by: str
+    ) -> None:
         self.pid = pid
-        self.launched_by = "spawn" if our_child else "forkserver"
+        self.launched_by = launched_by
         self.pgid = pid  # the worker called setsid: it leads its group
-        self.our_child = our_child
         self.create_time = psutil.Process(pid).create_time()
         self.stdout = Tail()
         self.stderr = Tail()
@@ -86,15 +69,15 @@ class WorkerProcess:
         self.cpu_baseline: float | None = None  # CPU seconds used before the job began (a cold start's imports)
         self.cgroup: PidsCgroup | None = None  # set by the limits when the kernel offers one
         self._seen: dict[int, psutil.Process] = {}  # every descendant a sample found, by pid
-        self.exited: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        self.exited = exited
+        self._reaper = reaper
         self._pipes = pipes
         self._messages: asyncio.Queue[Message | FrameError | None] = asyncio.Queue()
         self._frames = Frames(self._messages)
         self._control: asyncio.WriteTransport | None = None
-        self._pidfd = os.pidfd_open(pid)
 
     async def attach(self) -> None:
-        """Start reading pipes and watching for exit without blocking the loop."""
+        """Start reading pipes without blocking the loop."""
         loop = asyncio.get_running_loop()
         await loop.connect_read_pipe(lambda: self._frames, os.fdopen(self._pipes.events, "rb", buffering=0))
         for fd, tail in ((self._pipes.stdout, self.stdout), (self._pipes.stderr, self.stderr)):
@@ -102,7 +85,6 @@ class WorkerProcess:
         self._control, _ = await loop.connect_write_pipe(
             asyncio.Protocol, os.fdopen(self._pipes.control, "wb", buffering=0)
         )
-        loop.add_reader(self._pidfd, self._on_exit)
 
     def send(self, message: Message) -> None:
         if self._control is not None and not self._control.is_closing():
@@ -132,24 +114,6 @@ class WorkerProcess:
                 break
             trailing.append(message)
         return trailing
-
-    def report_exit(self, status: int | None) -> None:
-        if not self.exited.done():
-            self.exited.set_result(status)
-
-    def _on_exit(self) -> None:
-        loop = asyncio.get_running_loop()
-        loop.remove_reader(self._pidfd)
-        os.close(self._pidfd)
-        # Until it is reaped the leader is a zombie and its pid (the group id) cannot be reused:
-        # anything it left running in its group goes with it.
-        _signal_group(self.pgid, signal.SIGKILL)
-        if self.our_child:
-            _, status = os.waitpid(self.pid, 0)
-            LAUNCHED.discard(self.pid)
-            self.report_exit(os.waitstatus_to_exitcode(status))
-        else:
-            loop.call_later(EXIT_REPORT_SECONDS, self.report_exit, None)
 
     async def wait_exit(self, timeout: float) -> int | None:
         """The exit status; None if it is unknown or ``timeout`` passed first (see ``exited``)."""
@@ -233,17 +197,17 @@ class WorkerProcess:
         tree = self.descendants()
         sent = signal.SIGKILL
         if grace > 0 and not self.exited.done():
-            _signal_group(self.pgid, signal.SIGTERM)
+            signal_group(self.pgid, signal.SIGTERM)
             await self.wait_exit(grace)
             if self.exited.done():
                 sent = signal.SIGTERM
         if not self.exited.done():
-            _signal_group(self.pgid, signal.SIGKILL)
+            signal_group(self.pgid, signal.SIGKILL)
         for process in tree:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()  # psutil refuses a pid that now names another process
         status = await self.wait_exit(CONFIRM_SECONDS)
-        confirmed = self.exited.done() and await confirm_gone(tree, CONFIRM_SECONDS)
+        confirmed = self.exited.done() and await self._reaper.confirm_gone(tree, CONFIRM_SECONDS)
         self.close_control()
         return StopEvidence(
             stop_confirmed=confirmed,
@@ -254,25 +218,6 @@ class WorkerProcess:
             descendants_killed=len(tree),
             elapsed_ms=round((time.monotonic() - started) * 1000, 3),
         )
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, sig)
-
-
-async def confirm_gone(processes: list[psutil.Process], timeout: float) -> bool:
-    """True once none of ``processes`` runs; reaps those that became our children (subreaper)."""
-    deadline = time.monotonic() + timeout
-    pending = list(processes)
-    while pending:
-        pending = [p for p in pending if not _gone(p)]
-        if not pending:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.002)
-    return True
 
 
 def children_by_parent() -> dict[int, list[int]]:
@@ -324,32 +269,6 @@ def _running(process: psutil.Process) -> bool:
         return False
 
 
-def _gone(process: psutil.Process) -> bool:
-    try:
-        if not process.is_running():  # compares start time too: a reused pid is not ours
-            return True
-        if process.status() != psutil.STATUS_ZOMBIE:
-            return False
-    except psutil.NoSuchProcess:
-        return True
-    # Our child through the subreaper: reap it. Another parent's zombie is dead all the same.
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(process.pid, os.WNOHANG)
-    return True
-
-
-def reap_adopted() -> int:
-    """Reap adopted orphans that have exited (a job's daemonised grandchild, say), so no zombie stays ours."""
-    reaped = 0
-    for child in psutil.Process().children():
-        if child.pid in LAUNCHED:
-            continue
-        with contextlib.suppress(psutil.NoSuchProcess, ChildProcessError):
-            if child.status() == psutil.STATUS_ZOMBIE and os.waitpid(child.pid, os.WNOHANG)[0]:
-                reaped += 1
-    return reaped
-
-
 def kill_orphan(pid: int, start_time: float, pgid: int) -> bool:
     """Kill a worker left by an earlier supervisor; True if it was found. A reused pid is never signalled."""
     try:
@@ -360,7 +279,7 @@ def kill_orphan(pid: int, start_time: float, pgid: int) -> bool:
     except psutil.NoSuchProcess:
         return False
     if pgid == pid:
-        _signal_group(pgid, signal.SIGKILL)
+        signal_group(pgid, signal.SIGKILL)
     for member in tree:
         with contextlib.suppress(psutil.NoSuchProcess):
             member.kill()

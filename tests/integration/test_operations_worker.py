@@ -18,7 +18,8 @@ import pytest
 
 from protocol import Chunk, Completed, Failed, FrameError, Start, Started
 from supervisor.launcher import SpawnLauncher
-from supervisor.process import StopEvidence, WorkerProcess, become_subreaper
+from supervisor.process import StopEvidence, WorkerProcess
+from supervisor.reaper import Reaper, become_subreaper
 from tests.conftest import gone, worker_env
 from tests.crews import CALL_LOG, HEARTBEAT
 
@@ -38,7 +39,7 @@ def env(tmp: Path) -> dict[str, str]:
 
 async def launch(tmp: Path, crew: str, operation: str, inputs: dict[str, Any]) -> WorkerProcess:
     # cwd = tmp: CrewAI's training files and the recorder's evidence land there, as in a job's scratch dir.
-    worker = await SpawnLauncher().spawn(env(tmp), str(tmp))
+    worker = await SpawnLauncher(Reaper()).spawn(env(tmp), str(tmp))
     worker.send(Start("job-1", crew, operation, inputs, 600_000))
     return worker
 

@@ -27,7 +27,8 @@ from protocol import (
     TruncatedFrame,
 )
 from supervisor.launcher import SpawnLauncher
-from supervisor.process import WorkerProcess, become_subreaper
+from supervisor.process import WorkerProcess
+from supervisor.reaper import Reaper, become_subreaper
 from tests.conftest import ROOT, gone, wait_until, worker_env
 
 
@@ -42,7 +43,7 @@ def run(coro: Callable[[], Awaitable[Any]]) -> Any:
 
 
 async def start(tmp: Path, crew: str, inputs: dict[str, Any] | None = None) -> WorkerProcess:
-    worker = await SpawnLauncher().spawn(worker_env(tmp), str(tmp))
+    worker = await SpawnLauncher(Reaper()).spawn(worker_env(tmp), str(tmp))
     worker.send(Start("job-1", crew, "run", inputs or {}, 600_000))
     return worker
 
@@ -155,7 +156,7 @@ def test_worker_dies_with_its_parent(tmp_path: Path) -> None:
 
 def test_worker_exits_when_its_control_pipe_closes(tmp_path: Path) -> None:
     async def scenario() -> int | None:
-        worker = await SpawnLauncher().spawn(worker_env(tmp_path), str(tmp_path))
+        worker = await SpawnLauncher(Reaper()).spawn(worker_env(tmp_path), str(tmp_path))
         assert isinstance(await worker.next_message(), Hello)
         worker.close_control()
         return await worker.wait_exit(10)
@@ -193,7 +194,7 @@ def test_an_output_over_4_mib_fails_cleanly(tmp_path: Path) -> None:
 )
 def test_hostile_frames_are_protocol_errors_not_crashes(tmp_path: Path, behaviour: str, error: type) -> None:
     async def scenario() -> tuple[Any, Any]:
-        launcher = SpawnLauncher([sys.executable, str(ROOT / "tests/helpers/hostile_worker.py"), behaviour])
+        launcher = SpawnLauncher(Reaper(), [sys.executable, str(ROOT / "tests/helpers/hostile_worker.py"), behaviour])
         worker = await launcher.spawn(worker_env(tmp_path), str(tmp_path))
         first = await asyncio.wait_for(worker.next_message(), 30)
         after = await asyncio.wait_for(worker.next_message(), 30)

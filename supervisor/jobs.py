@@ -27,7 +27,7 @@ from supervisor.launcher import Launcher, LaunchError
 from supervisor.limits import Breach, Limits
 from supervisor.metrics import Metrics
 from supervisor.outcomes import Outcome, after_terminal, exit_failure, failure, protocol_fault
-from supervisor.process import WorkerProcess, kill_orphan
+from supervisor.process import StopEvidence, WorkerProcess, kill_orphan
 from supervisor.reaper import Reaper
 
 log = logging.getLogger("crew_supervisor.jobs")
@@ -249,7 +249,7 @@ class Supervisor:
                     result = await self._relay(job, worker)
             except TimeoutError:
                 job.phase = "settling"
-                evidence = await worker.kill(self._grace)
+                evidence = await self._kill(worker, self._grace)
                 return failure("timeout", f"job exceeded timeout_ms={job.timeout_ms}", True, **evidence.as_dict())
             except asyncio.CancelledError:
                 if not self._interrupted(job):
@@ -257,7 +257,7 @@ class Supervisor:
                 _uncancel()
                 job.phase = "settling"
                 # A job over a limit gets no grace: it would spend it growing.
-                evidence = await worker.kill(0 if job.breach else self._grace)
+                evidence = await self._kill(worker, 0 if job.breach else self._grace)
                 return self._interruption(job, evidence.as_dict())
             job.phase = "settling"
             if isinstance(result, Outcome):
@@ -267,9 +267,13 @@ class Supervisor:
             if job.worker is not None:
                 self.limits.unwatch(job.worker)
                 if not job.worker.exited.done():
-                    await job.worker.kill()
+                    await self._kill(job.worker)
                 self.limits.release(job.worker)
             shutil.rmtree(scratch, ignore_errors=True)
+
+    async def _kill(self, worker: WorkerProcess, grace: float = 0.0) -> StopEvidence:
+        """Kill the worker's group and the rest of its tree, as the limits know it right now."""
+        return await worker.kill(grace, self.limits.tree(worker).descendants())
 
     def _breach(self, job: LiveJob, breach: Breach) -> None:
         """Stop a job over a limit the way a cancel does, unless it is already ending."""
@@ -341,16 +345,16 @@ class Supervisor:
         return None
 
     async def _fault(self, worker: WorkerProcess, error_type: str, message: str) -> Outcome:
-        evidence = await worker.kill()
+        evidence = await self._kill(worker)
         return failure(error_type, message, True, **evidence.as_dict())
 
     async def _conclude(self, worker: WorkerProcess, message: Completed | Failed) -> Outcome:
         """The worker answered; it must also leave. Its exit status joins the proof."""
         status = await worker.wait_exit(EXIT_WAIT_SECONDS)
         proof: dict[str, Any] = {"exit_status": status}
-        strays = len(worker.leftovers()) if status is not None else 0
+        strays = len(self.limits.tree(worker).leftovers()) if status is not None else 0
         if status is None or strays:
-            proof = (await worker.kill()).as_dict()
+            proof = (await self._kill(worker)).as_dict()
         if isinstance(message, Failed):
             return failure(
                 message.reason, message.message, message.uncertain_outcome, error_type=message.error_type, **proof

@@ -18,6 +18,7 @@ import pytest
 
 from protocol import Chunk, Completed, Failed, FrameError, Start, Started
 from supervisor.launcher import SpawnLauncher
+from supervisor.limits import JobTree
 from supervisor.process import StopEvidence, WorkerProcess
 from supervisor.reaper import Reaper, become_subreaper
 from tests.conftest import gone, worker_env
@@ -93,8 +94,8 @@ def stop_blocked(tmp: Path, crew: str, operation: str, inputs: dict[str, Any]) -
         except BaseException:
             await worker.kill()
             raise
-        tree = worker.descendants()
-        return await worker.kill(grace=0.2), worker, tree
+        tree = JobTree(worker.pid).descendants()
+        return await worker.kill(grace=0.2, descendants=tree), worker, tree
 
     evidence, worker, tree = asyncio.run(scenario())
     stopped_at = size()

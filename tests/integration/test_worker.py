@@ -27,6 +27,7 @@ from protocol import (
     TruncatedFrame,
 )
 from supervisor.launcher import SpawnLauncher
+from supervisor.limits import JobTree
 from supervisor.process import WorkerProcess
 from supervisor.reaper import Reaper, become_subreaper
 from tests.conftest import ROOT, gone, wait_until, worker_env
@@ -107,11 +108,11 @@ def test_stop_kills_a_grandchild_that_left_the_group(tmp_path: Path) -> None:
         await until(worker, lambda m: isinstance(m, Started))
 
         def left_group() -> bool:
-            return any(_sid(p) not in (None, worker.pgid) for p in worker.descendants())
+            return any(_sid(p) not in (None, worker.pgid) for p in JobTree(worker.pid).descendants())
 
         assert await asyncio.to_thread(wait_until, left_group, 30), "grandchild did not call setsid"
-        tree = worker.descendants()
-        return await worker.kill(), tree
+        tree = JobTree(worker.pid).descendants()
+        return await worker.kill(descendants=tree), tree
 
     evidence, tree = run(scenario)
     assert evidence.stop_confirmed and evidence.descendants_killed == len(tree) >= 1

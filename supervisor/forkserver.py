@@ -15,7 +15,6 @@ import os
 import signal
 import socket
 import sys
-import time
 from collections.abc import Callable, Mapping
 
 from protocol import (
@@ -32,10 +31,12 @@ from protocol import (
 )
 from supervisor.launcher import DESCRIBE_SECONDS, LaunchError, SpawnLauncher, spawn_process
 from supervisor.pipes import make_pipes
-from supervisor.process import LAUNCHED, WorkerProcess
+from supervisor.process import WorkerProcess
+from supervisor.reaper import Reaper
 
 log = logging.getLogger("crew_supervisor.forkserver")
 FORK_SECONDS = 10.0
+STOP_SECONDS = 5.0  # how long the fork server may take to leave once its socket closes
 SOCKET_FD = 3
 
 
@@ -86,7 +87,7 @@ class ForkServerLauncher:
             await self._server.stop()
 
     async def _start(self) -> _ForkServer:
-        server = await _ForkServer.start(self.fallback.argv, self._env, self._cwd)
+        server = await _ForkServer.start(self.fallback.reaper, self.fallback.argv, self._env, self._cwd)
         server.on_death = self._replace  # replace it as soon as it is seen dead, not at the next job
         return server
 
@@ -115,26 +116,33 @@ class _Unavailable(Exception):
 
 @dataclasses.dataclass(eq=False)
 class _ForkServer:
+    reaper: Reaper
     pid: int
     channel: socket.socket
     registry: Registry
     alive: bool = True
     _attached: bool = False
     _lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
-    _pending: asyncio.Future[int] | None = None
-    _workers: dict[int, WorkerProcess] = dataclasses.field(default_factory=dict)
-    _early_exits: dict[int, int] = dataclasses.field(default_factory=dict)
+    # The reply to the fork in flight: the new worker's pid and where its exit status will be reported.
+    _pending: asyncio.Future[tuple[int, asyncio.Future[int]]] | None = None
+    # Each live forked worker's exit status, as the fork server reports it: made when the fork is
+    # reported, so an exit reported at once still finds its place.
+    _reports: dict[int, asyncio.Future[int]] = dataclasses.field(default_factory=dict)
+    _exited: asyncio.Future[int | None] | None = None  # its own exit, watched once it is stopped
     on_death: Callable[[], None] = lambda: None
 
     @classmethod
-    async def start(cls, argv: list[str], env: Mapping[str, str], cwd: str) -> _ForkServer:
+    async def start(cls, reaper: Reaper, argv: list[str], env: Mapping[str, str], cwd: str) -> _ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         command = [*argv, "forkserver", "--parent-pid", str(os.getpid()), "--cwd", cwd]
         try:
             # Its stdout and stderr are ours: what it says while importing belongs in our log.
             pid = spawn_process(
-                command, env, {0: null, 1: sys.stdout.fileno(), 2: sys.stderr.fileno(), SOCKET_FD: theirs.fileno()}
+                reaper,
+                command,
+                env,
+                {0: null, 1: sys.stdout.fileno(), 2: sys.stderr.fileno(), SOCKET_FD: theirs.fileno()},
             )
         finally:
             theirs.close()
@@ -154,10 +162,10 @@ class _ForkServer:
             ]
         if len(answer) != 1 or not isinstance(answer[0], Registry):
             ours.close()
-            await asyncio.to_thread(_reap_server, pid)
+            await _wait_or_kill(reaper.watch(pid), pid)
             reason = answer[0].message if answer and isinstance(answer[0], Failed) else "it exited"
             raise LaunchError(reason)
-        return cls(pid, ours, answer[0])
+        return cls(reaper, pid, ours, answer[0])
 
     async def fork(self, env: Mapping[str, str], cwd: str) -> WorkerProcess:
         self.attach()
@@ -175,19 +183,16 @@ class _ForkServer:
             finally:
                 theirs.close()
             try:
-                pid = await asyncio.wait_for(self._pending, FORK_SECONDS)
+                pid, reported = await asyncio.wait_for(self._pending, FORK_SECONDS)
             except (TimeoutError, _Unavailable) as exc:
                 ours.close()  # a worker forked too late sees EOF on its control pipe and leaves
                 self._die()
                 raise _Unavailable(str(exc) or "no answer") from None
         try:
-            worker = WorkerProcess(pid, ours, our_child=False)
+            worker = WorkerProcess(pid, ours, self.reaper, self.reaper.watch(pid, reported), "forkserver")
         except (ProcessLookupError, OSError) as exc:
             ours.close()
             raise LaunchError(f"forked worker {pid} died at once") from exc
-        self._workers[pid] = worker
-        if pid in self._early_exits:
-            worker.report_exit(self._early_exits.pop(pid))
         await worker.attach()
         return worker
 
@@ -218,13 +223,12 @@ class _ForkServer:
 
     def _dispatch(self, message: object) -> None:
         if isinstance(message, Exited):
-            worker = self._workers.pop(message.pid, None)
-            if worker is None:
-                self._early_exits[message.pid] = message.exit_status
-            else:
-                worker.report_exit(message.exit_status)
+            reported = self._reports.pop(message.pid, None)
+            if reported is not None and not reported.done():
+                reported.set_result(message.exit_status)
         elif isinstance(message, Forked) and self._pending is not None and not self._pending.done():
-            self._pending.set_result(message.pid)
+            reported = self._reports[message.pid] = asyncio.get_running_loop().create_future()
+            self._pending.set_result((message.pid, reported))
         else:
             reason = message.reason if isinstance(message, Refused) else f"unexpected {type(message).__name__}"
             log.warning("fork server misbehaved: %s", reason)
@@ -245,19 +249,15 @@ class _ForkServer:
     async def stop(self) -> None:
         """Closing the socket ends it; its workers die with it (PDEATHSIG)."""
         self._die()
-        await asyncio.to_thread(_reap_server, self.pid)
+        if self._exited is None:  # stopped twice (a restart cancelled by close): one watch
+            self._exited = self.reaper.watch(self.pid)
+        await _wait_or_kill(self._exited, self.pid)
 
 
-def _reap_server(pid: int) -> None:
-    """It leaves on EOF of its socket; past five seconds it is killed. Either way it is reaped."""
-    deadline = time.monotonic() + 5
+async def _wait_or_kill(exited: asyncio.Future[int | None], pid: int) -> None:
+    """It leaves on EOF of its socket; past ``STOP_SECONDS`` it is killed. Either way the reaper reaps it."""
     try:
-        with contextlib.suppress(ChildProcessError):
-            while time.monotonic() < deadline:
-                if os.waitpid(pid, os.WNOHANG)[0]:
-                    return
-                time.sleep(0.01)
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-    finally:
-        LAUNCHED.discard(pid)
+        await asyncio.wait_for(asyncio.shield(exited), STOP_SECONDS)
+    except TimeoutError:
+        os.kill(pid, signal.SIGKILL)  # not yet reaped, so the pid is still its own
+        await exited

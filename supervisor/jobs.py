@@ -28,7 +28,8 @@ from supervisor.launcher import Launcher, LaunchError
 from supervisor.limits import Breach, Limits
 from supervisor.metrics import Metrics
 from supervisor.outcomes import Outcome, after_terminal, exit_failure, failure, protocol_fault
-from supervisor.process import WorkerProcess, kill_orphan, reap_adopted
+from supervisor.process import StopEvidence, WorkerProcess, kill_orphan
+from supervisor.reaper import Reaper
 
 log = logging.getLogger("crew_supervisor.jobs")
 FLUSH_SECONDS = 0.05  # how long a chunk may wait before readers can see it
@@ -62,10 +63,13 @@ class LiveJob:
 
 
 class Supervisor:
-    def __init__(self, settings: Settings, journal: Journal, launcher: Launcher, crews: list[str], state: Path) -> None:
+    def __init__(
+        self, settings: Settings, journal: Journal, launcher: Launcher, crews: list[str], state: Path, reaper: Reaper
+    ) -> None:
         self.settings = settings
         self.journal = journal
         self.launcher = launcher
+        self.reaper = reaper
         self.crews = crews
         self.state = state
         self.live: dict[str, LiveJob] = {}
@@ -138,7 +142,7 @@ class Supervisor:
     async def _reap_periodically(self) -> None:
         while True:
             await asyncio.sleep(REAP_SECONDS)
-            if reaped := reap_adopted():
+            if reaped := self.reaper.reap():
                 log.info("reaped %d exited orphan(s) of jobs", reaped)
 
     # Admission, cancel, observation --------------------------------------------------------------
@@ -248,7 +252,7 @@ class Supervisor:
                     result = await self._relay(job, worker)
             except TimeoutError:
                 job.phase = "settling"
-                evidence = await worker.kill(self._grace)
+                evidence = await self._kill(worker, self._grace)
                 return failure("timeout", f"job exceeded timeout_ms={job.timeout_ms}", True, **evidence.as_dict())
             except asyncio.CancelledError:
                 if not self._interrupted(job):
@@ -256,7 +260,7 @@ class Supervisor:
                 _uncancel()
                 job.phase = "settling"
                 # A job over a limit gets no grace: it would spend it growing.
-                evidence = await worker.kill(0 if job.breach else self._grace)
+                evidence = await self._kill(worker, 0 if job.breach else self._grace)
                 return self._interruption(job, evidence.as_dict())
             job.phase = "settling"
             if isinstance(result, Outcome):
@@ -266,9 +270,13 @@ class Supervisor:
             if job.worker is not None:
                 self.limits.unwatch(job.worker)
                 if not job.worker.exited.done():
-                    await job.worker.kill()
+                    await self._kill(job.worker)
                 self.limits.release(job.worker)
             shutil.rmtree(scratch, ignore_errors=True)
+
+    async def _kill(self, worker: WorkerProcess, grace: float = 0.0) -> StopEvidence:
+        """Kill the worker's group and the rest of its tree, as the limits know it right now."""
+        return await worker.kill(grace, self.limits.tree(worker).descendants())
 
     def _breach(self, job: LiveJob, breach: Breach) -> None:
         """Stop a job over a limit the way a cancel does, unless it is already ending."""
@@ -340,16 +348,16 @@ class Supervisor:
         return None
 
     async def _fault(self, worker: WorkerProcess, error_type: str, message: str) -> Outcome:
-        evidence = await worker.kill()
+        evidence = await self._kill(worker)
         return failure(error_type, message, True, **evidence.as_dict())
 
     async def _conclude(self, worker: WorkerProcess, message: Completed | Failed) -> Outcome:
         """The worker answered; it must also leave. Its exit status joins the proof."""
         status = await worker.wait_exit(EXIT_WAIT_SECONDS)
         proof: dict[str, Any] = {"exit_status": status}
-        strays = len(worker.leftovers()) if status is not None else 0
+        strays = len(self.limits.tree(worker).leftovers()) if status is not None else 0
         if status is None or strays:
-            proof = (await worker.kill()).as_dict()
+            proof = (await self._kill(worker)).as_dict()
         if isinstance(message, Failed):
             return failure(
                 message.reason, message.message, message.uncertain_outcome, error_type=message.error_type, **proof

@@ -15,7 +15,8 @@ from typing import Protocol as Interface
 
 from protocol import Failed, FrameError, Hello, Message, Registry
 from supervisor.pipes import make_pipes
-from supervisor.process import LAUNCHED, WorkerProcess
+from supervisor.process import WorkerProcess
+from supervisor.reaper import Reaper
 
 DESCRIBE_SECONDS = 180.0
 CONTROL_FD, EVENT_FD = 3, 4
@@ -45,8 +46,8 @@ class Launcher(Interface):
         ...
 
 
-def spawn_process(argv: list[str], env: Mapping[str, str], fds: Mapping[int, int]) -> int:
-    """posix_spawn ``argv`` in a new session with exactly ``fds`` (target: source) open.
+def spawn_process(reaper: Reaper, argv: list[str], env: Mapping[str, str], fds: Mapping[int, int]) -> int:
+    """posix_spawn ``argv`` in a new session with exactly ``fds`` (target: source) open; ``reaper`` reaps it.
 
     Called from the loop's thread: PDEATHSIG follows the creating thread, which lives as long as we do.
     """
@@ -55,7 +56,7 @@ def spawn_process(argv: list[str], env: Mapping[str, str], fds: Mapping[int, int
     try:
         actions = [(os.POSIX_SPAWN_DUP2, source, target) for target, source in moved.items()]
         pid = os.posix_spawn(argv[0], argv, dict(env), file_actions=actions, setsid=True)
-        LAUNCHED.add(pid)  # reaped by whoever watches it, never as an adopted orphan
+        reaper.register(pid)
         return pid
     except OSError as exc:
         raise LaunchError(f"cannot start {argv[0]}: {exc.strerror}") from None
@@ -69,7 +70,8 @@ class SpawnLauncher:
 
     name = "spawn"
 
-    def __init__(self, argv: list[str] | None = None) -> None:
+    def __init__(self, reaper: Reaper, argv: list[str] | None = None) -> None:
+        self.reaper = reaper
         self.argv = argv or [sys.executable, "-m", "worker"]
 
     async def describe(self, env: Mapping[str, str], cwd: str) -> Registry:
@@ -102,14 +104,14 @@ class SpawnLauncher:
         argv = [*self.argv, mode, "--parent-pid", str(os.getpid()), "--cwd", cwd]
         try:
             fds = {0: null, 1: theirs.stdout, 2: theirs.stderr, CONTROL_FD: theirs.control, EVENT_FD: theirs.events}
-            pid = spawn_process(argv, env, fds)
+            pid = spawn_process(self.reaper, argv, env, fds)
         except LaunchError:
             ours.close()
             raise
         finally:
             theirs.close()
             os.close(null)
-        worker = WorkerProcess(pid, ours)
+        worker = WorkerProcess(pid, ours, self.reaper, self.reaper.watch(pid), self.name)
         await worker.attach()
         return worker
 

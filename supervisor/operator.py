@@ -16,6 +16,7 @@ from fastapi import APIRouter, HTTPException, Query
 
 from supervisor.jobs import LiveJob
 from supervisor.journal import Streams
+from supervisor.limits import Limits
 from supervisor.models import Operation, path_id_problem
 from supervisor.responses import errors
 from supervisor.routing import Sup
@@ -48,7 +49,7 @@ async def list_jobs(
 async def workers(sup: Sup) -> dict[str, Any]:
     now = asyncio.get_running_loop().time()
     jobs = sorted(sup.live.values(), key=lambda job: job.admitted)
-    return {"workers": [worker_view(job, now) for job in jobs]}
+    return {"workers": [worker_view(job, sup.limits, now) for job in jobs]}
 
 
 @router.get("/jobs/{action_id}/output", responses=errors(404, 422))
@@ -73,11 +74,12 @@ async def output(sup: Sup, action_id: str) -> dict[str, Any]:
     }
 
 
-def worker_view(job: LiveJob, now: float) -> dict[str, Any]:
+def worker_view(job: LiveJob, limits: Limits, now: float) -> dict[str, Any]:
     """A queued job has no worker yet: its process fields are null."""
     worker = job.worker
+    tree = limits.tree(worker) if worker is not None else None
     # The sampler refreshes ``usage``; until its first pass one sample here is cheap.
-    usage = (worker.usage or worker.sample()) if worker is not None else None
+    usage = (tree.usage or tree.sample()) if tree is not None else None
     return {
         "action_id": job.action_id,
         "crew_id": job.crew_id,

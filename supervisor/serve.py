@@ -21,7 +21,7 @@ from supervisor.forkserver import ForkServerLauncher
 from supervisor.jobs import Supervisor, worker_env
 from supervisor.journal import Journal, JournalError
 from supervisor.launcher import LaunchError, SpawnLauncher
-from supervisor.process import become_subreaper
+from supervisor.reaper import Reaper, become_subreaper
 from supervisor.statefiles import prepare_directory
 
 log = logging.getLogger("crew_supervisor")
@@ -90,11 +90,12 @@ def _prepare(settings: config.Settings, journal_path: Path) -> Supervisor:
         log.warning("upgraded the journal at %s; the original is kept at %s", journal_path, journal.upgraded_from)
     try:
         become_subreaper()
-        spawn = SpawnLauncher()
+        reaper = Reaper()
+        spawn = SpawnLauncher(reaper)
         launcher = ForkServerLauncher(spawn) if settings.launcher == "forkserver" else spawn
         registry = asyncio.run(launcher.describe(worker_env(settings, state, ""), str(state / "scratch")))
         crews = registry.crews
-        sup = Supervisor(settings, journal, launcher, crews, state)
+        sup = Supervisor(settings, journal, launcher, crews, state, reaper)
         fenced = sup.fence_restored()
     except BaseException:
         journal.close()

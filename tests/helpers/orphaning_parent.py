@@ -13,10 +13,11 @@ import sys
 
 from protocol import Start
 from supervisor.launcher import SpawnLauncher
+from supervisor.reaper import Reaper
 
 
 async def main() -> None:
-    worker = await SpawnLauncher().spawn(dict(os.environ), os.getcwd())
+    worker = await SpawnLauncher(Reaper()).spawn(dict(os.environ), os.getcwd())
     worker.send(Start("orphan", "demo-slow", "run", {"seconds": 600}, 600_000))
     await worker.next_message()  # hello: sent after the worker armed its death signal
     keeper = subprocess.Popen(["sleep", "3600"], pass_fds=[worker._pipes.control])

@@ -13,7 +13,7 @@ import orjson
 import psutil
 import pytest
 
-from supervisor.process import become_subreaper
+from supervisor.reaper import become_subreaper
 from tests.conftest import gone, start_body, start_server, wait_until
 
 pytestmark = pytest.mark.usefixtures("launcher")

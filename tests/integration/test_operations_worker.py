@@ -18,7 +18,9 @@ import pytest
 
 from protocol import Chunk, Completed, Failed, FrameError, Start, Started
 from supervisor.launcher import SpawnLauncher
-from supervisor.process import StopEvidence, WorkerProcess, become_subreaper
+from supervisor.limits import JobTree
+from supervisor.process import StopEvidence, WorkerProcess
+from supervisor.reaper import Reaper, become_subreaper
 from tests.conftest import gone, worker_env
 from tests.crews import CALL_LOG, HEARTBEAT
 
@@ -38,7 +40,7 @@ def env(tmp: Path) -> dict[str, str]:
 
 async def launch(tmp: Path, crew: str, operation: str, inputs: dict[str, Any]) -> WorkerProcess:
     # cwd = tmp: CrewAI's training files and the recorder's evidence land there, as in a job's scratch dir.
-    worker = await SpawnLauncher().spawn(env(tmp), str(tmp))
+    worker = await SpawnLauncher(Reaper()).spawn(env(tmp), str(tmp))
     worker.send(Start("job-1", crew, operation, inputs, 600_000))
     return worker
 
@@ -92,8 +94,8 @@ def stop_blocked(tmp: Path, crew: str, operation: str, inputs: dict[str, Any]) -
         except BaseException:
             await worker.kill()
             raise
-        tree = worker.descendants()
-        return await worker.kill(grace=0.2), worker, tree
+        tree = JobTree(worker.pid).descendants()
+        return await worker.kill(grace=0.2, descendants=tree), worker, tree
 
     evidence, worker, tree = asyncio.run(scenario())
     stopped_at = size()

@@ -27,7 +27,9 @@ from protocol import (
     TruncatedFrame,
 )
 from supervisor.launcher import SpawnLauncher
-from supervisor.process import WorkerProcess, become_subreaper
+from supervisor.limits import JobTree
+from supervisor.process import WorkerProcess
+from supervisor.reaper import Reaper, become_subreaper
 from tests.conftest import ROOT, gone, wait_until, worker_env
 
 
@@ -42,7 +44,7 @@ def run(coro: Callable[[], Awaitable[Any]]) -> Any:
 
 
 async def start(tmp: Path, crew: str, inputs: dict[str, Any] | None = None) -> WorkerProcess:
-    worker = await SpawnLauncher().spawn(worker_env(tmp), str(tmp))
+    worker = await SpawnLauncher(Reaper()).spawn(worker_env(tmp), str(tmp))
     worker.send(Start("job-1", crew, "run", inputs or {}, 600_000))
     return worker
 
@@ -106,11 +108,11 @@ def test_stop_kills_a_grandchild_that_left_the_group(tmp_path: Path) -> None:
         await until(worker, lambda m: isinstance(m, Started))
 
         def left_group() -> bool:
-            return any(_sid(p) not in (None, worker.pgid) for p in worker.descendants())
+            return any(_sid(p) not in (None, worker.pgid) for p in JobTree(worker.pid).descendants())
 
         assert await asyncio.to_thread(wait_until, left_group, 30), "grandchild did not call setsid"
-        tree = worker.descendants()
-        return await worker.kill(), tree
+        tree = JobTree(worker.pid).descendants()
+        return await worker.kill(descendants=tree), tree
 
     evidence, tree = run(scenario)
     assert evidence.stop_confirmed and evidence.descendants_killed == len(tree) >= 1
@@ -155,7 +157,7 @@ def test_worker_dies_with_its_parent(tmp_path: Path) -> None:
 
 def test_worker_exits_when_its_control_pipe_closes(tmp_path: Path) -> None:
     async def scenario() -> int | None:
-        worker = await SpawnLauncher().spawn(worker_env(tmp_path), str(tmp_path))
+        worker = await SpawnLauncher(Reaper()).spawn(worker_env(tmp_path), str(tmp_path))
         assert isinstance(await worker.next_message(), Hello)
         worker.close_control()
         return await worker.wait_exit(10)
@@ -193,7 +195,7 @@ def test_an_output_over_4_mib_fails_cleanly(tmp_path: Path) -> None:
 )
 def test_hostile_frames_are_protocol_errors_not_crashes(tmp_path: Path, behaviour: str, error: type) -> None:
     async def scenario() -> tuple[Any, Any]:
-        launcher = SpawnLauncher([sys.executable, str(ROOT / "tests/helpers/hostile_worker.py"), behaviour])
+        launcher = SpawnLauncher(Reaper(), [sys.executable, str(ROOT / "tests/helpers/hostile_worker.py"), behaviour])
         worker = await launcher.spawn(worker_env(tmp_path), str(tmp_path))
         first = await asyncio.wait_for(worker.next_message(), 30)
         after = await asyncio.wait_for(worker.next_message(), 30)

@@ -122,7 +122,7 @@ async def cancel(sup: Sup, action_id: str, body: CancelRequest) -> dict[str, Any
     job = find(sup, action_id)
     if job.crew_id != body.crew_id:
         raise HTTPException(404, "run was not found")
-    await sup.cancel(action_id, body.reason)
+    await sup.runner.cancel(action_id, body.reason)
     return view(sup, sup.journal.get(action_id) or job)
 
 
@@ -150,7 +150,7 @@ async def start_blocking(sup: Supervisor, body: StartRequest, key: str | None, l
     loop = asyncio.get_running_loop()
     waited_from = loop.time()
     job = sup.admission.admit(body, key, legacy)
-    finished = await sup.wait(job.action_id, body.timeout_ms / 1000 - (loop.time() - waited_from))
+    finished = await sup.runner.wait(job.action_id, body.timeout_ms / 1000 - (loop.time() - waited_from))
     job = sup.journal.get(job.action_id) or job
     if not finished or job.status == "running":
         return JSONResponse({"detail": "timed out waiting; the job continues", **view(sup, job)}, 504)
@@ -186,7 +186,7 @@ def view(sup: Supervisor, job: Job) -> dict[str, Any]:
 
 
 def stream(sup: Supervisor, action_id: str, cursor: int) -> EventStream:
-    batches = sup.follow(action_id, cursor, sup.settings.heartbeat_seconds)
+    batches = sup.recorder.follow(action_id, cursor, sup.settings.heartbeat_seconds)
     return EventStream(sse_frames(batches), headers=SSE_HEADERS)
 
 

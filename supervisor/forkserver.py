@@ -50,7 +50,7 @@ class ForkServerLauncher:
         self._env: Mapping[str, str] = {}
         self._cwd = "/"
         self._replacing: asyncio.Task[None] | None = None
-        self._closing = False
+        self._stopping = False
 
     @property
     def alive(self) -> bool:
@@ -79,8 +79,8 @@ class ForkServerLauncher:
     def health(self) -> dict[str, object]:
         return {"forkserver": {"alive": self.alive, "restarts": self.restarts}}
 
-    async def close(self) -> None:
-        self._closing = True
+    async def stop(self) -> None:
+        self._stopping = True
         if self._replacing is not None:
             self._replacing.cancel()
         if self._server is not None:
@@ -92,7 +92,7 @@ class ForkServerLauncher:
         return server
 
     def _replace(self) -> None:
-        if self._closing:
+        if self._stopping:
             return
         if self._replacing is None or self._replacing.done():
             self._replacing = asyncio.get_running_loop().create_task(self._restart())

@@ -1,65 +1,22 @@
-"""The life of a job: queue for a slot, spawn a worker, relay its frames to the journal, settle once.
-
-Every job ends with exactly one terminal event. Cancel and timeout kill the worker's process
-group and record the evidence; a worker that dies on its own fails only its own job.
-"""
+"""The job lifecycle, wired: admission (validate, fence, admit) hands jobs to the runner (queue, spawn,
+relay, settle), which writes through the recorder (events into the journal, followers woken); one
+housekeeping tick commits, samples and reaps. ``start`` and ``stop`` bring them up and down in order."""
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import hashlib
-import logging
-import os
-import shutil
-import tempfile
-import time
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
-import orjson
-
-from protocol import READ_ONLY_OPERATIONS, Chunk, Completed, Failed, Hello, Start, Started
 from supervisor.admission import Admission
-from supervisor.config import PREFIX, Settings
-from supervisor.journal import Event, Job, Journal, JournalError, Streams
-from supervisor.launcher import Launcher, LaunchError
-from supervisor.limits import Breach, Limits
+from supervisor.config import Settings
+from supervisor.housekeeping import Housekeeping
+from supervisor.journal import Journal
+from supervisor.launcher import Launcher
+from supervisor.limits import Limits
+from supervisor.live import LiveJob
 from supervisor.metrics import Metrics
-from supervisor.outcomes import Outcome, after_terminal, exit_failure, failure, protocol_fault
-from supervisor.process import StopEvidence, WorkerProcess, kill_orphan
 from supervisor.reaper import Reaper
-
-log = logging.getLogger("crew_supervisor.jobs")
-FLUSH_SECONDS = 0.05  # how long a chunk may wait before readers can see it
-REAP_SECONDS = 1.0  # how long an adopted orphan may stay a zombie
-EXIT_WAIT_SECONDS = 2.0  # after its terminal frame a worker leaves at once; past this it is killed
-EVENTS_PER_READ = 256
-TRAILING_SECONDS = 0.5  # after a worker's exit its event pipe reaches EOF at once; a descendant may hold it
-RESTART_MESSAGE = "sidecar restarted before CrewAI produced a terminal result"
-
-
-@dataclasses.dataclass(eq=False)
-class LiveJob:
-    """A job that has no terminal event yet, as only this process knows it."""
-
-    action_id: str
-    crew_id: str
-    operation: str
-    input: dict[str, Any]
-    timeout_ms: int
-    admitted: float  # loop time
-    deadline: float  # loop time; the timeout counts from admission, queue wait included
-    event_count: int = 0
-    last_event_at: float | None = None  # wall clock
-    phase: str = "queued"  # queued -> launching -> running -> settling
-    cancel_reason: str | None = None
-    breach: Breach | None = None  # a limit the job broke; it is being killed for it
-    worker: WorkerProcess | None = None
-    task: asyncio.Task[None] | None = None
-    done: asyncio.Future[None] = dataclasses.field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+from supervisor.recorder import Recorder
+from supervisor.runner import Runner
 
 
 class Supervisor:
@@ -69,19 +26,14 @@ class Supervisor:
         self.settings = settings
         self.journal = journal
         self.launcher = launcher
-        self.reaper = reaper
         self.crews = crews
-        self.state = state
-        self.live: dict[str, LiveJob] = {}
-        self.admission = Admission(settings, journal, crews, self.launch)
-        self.draining = False
-        self._slots = asyncio.Semaphore(settings.max_concurrency)
-        self._flusher: asyncio.Task[None] | None = None
-        self._reaper: asyncio.Task[None] | None = None
-        self._grace = settings.stop_grace_ms / 1000
-        self.limits = Limits(settings)
-        journal.on_commit = self._wake  # readers see only committed events: look again after each commit
+        self.live: dict[str, LiveJob] = {}  # jobs without a terminal event, shared by the parts below
         self.metrics = Metrics()
+        self.limits = Limits(settings)
+        self.recorder = Recorder(settings, journal, self.live)
+        self.runner = Runner(settings, launcher, self.limits, self.recorder, self.metrics, state, self.live)
+        self.admission = Admission(settings, journal, crews, self.runner.launch)
+        self.housekeeping = Housekeeping(journal, self.limits, reaper, self.metrics)
         journal.commit_seconds = self.metrics.commit_latency.observe
         self.metrics.observe_with(
             running=lambda: sum(job.phase in ("launching", "running") for job in self.live.values()),
@@ -90,356 +42,17 @@ class Supervisor:
             restarts=lambda: getattr(launcher, "restarts", 0),
         )
 
-    # Lifecycle of the supervisor -----------------------------------------------------------------
-
-    def fence_restored(self) -> list[str]:
-        """Before serving: every job left running by a dead supervisor fails, its orphan killed."""
-        fenced = []
-        for job in self.journal.running():
-            orphan = False
-            if job.worker_pid and job.worker_start_time and job.worker_pgid:
-                orphan = kill_orphan(job.worker_pid, job.worker_start_time, job.worker_pgid)
-            outcome = failure("supervisor_restarted", RESTART_MESSAGE, True, orphan_killed=orphan)
-            self.journal.finish(job.action_id, outcome.event, outcome.data)
-            fenced.append(job.action_id)
-        return fenced
-
     def start(self) -> None:
         self.launcher.start()
-        loop = asyncio.get_running_loop()
-        self._flusher = loop.create_task(self._flush_periodically())
-        self._reaper = loop.create_task(self._reap_periodically())
+        self.housekeeping.start()
 
     async def stop(self) -> None:
-        """Drain: admissions answer 503; every worker is killed and its job ends `failed` with
-        `uncertain_outcome` and the kill's evidence (never `cancelled`: nobody asked for that)."""
-        if self.draining:
+        """Drain: new starts answer 503, then every job ends (see ``Runner.stop``), then the services stop.
+        Idempotent: the signal handler and the app's lifespan both call it."""
+        if self.admission.stopped:
             return
-        self.draining = True
         self.admission.stop()
-        jobs = list(self.live.values())
-        for job in jobs:
-            # A launching job sees `draining` itself once its worker exists.
-            if job.phase in ("queued", "running") and job.task is not None:
-                job.task.cancel()
-        await asyncio.gather(*(job.task for job in jobs if job.task), return_exceptions=True)
-        for task in (self._flusher, self._reaper):
-            if task is not None:
-                task.cancel()
-        await self.launcher.close()
-        self.limits.close()
-        self.journal.flush()
-
-    async def _flush_periodically(self) -> None:
-        """Commit pending chunks; how late each wake-up comes is the event loop's lag."""
-        loop = asyncio.get_running_loop()
-        while True:
-            planned = loop.time() + FLUSH_SECONDS
-            await asyncio.sleep(FLUSH_SECONDS)
-            self.metrics.loop_lag.observe(max(loop.time() - planned, 0.0))
-            self.journal.flush()
-
-    async def _reap_periodically(self) -> None:
-        while True:
-            await asyncio.sleep(REAP_SECONDS)
-            if reaped := self.reaper.reap():
-                log.info("reaped %d exited orphan(s) of jobs", reaped)
-
-    # Admission, cancel, observation --------------------------------------------------------------
-
-    def launch(self, job: Job, input: dict[str, Any], timeout_ms: int) -> None:
-        """Schedule an admitted (already durable) job."""
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        live = LiveJob(job.action_id, job.crew_id, job.operation, input, timeout_ms, now, now + timeout_ms / 1000)
-        self.live[job.action_id] = live
-        live.task = loop.create_task(self._run(live), name=f"job:{job.action_id}")
-        self.metrics.admitted.labels(job.operation).inc()
-
-    async def cancel(self, action_id: str, reason: str | None) -> None:
-        """Return once the job is terminal; a job already settling keeps its own outcome."""
-        job = self.live.get(action_id)
-        if job is None:
-            return
-        with self.metrics.cancel_latency.time():
-            if job.cancel_reason is None and job.breach is None and job.phase != "settling":
-                job.cancel_reason = reason or "cancelled by request"
-                # While launching, the task checks the reason itself once the worker exists.
-                if job.phase in ("queued", "running") and job.task is not None:
-                    job.task.cancel()
-            await asyncio.shield(job.done)
-
-    async def wait(self, action_id: str, timeout: float) -> bool:
-        """True once the job is terminal (or was never live here), False if ``timeout`` passed first."""
-        job = self.live.get(action_id)
-        if job is None:
-            return True
-        try:
-            await asyncio.wait_for(asyncio.shield(job.done), max(timeout, 0))
-        except TimeoutError:
-            return False
-        return True
-
-    async def follow(self, action_id: str, cursor: int, heartbeat: float) -> AsyncIterator[list[Event] | None]:
-        """Events from ``cursor`` through the terminal one, in batches as they commit (one write per
-        batch, not per event); None whenever ``heartbeat`` passes idle."""
-        while True:
-            job = self.live.get(action_id)
-            changed = job.changed if job is not None else None  # taken before reading: no lost wake-up
-            events = self.journal.events(action_id, cursor, EVENTS_PER_READ)
-            terminal = next((i for i, event in enumerate(events) if event.terminal), None)
-            if terminal is not None:
-                yield events[: terminal + 1]
-                return
-            if events:
-                yield events
-                cursor = events[-1].sequence + 1
-                continue
-            if changed is None:
-                return
-            try:
-                await asyncio.wait_for(changed.wait(), heartbeat)
-            except TimeoutError:
-                yield None
-
-    # The job task ---------------------------------------------------------------------------------
-
-    async def _run(self, job: LiveJob) -> None:
-        try:
-            outcome = await self._queue_and_supervise(job)
-        except asyncio.CancelledError:
-            if not self._interrupted(job):
-                raise
-            _uncancel()
-            outcome = self._interruption(job, {"stop_confirmed": True, "launched": False})
-        except Exception:
-            log.exception("job failed inside the supervisor", extra={"action_id": job.action_id})
-            outcome = failure("supervisor_error", "the supervisor failed while running the job", job.worker is not None)
-        finally:
-            self.live.pop(job.action_id, None)
-        self._settle(job, outcome)
-
-    async def _queue_and_supervise(self, job: LiveJob) -> Outcome:
-        try:
-            async with asyncio.timeout_at(job.deadline):
-                await self._slots.acquire()
-        except TimeoutError:
-            return failure("timeout", f"no worker slot within timeout_ms={job.timeout_ms}", False)
-        try:
-            job.phase = "launching"
-            return await self._supervise(job)
-        finally:
-            self._slots.release()
-
-    async def _supervise(self, job: LiveJob) -> Outcome:
-        scratch = Path(tempfile.mkdtemp(prefix="job-", dir=self.state / "scratch"))
-        try:
-            try:
-                worker = await self.launcher.spawn(self._worker_env(job.crew_id), str(scratch))
-            except LaunchError as exc:
-                return failure("launch_failed", str(exc), False)
-            job.worker = worker
-            self.metrics.worker_starts.labels(worker.launched_by).inc()
-            self.journal.set_worker(job.action_id, worker.pid, worker.create_time, worker.pgid)
-            await self.limits.apply(worker, hashlib.sha256(job.action_id.encode()).hexdigest()[:32])
-            worker.send(Start(job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms))
-            job.phase = "running"
-            self.limits.watch(worker, lambda breach: self._breach(job, breach))
-            try:
-                if self._interrupted(job):
-                    raise asyncio.CancelledError  # cancelled, or the supervisor began stopping, while launching
-                async with asyncio.timeout_at(job.deadline):
-                    result = await self._relay(job, worker)
-            except TimeoutError:
-                job.phase = "settling"
-                evidence = await self._kill(worker, self._grace)
-                return failure("timeout", f"job exceeded timeout_ms={job.timeout_ms}", True, **evidence.as_dict())
-            except asyncio.CancelledError:
-                if not self._interrupted(job):
-                    raise
-                _uncancel()
-                job.phase = "settling"
-                # A job over a limit gets no grace: it would spend it growing.
-                evidence = await self._kill(worker, 0 if job.breach else self._grace)
-                return self._interruption(job, evidence.as_dict())
-            job.phase = "settling"
-            if isinstance(result, Outcome):
-                return result
-            return await self._conclude(worker, result)
-        finally:
-            if job.worker is not None:
-                self.limits.unwatch(job.worker)
-                if not job.worker.exited.done():
-                    await self._kill(job.worker)
-                self.limits.release(job.worker)
-            shutil.rmtree(scratch, ignore_errors=True)
-
-    async def _kill(self, worker: WorkerProcess, grace: float = 0.0) -> StopEvidence:
-        """Kill the worker's group and the rest of its tree, as the limits know it right now."""
-        return await worker.kill(grace, self.limits.tree(worker).descendants())
-
-    def _breach(self, job: LiveJob, breach: Breach) -> None:
-        """Stop a job over a limit the way a cancel does, unless it is already ending."""
-        if job.phase == "running" and not self._interrupted(job) and job.task is not None:
-            job.breach = breach
-            job.task.cancel()
-
-    def _interrupted(self, job: LiveJob) -> bool:
-        return job.cancel_reason is not None or job.breach is not None or self.draining
-
-    def _interruption(self, job: LiveJob, proof: dict[str, Any]) -> Outcome:
-        """A broken limit or a cancel says so; a supervisor stopping is an uncertain failure if the job had begun."""
-        if job.breach is not None:
-            return failure(job.breach.error_type, job.breach.message, True, **job.breach.proof, **proof)
-        if job.cancel_reason is not None:
-            data = {"status": "cancelled", "reason": job.cancel_reason, **proof}
-            return Outcome("cancelled", data, exit_status=proof.get("exit_status"))
-        began = proof.get("launched", True)
-        return failure("supervisor_stopped", "the supervisor stopped before the job finished", began, **proof)
-
-    async def _relay(self, job: LiveJob, worker: WorkerProcess) -> Completed | Failed | Outcome:
-        """Journal the worker's frames until its terminal message, or fault it."""
-        hello = await worker.next_message()
-        if hello is None:
-            return await self._ended(worker)
-        if not isinstance(hello, Hello) or hello.pid != worker.pid:
-            return await self._fault(worker, *protocol_fault(hello, "hello"))
-        while True:
-            message = await worker.next_message()
-            if isinstance(message, Completed | Failed):
-                return message
-            if isinstance(message, Started):
-                self.limits.begin(worker)
-                self.metrics.start_latency.observe(asyncio.get_running_loop().time() - job.admitted)
-                started = {"status": "running", "operation": job.operation, "pid": worker.pid}
-                fault = self._record(job, "started", started)
-            elif isinstance(message, Chunk):
-                fault = self._record(job, "chunk", message.data)
-            elif message is None:
-                return await self._ended(worker)
-            else:
-                fault = protocol_fault(message, "a job message")
-            if fault is not None:
-                return await self._fault(worker, *fault)
-
-    async def _ended(self, worker: WorkerProcess) -> Outcome:
-        """The event pipe closed before a result: the worker died, or it closed the pipe and runs on."""
-        status = await worker.wait_exit(EXIT_WAIT_SECONDS)
-        if worker.exited.done():
-            return exit_failure(status, worker.pid)
-        return await self._fault(worker, "frame_pipe_closed", "the worker closed its event pipe and kept running")
-
-    def _record(self, job: LiveJob, name: str, data: dict[str, Any]) -> tuple[str, str] | None:
-        """Append a non-terminal event, or say which bound it breaks (the last slot is the terminal's)."""
-        if job.event_count + 1 >= self.settings.max_events_per_run:
-            return "event_limit_exceeded", f"more than {self.settings.max_events_per_run - 1} events"
-        # As the reference measures it: the event's data, compact JSON.
-        size = len(orjson.dumps(data))
-        if size > self.settings.max_event_bytes:
-            return "event_too_large", f"an event of {size} bytes exceeds {self.settings.max_event_bytes}"
-        try:
-            self.journal.append(job.action_id, name, data)
-            if name == "started":
-                self.journal.flush()  # visible at once: start latency is what clients feel first
-        except JournalError as exc:
-            return "journal_error", str(exc)
-        job.event_count += 1
-        job.last_event_at = time.time()
-        return None
-
-    async def _fault(self, worker: WorkerProcess, error_type: str, message: str) -> Outcome:
-        evidence = await self._kill(worker)
-        return failure(error_type, message, True, **evidence.as_dict())
-
-    async def _conclude(self, worker: WorkerProcess, message: Completed | Failed) -> Outcome:
-        """The worker answered; it must also leave. Its exit status joins the proof."""
-        status = await worker.wait_exit(EXIT_WAIT_SECONDS)
-        proof: dict[str, Any] = {"exit_status": status}
-        strays = len(self.limits.tree(worker).leftovers()) if status is not None else 0
-        if status is None or strays:
-            proof = (await self._kill(worker)).as_dict()
-        if isinstance(message, Failed):
-            return failure(
-                message.reason, message.message, message.uncertain_outcome, error_type=message.error_type, **proof
-            )
-        if strays:  # work escaped the worker: its result cannot be trusted to be all of it
-            return failure("stray_processes", f"the worker left {strays} process(es) running; killed", False, **proof)
-        trailing = await worker.trailing_messages(TRAILING_SECONDS)
-        if trailing:
-            return after_terminal(trailing)
-        # The client takes the completed event's data as the output: it must carry all of it, or the job
-        # fails as the reference's does. Never a completed event without its output.
-        size, bound = len(orjson.dumps(message.output)), self.settings.max_event_bytes
-        if size > bound:
-            message_text = f"an output of {size} bytes exceeds {PREFIX}MAX_EVENT_BYTES ({bound})"
-            return failure("event_too_large", message_text, True, output_bytes=size, limit_bytes=bound, **proof)
-        return Outcome("completed", message.output, message.output, exit_status=status)
-
-    def _settle(self, job: LiveJob, outcome: Outcome) -> None:
-        if outcome.event == "failed" and job.operation in READ_ONLY_OPERATIONS:
-            outcome.data["uncertain_outcome"] = False  # nothing it did can have changed the world
-        # The worker's stdout/stderr tails outlive it: an operator reads them after the job ended.
-        streams = Streams.of(job.worker.stdout, job.worker.stderr) if job.worker is not None else None
-        try:
-            self.journal.finish(
-                job.action_id, outcome.event, outcome.data, outcome.output, streams, exit_status=outcome.exit_status
-            )
-        except Exception:
-            log.critical(
-                "terminal event not durable; the job will be fenced on restart", extra={"action_id": job.action_id}
-            )
-        evidence = outcome.data if outcome.event != "completed" else {}  # completed data is the output itself
-        log.info(
-            "job finished",
-            extra={
-                "action_id": job.action_id,
-                "crew_id": job.crew_id,
-                "operation": job.operation,
-                "outcome": outcome.event,
-                "error_type": evidence.get("error_type"),
-                "reason": evidence.get("reason"),
-                "duration_ms": round((asyncio.get_running_loop().time() - job.admitted) * 1000, 1),
-            },
-        )
-        self.metrics.finished.labels(job.operation, outcome.event).inc()
-        if "signal" in evidence:  # the supervisor killed the worker: say why
-            self.metrics.kills.labels(evidence.get("reason") or outcome.event).inc()
-        _wake(job)
-        if not job.done.done():
-            job.done.set_result(None)
-
-    def _wake(self, action_ids: set[str]) -> None:
-        """Only the followers of jobs with newly committed events: hundreds of streams must not all
-        query the journal on every commit."""
-        for action_id in action_ids:
-            if (job := self.live.get(action_id)) is not None:
-                _wake(job)
-
-    def _worker_env(self, crew_id: str) -> dict[str, str]:
-        return worker_env(self.settings, self.state, crew_id)
-
-
-def worker_env(settings: Settings, state: Path, crew_id: str) -> dict[str, str]:
-    """The supervisor's environment without its secrets, plus the worker's own places.
-
-    Each crew gets its own CrewAI storage, so a replay finds that crew's latest kickoff.
-    """
-    env = {k: v for k, v in os.environ.items() if not k.startswith(PREFIX + "BEARER_TOKEN")}
-    storage = state / "storage" / hashlib.sha256(crew_id.encode()).hexdigest()[:24]
-    env.update(AIP_CREWAI_REGISTRY=settings.registry, HOME=str(state / "home"), CREWAI_STORAGE_DIR=str(storage))
-    env[PREFIX + "WORKER_NICE"] = str(settings.worker_nice)
-    if settings.training_dir:
-        env[PREFIX + "TRAINING_DIR"] = str(Path(settings.training_dir).absolute())
-    return env
-
-
-def _wake(job: LiveJob) -> None:
-    job.changed.set()
-    job.changed = asyncio.Event()
-
-
-def _uncancel() -> None:
-    """The cancellation was ours to handle; later awaits in this task must not see it."""
-    task = asyncio.current_task()
-    if task is not None:
-        task.uncancel()
+        await self.runner.stop()
+        await self.housekeeping.stop()
+        await self.launcher.stop()
+        self.limits.stop()

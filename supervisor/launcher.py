@@ -39,7 +39,7 @@ class Launcher(Interface):
 
     async def spawn(self, env: Mapping[str, str], cwd: str) -> WorkerProcess: ...
 
-    async def close(self) -> None: ...
+    async def stop(self) -> None: ...
 
     def health(self) -> dict[str, object]:
         """Extra fields for /health."""
@@ -92,7 +92,7 @@ class SpawnLauncher:
     async def spawn(self, env: Mapping[str, str], cwd: str) -> WorkerProcess:
         return await self._launch("job", env, cwd)
 
-    async def close(self) -> None:
+    async def stop(self) -> None:
         pass
 
     def health(self) -> dict[str, object]:

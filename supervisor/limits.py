@@ -148,7 +148,6 @@ class Limits:
         self.cgroups = PidsCgroups.find() if self.processes else None
         self._trees: dict[WorkerProcess, JobTree] = {}
         self._watched: dict[WorkerProcess, Callable[[Breach], None]] = {}
-        self._sampler: asyncio.Task[None] | None = None
 
     def health(self) -> dict[str, object]:
         return {"process_limit": "cgroup" if self.cgroups else "sampled" if self.processes else "off"}
@@ -182,9 +181,8 @@ class Limits:
         if tree is not None and tree.cgroup is not None:
             tree.cgroup.remove()
 
-    def close(self) -> None:
-        if self._sampler is not None:
-            self._sampler.cancel()
+    def stop(self) -> None:
+        """Remove this supervisor's cgroups (each job's is removed at ``release``)."""
         if self.cgroups is not None:
             self.cgroups.close()
 
@@ -227,11 +225,9 @@ class Limits:
         return None
 
     def watch(self, worker: WorkerProcess, on_breach: Callable[[Breach], None]) -> None:
-        """Sample ``worker`` each period until ``unwatch``; ``on_breach`` is told once of the limit it broke."""
+        """Sample ``worker`` in every round until ``unwatch``; ``on_breach`` is told once of the limit it broke."""
         self._bounded(worker)
         self._watched[worker] = on_breach
-        if self._sampler is None:
-            self._sampler = asyncio.get_running_loop().create_task(self._sample_all(), name="limits")
 
     def unwatch(self, worker: WorkerProcess) -> None:
         self._watched.pop(worker, None)
@@ -243,19 +239,17 @@ class Limits:
             tree = self._trees[worker] = JobTree(worker.pid)
         return tree
 
-    async def _sample_all(self) -> None:
-        """One round per period for every worker, sharing one scan of the process table."""
-        try:
-            while self._watched:
-                children = children_by_parent()
-                for worker, on_breach in list(self._watched.items()):
-                    breach = None if worker.exited.done() else self.check(worker, children)
-                    if breach is not None:
-                        self.unwatch(worker)
-                        on_breach(breach)
-                await asyncio.sleep(self.period)
-        finally:
-            self._sampler = None
+    def sample(self) -> None:
+        """One round for every watched worker, sharing one scan of the process table (housekeeping calls
+        this every ``period``)."""
+        if not self._watched:
+            return
+        children = children_by_parent()
+        for worker, on_breach in list(self._watched.items()):
+            breach = None if worker.exited.done() else self.check(worker, children)
+            if breach is not None:
+                self.unwatch(worker)
+                on_breach(breach)
 
 
 def _prlimit(pid: int, kind: int, soft: int, hard: int) -> None:

@@ -39,7 +39,7 @@ class Metrics:
         )
         self.loop_lag = Histogram(
             f"{PREFIX}_event_loop_lag_seconds",
-            "How late the 50 ms journal flush timer fires: the supervisor's own responsiveness.",
+            "How late the housekeeping tick fires: the supervisor's own responsiveness.",
             buckets=LATENCY_BUCKETS,
             registry=r,
         )

@@ -14,9 +14,9 @@ from typing import Annotated, Any, Literal
 import orjson
 from fastapi import APIRouter, HTTPException, Query
 
-from supervisor.jobs import LiveJob
 from supervisor.journal import Streams
 from supervisor.limits import Limits
+from supervisor.live import LiveJob
 from supervisor.models import Operation, path_id_problem
 from supervisor.responses import errors
 from supervisor.routing import Sup

@@ -17,11 +17,13 @@ import uvicorn
 
 from supervisor import config
 from supervisor.api import create_app
+from supervisor.fencing import fence_restored
 from supervisor.forkserver import ForkServerLauncher
-from supervisor.jobs import Supervisor, worker_env
+from supervisor.jobs import Supervisor
 from supervisor.journal import Journal, JournalError
 from supervisor.launcher import LaunchError, SpawnLauncher
 from supervisor.reaper import Reaper, become_subreaper
+from supervisor.runner import worker_env
 from supervisor.statefiles import prepare_directory
 
 log = logging.getLogger("crew_supervisor")
@@ -96,7 +98,7 @@ def _prepare(settings: config.Settings, journal_path: Path) -> Supervisor:
         registry = asyncio.run(launcher.describe(worker_env(settings, state, ""), str(state / "scratch")))
         crews = registry.crews
         sup = Supervisor(settings, journal, launcher, crews, state, reaper)
-        fenced = sup.fence_restored()
+        fenced = fence_restored(journal)
     except BaseException:
         journal.close()
         raise

@@ -1,0 +1,94 @@
+"""The recorder: a job's events into the journal, within their bounds, and its followers woken when they
+commit. Readers only ever see committed events."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+
+from supervisor.config import Settings
+from supervisor.journal import Event, Journal, JournalError, Streams
+from supervisor.live import LiveJob
+from supervisor.outcomes import Outcome
+from supervisor.process import WorkerProcess
+
+log = logging.getLogger("crew_supervisor.jobs")
+EVENTS_PER_READ = 256
+
+
+class Recorder:
+    def __init__(self, settings: Settings, journal: Journal, live: dict[str, LiveJob]) -> None:
+        self.settings = settings
+        self.journal = journal
+        self.live = live
+        journal.on_commit = self._wake  # readers see only committed events: look again after each commit
+
+    def record(self, job: LiveJob, name: str, data: dict[str, Any]) -> tuple[str, str] | None:
+        """Append a non-terminal event, or say which bound it breaks (the last slot is the terminal's)."""
+        if job.event_count + 1 >= self.settings.max_events_per_run:
+            return "event_limit_exceeded", f"more than {self.settings.max_events_per_run - 1} events"
+        # As the reference measures it: the event's data, compact JSON.
+        size = len(orjson.dumps(data))
+        if size > self.settings.max_event_bytes:
+            return "event_too_large", f"an event of {size} bytes exceeds {self.settings.max_event_bytes}"
+        try:
+            self.journal.append(job.action_id, name, data)
+            if name == "started":
+                self.journal.flush()  # visible at once: start latency is what clients feel first
+        except JournalError as exc:
+            return "journal_error", str(exc)
+        job.event_count += 1
+        job.last_event_at = time.time()
+        return None
+
+    def record_worker(self, job: LiveJob, worker: WorkerProcess) -> None:
+        """Durable before the worker gets its job, so a restart can find and fence it."""
+        self.journal.set_worker(job.action_id, worker.pid, worker.create_time, worker.pgid)
+
+    def finish(self, job: LiveJob, outcome: Outcome) -> None:
+        """The terminal event, the record's status, output and exit status, and the worker's stdout/stderr
+        tails (an operator reads them after the job ended): one durable commit."""
+        streams = Streams.of(job.worker.stdout, job.worker.stderr) if job.worker is not None else None
+        try:
+            self.journal.finish(
+                job.action_id, outcome.event, outcome.data, outcome.output, streams, exit_status=outcome.exit_status
+            )
+        except Exception:
+            log.critical(
+                "terminal event not durable; the job will be fenced on restart", extra={"action_id": job.action_id}
+            )
+        job.wake()
+
+    async def follow(self, action_id: str, cursor: int, heartbeat: float) -> AsyncIterator[list[Event] | None]:
+        """Events from ``cursor`` through the terminal one, in batches as they commit (one write per
+        batch, not per event); None whenever ``heartbeat`` passes idle."""
+        while True:
+            job = self.live.get(action_id)
+            changed = job.changed if job is not None else None  # taken before reading: no lost wake-up
+            events = self.journal.events(action_id, cursor, EVENTS_PER_READ)
+            terminal = next((i for i, event in enumerate(events) if event.terminal), None)
+            if terminal is not None:
+                yield events[: terminal + 1]
+                return
+            if events:
+                yield events
+                cursor = events[-1].sequence + 1
+                continue
+            if changed is None:
+                return
+            try:
+                await asyncio.wait_for(changed.wait(), heartbeat)
+            except TimeoutError:
+                yield None
+
+    def _wake(self, action_ids: set[str]) -> None:
+        """Only the followers of jobs with newly committed events: hundreds of streams must not all
+        query the journal on every commit."""
+        for action_id in action_ids:
+            if (job := self.live.get(action_id)) is not None:
+                job.wake()

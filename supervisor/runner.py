@@ -1,0 +1,302 @@
+"""The runner: each admitted job queues for a slot, gets a worker spawned for it, has its frames relayed
+to the recorder, and is settled exactly once.
+
+Cancel, timeout, a broken limit and draining kill the worker's process group and record the evidence;
+a worker that dies on its own fails only its own job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from protocol import READ_ONLY_OPERATIONS, Chunk, Completed, Failed, Hello, Start, Started
+from supervisor.config import PREFIX, Settings
+from supervisor.journal import Job
+from supervisor.launcher import Launcher, LaunchError
+from supervisor.limits import Breach, Limits
+from supervisor.live import LiveJob
+from supervisor.metrics import Metrics
+from supervisor.outcomes import Outcome, after_terminal, exit_failure, failure, protocol_fault
+from supervisor.process import StopEvidence, WorkerProcess
+from supervisor.recorder import Recorder
+
+log = logging.getLogger("crew_supervisor.jobs")
+EXIT_WAIT_SECONDS = 2.0  # after its terminal frame a worker leaves at once; past this it is killed
+TRAILING_SECONDS = 0.5  # after a worker's exit its event pipe reaches EOF at once; a descendant may hold it
+
+
+class Runner:
+    def __init__(
+        self,
+        settings: Settings,
+        launcher: Launcher,
+        limits: Limits,
+        recorder: Recorder,
+        metrics: Metrics,
+        state: Path,
+        live: dict[str, LiveJob],
+    ) -> None:
+        self.settings = settings
+        self.launcher = launcher
+        self.limits = limits
+        self.recorder = recorder
+        self.metrics = metrics
+        self.state = state
+        self.live = live
+        self.draining = False
+        self._slots = asyncio.Semaphore(settings.max_concurrency)
+        self._grace = settings.stop_grace_ms / 1000
+
+    def launch(self, job: Job, input: dict[str, Any], timeout_ms: int) -> None:
+        """Schedule an admitted (already durable) job."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        live = LiveJob(job.action_id, job.crew_id, job.operation, input, timeout_ms, now, now + timeout_ms / 1000)
+        self.live[job.action_id] = live
+        live.task = loop.create_task(self._run(live), name=f"job:{job.action_id}")
+        self.metrics.admitted.labels(job.operation).inc()
+
+    async def cancel(self, action_id: str, reason: str | None) -> None:
+        """Return once the job is terminal; a job already settling keeps its own outcome."""
+        job = self.live.get(action_id)
+        if job is None:
+            return
+        with self.metrics.cancel_latency.time():
+            if job.cancel_reason is None and job.breach is None and job.phase != "settling":
+                job.cancel_reason = reason or "cancelled by request"
+                # While launching, the task checks the reason itself once the worker exists.
+                if job.phase in ("queued", "running") and job.task is not None:
+                    job.task.cancel()
+            await asyncio.shield(job.done)
+
+    async def wait(self, action_id: str, timeout: float) -> bool:
+        """True once the job is terminal (or was never live here), False if ``timeout`` passed first."""
+        job = self.live.get(action_id)
+        if job is None:
+            return True
+        try:
+            await asyncio.wait_for(asyncio.shield(job.done), max(timeout, 0))
+        except TimeoutError:
+            return False
+        return True
+
+    async def stop(self) -> None:
+        """Drain: every worker is killed and its job ends `failed` with `uncertain_outcome` and the kill's
+        evidence (never `cancelled`: nobody asked for that)."""
+        self.draining = True
+        jobs = list(self.live.values())
+        for job in jobs:
+            # A launching job sees `draining` itself once its worker exists.
+            if job.phase in ("queued", "running") and job.task is not None:
+                job.task.cancel()
+        await asyncio.gather(*(job.task for job in jobs if job.task), return_exceptions=True)
+
+    # One job: queue -> spawn -> relay -> settle ----------------------------------------------------
+
+    async def _run(self, job: LiveJob) -> None:
+        try:
+            outcome = await self._queue(job)
+        except asyncio.CancelledError:
+            if not self._interrupted(job):
+                raise
+            _uncancel()
+            outcome = self._interruption(job, {"stop_confirmed": True, "launched": False})
+        except Exception:
+            log.exception("job failed inside the supervisor", extra={"action_id": job.action_id})
+            outcome = failure("supervisor_error", "the supervisor failed while running the job", job.worker is not None)
+        finally:
+            self.live.pop(job.action_id, None)
+        self._settle(job, outcome)
+
+    async def _queue(self, job: LiveJob) -> Outcome:
+        try:
+            async with asyncio.timeout_at(job.deadline):
+                await self._slots.acquire()
+        except TimeoutError:
+            return failure("timeout", f"no worker slot within timeout_ms={job.timeout_ms}", False)
+        try:
+            job.phase = "launching"
+            return await self._spawn_and_supervise(job)
+        finally:
+            self._slots.release()
+
+    async def _spawn_and_supervise(self, job: LiveJob) -> Outcome:
+        scratch = Path(tempfile.mkdtemp(prefix="job-", dir=self.state / "scratch"))
+        try:
+            try:
+                worker = await self.launcher.spawn(worker_env(self.settings, self.state, job.crew_id), str(scratch))
+            except LaunchError as exc:
+                return failure("launch_failed", str(exc), False)
+            job.worker = worker
+            self.metrics.worker_starts.labels(worker.launched_by).inc()
+            self.recorder.record_worker(job, worker)
+            await self.limits.apply(worker, hashlib.sha256(job.action_id.encode()).hexdigest()[:32])
+            worker.send(Start(job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms))
+            job.phase = "running"
+            self.limits.watch(worker, lambda breach: self._breach(job, breach))
+            try:
+                if self._interrupted(job):
+                    raise asyncio.CancelledError  # cancelled, or the supervisor began stopping, while launching
+                async with asyncio.timeout_at(job.deadline):
+                    result = await self._relay(job, worker)
+            except TimeoutError:
+                job.phase = "settling"
+                evidence = await self._kill(worker, self._grace)
+                return failure("timeout", f"job exceeded timeout_ms={job.timeout_ms}", True, **evidence.as_dict())
+            except asyncio.CancelledError:
+                if not self._interrupted(job):
+                    raise
+                _uncancel()
+                job.phase = "settling"
+                # A job over a limit gets no grace: it would spend it growing.
+                evidence = await self._kill(worker, 0 if job.breach else self._grace)
+                return self._interruption(job, evidence.as_dict())
+            job.phase = "settling"
+            if isinstance(result, Outcome):
+                return result
+            return await self._conclude(worker, result)
+        finally:
+            if job.worker is not None:
+                self.limits.unwatch(job.worker)
+                if not job.worker.exited.done():
+                    await self._kill(job.worker)
+                self.limits.release(job.worker)
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    async def _relay(self, job: LiveJob, worker: WorkerProcess) -> Completed | Failed | Outcome:
+        """Record the worker's frames until its terminal message, or fault it."""
+        hello = await worker.next_message()
+        if hello is None:
+            return await self._ended(worker)
+        if not isinstance(hello, Hello) or hello.pid != worker.pid:
+            return await self._fault(worker, *protocol_fault(hello, "hello"))
+        while True:
+            message = await worker.next_message()
+            if isinstance(message, Completed | Failed):
+                return message
+            if isinstance(message, Started):
+                self.limits.begin(worker)
+                self.metrics.start_latency.observe(asyncio.get_running_loop().time() - job.admitted)
+                started = {"status": "running", "operation": job.operation, "pid": worker.pid}
+                fault = self.recorder.record(job, "started", started)
+            elif isinstance(message, Chunk):
+                fault = self.recorder.record(job, "chunk", message.data)
+            elif message is None:
+                return await self._ended(worker)
+            else:
+                fault = protocol_fault(message, "a job message")
+            if fault is not None:
+                return await self._fault(worker, *fault)
+
+    async def _conclude(self, worker: WorkerProcess, message: Completed | Failed) -> Outcome:
+        """The worker answered; it must also leave. Its exit status joins the proof."""
+        status = await worker.wait_exit(EXIT_WAIT_SECONDS)
+        proof: dict[str, Any] = {"exit_status": status}
+        strays = len(self.limits.tree(worker).leftovers()) if status is not None else 0
+        if status is None or strays:
+            proof = (await self._kill(worker)).as_dict()
+        if isinstance(message, Failed):
+            return failure(
+                message.reason, message.message, message.uncertain_outcome, error_type=message.error_type, **proof
+            )
+        if strays:  # work escaped the worker: its result cannot be trusted to be all of it
+            return failure("stray_processes", f"the worker left {strays} process(es) running; killed", False, **proof)
+        trailing = await worker.trailing_messages(TRAILING_SECONDS)
+        if trailing:
+            return after_terminal(trailing)
+        # The client takes the completed event's data as the output: it must carry all of it, or the job
+        # fails as the reference's does. Never a completed event without its output.
+        size, bound = len(orjson.dumps(message.output)), self.settings.max_event_bytes
+        if size > bound:
+            message_text = f"an output of {size} bytes exceeds {PREFIX}MAX_EVENT_BYTES ({bound})"
+            return failure("event_too_large", message_text, True, output_bytes=size, limit_bytes=bound, **proof)
+        return Outcome("completed", message.output, message.output, exit_status=status)
+
+    def _settle(self, job: LiveJob, outcome: Outcome) -> None:
+        if outcome.event == "failed" and job.operation in READ_ONLY_OPERATIONS:
+            outcome.data["uncertain_outcome"] = False  # nothing it did can have changed the world
+        self.recorder.finish(job, outcome)
+        evidence = outcome.data if outcome.event != "completed" else {}  # completed data is the output itself
+        log.info(
+            "job finished",
+            extra={
+                "action_id": job.action_id,
+                "crew_id": job.crew_id,
+                "operation": job.operation,
+                "outcome": outcome.event,
+                "error_type": evidence.get("error_type"),
+                "reason": evidence.get("reason"),
+                "duration_ms": round((asyncio.get_running_loop().time() - job.admitted) * 1000, 1),
+            },
+        )
+        self.metrics.finished.labels(job.operation, outcome.event).inc()
+        if "signal" in evidence:  # the supervisor killed the worker: say why
+            self.metrics.kills.labels(evidence.get("reason") or outcome.event).inc()
+        if not job.done.done():
+            job.done.set_result(None)
+
+    # How a job is stopped ------------------------------------------------------------------------------
+
+    async def _kill(self, worker: WorkerProcess, grace: float = 0.0) -> StopEvidence:
+        """Kill the worker's group and the rest of its tree, as the limits know it right now."""
+        return await worker.kill(grace, self.limits.tree(worker).descendants())
+
+    async def _ended(self, worker: WorkerProcess) -> Outcome:
+        """The event pipe closed before a result: the worker died, or it closed the pipe and runs on."""
+        status = await worker.wait_exit(EXIT_WAIT_SECONDS)
+        if worker.exited.done():
+            return exit_failure(status, worker.pid)
+        return await self._fault(worker, "frame_pipe_closed", "the worker closed its event pipe and kept running")
+
+    async def _fault(self, worker: WorkerProcess, reason: str, message: str) -> Outcome:
+        evidence = await self._kill(worker)
+        return failure(reason, message, True, **evidence.as_dict())
+
+    def _breach(self, job: LiveJob, breach: Breach) -> None:
+        """Stop a job over a limit the way a cancel does, unless it is already ending."""
+        if job.phase == "running" and not self._interrupted(job) and job.task is not None:
+            job.breach = breach
+            job.task.cancel()
+
+    def _interrupted(self, job: LiveJob) -> bool:
+        return job.cancel_reason is not None or job.breach is not None or self.draining
+
+    def _interruption(self, job: LiveJob, proof: dict[str, Any]) -> Outcome:
+        """A broken limit or a cancel says so; a supervisor stopping is an uncertain failure if the job had begun."""
+        if job.breach is not None:
+            return failure(job.breach.error_type, job.breach.message, True, **job.breach.proof, **proof)
+        if job.cancel_reason is not None:
+            data = {"status": "cancelled", "reason": job.cancel_reason, **proof}
+            return Outcome("cancelled", data, exit_status=proof.get("exit_status"))
+        began = proof.get("launched", True)
+        return failure("supervisor_stopped", "the supervisor stopped before the job finished", began, **proof)
+
+
+def worker_env(settings: Settings, state: Path, crew_id: str) -> dict[str, str]:
+    """The supervisor's environment without its secrets, plus the worker's own places.
+
+    Each crew gets its own CrewAI storage, so a replay finds that crew's latest kickoff.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(PREFIX + "BEARER_TOKEN")}
+    storage = state / "storage" / hashlib.sha256(crew_id.encode()).hexdigest()[:24]
+    env.update(AIP_CREWAI_REGISTRY=settings.registry, HOME=str(state / "home"), CREWAI_STORAGE_DIR=str(storage))
+    env[PREFIX + "WORKER_NICE"] = str(settings.worker_nice)
+    if settings.training_dir:
+        env[PREFIX + "TRAINING_DIR"] = str(Path(settings.training_dir).absolute())
+    return env
+
+
+def _uncancel() -> None:
+    """The cancellation was ours to handle; later awaits in this task must not see it."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()

@@ -32,7 +32,7 @@ import orjson
 import psutil
 from bench_harness import (
     JOURNAL_SIZES,
-    QUIET,
+    QUIET_CREWAI,
     ROOT,
     BenchError,
     CpuMeter,
@@ -247,7 +247,7 @@ def main() -> int:
     began, loadavg = time.monotonic(), os.getloadavg()
     root = Path(tempfile.mkdtemp(prefix="crew-bench-"))
     # Before crewai is imported here: telemetry off, and its files under the temporary directory.
-    os.environ.update(QUIET, HOME=str(root / "home"), CREWAI_STORAGE_DIR=str(root / "inproc-storage"))
+    os.environ.update(QUIET_CREWAI, HOME=str(root / "home"), CREWAI_STORAGE_DIR=str(root / "inproc-storage"))
     (root / "home").mkdir()
     supervisors: list[Supervisor] = []
     try:

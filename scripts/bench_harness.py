@@ -23,14 +23,9 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
 sys.path[:0] = [str(ROOT), str(SCRIPTS)]
-from supervisor.schema import SCHEMA, SCHEMA_VERSION  # noqa: E402 - needs ROOT on the path
+from protocol import QUIET_CREWAI  # noqa: E402 - needs ROOT on the path
+from supervisor.schema import SCHEMA, SCHEMA_VERSION  # noqa: E402
 
-QUIET = {
-    "CREWAI_DISABLE_TELEMETRY": "true",
-    "OTEL_SDK_DISABLED": "true",
-    "CREWAI_TRACING_ENABLED": "false",
-    "CREWAI_DISABLE_VERSION_CHECK": "true",
-}
 TERMINAL = ("completed", "failed", "cancelled")
 JOB_TIMEOUT_MS = 120_000  # a job the bench loses track of is still ended by its supervisor
 READY_SECONDS = 240.0
@@ -65,7 +60,7 @@ class Supervisor:
         self.log_path = root / f"{name}.log"
         env = {
             **os.environ,
-            **QUIET,
+            **QUIET_CREWAI,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(SCRIPTS), str(ROOT), os.environ.get("PYTHONPATH")])),
             "AIP_CREWAI_REGISTRY": "bench_crews:registry",
             "AIP_CREWAI_HOST": "127.0.0.1",

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from protocol import (
+    CONTROL_FD,
     MAX_FRAME_BYTES,
     Exited,
     Failed,
@@ -36,7 +37,7 @@ from supervisor.process import LAUNCHED, WorkerProcess
 
 log = logging.getLogger("crew_supervisor.forkserver")
 FORK_SECONDS = 10.0
-SOCKET_FD = 3
+SOCKET_FD = CONTROL_FD  # the fork server's control channel is its socket
 
 
 class ForkServerLauncher:

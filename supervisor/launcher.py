@@ -13,12 +13,11 @@ import sys
 from collections.abc import Mapping
 from typing import Protocol as Interface
 
-from protocol import Failed, FrameError, Hello, Message, Registry
+from protocol import CONTROL_FD, EVENT_FD, Failed, FrameError, Hello, Message, Registry
 from supervisor.pipes import make_pipes
 from supervisor.process import LAUNCHED, WorkerProcess
 
 DESCRIBE_SECONDS = 180.0
-CONTROL_FD, EVENT_FD = 3, 4
 
 
 class LaunchError(Exception):

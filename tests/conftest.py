@@ -20,21 +20,17 @@ import orjson
 import psutil
 import pytest
 
+from protocol import QUIET_CREWAI
+
 ROOT = Path(__file__).resolve().parent.parent
 TEST_REGISTRY = "tests.crews:registry"
-QUIET = {
-    "CREWAI_DISABLE_TELEMETRY": "true",
-    "OTEL_SDK_DISABLED": "true",
-    "CREWAI_TRACING_ENABLED": "false",
-    "CREWAI_DISABLE_VERSION_CHECK": "true",
-}
 
 
 def worker_env(tmp: Path, registry: str = TEST_REGISTRY) -> dict[str, str]:
     (tmp / "home").mkdir(exist_ok=True)
     return {
         **os.environ,
-        **QUIET,
+        **QUIET_CREWAI,
         "PYTHONPATH": str(ROOT),
         "AIP_CREWAI_REGISTRY": registry,
         "HOME": str(tmp / "home"),
@@ -100,7 +96,7 @@ def start_server(state: Path, *, env: dict[str, str] | None = None, wait: bool =
     log = state.parent / f"server-{port}.log"
     full_env = {
         **os.environ,
-        **QUIET,
+        **QUIET_CREWAI,
         "PYTHONPATH": str(ROOT),
         "AIP_CREWAI_REGISTRY": TEST_REGISTRY,
         "AIP_CREWAI_PORT": str(port),

@@ -25,6 +25,7 @@ SCRIPTS = ROOT / "scripts"
 sys.path[:0] = [str(ROOT), str(SCRIPTS)]
 from protocol import QUIET_CREWAI  # noqa: E402 - needs ROOT on the path
 from supervisor.schema import SCHEMA, SCHEMA_VERSION  # noqa: E402
+from supervisor.sse import Frame, frames  # noqa: E402
 
 TERMINAL = ("completed", "failed", "cancelled")
 JOB_TIMEOUT_MS = 120_000  # a job the bench loses track of is still ended by its supervisor
@@ -196,31 +197,26 @@ def key(action: str) -> dict[str, str]:
     return {"Idempotency-Key": action}
 
 
-def sse(response: httpx.Response) -> Iterator[tuple[str, str]]:
-    """(event name, raw data) per SSE event; data is decoded only where a caller needs it."""
+def sse(response: httpx.Response) -> Iterator[Frame]:
+    """The stream's frames, undecoded: a caller decodes only what it needs."""
     if response.status_code != 200:
         response.read()
         raise BenchError(f"stream answered {response.status_code}: {response.text[:300]}")
-    name = ""
-    for line in response.iter_lines():
-        if line.startswith("event: "):
-            name = line[7:]
-        elif line.startswith("data: "):
-            yield name, line[6:]
+    return frames(response.iter_lines())
 
 
-def next_event(events: Iterator[tuple[str, str]], wanted: str) -> dict[str, Any]:
-    name, data = next(events, ("end of stream", "{}"))
-    if name != wanted:
-        raise BenchError(f"expected a {wanted} event, got {name}: {data[:300]}")
-    return dict(orjson.loads(data)["data"])
+def next_event(events: Iterator[Frame], wanted: str) -> dict[str, Any]:
+    frame = next(events, Frame("end of stream", "{}", None))
+    if frame.event != wanted:
+        raise BenchError(f"expected a {wanted} event, got {frame.event}: {frame.data[:300]}")
+    return dict(frame.json()["data"])
 
 
-def drain(events: Iterator[tuple[str, str]]) -> str:
+def drain(events: Iterator[Frame]) -> str:
     """Read through the terminal event; its name."""
-    for name, _ in events:
-        if name in TERMINAL:
-            return name
+    for frame in events:
+        if frame.event in TERMINAL:
+            return frame.event
     raise BenchError("stream ended without a terminal event")
 
 

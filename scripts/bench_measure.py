@@ -160,8 +160,8 @@ def flood(client: httpx.Client, chunks: int) -> tuple[float, float]:
     first = last = began = 0.0
     body = start("flood", action, {"chunks": chunks})
     with client.stream("POST", "/jobs/stream", json=body, headers=key(action)) as response:
-        for name, _ in sse(response):
-            now = time.perf_counter()
+        for frame in sse(response):
+            now, name = time.perf_counter(), frame.event
             if name == "started":
                 began = now
             elif name == "chunk":

@@ -26,10 +26,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import orjson
 from bench_harness import TERMINAL, Supervisor, key, new_id, start
 from bench_report import percentile
 from load_common import PeakRss, parse_plan, serving
+
+from supervisor import sse
 
 Event = dict[str, Any]
 
@@ -81,9 +82,8 @@ async def sse_events(response: httpx.Response) -> AsyncIterator[Event]:
     if response.status_code != 200:
         await response.aread()
         raise RuntimeError(f"stream answered {response.status_code}: {response.text[:300]}")
-    async for line in response.aiter_lines():
-        if line.startswith("data: "):
-            yield orjson.loads(line[6:])
+    async for frame in sse.aframes(response.aiter_lines()):
+        yield frame.json()
 
 
 async def read_stream(response: httpx.Response) -> list[Event]:

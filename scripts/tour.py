@@ -17,11 +17,11 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
-import orjson
 import psutil
+
+from supervisor import sse
 
 
 def say(text: str) -> None:
@@ -32,12 +32,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def events(response: httpx.Response) -> Any:
-    for line in response.iter_lines():
-        if line.startswith("data: "):
-            yield orjson.loads(line[6:])
 
 
 def main() -> int:
@@ -103,7 +97,7 @@ def tour(client: httpx.Client) -> None:
     say("2. stream: POST /jobs/stream — server-sent events as the crew works")
     body = {"crew_id": "demo", "action_id": "tour-stream", "input": {"topic": "durable jobs"}}
     with client.stream("POST", "/jobs/stream", json=body, headers={"Idempotency-Key": "tour-2"}) as response:
-        for event in events(response):
+        for event in sse.events(response.iter_lines()):
             if event["event"] == "chunk":
                 print(event["data"]["content"], end="", flush=True)
             elif event["event"] == "completed":  # its data is the output itself, as the reference writes it
@@ -118,7 +112,7 @@ def tour(client: httpx.Client) -> None:
 
     def follow() -> None:
         with client.stream("POST", "/jobs/stream", json=body, headers={"Idempotency-Key": "tour-3"}) as response:
-            for event in events(response):
+            for event in sse.events(response.iter_lines()):
                 if event["event"] == "started":
                     pid.append(event["data"]["pid"])
                     print(f"[{event['sequence']}] started in worker pid {pid[0]}")

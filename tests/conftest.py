@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 import psutil
 import pytest
 
 from protocol import QUIET_CREWAI
+from supervisor import sse
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_REGISTRY = "tests.crews:registry"
@@ -162,20 +162,13 @@ def start_hostile_server(state: Path, evidence: Path, **settings: str) -> Server
 
 
 def sse_events(response: httpx.Response) -> Iterator[dict[str, Any]]:
-    """Parse an SSE body into whole events (``data:`` JSON plus the ``event``/``id`` fields)."""
-    fields: dict[str, str] = {}
-    for line in response.iter_lines():
-        if line == "":
-            if "data" in fields:
-                event = orjson.loads(fields["data"])
-                assert event["event"] == fields["event"]
-                if "id" in fields:
-                    assert int(fields["id"]) == event["sequence"]
-                yield event
-            fields = {}
-        elif not line.startswith(":"):
-            name, _, value = line.partition(": ")
-            fields[name] = value
+    """Whole events of an SSE body, each checked against its frame's ``event`` and ``id`` fields."""
+    for frame in sse.frames(response.iter_lines()):
+        event = frame.json()
+        assert event["event"] == frame.event
+        if frame.id is not None:
+            assert int(frame.id) == event["sequence"]
+        yield event
 
 
 def start_body(crew: str, action: str, **extra: Any) -> dict[str, Any]:

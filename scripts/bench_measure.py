@@ -12,7 +12,6 @@ from bench_harness import (
     TERMINAL,
     BenchError,
     Stop,
-    Supervisor,
     cancel,
     drain,
     key,
@@ -24,6 +23,8 @@ from bench_harness import (
     start,
     wait_blocked,
 )
+
+from supervisor.testing import Server
 
 
 def start_latency(client: httpx.Client, samples: int, warmup: int) -> list[float]:
@@ -113,7 +114,7 @@ def cancel_stubborn(client: httpx.Client, markers: Path, samples: int) -> list[S
     return latencies
 
 
-def api_throughput(sup: Supervisor, jobs: int, concurrency: int) -> float:
+def api_throughput(sup: Server, jobs: int, concurrency: int) -> float:
     """fast jobs per second through blocking POST /jobs, ``concurrency`` clients at once."""
     errors: list[BaseException] = []
     barrier = threading.Barrier(concurrency + 1)

@@ -13,15 +13,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psutil
-from bench_harness import MiB, Supervisor, wait_ready
+from bench_harness import MiB, start_supervisor, wait_ready
+
+from supervisor.testing import Server
 
 
 @contextlib.contextmanager
-def serving(prefix: str, settings: dict[str, str] | None = None, keep: bool = False) -> Iterator[Supervisor]:
+def serving(prefix: str, settings: dict[str, str] | None = None, keep: bool = False) -> Iterator[Server]:
     """One ready fork-server supervisor (bench registry) in a temporary directory; stopped and removed after."""
     root = Path(tempfile.mkdtemp(prefix=prefix))
     (root / "markers").mkdir()
-    sup = Supervisor("sup", root, "forkserver", root / "markers", settings)
+    sup = start_supervisor("sup", root, "forkserver", root / "markers", settings)
     try:
         wait_ready([sup])
         yield sup

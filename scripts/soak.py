@@ -87,7 +87,7 @@ def settled(pid: int, expected_children: int) -> Census:
 def soak(plan: Plan, keep: bool = False) -> Result:
     result = Result()
     with serving("crew-soak-", keep=keep) as sup, sup.client() as client:
-        pid, journal = sup.process.pid, sup.state / "journal.db"
+        pid, journal = sup.pid, sup.state / "journal.db"
         run_jobs(client, plan.warmup, result)
         forkserver_only = 1  # between jobs the supervisor's one live descendant is its fork server
         began = time.monotonic()

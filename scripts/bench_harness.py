@@ -119,7 +119,7 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
-def start(crew: str, action: str, input: dict[str, Any] | None = None, operation: str = "run") -> dict[str, Any]:
+def start_body(crew: str, action: str, input: dict[str, Any] | None = None, operation: str = "run") -> dict[str, Any]:
     return {
         "crew_id": crew,
         "action_id": action,

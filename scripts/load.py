@@ -26,9 +26,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-from bench_harness import TERMINAL, key, new_id, start
+from bench_harness import TERMINAL, key, new_id, start_body
 from bench_report import percentile
-from load_common import PeakRss, parse_plan, serving
+from load_common import PeakRss, parse_plan, serving, verdict
 
 from supervisor import sse
 from supervisor.testing import Server
@@ -107,7 +107,7 @@ class Job:
 
 
 async def run_starter(client: httpx.AsyncClient, job: Job, result: Result) -> None:
-    body = start(job.crew, job.action, job.input)
+    body = start_body(job.crew, job.action, job.input)
     began = time.perf_counter()
     try:
         async with client.stream("POST", "/jobs/stream", json=body, headers=key(job.action)) as response:
@@ -254,9 +254,7 @@ def report(plan: Plan, result: Result) -> str:
             f"   (n = {len(result.latencies[kind])})"
         )
     lines.append(f"  supervisor peak RSS {f['peak_rss_mb']:.1f} MiB")
-    lines += [f"  VIOLATION {v}" for v in result.violations[:50]]
-    lines.append("load: OK" if not result.violations else f"load: {len(result.violations)} violation(s)")
-    return "\n".join(lines)
+    return "\n".join(lines + verdict("load", result.violations, shown=50))
 
 
 def main() -> int:

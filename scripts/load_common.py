@@ -79,6 +79,12 @@ class PeakRss:
         self._thread.join()
 
 
+def verdict(name: str, violations: list[str], shown: int | None = None) -> list[str]:
+    """A report's last lines: the violations (the first ``shown`` of them), then OK or how many there were."""
+    ending = f"{name}: OK" if not violations else f"{name}: {len(violations)} violation(s)"
+    return [f"  VIOLATION {v}" for v in violations[:shown]] + [ending]
+
+
 PlanT = TypeVar("PlanT")
 
 

@@ -3,6 +3,7 @@
 Pure Python plus orjson; imports nothing else from this project.
 """
 
+from protocol.environment import CONTROL_FD, EVENT_FD, QUIET_CREWAI
 from protocol.frames import (
     MAX_FRAME_BYTES,
     FrameError,
@@ -37,8 +38,11 @@ from protocol.messages import (
 )
 
 __all__ = [
+    "CONTROL_FD",
+    "EVENT_FD",
     "MAX_FRAME_BYTES",
     "PROTOCOL_VERSION",
+    "QUIET_CREWAI",
     "READ_ONLY_OPERATIONS",
     "TERMINAL",
     "Chunk",

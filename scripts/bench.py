@@ -32,14 +32,13 @@ import orjson
 import psutil
 from bench_harness import (
     JOURNAL_SIZES,
-    QUIET,
     ROOT,
     BenchError,
     CpuMeter,
     Stop,
-    Supervisor,
     memory,
     populate,
+    start_supervisor,
     wait_ready,
 )
 from bench_measure import (
@@ -53,6 +52,9 @@ from bench_measure import (
     start_latency,
 )
 from bench_report import FIGURES, median_of, percentile, plot, table, verdicts
+
+from protocol import QUIET_CREWAI
+from supervisor.testing import Server
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,14 +90,14 @@ Figures = dict[str, float]
 Samples = dict[str, list[float]]
 
 
-def boot(plan: Plan, root: Path, markers: Path, supervisors: list[Supervisor]) -> list[Supervisor]:
+def boot(plan: Plan, root: Path, markers: Path, supervisors: list[Server]) -> list[Server]:
     """Every supervisor at once (their CrewAI imports overlap), and crewai here for the in-process ceiling."""
     for size in JOURNAL_SIZES[1:]:
         populate(root / f"journal-{size}", size)
     for name, launcher in [("warm", "forkserver"), ("cold", "spawn")] + [
         (f"journal-{size}", "forkserver") for size in JOURNAL_SIZES[1:]
     ]:
-        supervisors.append(Supervisor(name, root, launcher, markers))  # listed at once: stopped whatever happens
+        supervisors.append(start_supervisor(name, root, launcher, markers))  # listed at once: stopped whatever happens
     say("importing crewai here too (the in-process ceiling) while the supervisors start")
     import bench_crews  # noqa: F401 - the import is the point: crewai, once, with telemetry off
 
@@ -103,13 +105,13 @@ def boot(plan: Plan, root: Path, markers: Path, supervisors: list[Supervisor]) -
     return supervisors
 
 
-def measure_journal(plan: Plan, supervisors: list[Supervisor], figures: Figures) -> None:
+def measure_journal(plan: Plan, supervisors: list[Server], figures: Figures) -> None:
     say("journal cost: fast job latency with 0, 1,000 and 10,000 retained jobs")
     p50 = []
     for size, sup in zip(JOURNAL_SIZES, supervisors, strict=True):
         with sup.client() as client:
             if client.get("/health").json()["retained_runs"] != size:
-                raise BenchError(f"{sup.name} does not hold {size} jobs")
+                raise BenchError(f"{sup.state.name} does not hold {size} jobs")
             p50.append(percentile(journal_latency(client, plan.journal, plan.warmup), 50) * 1000)
             figures[f"journal_{size}_p50_ms"] = p50[-1]
         if size:
@@ -117,7 +119,7 @@ def measure_journal(plan: Plan, supervisors: list[Supervisor], figures: Figures)
     figures["journal_last_over_first"] = p50[-1] / p50[0]
 
 
-def measure_warm(plan: Plan, warm: Supervisor, markers: Path, figures: Figures, ms: Samples) -> None:
+def measure_warm(plan: Plan, warm: Server, markers: Path, figures: Figures, ms: Samples) -> None:
     meter = CpuMeter(warm)
     with warm.client() as client:
         say("start latency, warm")
@@ -151,12 +153,12 @@ def measure_warm(plan: Plan, warm: Supervisor, markers: Path, figures: Figures, 
     for name, value in zip(("supervisor", "forkserver", "worker"), cpu, strict=False):
         figures[f"job_cpu_{name}_ms"] = value
 
-    figures["supervisor_rss_mb"] = memory(warm.process.pid)["rss"]
+    figures["supervisor_rss_mb"] = memory(warm.pid)["rss"]
     forkserver = memory(meter.forkserver.pid)
     figures["forkserver_rss_mb"], figures["forkserver_pss_mb"] = forkserver["rss"], forkserver["pss"]
 
 
-def measure_cold(plan: Plan, cold: Supervisor, figures: Figures, ms: Samples) -> None:
+def measure_cold(plan: Plan, cold: Server, figures: Figures, ms: Samples) -> None:
     say(f"cold: {plan.cold} spawned job(s), about 5 s each")
     with cold.client() as client:
         starts, cancels, memories = cancel_run(client, plan.cold, measure_memory=plan.cold)
@@ -166,7 +168,7 @@ def measure_cold(plan: Plan, cold: Supervisor, figures: Figures, ms: Samples) ->
     figures["worker_pss_cold_mb"] = median_of(memories, "pss")
 
 
-def run(plan: Plan, root: Path, supervisors: list[Supervisor]) -> tuple[Figures, Samples]:
+def run(plan: Plan, root: Path, supervisors: list[Server]) -> tuple[Figures, Samples]:
     markers = root / "markers"
     markers.mkdir()
     warm, cold, *filled = boot(plan, root, markers, supervisors)
@@ -247,9 +249,9 @@ def main() -> int:
     began, loadavg = time.monotonic(), os.getloadavg()
     root = Path(tempfile.mkdtemp(prefix="crew-bench-"))
     # Before crewai is imported here: telemetry off, and its files under the temporary directory.
-    os.environ.update(QUIET, HOME=str(root / "home"), CREWAI_STORAGE_DIR=str(root / "inproc-storage"))
+    os.environ.update(QUIET_CREWAI, HOME=str(root / "home"), CREWAI_STORAGE_DIR=str(root / "inproc-storage"))
     (root / "home").mkdir()
-    supervisors: list[Supervisor] = []
+    supervisors: list[Server] = []
     try:
         try:
             figures, samples = run(plan, root, supervisors)

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
-import signal
-import socket
 import sqlite3
-import subprocess
 import sys
 import time
 import uuid
@@ -23,14 +19,11 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
 sys.path[:0] = [str(ROOT), str(SCRIPTS)]
-from supervisor.schema import SCHEMA, SCHEMA_VERSION  # noqa: E402 - needs ROOT on the path
+from supervisor import testing  # noqa: E402
+from supervisor.schema import SCHEMA, SCHEMA_VERSION  # noqa: E402
+from supervisor.sse import Frame, frames  # noqa: E402
+from supervisor.testing import Server  # noqa: E402
 
-QUIET = {
-    "CREWAI_DISABLE_TELEMETRY": "true",
-    "OTEL_SDK_DISABLED": "true",
-    "CREWAI_TRACING_ENABLED": "false",
-    "CREWAI_DISABLE_VERSION_CHECK": "true",
-}
 TERMINAL = ("completed", "failed", "cancelled")
 JOB_TIMEOUT_MS = 120_000  # a job the bench loses track of is still ended by its supervisor
 READY_SECONDS = 240.0
@@ -43,97 +36,36 @@ class BenchError(Exception):
     pass
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def start_supervisor(
+    name: str, root: Path, launcher: str, markers: Path, settings: dict[str, str] | None = None
+) -> Server:
+    """A supervisor on the bench registry, its state in ``root / name``, its log in ``root / f"{name}.log"``;
+    not waited for (start several, then ``wait_ready``). ``settings`` (``AIP_CREWAI_*`` variables) override
+    the bench's defaults, e.g. a wider MAX_CONCURRENCY."""
+    return testing.start(
+        root / name,
+        "bench_crews:registry",
+        env={"BENCH_MARKER_DIR": str(markers), **(settings or {})},
+        path=[SCRIPTS],
+        args=["--log-level", "warning"],
+        log=root / f"{name}.log",
+        cwd=ROOT,
+        wait=False,
+        launcher=launcher,
+        allowed_operations="run,replay",
+        max_retained_runs=100_000,  # the journal phase keeps 10,000 jobs
+        max_events_per_run=100_000,  # the flood crew's chunks
+    )
 
 
-class Supervisor:
-    """``python -m supervisor serve`` on loopback with the bench registry and its own state directory.
-
-    ``settings`` (``AIP_CREWAI_*`` variables) override the bench's defaults, e.g. a wider MAX_CONCURRENCY.
-    """
-
-    def __init__(
-        self, name: str, root: Path, launcher: str, markers: Path, settings: dict[str, str] | None = None
-    ) -> None:
-        self.name = name
-        self.state = root / name
-        self.port = free_port()
-        self.token = secrets.token_urlsafe(16)
-        self.log_path = root / f"{name}.log"
-        env = {
-            **os.environ,
-            **QUIET,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(SCRIPTS), str(ROOT), os.environ.get("PYTHONPATH")])),
-            "AIP_CREWAI_REGISTRY": "bench_crews:registry",
-            "AIP_CREWAI_HOST": "127.0.0.1",
-            "AIP_CREWAI_PORT": str(self.port),
-            "AIP_CREWAI_BEARER_TOKEN": self.token,
-            "AIP_CREWAI_STATE_FILE": str(self.state / "journal.db"),
-            "AIP_CREWAI_LAUNCHER": launcher,
-            "AIP_CREWAI_ALLOWED_OPERATIONS": "run,replay",
-            "AIP_CREWAI_MAX_RETAINED_RUNS": "100000",  # the journal phase keeps 10,000 jobs
-            "AIP_CREWAI_MAX_EVENTS_PER_RUN": "100000",  # the flood crew's chunks
-            "BENCH_MARKER_DIR": str(markers),
-            **(settings or {}),
-        }
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "supervisor", "serve", "--log-level", "warning"],
-                env=env,
-                cwd=ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-
-    def client(self, timeout: float = 60) -> httpx.Client:
-        # trust_env=False: loopback only, never through a proxy from the environment.
-        headers = {"Authorization": f"Bearer {self.token}"}
-        return httpx.Client(base_url=f"http://127.0.0.1:{self.port}", headers=headers, timeout=timeout, trust_env=False)
-
-    def ready(self, client: httpx.Client) -> bool:
-        if self.process.poll() is not None:
-            raise BenchError(f"supervisor {self.name} exited at start:\n{self.log_tail()}")
-        try:
-            return client.get("/health").status_code == 200
-        except httpx.TransportError:
-            return False
-
-    def log_tail(self) -> str:
-        return self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else ""
-
-    def forkserver(self) -> psutil.Process:
-        for child in psutil.Process(self.process.pid).children():
-            with contextlib.suppress(psutil.Error):
-                if "forkserver" in " ".join(child.cmdline()):
-                    return child
-        raise BenchError(f"supervisor {self.name} has no fork server child")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-def wait_ready(supervisors: list[Supervisor]) -> None:
+def wait_ready(supervisors: list[Server]) -> None:
+    """All of them within READY_SECONDS: they start at once, so their CrewAI imports overlap."""
     deadline = time.monotonic() + READY_SECONDS
-    pending = list(supervisors)
-    clients = {s.name: s.client(timeout=2) for s in supervisors}
-    try:
-        while pending and time.monotonic() < deadline:
-            pending = [s for s in pending if not s.ready(clients[s.name])]
-            time.sleep(0.1)
-    finally:
-        for client in clients.values():
-            client.close()
-    if pending:
-        raise BenchError(f"not ready within {READY_SECONDS:.0f} s: {', '.join(s.name for s in pending)}")
+    for sup in supervisors:
+        try:
+            sup.wait_ready(max(deadline - time.monotonic(), 0.0))
+        except testing.StartError as exc:
+            raise BenchError(f"supervisor {sup.state.name}: {exc}") from None
 
 
 def populate(state: Path, jobs: int) -> None:
@@ -187,7 +119,7 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
-def start(crew: str, action: str, input: dict[str, Any] | None = None, operation: str = "run") -> dict[str, Any]:
+def start_body(crew: str, action: str, input: dict[str, Any] | None = None, operation: str = "run") -> dict[str, Any]:
     return {
         "crew_id": crew,
         "action_id": action,
@@ -201,31 +133,26 @@ def key(action: str) -> dict[str, str]:
     return {"Idempotency-Key": action}
 
 
-def sse(response: httpx.Response) -> Iterator[tuple[str, str]]:
-    """(event name, raw data) per SSE event; data is decoded only where a caller needs it."""
+def sse(response: httpx.Response) -> Iterator[Frame]:
+    """The stream's frames, undecoded: a caller decodes only what it needs."""
     if response.status_code != 200:
         response.read()
         raise BenchError(f"stream answered {response.status_code}: {response.text[:300]}")
-    name = ""
-    for line in response.iter_lines():
-        if line.startswith("event: "):
-            name = line[7:]
-        elif line.startswith("data: "):
-            yield name, line[6:]
+    return frames(response.iter_lines())
 
 
-def next_event(events: Iterator[tuple[str, str]], wanted: str) -> dict[str, Any]:
-    name, data = next(events, ("end of stream", "{}"))
-    if name != wanted:
-        raise BenchError(f"expected a {wanted} event, got {name}: {data[:300]}")
-    return dict(orjson.loads(data)["data"])
+def next_event(events: Iterator[Frame], wanted: str) -> dict[str, Any]:
+    frame = next(events, Frame("end of stream", "{}", None))
+    if frame.event != wanted:
+        raise BenchError(f"expected a {wanted} event, got {frame.event}: {frame.data[:300]}")
+    return dict(frame.json()["data"])
 
 
-def drain(events: Iterator[tuple[str, str]]) -> str:
+def drain(events: Iterator[Frame]) -> str:
     """Read through the terminal event; its name."""
-    for name, _ in events:
-        if name in TERMINAL:
-            return name
+    for frame in events:
+        if frame.event in TERMINAL:
+            return frame.event
     raise BenchError("stream ended without a terminal event")
 
 
@@ -278,9 +205,12 @@ class CpuMeter:
     """CPU seconds of the supervisor, its fork server, the workers (the fork server reaps them, so their
     time lands in its children's times by the time a job's terminal event is seen) and this client."""
 
-    def __init__(self, sup: Supervisor) -> None:
-        self.supervisor = psutil.Process(sup.process.pid)
-        self.forkserver = sup.forkserver()
+    def __init__(self, sup: Server) -> None:
+        forkserver = sup.forkserver()
+        if forkserver is None:
+            raise BenchError(f"supervisor {sup.state.name} has no fork server child")
+        self.supervisor = psutil.Process(sup.pid)
+        self.forkserver = forkserver
 
     def read(self) -> tuple[float, float, float, float]:
         own, server = self.supervisor.cpu_times(), self.forkserver.cpu_times()

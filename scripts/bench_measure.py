@@ -12,7 +12,6 @@ from bench_harness import (
     TERMINAL,
     BenchError,
     Stop,
-    Supervisor,
     cancel,
     drain,
     key,
@@ -21,9 +20,11 @@ from bench_harness import (
     next_event,
     post_job,
     sse,
-    start,
+    start_body,
     wait_blocked,
 )
+
+from supervisor.testing import Server
 
 
 def start_latency(client: httpx.Client, samples: int, warmup: int) -> list[float]:
@@ -32,7 +33,7 @@ def start_latency(client: httpx.Client, samples: int, warmup: int) -> list[float
     for i in range(warmup + samples):
         action = new_id("start")
         began = time.perf_counter()
-        with client.stream("POST", "/jobs/stream", json=start("fast", action), headers=key(action)) as response:
+        with client.stream("POST", "/jobs/stream", json=start_body("fast", action), headers=key(action)) as response:
             events = sse(response)
             next_event(events, "started")
             elapsed = time.perf_counter() - began
@@ -53,7 +54,7 @@ def cancel_run(
     for i in range(samples):
         action = new_id("slow")
         began = time.perf_counter()
-        body = start("demo-slow", action, {"seconds": 600})
+        body = start_body("demo-slow", action, {"seconds": 600})
         with client.stream("POST", "/jobs/stream", json=body, headers=key(action)) as response:
             events = sse(response)
             pid = next_event(events, "started")["pid"]
@@ -89,11 +90,13 @@ def cancel_replay(client: httpx.Client, markers: Path, samples: int) -> list[Sto
         if len(latencies) == samples:
             break
         if not task_ids:
-            task_ids = post_job(client, start("replayable", new_id("answer"), {"mode": "answer"}))["replay_task_ids"]
+            answered = post_job(client, start_body("replayable", new_id("answer"), {"mode": "answer"}))
+            task_ids = answered["replay_task_ids"]
             if len(task_ids) != 2:
                 raise BenchError(f"replayable run gave replay_task_ids {task_ids}")
         replay = {"task_id": task_ids[1], "inputs": {"mode": "block"}}
-        stop = cancel_blocked(client, markers, "replayable", start("replayable", new_id("replay"), replay, "replay"))
+        body = start_body("replayable", new_id("replay"), replay, "replay")
+        stop = cancel_blocked(client, markers, "replayable", body)
         if stop is None:
             task_ids = []
         else:
@@ -106,14 +109,14 @@ def cancel_replay(client: httpx.Client, markers: Path, samples: int) -> list[Sto
 def cancel_stubborn(client: httpx.Client, markers: Path, samples: int) -> list[Stop]:
     latencies = []
     for _ in range(samples):
-        stop = cancel_blocked(client, markers, "stubborn", start("stubborn", new_id("stubborn")))
+        stop = cancel_blocked(client, markers, "stubborn", start_body("stubborn", new_id("stubborn")))
         if stop is None:
             raise BenchError("a stubborn job ended on its own")
         latencies.append(stop)
     return latencies
 
 
-def api_throughput(sup: Supervisor, jobs: int, concurrency: int) -> float:
+def api_throughput(sup: Server, jobs: int, concurrency: int) -> float:
     """fast jobs per second through blocking POST /jobs, ``concurrency`` clients at once."""
     errors: list[BaseException] = []
     barrier = threading.Barrier(concurrency + 1)
@@ -123,7 +126,7 @@ def api_throughput(sup: Supervisor, jobs: int, concurrency: int) -> float:
             barrier.wait()
             try:
                 for _ in range(count):
-                    post_job(client, start("fast", new_id("tput")))
+                    post_job(client, start_body("fast", new_id("tput")))
             except BaseException as exc:
                 errors.append(exc)
 
@@ -158,10 +161,10 @@ def flood(client: httpx.Client, chunks: int) -> tuple[float, float]:
     action = new_id("flood")
     received = 0
     first = last = began = 0.0
-    body = start("flood", action, {"chunks": chunks})
+    body = start_body("flood", action, {"chunks": chunks})
     with client.stream("POST", "/jobs/stream", json=body, headers=key(action)) as response:
-        for name, _ in sse(response):
-            now = time.perf_counter()
+        for frame in sse(response):
+            now, name = time.perf_counter(), frame.event
             if name == "started":
                 began = now
             elif name == "chunk":
@@ -181,7 +184,7 @@ def journal_latency(client: httpx.Client, samples: int, warmup: int) -> list[flo
     for i in range(warmup + samples):
         action = new_id("journal")
         began = time.perf_counter()
-        post_job(client, start("fast", action))
+        post_job(client, start_body("fast", action))
         elapsed = time.perf_counter() - began
         archived = client.delete(f"/jobs/{action}", headers={"X-AIP-Archive-Confirmation": action})
         if archived.status_code != 200:

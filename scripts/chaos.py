@@ -12,13 +12,9 @@ the journal passes SQLite's integrity check. Prints a summary and exits 1 on any
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import secrets
-import signal
-import socket
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import threading
@@ -29,6 +25,9 @@ from typing import Any
 
 import httpx
 import psutil
+
+from supervisor import testing
+from supervisor.testing import Server
 
 TERMINAL = ("completed", "failed", "cancelled")
 
@@ -46,72 +45,20 @@ class Tally:
     violations: list[str] = field(default_factory=list)
 
 
-class Supervisor:
-    def __init__(self, state: Path, registry: str, extra_env: dict[str, str]) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.token = secrets.token_urlsafe(16)
-        env = {
-            **os.environ,
-            "AIP_CREWAI_REGISTRY": registry,
-            "AIP_CREWAI_STATE_FILE": str(state / "journal.db"),
-            "AIP_CREWAI_BEARER_TOKEN": self.token,
-            "AIP_CREWAI_PORT": str(self.port),
-            **extra_env,
-        }
-        self.log = open(state.parent / "supervisor.log", "ab")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "supervisor", "serve", "--log-level", "warning"],
-            env=env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.headers = {"Authorization": f"Bearer {self.token}"}
-
-    def client(self, timeout: float = 30) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout)
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + 120
-        with self.client(timeout=2) as client:
-            while time.monotonic() < deadline:
-                if self.process.poll() is not None:
-                    raise SystemExit(f"supervisor exited at start (rc {self.process.returncode}); see its log")
-                try:
-                    if client.get("/health").status_code == 200:
-                        return
-                except httpx.TransportError:
-                    time.sleep(0.1)
-        raise SystemExit("supervisor did not become ready")
-
-    def workers(self) -> list[psutil.Process]:
-        try:
-            return psutil.Process(self.process.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            return []
-
-    def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait()
-        self.log.close()
-
-    def stop(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.log.close()
+def start_supervisor(state: Path, registry: str, concurrency: int) -> Server:
+    """Every start (the first and each restart) appends to one log beside the state directory."""
+    log = state.parent / "supervisor.log"
+    try:
+        return testing.start(state, registry, args=["--log-level", "warning"], log=log, max_concurrency=concurrency)
+    except testing.StartError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 class Load:
     """Client threads doing what users do: start (blocking or streamed), repeat exactly, cancel."""
 
     def __init__(
-        self, sup: Supervisor, rng: random.Random, concurrency: int, tally: Tally, acked: dict[str, dict[str, Any]]
+        self, sup: Server, rng: random.Random, concurrency: int, tally: Tally, acked: dict[str, dict[str, Any]]
     ) -> None:
         self.sup, self.rng, self.tally, self.acked = sup, rng, tally, acked
         self.stop = threading.Event()
@@ -130,7 +77,7 @@ class Load:
 
     def loop(self, index: int) -> None:
         rng = random.Random(self.rng.random())
-        with self.sup.client() as client:
+        with self.sup.client(timeout=30) as client:
             while not self.stop.is_set():
                 try:
                     self.step(client, rng, index)
@@ -178,7 +125,7 @@ class Load:
 
 
 def check(
-    sup: Supervisor, acked: dict[str, dict[str, Any]], before: list[tuple[int, float]], state: Path, tally: Tally
+    sup: Server, acked: dict[str, dict[str, Any]], before: list[tuple[int, float]], state: Path, tally: Tally
 ) -> None:
     def fail(text: str) -> None:
         tally.violations.append(f"iteration {tally.iterations}: {text}")
@@ -189,7 +136,7 @@ def check(
                 fail(f"worker {pid} from before the restart is alive")
         except psutil.NoSuchProcess:
             pass
-    with sup.client() as client:
+    with sup.client(timeout=30) as client:
         for action in acked:
             record = client.get(f"/jobs/{action}")
             if record.status_code != 200:
@@ -239,24 +186,21 @@ def main() -> int:
     tally = Tally()
     acked: dict[str, dict[str, Any]] = {}
     print(f"chaos: seed {seed}, {args.iterations} iterations, concurrency {args.concurrency}, state {state}")
-    extra = {"AIP_CREWAI_MAX_CONCURRENCY": str(args.concurrency)}
-    sup = Supervisor(state if state.exists() else _make(state), args.registry, extra)
-    sup.wait_ready()
+    sup = start_supervisor(state if state.exists() else _make(state), args.registry, args.concurrency)
     for iteration in range(1, args.iterations + 1):
         tally.iterations = iteration
         with Load(sup, rng, args.concurrency, tally, acked):
             deadline = time.monotonic() + rng.uniform(0.5, 2.5)
             while time.monotonic() < deadline:
                 time.sleep(0.1)
-                victims = sup.workers()
+                victims = sup.processes()
                 if args.kill_workers and victims and rng.random() < 0.05:
                     rng.choice(victims).kill()
                     tally.worker_kills += 1
-            before = [(p.pid, p.create_time()) for p in sup.workers()]
+            before = [(p.pid, p.create_time()) for p in sup.processes()]
             sup.kill()
             tally.supervisor_kills += 1
-        sup = Supervisor(state, args.registry, extra)
-        sup.wait_ready()
+        sup = start_supervisor(state, args.registry, args.concurrency)
         check(sup, acked, before, state, tally)
         print(f"  iteration {iteration}: {len(acked)} jobs so far, {len(tally.violations)} violations", flush=True)
     sup.stop()

@@ -26,10 +26,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import orjson
-from bench_harness import TERMINAL, Supervisor, key, new_id, start
+from bench_harness import TERMINAL, key, new_id, start_body
 from bench_report import percentile
-from load_common import PeakRss, parse_plan, serving
+from load_common import PeakRss, parse_plan, serving, verdict
+
+from supervisor import sse
+from supervisor.testing import Server
 
 Event = dict[str, Any]
 
@@ -81,9 +83,8 @@ async def sse_events(response: httpx.Response) -> AsyncIterator[Event]:
     if response.status_code != 200:
         await response.aread()
         raise RuntimeError(f"stream answered {response.status_code}: {response.text[:300]}")
-    async for line in response.aiter_lines():
-        if line.startswith("data: "):
-            yield orjson.loads(line[6:])
+    async for frame in sse.aframes(response.aiter_lines()):
+        yield frame.json()
 
 
 async def read_stream(response: httpx.Response) -> list[Event]:
@@ -106,7 +107,7 @@ class Job:
 
 
 async def run_starter(client: httpx.AsyncClient, job: Job, result: Result) -> None:
-    body = start(job.crew, job.action, job.input)
+    body = start_body(job.crew, job.action, job.input)
     began = time.perf_counter()
     try:
         async with client.stream("POST", "/jobs/stream", json=body, headers=key(job.action)) as response:
@@ -185,19 +186,13 @@ def check(job: Job, record: dict[str, Any], plan: Plan, result: Result) -> None:
     result.events += len(events)
 
 
-def client_for(sup: Supervisor) -> httpx.AsyncClient:
+def client_for(sup: Server) -> httpx.AsyncClient:
     # Pooled connections expire before uvicorn's 5 s keep-alive does: reusing one it is closing is a ReadError.
     limits = httpx.Limits(max_connections=None, keepalive_expiry=1.0)
-    return httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{sup.port}",
-        headers={"Authorization": f"Bearer {sup.token}"},
-        limits=limits,
-        timeout=httpx.Timeout(120, connect=30),
-        trust_env=False,  # loopback only, never through a proxy from the environment
-    )
+    return sup.async_client(limits=limits, timeout=httpx.Timeout(120, connect=30))
 
 
-async def drive(sup: Supervisor, plan: Plan) -> Result:
+async def drive(sup: Server, plan: Plan) -> Result:
     result = Result(jobs=plan.jobs)
     rng = random.Random(plan.seed)
     jobs = [Job(i, plan) for i in range(plan.jobs)]
@@ -211,7 +206,7 @@ async def drive(sup: Supervisor, plan: Plan) -> Result:
             for i in range(plan.followers)
         ]
         tasks += [run_reader(clients[i], job, plan, result) for i, job in enumerate(jobs) for _ in range(plan.readers)]
-        with PeakRss(sup.process.pid) as rss:
+        with PeakRss(sup.pid) as rss:
             done = asyncio.Event()
             lag = asyncio.create_task(watch_lag(done, result))
             began = time.perf_counter()
@@ -259,9 +254,7 @@ def report(plan: Plan, result: Result) -> str:
             f"   (n = {len(result.latencies[kind])})"
         )
     lines.append(f"  supervisor peak RSS {f['peak_rss_mb']:.1f} MiB")
-    lines += [f"  VIOLATION {v}" for v in result.violations[:50]]
-    lines.append("load: OK" if not result.violations else f"load: {len(result.violations)} violation(s)")
-    return "\n".join(lines)
+    return "\n".join(lines + verdict("load", result.violations, shown=50))
 
 
 def main() -> int:

@@ -13,15 +13,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psutil
-from bench_harness import MiB, Supervisor, wait_ready
+from bench_harness import MiB, start_supervisor, wait_ready
+
+from supervisor.testing import Server
 
 
 @contextlib.contextmanager
-def serving(prefix: str, settings: dict[str, str] | None = None, keep: bool = False) -> Iterator[Supervisor]:
+def serving(prefix: str, settings: dict[str, str] | None = None, keep: bool = False) -> Iterator[Server]:
     """One ready fork-server supervisor (bench registry) in a temporary directory; stopped and removed after."""
     root = Path(tempfile.mkdtemp(prefix=prefix))
     (root / "markers").mkdir()
-    sup = Supervisor("sup", root, "forkserver", root / "markers", settings)
+    sup = start_supervisor("sup", root, "forkserver", root / "markers", settings)
     try:
         wait_ready([sup])
         yield sup
@@ -75,6 +77,12 @@ class PeakRss:
     def __exit__(self, *_: object) -> None:
         self._done.set()
         self._thread.join()
+
+
+def verdict(name: str, violations: list[str], shown: int | None = None) -> list[str]:
+    """A report's last lines: the violations (the first ``shown`` of them), then OK or how many there were."""
+    ending = f"{name}: OK" if not violations else f"{name}: {len(violations)} violation(s)"
+    return [f"  VIOLATION {v}" for v in violations[:shown]] + [ending]
 
 
 PlanT = TypeVar("PlanT")

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import httpx
 import psutil
-from bench_harness import new_id, post_job, start
-from load_common import Census, census, parse_plan, serving
+from bench_harness import new_id, post_job, start_body
+from load_common import Census, census, parse_plan, serving, verdict
 
 SETTLE_SECONDS = 10.0  # a worker that posted its terminal frame is gone well within this
 
@@ -87,7 +87,7 @@ def settled(pid: int, expected_children: int) -> Census:
 def soak(plan: Plan, keep: bool = False) -> Result:
     result = Result()
     with serving("crew-soak-", keep=keep) as sup, sup.client() as client:
-        pid, journal = sup.process.pid, sup.state / "journal.db"
+        pid, journal = sup.pid, sup.state / "journal.db"
         run_jobs(client, plan.warmup, result)
         forkserver_only = 1  # between jobs the supervisor's one live descendant is its fork server
         began = time.monotonic()
@@ -110,7 +110,7 @@ def soak(plan: Plan, keep: bool = False) -> Result:
 def run_jobs(client: httpx.Client, count: int, result: Result) -> None:
     for _ in range(count):
         try:
-            record = post_job(client, start("fast", new_id("soak")))
+            record = post_job(client, start_body("fast", new_id("soak")))
         except Exception as exc:  # any failure ends the soak: its figures would not mean much
             result.violations.append(f"a job failed to run: {type(exc).__name__}: {exc}")
             return
@@ -164,9 +164,7 @@ def report(plan: Plan, result: Result) -> str:
         lines.append(
             f"  journal   {first:,.0f} then {second:,.0f} bytes per job (first, second half); {rate:.2f} jobs/s"
         )
-    lines += [f"  VIOLATION {v}" for v in result.violations]
-    lines.append("soak: OK" if not result.violations else f"soak: {len(result.violations)} violation(s)")
-    return "\n".join(lines)
+    return "\n".join(lines + verdict("soak", result.violations))
 
 
 def main() -> int:

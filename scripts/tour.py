@@ -7,37 +7,21 @@ httpx, then stops it. ``--serve`` keeps the supervisor running afterwards for yo
 from __future__ import annotations
 
 import argparse
-import os
-import secrets
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
-import orjson
 import psutil
+
+from supervisor import sse, testing
+from supervisor.config import DEMO_REGISTRY
 
 
 def say(text: str) -> None:
     print(f"\n\033[1m== {text}\033[0m", flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def events(response: httpx.Response) -> Any:
-    for line in response.iter_lines():
-        if line.startswith("data: "):
-            yield orjson.loads(line[6:])
 
 
 def main() -> int:
@@ -46,46 +30,35 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=0, help="port to listen on (default: a free one)")
     args = parser.parse_args()
 
-    port = args.port or free_port()
-    token = secrets.token_urlsafe(24)
-    state = Path(tempfile.mkdtemp(prefix="crew-supervisor-demo-")) / "state"
-    env = {**os.environ, "AIP_CREWAI_BEARER_TOKEN": token, "AIP_CREWAI_STATE_FILE": str(state / "journal.db")}
-    say(f"starting: crew-supervisor serve --demo --port {port}   (state in {state})")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "supervisor", "serve", "--demo", "--port", str(port), "--log-level", "warning"], env=env
-    )
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    port = args.port or testing.free_port()
+    root = Path(tempfile.mkdtemp(prefix="crew-supervisor-demo-"))
+    log = root / "supervisor.log"
+    say(f"starting: crew-supervisor serve --demo --port {port}   (state in {root / 'state'}, log in {log})")
     try:
-        wait_ready(client, server)
-        tour(client)
+        server = testing.start(root / "state", DEMO_REGISTRY, args=["--log-level", "warning"], log=log, port=port)
+    except testing.StartError as exc:
+        sys.exit(str(exc))
+    try:
+        with server.client() as client:
+            greet(server, client)
+            tour(client)
         if args.serve:
-            say(f"serving on http://127.0.0.1:{port} — press Ctrl-C to stop")
-            print(f"  export TOKEN={token}")
-            print(f'  curl -H "Authorization: Bearer $TOKEN" http://127.0.0.1:{port}/health')
-            server.wait()
+            say(f"serving on {server.url} — press Ctrl-C to stop")
+            print(f"  export TOKEN={server.token}")
+            print(f'  curl -H "Authorization: Bearer $TOKEN" {server.url}/health')
+            server.process.wait()
     except KeyboardInterrupt:
         pass
     finally:
-        client.close()
-        server.send_signal(signal.SIGTERM)
-        server.wait(30)
+        server.stop()
     say("done: the supervisor stopped")
     return 0
 
 
-def wait_ready(client: httpx.Client, server: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            sys.exit("the supervisor exited during startup")
-        try:
-            health = client.get("/health").json()
-            print(f"ready: crews {health['crews']}, operations {health['operations']}")
-            print(f"without the token: HTTP {httpx.get(str(client.base_url) + '/health').status_code}")
-            return
-        except httpx.TransportError:
-            time.sleep(0.3)
-    sys.exit("the supervisor did not become ready")
+def greet(server: testing.Server, client: httpx.Client) -> None:
+    health = client.get("/health").json()
+    print(f"ready: crews {health['crews']}, operations {health['operations']}")
+    print(f"without the token: HTTP {httpx.get(f'{server.url}/health', trust_env=False).status_code}")
 
 
 def tour(client: httpx.Client) -> None:
@@ -103,7 +76,7 @@ def tour(client: httpx.Client) -> None:
     say("2. stream: POST /jobs/stream — server-sent events as the crew works")
     body = {"crew_id": "demo", "action_id": "tour-stream", "input": {"topic": "durable jobs"}}
     with client.stream("POST", "/jobs/stream", json=body, headers={"Idempotency-Key": "tour-2"}) as response:
-        for event in events(response):
+        for event in sse.events(response.iter_lines()):
             if event["event"] == "chunk":
                 print(event["data"]["content"], end="", flush=True)
             elif event["event"] == "completed":  # its data is the output itself, as the reference writes it
@@ -118,7 +91,7 @@ def tour(client: httpx.Client) -> None:
 
     def follow() -> None:
         with client.stream("POST", "/jobs/stream", json=body, headers={"Idempotency-Key": "tour-3"}) as response:
-            for event in events(response):
+            for event in sse.events(response.iter_lines()):
                 if event["event"] == "started":
                     pid.append(event["data"]["pid"])
                     print(f"[{event['sequence']}] started in worker pid {pid[0]}")

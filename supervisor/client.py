@@ -6,13 +6,14 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
 import httpx
 import orjson
 
+from supervisor import sse
 from supervisor.config import PREFIX
 from supervisor.schema import TERMINAL_EVENTS
 
@@ -100,7 +101,7 @@ class Client:
                     if response.is_error:
                         response.read()
                         self._json(response)
-                    for event in parse_sse(response.iter_lines()):
+                    for event in sse.events(response.iter_lines()):  # a partial last one is asked for again
                         yield event
                         last, failures = event["sequence"], 0
                         if event["event"] in TERMINAL_EVENTS:
@@ -142,19 +143,6 @@ class Client:
 
 def resume_header(last: int | None) -> dict[str, str]:
     return {} if last is None else {"Last-Event-ID": str(last)}
-
-
-def parse_sse(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
-    """Whole events from SSE lines; comments (the keep-alive) are skipped."""
-    data: list[str] = []
-    for line in lines:
-        if not line:
-            if data:
-                yield orjson.loads("\n".join(data))
-            data = []
-        elif line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
-    # A partial event at the end of a dropped stream is discarded; its sequence is asked for again.
 
 
 def _detail(detail: Any, response: httpx.Response) -> str:

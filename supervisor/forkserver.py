@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Mapping
 
 from protocol import (
+    CONTROL_FD,
     MAX_FRAME_BYTES,
     Exited,
     Failed,
@@ -37,7 +38,7 @@ from supervisor.reaper import Reaper
 log = logging.getLogger("crew_supervisor.forkserver")
 FORK_SECONDS = 10.0
 STOP_SECONDS = 5.0  # how long the fork server may take to leave once its socket closes
-SOCKET_FD = 3
+SOCKET_FD = CONTROL_FD  # the fork server's control channel is its socket
 
 
 class ForkServerLauncher:

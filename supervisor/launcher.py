@@ -13,13 +13,12 @@ import sys
 from collections.abc import Mapping
 from typing import Protocol as Interface
 
-from protocol import Failed, FrameError, Hello, Message, Registry
+from protocol import CONTROL_FD, EVENT_FD, Failed, FrameError, Hello, Message, Registry
 from supervisor.pipes import make_pipes
 from supervisor.process import WorkerProcess
 from supervisor.reaper import Reaper
 
 DESCRIBE_SECONDS = 180.0
-CONTROL_FD, EVENT_FD = 3, 4
 
 
 class LaunchError(Exception):

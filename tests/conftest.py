@@ -4,37 +4,29 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 import psutil
 import pytest
 
+from protocol import QUIET_CREWAI
+from supervisor import sse, testing
+from supervisor.testing import Server
+
 ROOT = Path(__file__).resolve().parent.parent
 TEST_REGISTRY = "tests.crews:registry"
-QUIET = {
-    "CREWAI_DISABLE_TELEMETRY": "true",
-    "OTEL_SDK_DISABLED": "true",
-    "CREWAI_TRACING_ENABLED": "false",
-    "CREWAI_DISABLE_VERSION_CHECK": "true",
-}
 
 
 def worker_env(tmp: Path, registry: str = TEST_REGISTRY) -> dict[str, str]:
     (tmp / "home").mkdir(exist_ok=True)
     return {
         **os.environ,
-        **QUIET,
+        **QUIET_CREWAI,
         "PYTHONPATH": str(ROOT),
         "AIP_CREWAI_REGISTRY": registry,
         "HOME": str(tmp / "home"),
@@ -65,62 +57,12 @@ def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.02) ->
     return predicate()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Server:
-    process: subprocess.Popen[bytes]
-    url: str
-    token: str
-    state: Path
-    log: Path
-
-    def client(self, token: str | None = None, **kwargs: Any) -> httpx.Client:
-        headers = {"Authorization": f"Bearer {token or self.token}"}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=60, **kwargs)
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
 def start_server(state: Path, *, env: dict[str, str] | None = None, wait: bool = True) -> Server:
-    """``crew-supervisor serve`` as a real process on a free loopback port."""
-    port = free_port()
-    token = "test-token-" + os.urandom(8).hex()
-    log = state.parent / f"server-{port}.log"
-    full_env = {
-        **os.environ,
-        **QUIET,
-        "PYTHONPATH": str(ROOT),
-        "AIP_CREWAI_REGISTRY": TEST_REGISTRY,
-        "AIP_CREWAI_PORT": str(port),
-        "AIP_CREWAI_BEARER_TOKEN": token,
-        "AIP_CREWAI_STATE_FILE": str(state / "journal.db"),
-        "AIP_CREWAI_HEARTBEAT_SECONDS": "0.5",
-        **(env or {}),
-    }
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "supervisor", "serve"], env=full_env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
-        )
-    server = Server(process, f"http://127.0.0.1:{port}", token, state, log)
+    """A supervisor on the test registry (``supervisor.testing``), heartbeats every 0.5 s; ``env`` wins."""
+    server = testing.start(state, TEST_REGISTRY, env=env, path=[ROOT], cwd=ROOT, wait=False, heartbeat_seconds=0.5)
     _started.append(server)
     if wait:
-        with server.client() as client:
-            ready = wait_until(lambda: process.poll() is not None or _healthy(client), timeout=90, interval=0.2)
-        if not ready or process.poll() is not None:
-            server.stop()
-            raise RuntimeError(f"supervisor did not start:\n{log.read_text()[-3000:]}")
+        server.wait_ready(90)
     return server
 
 
@@ -133,15 +75,8 @@ def _stop_servers_a_test_started() -> Iterator[None]:
     before = len(_started)
     yield
     for server in _started[before:]:
-        server.stop(signal.SIGKILL)
+        server.kill()
     del _started[before:]
-
-
-def _healthy(client: httpx.Client) -> bool:
-    try:
-        return client.get("/health").status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -166,20 +101,13 @@ def start_hostile_server(state: Path, evidence: Path, **settings: str) -> Server
 
 
 def sse_events(response: httpx.Response) -> Iterator[dict[str, Any]]:
-    """Parse an SSE body into whole events (``data:`` JSON plus the ``event``/``id`` fields)."""
-    fields: dict[str, str] = {}
-    for line in response.iter_lines():
-        if line == "":
-            if "data" in fields:
-                event = orjson.loads(fields["data"])
-                assert event["event"] == fields["event"]
-                if "id" in fields:
-                    assert int(fields["id"]) == event["sequence"]
-                yield event
-            fields = {}
-        elif not line.startswith(":"):
-            name, _, value = line.partition(": ")
-            fields[name] = value
+    """Whole events of an SSE body, each checked against its frame's ``event`` and ``id`` fields."""
+    for frame in sse.frames(response.iter_lines()):
+        event = frame.json()
+        assert event["event"] == frame.event
+        if frame.id is not None:
+            assert int(frame.id) == event["sequence"]
+        yield event
 
 
 def start_body(crew: str, action: str, **extra: Any) -> dict[str, Any]:

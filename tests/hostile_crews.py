@@ -21,14 +21,13 @@ from crewai.events.types.llm_events import LLMCallType
 from crewai.llms.base_llm import llm_call_context
 from crewai.types.usage_metrics import UsageMetrics
 
-from protocol import PROTOCOL_VERSION, Completed, pack
+from protocol import EVENT_FD, PROTOCOL_VERSION, Completed, pack
 from tests.crews import EVIDENCE_DIR, HOUR, _single, stubborn
 from tests.crews import registry as base_registry
 from worker import lifecycle
 from worker.demo import OfflineLLM
 
 PR_SET_PDEATHSIG = 1
-EVENT_FD = 4  # where every launcher puts a worker's event pipe
 MiB = 1024 * 1024
 FLOOD_BYTES = 24 * MiB
 

@@ -10,9 +10,9 @@ import argparse
 import os
 import sys
 
+from protocol import CONTROL_FD, EVENT_FD
 from worker import forkserver, job, lifecycle
 
-CONTROL_FD, EVENT_FD = 3, 4
 NICE = "AIP_CREWAI_WORKER_NICE"  # set by the supervisor from its settings
 
 

@@ -18,12 +18,11 @@ import sys
 import threading
 from typing import Any, NoReturn
 
-from protocol import MAX_FRAME_BYTES, Exited, Fork, Forked, MessageReader, Refused
+from protocol import CONTROL_FD, EVENT_FD, MAX_FRAME_BYTES, Exited, Fork, Forked, MessageReader, Refused
 from worker import job, lifecycle
 
 EXIT_NOT_SINGLE_THREADED = 79
 JOB_FDS = 4  # control, events, stdout, stderr
-CONTROL_FD, EVENT_FD = 3, 4
 
 
 def serve(socket_fd: int) -> NoReturn:

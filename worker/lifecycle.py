@@ -8,21 +8,13 @@ import queue
 import signal
 import threading
 
-from protocol import FrameError, Message, MessageReader, Start, Stop, pack
+from protocol import QUIET_CREWAI, FrameError, Message, MessageReader, Start, Stop, pack
 
 PR_SET_PDEATHSIG = 1
 EXIT_ORPHANED = 75
 EXIT_CONTROL_CLOSED = 76
 EXIT_STOPPED = 77
 EXIT_PROTOCOL = 78
-
-# CrewAI calls home (and stalls ~20 s offline) unless these are set before it is imported.
-QUIET_CREWAI = {
-    "CREWAI_DISABLE_TELEMETRY": "true",
-    "OTEL_SDK_DISABLED": "true",
-    "CREWAI_TRACING_ENABLED": "false",
-    "CREWAI_DISABLE_VERSION_CHECK": "true",
-}
 
 
 def bind_to_parent(parent_pid: int) -> None:

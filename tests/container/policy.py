@@ -15,16 +15,12 @@ from typing import Any
 import yaml
 from dockerfile_parse import DockerfileParser
 
+from protocol import QUIET_CREWAI
+
 VOLUME = "/var/lib/crew-supervisor"
 PINNED = re.compile(r"^[^\s@$]+@sha256:[0-9a-f]{64}$")
 SECRETISH = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|PRIVATE_?KEY|CREDENTIAL", re.IGNORECASE)
 SECRET_FILES = re.compile(r"(^|/)(\.env|.*\.pem|.*\.key|id_[rd]sa.*|.*token.*|.*secret.*)$", re.IGNORECASE)
-TELEMETRY_OFF = {
-    "CREWAI_DISABLE_TELEMETRY": "true",
-    "OTEL_SDK_DISABLED": "true",
-    "CREWAI_TRACING_ENABLED": "false",
-    "CREWAI_DISABLE_VERSION_CHECK": "true",
-}
 DURABLE = ("HOME", "CREWAI_STORAGE_DIR", "AIP_CREWAI_STATE_FILE", "AIP_CREWAI_TRAINING_DIR")
 MIN_GRACE_SECONDS = 20  # the supervisor stops its workers and closes the journal in this time
 
@@ -119,7 +115,7 @@ def dockerfile_problems(path: Path) -> list[str]:
             labels.update(_pairs(item["value"]))
         elif item["instruction"] == "VOLUME":
             volumes += _exec_form(item["value"]) or item["value"].split()
-    for name, wanted in TELEMETRY_OFF.items():
+    for name, wanted in QUIET_CREWAI.items():
         if env.get(name) != wanted:
             problems.append(f"ENV {name}={wanted} missing (CrewAI telemetry must be off)")
     if VOLUME not in volumes:

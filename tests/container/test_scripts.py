@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, start_server, wait_until
+from supervisor.testing import free_port
+from tests.conftest import start_server, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 HEALTHCHECK = ROOT / "container" / "healthcheck.py"

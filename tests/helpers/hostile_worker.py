@@ -8,7 +8,7 @@ import struct
 import sys
 import time
 
-from protocol import PROTOCOL_VERSION
+from protocol import EVENT_FD, PROTOCOL_VERSION
 
 parser = argparse.ArgumentParser()
 parser.add_argument(
@@ -18,7 +18,6 @@ parser.add_argument("mode")
 parser.add_argument("--parent-pid", type=int)
 parser.add_argument("--cwd")
 args = parser.parse_args()
-EVENT_FD = 4  # where every launcher puts a worker's event pipe
 
 
 def frame(body: bytes) -> bytes:

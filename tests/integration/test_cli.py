@@ -15,7 +15,8 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.conftest import ROOT, Server, free_port, gone, sse_events, start_server, wait_until
+from supervisor.testing import free_port
+from tests.conftest import ROOT, Server, gone, sse_events, start_server, wait_until
 
 EXIT_CANCELLED = 4
 

@@ -3,7 +3,6 @@ Also the drop-in import of a reference journal on first start."""
 
 from __future__ import annotations
 
-import signal
 import sqlite3
 import subprocess
 import time
@@ -40,7 +39,7 @@ def test_an_orphan_that_survived_a_crash_is_killed_at_restart(tmp_path: Path) ->
             if line == "event: started":
                 break
         pid = client.get("/jobs/orphan-1/events").json()["events"][0]["data"]["pid"]
-    first.stop(signal.SIGKILL)
+    first.kill()
     time.sleep(1.0)
     assert psutil.Process(pid).status() != psutil.STATUS_ZOMBIE, "the orphan should have survived"
 

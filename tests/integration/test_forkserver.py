@@ -63,5 +63,5 @@ def test_supervisor_death_takes_the_fork_server_and_its_workers(tmp_path: Path) 
                 break
         tree = psutil.Process(server.process.pid).children(recursive=True)
     assert len(tree) >= 2  # the fork server and the job's worker
-    server.stop(signal.SIGKILL)
+    server.kill()
     assert wait_until(lambda: all(gone(p.pid, p.create_time()) for p in tree), timeout=10)

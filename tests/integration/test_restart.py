@@ -30,7 +30,7 @@ def test_kill9_mid_job_then_restart_fences_the_job(tmp_path: Path) -> None:
                 if line.startswith("event: chunk"):
                     break
         pid = client.get("/jobs/crash-1/events").json()["events"][0]["data"]["pid"]
-    first.stop(signal.SIGKILL)
+    first.kill()
     assert wait_until(lambda: gone(pid), timeout=10), "worker outlived the killed supervisor"
 
     second = start_server(state)

@@ -66,10 +66,9 @@ def test_load_check_catches_a_broken_stream(
     started: list[dict[str, Any]], followed: list[dict[str, Any]], wrong: str | None
 ) -> None:
     result = load.Result()
-    terminal = started[-1]["event"]
-    load.check(
-        _job(started, [followed]), {"status": terminal, "event_count": len(started)}, load.Plan(readers=1), result
-    )
+    # The record as the server keeps it: a completed job's output is its completed event's data.
+    record = {"status": started[-1]["event"], "event_count": len(started), "output": started[-1]["data"]}
+    load.check(_job(started, [followed]), record, load.Plan(readers=1), result)
     if wrong is None:
         assert result.violations == []
     else:

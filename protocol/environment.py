@@ -1,0 +1,18 @@
+"""What a worker process finds when it starts: its pipes on fixed fds, and CrewAI told to stay offline.
+
+The supervisor's launchers and the fork server put the pipes there; the worker reads them there. Both
+sides take the numbers from here, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+CONTROL_FD = 3  # supervisor -> worker (Start, Stop); for the fork server, its socket
+EVENT_FD = 4  # worker -> supervisor: every frame the worker sends
+
+# CrewAI calls home (and stalls ~20 s offline) unless these are set before it is imported.
+QUIET_CREWAI = {
+    "CREWAI_DISABLE_TELEMETRY": "true",
+    "OTEL_SDK_DISABLED": "true",
+    "CREWAI_TRACING_ENABLED": "false",
+    "CREWAI_DISABLE_VERSION_CHECK": "true",
+}

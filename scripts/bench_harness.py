@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
 sys.path[:0] = [str(ROOT), str(SCRIPTS)]
 from supervisor import testing  # noqa: E402
-from supervisor.schema import SCHEMA, SCHEMA_VERSION  # noqa: E402
-from supervisor.sse import Frame, frames  # noqa: E402
+from supervisor.console.sse import Frame, frames  # noqa: E402
+from supervisor.journal.schema import SCHEMA, SCHEMA_VERSION  # noqa: E402
 from supervisor.testing import Server  # noqa: E402
 
 TERMINAL = ("completed", "failed", "cancelled")

@@ -30,7 +30,7 @@ from bench_harness import TERMINAL, key, new_id, start_body
 from bench_report import percentile
 from load_common import PeakRss, parse_plan, serving, verdict
 
-from supervisor import sse
+from supervisor.console import sse
 from supervisor.testing import Server
 
 Event = dict[str, Any]

@@ -16,8 +16,9 @@ from pathlib import Path
 import httpx
 import psutil
 
-from supervisor import sse, testing
+from supervisor import testing
 from supervisor.config import DEMO_REGISTRY
+from supervisor.console import sse
 
 
 def say(text: str) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from supervisor import config, console, logs
+from supervisor import config, logs
+from supervisor.console import commands as console
 
 
 def main(argv: list[str] | None = None) -> None:

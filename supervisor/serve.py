@@ -16,15 +16,15 @@ from pathlib import Path
 import uvicorn
 
 from supervisor import config
-from supervisor.api import create_app
-from supervisor.fencing import fence_restored
-from supervisor.forkserver import ForkServerLauncher
-from supervisor.jobs import Supervisor
-from supervisor.journal import Journal, JournalError
-from supervisor.launcher import LaunchError, SpawnLauncher
-from supervisor.reaper import Reaper, become_subreaper
-from supervisor.runner import worker_env
-from supervisor.statefiles import prepare_directory
+from supervisor.http.app import create_app
+from supervisor.jobs.fencing import fence_restored
+from supervisor.jobs.runner import worker_env
+from supervisor.jobs.supervisor import Supervisor
+from supervisor.journal.statefiles import prepare_directory
+from supervisor.journal.store import Journal, JournalError
+from supervisor.processes.forkserver import ForkServerLauncher
+from supervisor.processes.launcher import LaunchError, SpawnLauncher
+from supervisor.processes.reaper import Reaper, become_subreaper
 
 log = logging.getLogger("crew_supervisor")
 GRACEFUL_SHUTDOWN_SECONDS = 5

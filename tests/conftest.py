@@ -15,7 +15,8 @@ import psutil
 import pytest
 
 from protocol import QUIET_CREWAI
-from supervisor import sse, testing
+from supervisor import testing
+from supervisor.console import sse
 from supervisor.testing import Server
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,8 +12,8 @@ import subprocess
 import sys
 
 from protocol import Start
-from supervisor.launcher import SpawnLauncher
-from supervisor.reaper import Reaper
+from supervisor.processes.launcher import SpawnLauncher
+from supervisor.processes.reaper import Reaper
 
 
 async def main() -> None:

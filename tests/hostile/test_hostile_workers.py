@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.pipes import STALL_SECONDS
+from supervisor.processes.pipes import STALL_SECONDS
 from tests.conftest import (
     ROOT,
     Server,

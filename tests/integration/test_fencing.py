@@ -12,7 +12,7 @@ import orjson
 import psutil
 import pytest
 
-from supervisor.reaper import become_subreaper
+from supervisor.processes.reaper import become_subreaper
 from tests.conftest import gone, start_body, start_server, wait_until
 
 pytestmark = pytest.mark.usefixtures("launcher")

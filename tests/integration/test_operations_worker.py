@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from protocol import Chunk, Completed, Failed, FrameError, Start, Started
-from supervisor.launcher import SpawnLauncher
-from supervisor.limits import JobTree
-from supervisor.process import StopEvidence, WorkerProcess
-from supervisor.reaper import Reaper, become_subreaper
+from supervisor.processes.launcher import SpawnLauncher
+from supervisor.processes.limits import JobTree
+from supervisor.processes.process import StopEvidence, WorkerProcess
+from supervisor.processes.reaper import Reaper, become_subreaper
 from tests.conftest import gone, worker_env
 from tests.crews import CALL_LOG, HEARTBEAT
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from supervisor.launcher import spawn_process
-from supervisor.reaper import Reaper, become_subreaper
+from supervisor.processes.launcher import spawn_process
+from supervisor.processes.reaper import Reaper, become_subreaper
 from tests.conftest import wait_until
 
 

@@ -26,10 +26,10 @@ from protocol import (
     Started,
     TruncatedFrame,
 )
-from supervisor.launcher import SpawnLauncher
-from supervisor.limits import JobTree
-from supervisor.process import WorkerProcess
-from supervisor.reaper import Reaper, become_subreaper
+from supervisor.processes.launcher import SpawnLauncher
+from supervisor.processes.limits import JobTree
+from supervisor.processes.process import WorkerProcess
+from supervisor.processes.reaper import Reaper, become_subreaper
 from tests.conftest import ROOT, gone, wait_until, worker_env
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from supervisor.journal import Job, Journal, JournalError
-from supervisor.statefiles import JournalLocked, prepare_directory
+from supervisor.journal.statefiles import JournalLocked, prepare_directory
+from supervisor.journal.store import Job, Journal, JournalError
 from tests.conftest import ROOT
 
 
@@ -67,7 +67,7 @@ def test_events_are_contiguous_and_the_terminal_sets_status(path: Path) -> None:
 CRASH = """
 import os, sys
 from pathlib import Path
-from supervisor.journal import Job, Journal
+from supervisor.journal.store import Job, Journal
 journal = Journal(Path(sys.argv[1]), checkpoint_events=int(sys.argv[2]))
 journal.admit(Job("a", "demo", "run", "h", "running", 0))
 for n in range(int(sys.argv[3])):

@@ -44,3 +44,31 @@ def test_the_check_sees_a_lazy_import(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("def f():\n    import crewai.agent\n    from worker import job\n")
     assert imported(module) == {"crewai", "worker"}
+
+
+# Inside supervisor/: which subpackages each may import. Lower layers never reach up: process control and
+# the journal know nothing of jobs, jobs nothing of HTTP, and the operator CLI (an HTTP client) only the
+# journal's event names. (The journal names the pipes' Tail for typing only.)
+LAYERS = {
+    "processes": set(),
+    "journal": {"processes"},
+    "jobs": {"journal", "processes"},
+    "http": {"jobs", "journal", "processes"},
+    "console": {"journal"},
+}
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_supervisor_layers_import_downwards(layer: str) -> None:
+    reached = set()
+    for path in (ROOT / "supervisor" / layer).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("supervisor."):
+                reached.add(node.module.split(".")[1])  # type: ignore[union-attr]
+    assert reached & set(LAYERS) - {layer} <= LAYERS[layer]
+
+
+def test_every_layer_says_what_it_holds() -> None:
+    for layer in LAYERS:
+        docstring = ast.get_docstring(ast.parse((ROOT / "supervisor" / layer / "__init__.py").read_text()))
+        assert docstring and "\n" not in docstring

@@ -1,12 +1,12 @@
-"""The one SSE reader (supervisor/sse.py) on hand-made lines: the server's frames, comments, the standard's edges."""
+"""The one SSE reader (supervisor/console/sse.py) on hand-made lines: the server's frames, comments, the standard's edges."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 
-from supervisor import sse
-from supervisor.sse import Frame
+from supervisor.console import sse
+from supervisor.console.sse import Frame
 
 SERVER = [
     "event: started",

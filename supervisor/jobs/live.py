@@ -6,8 +6,8 @@ import asyncio
 import dataclasses
 from typing import Any
 
-from supervisor.limits import Breach
-from supervisor.process import WorkerProcess
+from supervisor.processes.limits import Breach
+from supervisor.processes.process import WorkerProcess
 
 
 @dataclasses.dataclass(eq=False)

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from typing import Protocol as Interface
 
 from protocol import CONTROL_FD, EVENT_FD, Failed, FrameError, Hello, Message, Registry
-from supervisor.pipes import make_pipes
-from supervisor.process import WorkerProcess
-from supervisor.reaper import Reaper
+from supervisor.processes.pipes import make_pipes
+from supervisor.processes.process import WorkerProcess
+from supervisor.processes.reaper import Reaper
 
 DESCRIBE_SECONDS = 180.0
 

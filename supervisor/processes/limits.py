@@ -24,9 +24,9 @@ from typing import Any
 
 import psutil
 
-from supervisor.cgroups import PidsCgroup, PidsCgroups
 from supervisor.config import Settings
-from supervisor.process import WorkerProcess
+from supervisor.processes.cgroups import PidsCgroup, PidsCgroups
+from supervisor.processes.process import WorkerProcess
 
 log = logging.getLogger("crew_supervisor.limits")
 MiB = 1024 * 1024

@@ -12,10 +12,10 @@ from typing import Any
 import orjson
 
 from supervisor.config import Settings
-from supervisor.journal import Event, Journal, JournalError, Streams
-from supervisor.live import LiveJob
-from supervisor.outcomes import Outcome
-from supervisor.process import WorkerProcess
+from supervisor.jobs.live import LiveJob
+from supervisor.jobs.outcomes import Outcome
+from supervisor.journal.store import Event, Journal, JournalError, Streams
+from supervisor.processes.process import WorkerProcess
 
 log = logging.getLogger("crew_supervisor.jobs")
 EVENTS_PER_READ = 256

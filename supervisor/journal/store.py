@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from supervisor import migrate
-from supervisor.schema import INCONSISTENT, SCHEMA, SCHEMA_VERSION, TERMINAL_EVENTS, JournalError
-from supervisor.statefiles import lock, prepare_file, restrict
+from supervisor.journal import migrate
+from supervisor.journal.schema import INCONSISTENT, SCHEMA, SCHEMA_VERSION, TERMINAL_EVENTS, JournalError
+from supervisor.journal.statefiles import lock, prepare_file, restrict
 
 if TYPE_CHECKING:
-    from supervisor.pipes import Tail
+    from supervisor.processes.pipes import Tail
 
 HEADROOM_BYTES = 16 * 1024 * 1024
 

@@ -7,10 +7,10 @@ import asyncio
 import contextlib
 import logging
 
-from supervisor.journal import Journal
-from supervisor.limits import Limits
+from supervisor.journal.store import Journal
 from supervisor.metrics import Metrics
-from supervisor.reaper import Reaper
+from supervisor.processes.limits import Limits
+from supervisor.processes.reaper import Reaper
 
 log = logging.getLogger("crew_supervisor.jobs")
 FLUSH_SECONDS = 0.05  # how long a chunk may wait before readers can see it

@@ -7,7 +7,7 @@ import os
 import stat
 from pathlib import Path
 
-from supervisor.schema import JournalError
+from supervisor.journal.schema import JournalError
 
 
 class JournalLocked(JournalError):

@@ -3,9 +3,9 @@ worker, if still alive with the same pid and start time, is killed with its grou
 
 from __future__ import annotations
 
-from supervisor.journal import Journal
-from supervisor.outcomes import failure
-from supervisor.process import kill_orphan
+from supervisor.jobs.outcomes import failure
+from supervisor.journal.store import Journal
+from supervisor.processes.process import kill_orphan
 
 RESTART_MESSAGE = "sidecar restarted before CrewAI produced a terminal result"  # the reference's words
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from supervisor.config import Settings
-from supervisor.journal import Job, Journal, JournalError
+from supervisor.journal.store import Job, Journal, JournalError
 from supervisor.models import InputError, StartRequest, input_too_large, key_problem, request_hash, validate_input
 
 

@@ -9,7 +9,7 @@ from fastapi import Depends, Request
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
-from supervisor.jobs import Supervisor
+from supervisor.jobs.supervisor import Supervisor
 from supervisor.models import strict_json
 
 

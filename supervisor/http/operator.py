@@ -14,12 +14,12 @@ from typing import Annotated, Any, Literal
 import orjson
 from fastapi import APIRouter, HTTPException, Query
 
-from supervisor.journal import Streams
-from supervisor.limits import Limits
-from supervisor.live import LiveJob
+from supervisor.http.responses import errors
+from supervisor.http.routing import Sup
+from supervisor.jobs.live import LiveJob
+from supervisor.journal.store import Streams
 from supervisor.models import Operation, path_id_problem
-from supervisor.responses import errors
-from supervisor.routing import Sup
+from supervisor.processes.limits import Limits
 
 DEFAULT_PAGE = 50
 MAX_PAGE = 500

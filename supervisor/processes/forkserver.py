@@ -30,10 +30,10 @@ from protocol import (
     Registry,
     pack,
 )
-from supervisor.launcher import DESCRIBE_SECONDS, LaunchError, SpawnLauncher, spawn_process
-from supervisor.pipes import make_pipes
-from supervisor.process import WorkerProcess
-from supervisor.reaper import Reaper
+from supervisor.processes.launcher import DESCRIBE_SECONDS, LaunchError, SpawnLauncher, spawn_process
+from supervisor.processes.pipes import make_pipes
+from supervisor.processes.process import WorkerProcess
+from supervisor.processes.reaper import Reaper
 
 log = logging.getLogger("crew_supervisor.forkserver")
 FORK_SECONDS = 10.0

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from supervisor.admission import Admission
 from supervisor.config import Settings
-from supervisor.housekeeping import Housekeeping
-from supervisor.journal import Journal
-from supervisor.launcher import Launcher
-from supervisor.limits import Limits
-from supervisor.live import LiveJob
+from supervisor.jobs.admission import Admission
+from supervisor.jobs.housekeeping import Housekeeping
+from supervisor.jobs.live import LiveJob
+from supervisor.jobs.recorder import Recorder
+from supervisor.jobs.runner import Runner
+from supervisor.journal.store import Journal
 from supervisor.metrics import Metrics
-from supervisor.reaper import Reaper
-from supervisor.recorder import Recorder
-from supervisor.runner import Runner
+from supervisor.processes.launcher import Launcher
+from supervisor.processes.limits import Limits
+from supervisor.processes.reaper import Reaper
 
 
 class Supervisor:

@@ -14,8 +14,8 @@ from typing import Any
 import psutil
 
 from protocol import FrameError, Message, pack
-from supervisor.pipes import QUEUE_HIGH, QUEUE_LOW, Frames, PipeEnds, Tail
-from supervisor.reaper import Reaper, signal_group
+from supervisor.processes.pipes import QUEUE_HIGH, QUEUE_LOW, Frames, PipeEnds, Tail
+from supervisor.processes.reaper import Reaper, signal_group
 
 CONFIRM_SECONDS = 5.0
 

@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import orjson
 
-from supervisor import sse
 from supervisor.config import PREFIX
-from supervisor.schema import TERMINAL_EVENTS
+from supervisor.console import sse
+from supervisor.journal.schema import TERMINAL_EVENTS
 
 DEFAULT_URL = "http://127.0.0.1:8090"
 SSE = {"Accept": "text/event-stream"}

@@ -1,6 +1,6 @@
 """The contract's routes: start (blocking or streamed), status, events, cancel, archive, health.
 
-Admission decides (``supervisor.admission``); these routes only translate HTTP to it and back.
+Admission decides (``supervisor.jobs.admission``); these routes only translate HTTP to it and back.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import orjson
 from fastapi import APIRouter, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from supervisor.jobs import Supervisor
-from supervisor.journal import Event, Job, JournalError
+from supervisor.http.responses import errors
+from supervisor.http.routing import StrictJSONRoute, Sup
+from supervisor.jobs.supervisor import Supervisor
+from supervisor.journal.store import Event, Job, JournalError
 from supervisor.models import CancelRequest, StartRequest, path_id_problem
-from supervisor.responses import errors
-from supervisor.routing import StrictJSONRoute, Sup
 
 EVENTS_PER_SLICE = 1000
 CONTROL_OPERATIONS = ("status", "events", "cancel")

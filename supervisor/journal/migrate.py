@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from supervisor.schema import SCHEMA, SCHEMA_VERSION, TERMINAL_EVENTS, JournalError
+from supervisor.journal.schema import SCHEMA, SCHEMA_VERSION, TERMINAL_EVENTS, JournalError
 
 STATUSES = ("running", *TERMINAL_EVENTS)
 EVENTS = ("started", "chunk", *TERMINAL_EVENTS)

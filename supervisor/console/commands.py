@@ -18,9 +18,9 @@ import orjson
 from rich.console import Console
 from rich.live import Live
 
-from supervisor import views
-from supervisor.client import Client, OperatorError, resolve_target
 from supervisor.config import OPERATIONS
+from supervisor.console import views
+from supervisor.console.client import Client, OperatorError, resolve_target
 
 EXIT_ERROR, EXIT_FAILED, EXIT_CANCELLED = 1, 3, 4
 OUTCOME_CODES = {"completed": 0, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}

@@ -20,14 +20,14 @@ import orjson
 
 from protocol import READ_ONLY_OPERATIONS, Chunk, Completed, Failed, Hello, Start, Started
 from supervisor.config import PREFIX, Settings
-from supervisor.journal import Job
-from supervisor.launcher import Launcher, LaunchError
-from supervisor.limits import Breach, Limits
-from supervisor.live import LiveJob
+from supervisor.jobs.live import LiveJob
+from supervisor.jobs.outcomes import Outcome, after_terminal, exit_failure, failure, protocol_fault
+from supervisor.jobs.recorder import Recorder
+from supervisor.journal.store import Job
 from supervisor.metrics import Metrics
-from supervisor.outcomes import Outcome, after_terminal, exit_failure, failure, protocol_fault
-from supervisor.process import StopEvidence, WorkerProcess
-from supervisor.recorder import Recorder
+from supervisor.processes.launcher import Launcher, LaunchError
+from supervisor.processes.limits import Breach, Limits
+from supervisor.processes.process import StopEvidence, WorkerProcess
 
 log = logging.getLogger("crew_supervisor.jobs")
 EXIT_WAIT_SECONDS = 2.0  # after its terminal frame a worker leaves at once; past this it is killed

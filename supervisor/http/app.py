@@ -9,12 +9,12 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from supervisor import contract, operator
-from supervisor.admission import Refused
-from supervisor.auth import BearerAuth
-from supervisor.jobs import Supervisor
+from supervisor.http import contract, operator
+from supervisor.http.auth import BearerAuth
+from supervisor.http.responses import BEARER_SCHEME, errors
+from supervisor.jobs.admission import Refused
+from supervisor.jobs.supervisor import Supervisor
 from supervisor.metrics import router as metrics_router
-from supervisor.responses import BEARER_SCHEME, errors
 
 # The input bound is 1 MiB of compact JSON; the envelope and pretty-printing get room beside it.
 MAX_BODY_BYTES = 4 * 1024 * 1024

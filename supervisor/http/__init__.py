@@ -1,0 +1,1 @@
+"""The HTTP side: the app, its three routers (contract, operator, metrics' scrape), bearer auth, declared answers."""

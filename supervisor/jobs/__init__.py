@@ -1,0 +1,1 @@
+"""The job lifecycle: admission, the runner, the recorder, housekeeping, how jobs end, restart fencing."""

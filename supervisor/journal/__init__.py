@@ -1,0 +1,1 @@
+"""The durable journal: the SQLite store, its schema and migrations, private state files."""

@@ -1,0 +1,1 @@
+"""Process control: worker handles and their pipes, the launchers, the fork server, the reaper, the limits."""

@@ -94,15 +94,15 @@ def input_too_large(body: StartRequest) -> bool:
     return len(canonical(body.input)) > MAX_INPUT_BYTES
 
 
-def key_problem(key: str | None) -> tuple[int, str] | None:
-    """428 for a missing or blank Idempotency-Key, 400 for one too long or with control characters."""
+def key_problem(key: str | None) -> tuple[bool, str] | None:
+    """(missing, why) for an Idempotency-Key that is missing or blank, too long or with control characters."""
     if key is None or not key.strip():
-        return 428, "Idempotency-Key header is required"
+        return True, "Idempotency-Key header is required"
     # The server decodes header bytes as latin-1; encoding back counts the bytes the client sent (UTF-8 or not).
     if len(key.encode("latin-1")) > MAX_KEY_BYTES:
-        return 400, f"Idempotency-Key exceeds {MAX_KEY_BYTES} bytes"
+        return False, f"Idempotency-Key exceeds {MAX_KEY_BYTES} bytes"
     if any(ord(c) < 0x20 for c in key):
-        return 400, "Idempotency-Key contains control characters"
+        return False, "Idempotency-Key contains control characters"
     return None
 
 

@@ -12,12 +12,25 @@ from fastapi.responses import JSONResponse
 from supervisor.http import contract, operator
 from supervisor.http.auth import BearerAuth
 from supervisor.http.responses import BEARER_SCHEME, errors
-from supervisor.jobs.admission import Refused
+from supervisor.jobs import admission
 from supervisor.jobs.supervisor import Supervisor
 from supervisor.metrics import router as metrics_router
 
 # The input bound is 1 MiB of compact JSON; the envelope and pretty-printing get room beside it.
 MAX_BODY_BYTES = 4 * 1024 * 1024
+# What the reference answers for each refused start.
+REFUSALS: dict[type[admission.Refused], int] = {
+    admission.ShuttingDown: 503,
+    admission.InputTooLarge: 413,
+    admission.WrongRoute: 400,
+    admission.OperationDisabled: 403,
+    admission.KeyMissing: 428,
+    admission.KeyInvalid: 400,
+    admission.InputInvalid: 422,
+    admission.CrewNotFound: 404,
+    admission.ConflictingReuse: 409,
+    admission.JournalFull: 507,
+}
 
 
 def create_app(sup: Supervisor) -> FastAPI:
@@ -37,7 +50,7 @@ def create_app(sup: Supervisor) -> FastAPI:
     app.state.supervisor = sup
     app.state.metrics = sup.metrics
     app.add_middleware(BearerAuth, token=sup.settings.token)
-    app.add_exception_handler(Refused, refused)  # type: ignore[arg-type]
+    app.add_exception_handler(admission.Refused, refused)  # type: ignore[arg-type]
     app.include_router(contract.router)
     # The operator routes answer 404 (unknown job) and 422 with a sentence (bad page cursor, path id).
     app.include_router(operator.router)
@@ -55,5 +68,6 @@ def create_app(sup: Supervisor) -> FastAPI:
     return app
 
 
-async def refused(request: Request, exc: Refused) -> JSONResponse:
-    return JSONResponse({"detail": str(exc)}, exc.status, headers=exc.headers)
+async def refused(request: Request, exc: admission.Refused) -> JSONResponse:
+    headers = {"Retry-After": "5"} if isinstance(exc, admission.ShuttingDown) else None
+    return JSONResponse({"detail": str(exc)}, REFUSALS[type(exc)], headers=headers)

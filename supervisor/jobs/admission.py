@@ -1,13 +1,13 @@
 """Admission: validate, fence, admit. A start is checked in the reference's order, fenced by its request
-hash, and made durable before any work; each refusal is a typed error carrying its HTTP status.
+hash, and made durable before any work; each refusal is a typed error.
 
-No HTTP here: the routes turn a ``Refused`` into its answer.
+No HTTP here: the app answers each kind of ``Refused`` with its status.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 from supervisor.config import Settings
 from supervisor.journal.store import Job, Journal, JournalError
@@ -15,51 +15,47 @@ from supervisor.models import InputError, StartRequest, input_too_large, key_pro
 
 
 class Refused(Exception):
-    """A start the contract refuses; ``status`` is what the reference answers for it."""
-
-    status: ClassVar[int] = 400
-    headers: ClassVar[dict[str, str] | None] = None
+    """A start the contract refuses; the HTTP side answers each kind with the reference's status."""
 
 
 class ShuttingDown(Refused):
-    status = 503
-    headers = {"Retry-After": "5"}  # noqa: RUF012 - read-only
+    """The supervisor is draining."""
 
 
 class InputTooLarge(Refused):
-    status = 413
+    """Input over 1 MiB of compact JSON."""
 
 
 class WrongRoute(Refused):
-    status = 400
+    """A legacy ``/runs`` route asked for another operation than ``run``."""
 
 
 class OperationDisabled(Refused):
-    status = 403
+    """The operation is not in ``ALLOWED_OPERATIONS``."""
 
 
 class KeyMissing(Refused):
-    status = 428
+    """No Idempotency-Key, or a blank one."""
 
 
 class KeyInvalid(Refused):
-    status = 400
+    """An Idempotency-Key too long or with control characters."""
 
 
 class InputInvalid(Refused):
-    status = 422
+    """The operation's input breaks its schema."""
 
 
 class CrewNotFound(Refused):
-    status = 404
+    """No such crew in the registry."""
 
 
 class ConflictingReuse(Refused):
-    status = 409
+    """The action id was admitted with other request material."""
 
 
 class JournalFull(Refused):
-    status = 507
+    """The journal holds its limit of jobs or bytes, or could not make the admission durable."""
 
 
 Launch = Callable[[Job, dict[str, Any], int], None]
@@ -93,8 +89,8 @@ class Admission:
         if body.operation not in self.settings.allowed_operations:
             raise OperationDisabled(f"operation {body.operation} is not allowed")
         if bad_key is not None:
-            status, problem = bad_key
-            raise (KeyMissing if status == KeyMissing.status else KeyInvalid)(problem)
+            missing, problem = bad_key
+            raise (KeyMissing if missing else KeyInvalid)(problem)
         try:
             operation_input = validate_input(body)
         except InputError as exc:

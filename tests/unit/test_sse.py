@@ -1,4 +1,4 @@
-"""The one SSE reader (supervisor/console/sse.py) on hand-made lines: the server's frames, comments, the standard's edges."""
+"""The one SSE reader (supervisor/console/sse.py) on hand-made lines: frames, comments, the standard's edges."""
 
 from __future__ import annotations
 

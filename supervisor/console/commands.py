@@ -10,7 +10,7 @@ import argparse
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,15 @@ def emit_json(value: Any) -> None:
     sys.stdout.flush()
 
 
+def answer(value: Any, args: argparse.Namespace, out: Console, view: Callable[[Any], Any]) -> int:
+    """``value`` as one JSON line with ``--json``, else its view for people."""
+    if args.json:
+        emit_json(value)
+    else:
+        out.print(view(value))
+    return 0
+
+
 def list_jobs(client: Client, args: argparse.Namespace, out: Console) -> int:
     params = {"status": args.status, "crew_id": args.crew, "operation": args.operation}
     page = client.get("/jobs", {**params, "limit": args.limit, "cursor": args.cursor})
@@ -94,12 +103,7 @@ def list_jobs(client: Client, args: argparse.Namespace, out: Console) -> int:
 
 
 def show(client: Client, args: argparse.Namespace, out: Console) -> int:
-    job = client.get(f"/jobs/{args.action_id}")
-    if args.json:
-        emit_json(job)
-    else:
-        out.print(views.job_panel(job))
-    return 0
+    return answer(client.get(f"/jobs/{args.action_id}"), args, out, views.job_panel)
 
 
 def events_of(client: Client, args: argparse.Namespace, out: Console) -> int:
@@ -121,12 +125,7 @@ def cancel(client: Client, args: argparse.Namespace, out: Console) -> int:
     """The cancel route wants the crew id as a fence: it is read from the job first."""
     job = client.get(f"/jobs/{args.action_id}")
     body = {"crew_id": job["crew_id"], "action_id": args.action_id, "reason": args.reason}
-    result = client.post(f"/jobs/{args.action_id}/cancel", body)
-    if args.json:
-        emit_json(result)
-    else:
-        out.print(views.cancel_line(result))
-    return 0
+    return answer(client.post(f"/jobs/{args.action_id}/cancel", body), args, out, views.cancel_line)
 
 
 def top(client: Client, args: argparse.Namespace, out: Console) -> int:

@@ -58,28 +58,18 @@ async def health(sup: Sup) -> dict[str, Any]:
 
 
 @router.post("/jobs", responses=START_ERRORS)
-async def post_job(sup: Sup, body: StartRequest, key: IdempotencyKey = None) -> Response:
-    return await start_blocking(sup, body, key, legacy=False)
-
-
 @router.post("/runs", responses=START_ERRORS)
-async def post_run(sup: Sup, body: StartRequest, key: IdempotencyKey = None) -> Response:
-    return await start_blocking(sup, body, key, legacy=True)
+async def post_job(sup: Sup, request: Request, body: StartRequest, key: IdempotencyKey = None) -> Response:
+    return await start_blocking(sup, body, key, legacy=request.url.path == "/runs")
 
 
 @router.post("/jobs/stream", response_class=EventStream, responses=STREAM_ERRORS)
-async def post_job_stream(
-    sup: Sup, body: StartRequest, key: IdempotencyKey = None, last_id: LastEventId = None
-) -> Response:
-    job = sup.admission.admit(body, key, legacy=False)
-    return stream(sup, job.action_id, resume_cursor(last_id, 0))
-
-
 @router.post("/runs/stream", response_class=EventStream, responses=STREAM_ERRORS)
-async def post_run_stream(
-    sup: Sup, body: StartRequest, key: IdempotencyKey = None, last_id: LastEventId = None
+async def post_job_stream(
+    sup: Sup, request: Request, body: StartRequest, key: IdempotencyKey = None, last_id: LastEventId = None
 ) -> Response:
-    job = sup.admission.admit(body, key, legacy=True)
+    """The legacy ``/runs`` routes start only ``run``."""
+    job = sup.admission.admit(body, key, legacy=request.url.path == "/runs/stream")
     return stream(sup, job.action_id, resume_cursor(last_id, 0))
 
 

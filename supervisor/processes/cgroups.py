@@ -81,7 +81,7 @@ class PidsCgroups:
             return None
         return PidsCgroup(path)
 
-    def close(self) -> None:
+    def remove(self) -> None:
         for child in self.base.iterdir() if self.base.exists() else ():
             if child.is_dir():
                 PidsCgroup(child).remove()

@@ -88,7 +88,7 @@ class ForkServerLauncher:
             await self._server.stop()
 
     async def _start(self) -> _ForkServer:
-        server = await _ForkServer.start(self.fallback.reaper, self.fallback.argv, self._env, self._cwd)
+        server = await _ForkServer.spawn(self.fallback.reaper, self.fallback.argv, self._env, self._cwd)
         server.on_death = self._replace  # replace it as soon as it is seen dead, not at the next job
         return server
 
@@ -133,7 +133,7 @@ class _ForkServer:
     on_death: Callable[[], None] = lambda: None
 
     @classmethod
-    async def start(cls, reaper: Reaper, argv: list[str], env: Mapping[str, str], cwd: str) -> _ForkServer:
+    async def spawn(cls, reaper: Reaper, argv: list[str], env: Mapping[str, str], cwd: str) -> _ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         command = [*argv, "forkserver", "--parent-pid", str(os.getpid()), "--cwd", cwd]

@@ -184,7 +184,7 @@ class Limits:
     def stop(self) -> None:
         """Remove this supervisor's cgroups (each job's is removed at ``release``)."""
         if self.cgroups is not None:
-            self.cgroups.close()
+            self.cgroups.remove()
 
     def check(self, worker: WorkerProcess, children: Mapping[int, list[int]] | None = None) -> Breach | None:
         """Sample the worker's tree now; the first limit it breaks, if any."""

@@ -20,13 +20,15 @@ from crewai import Agent, Crew, Task
 from crewai.events.types.llm_events import LLMCallType
 from crewai.llms.base_llm import llm_call_context
 
+from protocol import EVENT_FD, Chunk, pack
 from worker.demo import OfflineLLM, demo, demo_slow
 
 MARKER_DIR = "BENCH_MARKER_DIR"
 BLOCK_SECONDS = 3600.0  # the job's timeout_ms or a cancel ends it long before
 DEFAULT_CHUNKS = 1000
 MAX_CHUNKS = 99_000  # MAX_EVENTS_PER_RUN tops out at 100,000, started and terminal included
-_CHUNKS = re.compile(r"Emit ([0-9]+) chunks")
+_CHUNKS = re.compile(r"(?:Emit|Relay) ([0-9]+) chunks")
+RELAY_BATCH = 256  # frames per write: the relay worker's cost per chunk stays far below the supervisor's
 
 
 def _prompt(messages: str | list[Any]) -> str:
@@ -74,6 +76,37 @@ class FloodLLM(OfflineLLM):
         return answer
 
 
+class RelayLLM(OfflineLLM):
+    """Writes the chunk frames the prompt asks for ("Relay N chunks") straight to the worker's event pipe,
+    bypassing CrewAI's event bus and the worker's own chunk path, then answers normally: what reaches the
+    client measures the supervisor (read, journal, SSE), not CrewAI. Only in a worker: fd EVENT_FD must be
+    its event pipe. Nothing else writes frames meanwhile (this model streams nothing through CrewAI), so
+    these frames cannot interleave with the worker's."""
+
+    def call(self, messages: str | list[Any], *args: Any, **kwargs: Any) -> str:
+        match = _CHUNKS.search(_prompt(messages))
+        count = int(match.group(1)) if match else 0
+        task, agent = kwargs.get("from_task"), kwargs.get("from_agent")
+        answer = f"Thought: done.\nFinal Answer: relayed {count} chunks."
+        role = getattr(agent, "role", "agent")
+        # The shape of a real CrewAI text chunk as the worker forwards it (worker.operations.chunk_message).
+        data = {
+            "content": "x", "chunk_type": "text", "task_index": 0, "task_name": "", "task_id": "",
+            "agent_role": role, "agent_id": str(getattr(agent, "id", "")), "tool_call": None, "channel": "llm",
+        }  # fmt: skip
+        frame = pack(Chunk(channel="llm", data=data))
+        with llm_call_context():
+            self._emit_call_started_event(messages=messages, from_task=task, from_agent=agent)
+            for start in range(0, count, RELAY_BATCH):
+                view = memoryview(frame * min(RELAY_BATCH, count - start))
+                while view:
+                    view = view[os.write(EVENT_FD, view) :]
+            self._emit_call_completed_event(
+                response=answer, call_type=LLMCallType.LLM_CALL, from_task=task, from_agent=agent, messages=messages
+            )
+        return answer
+
+
 def _with_chunks(inputs: dict[str, Any] | None) -> dict[str, Any]:
     merged = {"chunks": DEFAULT_CHUNKS, **(inputs or {})}
     chunks = merged["chunks"]
@@ -85,6 +118,11 @@ def _with_chunks(inputs: dict[str, Any] | None) -> dict[str, Any]:
 def flood() -> Crew:
     """Input ``chunks`` (default 1000): that many stream chunks as fast as the worker can emit them."""
     return _single(FloodLLM(model="offline-flood"), "Emit {chunks} chunks.", before_kickoff_callbacks=[_with_chunks])
+
+
+def relay() -> Crew:
+    """Input ``chunks`` (default 1000): that many chunk frames written straight to the event pipe (RelayLLM)."""
+    return _single(RelayLLM(model="offline-relay"), "Relay {chunks} chunks.", before_kickoff_callbacks=[_with_chunks])
 
 
 class BlockingLLM(OfflineLLM):
@@ -122,6 +160,7 @@ registry: dict[str, Callable[[], Crew]] = {
     "demo-slow": demo_slow,
     "fast": fast,
     "flood": flood,
+    "relay": relay,
     "stubborn": stubborn,
     "replayable": replayable,
 }

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import psutil
 from bench_harness import (
@@ -46,12 +47,13 @@ from bench_measure import (
     cancel_replay,
     cancel_run,
     cancel_stubborn,
-    flood,
-    inprocess_throughput,
+    inprocess_kickoffs,
+    inprocess_stream,
     journal_latency,
     start_latency,
+    stream_chunks,
 )
-from bench_report import FIGURES, median_of, percentile, plot, table, verdicts
+from bench_report import Count, figure_names, latency_figures, median_of, percentile, plot, table, verdicts
 
 from protocol import QUIET_CREWAI
 from supervisor.testing import Server
@@ -59,7 +61,7 @@ from supervisor.testing import Server
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """Samples per measurement."""
+    """Samples per measurement (what was asked; the report counts what was measured)."""
 
     start_warm: int
     cold: int  # each ~5 s: start latency, worker memory and run-cancel latency of one cold job
@@ -69,25 +71,61 @@ class Plan:
     jobs_c1: int
     jobs_c4: int
     inproc: int
-    flood_chunks: int
+    flood_chunks: int  # the CrewAI flood, through the API and in this process
     flood_runs: int
+    relay_chunks: int  # the raw relay flood (chunk frames written straight to the event pipe)
+    relay_runs: int
     journal: int
     warmup: int = 2
     overlap_cold: bool = False  # quick: the cold job runs beside the warm phases (both noisier, ~10 s saved)
 
 
 QUICK = Plan(
-    start_warm=10, cold=1, cancel_run=4, cancel_replay=3, cancel_stubborn=3, jobs_c1=4, jobs_c4=8, inproc=5,
-    flood_chunks=2000, flood_runs=1, journal=3, warmup=1, overlap_cold=True,
+    start_warm=10, cold=1, cancel_run=4, cancel_replay=3, cancel_stubborn=3, jobs_c1=8, jobs_c4=8, inproc=8,
+    flood_chunks=2000, flood_runs=1, relay_chunks=20_000, relay_runs=1, journal=3, warmup=1, overlap_cold=True,
 )  # fmt: skip
 FULL = Plan(
-    start_warm=100, cold=5, cancel_run=30, cancel_replay=20, cancel_stubborn=20, jobs_c1=40, jobs_c4=80, inproc=30,
-    flood_chunks=20_000, flood_runs=3, journal=30, warmup=3,
+    start_warm=100, cold=5, cancel_run=100, cancel_replay=100, cancel_stubborn=100, jobs_c1=40, jobs_c4=80,
+    inproc=40, flood_chunks=20_000, flood_runs=3, relay_chunks=90_000, relay_runs=3, journal=30, warmup=3,
 )  # fmt: skip
 
 
-Figures = dict[str, float]
-Samples = dict[str, list[float]]
+class Results:
+    """Every figure with its n (samples, jobs or events it was measured from; a ratio has both sides'),
+    and the latency samples in milliseconds. Two threads may add at once (quick mode's cold phase)."""
+
+    def __init__(self) -> None:
+        self.figures: dict[str, float] = {}
+        self.counts: dict[str, Count] = {}
+        self.samples: dict[str, list[float]] = {}
+
+    def put(self, name: str, value: float, n: Count) -> None:
+        self.figures[name], self.counts[name] = value, n
+
+    def ratio(self, name: str, top: str, bottom: str) -> None:
+        n = [*_flat(self.counts[top]), *_flat(self.counts[bottom])]
+        self.put(name, self.figures[top] / self.figures[bottom], n)
+
+    def median_ratio(self, name: str, top: str, bottom: str) -> None:
+        """Of two latency samples' medians (whatever name their p50 rows carry)."""
+        tops, bottoms = self.samples[top], self.samples[bottom]
+        self.put(name, percentile(tops, 50) / percentile(bottoms, 50), [len(tops), len(bottoms)])
+
+    def latencies(self, name: str, seconds: list[float]) -> None:
+        self.samples[name] = [s * 1000 for s in seconds]
+
+    def stops(self, name: str, measured: list[Stop]) -> None:
+        """Cancel latency as the client saw it, and the supervisor's share (kill, reap, confirm) as ``<name>_kill``."""
+        self.latencies(name, [http for http, _ in measured])
+        self.samples[f"{name}_kill"] = [kill for _, kill in measured]
+
+    def cpu(self, prefix: str, suffix: str, cpu: dict[str, float], n: int, parts: tuple[str, ...]) -> None:
+        for part in parts:
+            self.put(f"{prefix}_{part}_{suffix}", cpu[part], n)
+
+
+def _flat(n: Count) -> list[int]:
+    return n if isinstance(n, list) else [n]
 
 
 def boot(plan: Plan, root: Path, markers: Path, supervisors: list[Server]) -> list[Server]:
@@ -105,103 +143,119 @@ def boot(plan: Plan, root: Path, markers: Path, supervisors: list[Server]) -> li
     return supervisors
 
 
-def measure_journal(plan: Plan, supervisors: list[Server], figures: Figures) -> None:
+def measure_journal(plan: Plan, supervisors: list[Server], out: Results) -> None:
     say("journal cost: fast job latency with 0, 1,000 and 10,000 retained jobs")
-    p50 = []
     for size, sup in zip(JOURNAL_SIZES, supervisors, strict=True):
         with sup.client() as client:
             if client.get("/health").json()["retained_runs"] != size:
                 raise BenchError(f"{sup.state.name} does not hold {size} jobs")
-            p50.append(percentile(journal_latency(client, plan.journal, plan.warmup), 50) * 1000)
-            figures[f"journal_{size}_p50_ms"] = p50[-1]
+            latencies = journal_latency(client, plan.journal, plan.warmup)
+            out.put(f"journal_{size}_p50_ms", percentile(latencies, 50) * 1000, len(latencies))
         if size:
             sup.stop()  # a quieter machine for what follows
-    figures["journal_last_over_first"] = p50[-1] / p50[0]
+    out.ratio("journal_last_over_first", f"journal_{JOURNAL_SIZES[-1]}_p50_ms", f"journal_{JOURNAL_SIZES[0]}_p50_ms")
 
 
-def measure_warm(plan: Plan, warm: Server, markers: Path, figures: Figures, ms: Samples) -> None:
+def measure_floods(plan: Plan, client: httpx.Client, meter: CpuMeter, out: Results) -> None:
+    """The raw relay flood (the supervisor's own ceiling), then the CrewAI flood; chunks as counted."""
+    for prefix, crew, chunks, runs in (
+        ("relay", "relay", plan.relay_chunks, plan.relay_runs),
+        ("flood", "flood", plan.flood_chunks, plan.flood_runs),
+    ):
+        say(f"event throughput: {crew} crew, {runs} x {chunks:,} chunks")
+        stream_chunks(client, crew, min(chunks, 1000))  # a first job of this crew in this fork server: not counted
+        before = meter.read()
+        streams = [stream_chunks(client, crew, chunks) for _ in range(runs)]
+        received = sum(s.chunks for s in streams)
+        cpu = meter.per(before, received, 1e6)
+        out.put(f"{prefix}_chunks", received, len(streams))
+        out.put(f"{prefix}_events_per_s", percentile([s.rate for s in streams], 50), received)
+        out.put(f"{prefix}_e2e_events_per_s", percentile([s.e2e_rate for s in streams], 50), received)
+        out.cpu(f"{prefix}_cpu", "us_per_event", cpu, received, ("supervisor", "worker", "client"))
+
+
+def measure_warm(plan: Plan, warm: Server, markers: Path, out: Results) -> None:
     meter = CpuMeter(warm)
     with warm.client() as client:
         say("start latency, warm")
-        ms["start_warm"] = scaled(start_latency(client, plan.start_warm, plan.warmup))
+        out.latencies("start_warm", start_latency(client, plan.start_warm, plan.warmup))
         say("cancel latency: run (demo-slow mid-stream), replay (blocked), stubborn (ignores SIGTERM)")
         _, cancels, memories = cancel_run(client, plan.cancel_run, measure_memory=min(5, plan.cancel_run))
-        stops(ms, "cancel_run_warm", cancels)
-        stops(ms, "cancel_replay_warm", cancel_replay(client, markers, plan.cancel_replay))
-        stops(ms, "cancel_stubborn_warm", cancel_stubborn(client, markers, plan.cancel_stubborn))
-        figures["worker_uss_warm_mb"] = median_of(memories, "uss")
-        figures["worker_pss_warm_mb"] = median_of(memories, "pss")
-        say(f"event throughput: flood crew, {plan.flood_chunks:,} chunks")
-        before = meter.read()
-        rates = [flood(client, plan.flood_chunks) for _ in range(plan.flood_runs)]
-        cpu = meter.per(before, plan.flood_chunks * plan.flood_runs, 1e6)
-    figures["flood_chunks"] = plan.flood_chunks
-    figures["flood_events_per_s"] = percentile([r[0] for r in rates], 50)
-    figures["flood_e2e_events_per_s"] = percentile([r[1] for r in rates], 50)
-    for name, value in zip(("supervisor", "forkserver", "worker", "client"), cpu, strict=True):
-        if name != "forkserver":
-            figures[f"flood_cpu_{name}_us_per_event"] = value
+        out.stops("cancel_run_warm", cancels)
+        out.stops("cancel_replay_warm", cancel_replay(client, markers, plan.cancel_replay))
+        out.stops("cancel_stubborn_warm", cancel_stubborn(client, markers, plan.cancel_stubborn))
+        out.put("worker_uss_warm_mb", median_of(memories, "uss"), len(memories))
+        out.put("worker_pss_warm_mb", median_of(memories, "pss"), len(memories))
+        measure_floods(plan, client, meter, out)
 
-    say("throughput: fast jobs through the API at concurrency 1 and 4, then in a loop in this process")
+    say("throughput: fast jobs through the API at concurrency 1 and 4")
     api_throughput(warm, plan.warmup, 1)
     before = meter.read()
     c1 = api_throughput(warm, plan.jobs_c1, 1)
-    cpu = meter.per(before, plan.jobs_c1, 1e3)
+    out.cpu("job_cpu", "ms", meter.per(before, c1.completed, 1e3), c1.completed, ("worker", "supervisor", "forkserver"))
     c4 = api_throughput(warm, plan.jobs_c4, 4)
-    inproc = inprocess_throughput(plan.inproc, plan.warmup)
-    figures |= {"jobs_per_s_c1": c1, "jobs_per_s_c4": c4, "jobs_per_s_inproc": inproc, "c4_over_inproc": c4 / inproc}
-    for name, value in zip(("supervisor", "forkserver", "worker"), cpu, strict=False):
-        figures[f"job_cpu_{name}_ms"] = value
+    out.put("jobs_per_s_c1", c1.per_second, c1.completed)
+    out.put("jobs_per_s_c4", c4.per_second, c4.completed)
+    out.latencies("job_blocking", c1.latencies)
 
-    figures["supervisor_rss_mb"] = memory(warm.pid)["rss"]
+    out.put("supervisor_rss_mb", memory(warm.pid)["rss"], 1)
     forkserver = memory(meter.forkserver.pid)
-    figures["forkserver_rss_mb"], figures["forkserver_pss_mb"] = forkserver["rss"], forkserver["pss"]
+    out.put("forkserver_rss_mb", forkserver["rss"], 1)
+    out.put("forkserver_pss_mb", forkserver["pss"], 1)
 
 
-def measure_cold(plan: Plan, cold: Server, figures: Figures, ms: Samples) -> None:
+def measure_inprocess(plan: Plan, out: Results) -> None:
+    """The same crews in this process (nothing else of the bench running): the ceilings the API is held to."""
+    say(f"in this process: {plan.inproc} fast kickoffs in a loop, then the flood crew streamed")
+    kickoffs = inprocess_kickoffs(plan.inproc, plan.warmup)
+    out.latencies("inproc_kickoff", kickoffs.kickoffs)
+    out.put("jobs_per_s_inproc", kickoffs.per_second, len(kickoffs.kickoffs))
+    out.put("inproc_cpu_ms", kickoffs.cpu_seconds / len(kickoffs.kickoffs) * 1e3, len(kickoffs.kickoffs))
+    streamed = inprocess_stream(plan.flood_chunks, plan.warmup)
+    out.put("inproc_stream_chunks", streamed.chunks, 1)
+    out.put("inproc_stream_events_per_s", streamed.rate, streamed.chunks)
+    out.put("inproc_stream_cpu_us_per_event", streamed.cpu_seconds / streamed.chunks * 1e6, streamed.chunks)
+
+
+def measure_cold(plan: Plan, cold: Server, out: Results) -> None:
     say(f"cold: {plan.cold} spawned job(s), about 5 s each")
     with cold.client() as client:
         starts, cancels, memories = cancel_run(client, plan.cold, measure_memory=plan.cold)
-    ms["start_cold"] = scaled(starts)
-    stops(ms, "cancel_run_cold", cancels)
-    figures["worker_uss_cold_mb"] = median_of(memories, "uss")
-    figures["worker_pss_cold_mb"] = median_of(memories, "pss")
+    out.latencies("start_cold", starts)
+    out.stops("cancel_run_cold", cancels)
+    out.put("worker_uss_cold_mb", median_of(memories, "uss"), len(memories))
+    out.put("worker_pss_cold_mb", median_of(memories, "pss"), len(memories))
 
 
-def run(plan: Plan, root: Path, supervisors: list[Server]) -> tuple[Figures, Samples]:
+def run(plan: Plan, root: Path, supervisors: list[Server]) -> Results:
     markers = root / "markers"
     markers.mkdir()
     warm, cold, *filled = boot(plan, root, markers, supervisors)
-    figures: Figures = {}
-    ms: Samples = {}
+    out = Results()
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        beside = pool.submit(measure_cold, plan, cold, figures, ms) if plan.overlap_cold else None
-        measure_journal(plan, [warm, *filled], figures)
-        measure_warm(plan, warm, markers, figures, ms)
+        beside = pool.submit(measure_cold, plan, cold, out) if plan.overlap_cold else None
+        measure_journal(plan, [warm, *filled], out)
+        measure_warm(plan, warm, markers, out)
         if beside is None:
-            measure_cold(plan, cold, figures, ms)
+            measure_cold(plan, cold, out)
         else:
             beside.result()
-    latencies: Figures = {}
-    for name, values in ms.items():
-        for q in (50, 90, 99):
-            latencies[f"{name}_p{q}_ms"] = percentile(values, q)
-    latencies["start_cold_over_warm"] = latencies["start_cold_p50_ms"] / latencies["start_warm_p50_ms"]
-    figures |= latencies
-    missing = [name for name in FIGURES if not math.isfinite(figures.get(name, math.nan))]
+    measure_inprocess(plan, out)
+    for name, values in out.samples.items():
+        for figure, value in latency_figures(name, values).items():
+            out.put(figure, value, len(values))
+    out.median_ratio("start_cold_over_warm", "start_cold", "start_warm")
+    out.median_ratio("job_blocking_over_inproc", "job_blocking", "inproc_kickoff")
+    out.ratio("c4_over_inproc", "jobs_per_s_c4", "jobs_per_s_inproc")
+    out.ratio("job_cpu_worker_over_inproc", "job_cpu_worker_ms", "inproc_cpu_ms")
+    out.ratio("flood_over_inproc_stream", "flood_events_per_s", "inproc_stream_events_per_s")
+    names = figure_names({name: len(values) for name, values in out.samples.items()})
+    missing = [name for name in names if not math.isfinite(out.figures.get(name, math.nan))]
     if missing:
         raise BenchError(f"figures not measured: {', '.join(missing)}")
-    return {name: figures[name] for name in FIGURES}, ms
-
-
-def scaled(seconds: list[float]) -> list[float]:
-    return [s * 1000 for s in seconds]
-
-
-def stops(ms: Samples, name: str, measured: list[Stop]) -> None:
-    """Cancel latency as the client saw it, and the supervisor's share (kill, reap, confirm) as ``<name>_kill``."""
-    ms[name] = scaled([http for http, _ in measured])
-    ms[f"{name}_kill"] = [kill for _, kill in measured]
+    out.figures = {name: out.figures[name] for name in names}
+    out.counts = {name: out.counts[name] for name in names}
+    return out
 
 
 STARTED = time.monotonic()
@@ -254,11 +308,11 @@ def main() -> int:
     supervisors: list[Server] = []
     try:
         try:
-            figures, samples = run(plan, root, supervisors)
+            results = run(plan, root, supervisors)
         finally:
             for sup in supervisors:
                 sup.stop()
-        report(args, figures, samples, meta(plan, began, loadavg))  # before the cleanup: matplotlib caches in HOME
+        report(args, results, meta(plan, began, loadavg))  # before the cleanup: matplotlib caches in HOME
     except BenchError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1
@@ -268,14 +322,21 @@ def main() -> int:
     return 0
 
 
-def report(args: argparse.Namespace, figures: Figures, samples: Samples, about: dict[str, Any]) -> None:
-    results = verdicts(figures)
-    document = {"meta": about, "figures": figures, "targets": results, "samples_ms": samples}
+def report(args: argparse.Namespace, results: Results, about: dict[str, Any]) -> None:
+    sample_counts = {name: len(values) for name, values in results.samples.items()}
+    checks = verdicts(results.figures, results.counts, sample_counts)
+    document = {
+        "meta": about,
+        "figures": results.figures,
+        "n": results.counts,
+        "targets": checks,
+        "samples_ms": results.samples,
+    }
     args.json.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
-    print(table(figures, results, samples))
-    print(f"\n{sum(r['met'] for r in results)} of {len(results)} targets met; figures in {args.json}")
+    print(table(results.figures, results.counts, checks))
+    print(f"\n{sum(r['met'] for r in checks)} of {len(checks)} targets met; figures in {args.json}")
     if args.plot is not None:
-        plot(samples, args.plot)
+        plot(results.samples, args.plot)
         print(f"plot in {args.plot}")
 
 

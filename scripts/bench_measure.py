@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -116,9 +117,23 @@ def cancel_stubborn(client: httpx.Client, markers: Path, samples: int) -> list[S
     return latencies
 
 
-def api_throughput(sup: Server, jobs: int, concurrency: int) -> float:
-    """fast jobs per second through blocking POST /jobs, ``concurrency`` clients at once."""
+@dataclasses.dataclass(frozen=True)
+class JobRun:
+    """Blocking fast jobs through the API: how many completed, in how long, and each one's latency."""
+
+    completed: int
+    seconds: float
+    latencies: list[float]  # seconds, each POST /jobs as its client saw it
+
+    @property
+    def per_second(self) -> float:
+        return self.completed / self.seconds
+
+
+def api_throughput(sup: Server, jobs: int, concurrency: int) -> JobRun:
+    """fast jobs through blocking POST /jobs, ``concurrency`` clients at once; counts what completed."""
     errors: list[BaseException] = []
+    latencies: list[float] = []  # list.append is atomic: the clients share it
     barrier = threading.Barrier(concurrency + 1)
 
     def client_loop(count: int) -> None:
@@ -126,7 +141,9 @@ def api_throughput(sup: Server, jobs: int, concurrency: int) -> float:
             barrier.wait()
             try:
                 for _ in range(count):
-                    post_job(client, start_body("fast", new_id("tput")))
+                    began = time.perf_counter()
+                    post_job(client, start_body("fast", new_id("tput")))  # answers 200 only when completed
+                    latencies.append(time.perf_counter() - began)
             except BaseException as exc:
                 errors.append(exc)
 
@@ -141,41 +158,122 @@ def api_throughput(sup: Server, jobs: int, concurrency: int) -> float:
     elapsed = time.perf_counter() - began
     if errors:
         raise BenchError(f"throughput at concurrency {concurrency}: {errors[0]}")
-    return jobs / elapsed
+    return JobRun(len(latencies), elapsed, latencies)
 
 
-def inprocess_throughput(jobs: int, warmup: int) -> float:
-    """The ceiling: the same crew kicked off in a plain loop in this process (a fresh crew per job, as a worker)."""
+@dataclasses.dataclass(frozen=True)
+class InProcess:
+    """The same crews in this process, no supervisor: the ceiling the isolation is measured against."""
+
+    kickoffs: list[float]  # seconds per fast job: build the crew, kick it off
+    cpu_seconds: float  # this process's CPU across those kickoffs (CrewAI's threads included)
+
+    @property
+    def per_second(self) -> float:
+        return len(self.kickoffs) / sum(self.kickoffs)
+
+
+def inprocess_kickoffs(jobs: int, warmup: int) -> InProcess:
+    """The fast crew kicked off in a plain loop in this process (a fresh crew per job, as a worker builds)."""
     import bench_crews  # crewai: imported at start, with telemetry off
 
     for _ in range(warmup):
         bench_crews.fast().kickoff()
-    began = time.perf_counter()
+    kickoffs = []
+    cpu = time.process_time()
     for _ in range(jobs):
+        began = time.perf_counter()
         bench_crews.fast().kickoff()
-    return jobs / (time.perf_counter() - began)
+        kickoffs.append(time.perf_counter() - began)
+    return InProcess(kickoffs, time.process_time() - cpu)
 
 
-def flood(client: httpx.Client, chunks: int) -> tuple[float, float]:
-    """(chunk events/s from the first chunk to the last, all events/s from started to terminal), client-side."""
-    action = new_id("flood")
+@dataclasses.dataclass(frozen=True)
+class Stream:
+    """One streamed job's chunks as they arrived: counted, never taken from the plan."""
+
+    chunks: int
+    rate: float  # chunks/s after the first read that held one, up to the read that held the last
+    e2e_rate: float  # all events/s (started + chunks + terminal), from started to the terminal event
+
+
+def stream_chunks(client: httpx.Client, crew: str, chunks: int) -> Stream:
+    """Stream ``crew`` with input ``chunks`` through POST /jobs/stream and count its chunk events.
+
+    A lean reader of the server's own framing (``event: <name>``, ``data``, ``id``, blank line; see
+    supervisor.console.sse): it counts chunk events in each read with ``bytes.count`` and parses only the
+    other frames, so the client costs about a microsecond per event and the supervisor is what is measured
+    (the generic line parser costs ~40 µs per event, a ceiling near 25,000 events/s on its own).
+    """
+    action = new_id(crew)
+    body = start_body(crew, action, {"chunks": chunks})
     received = 0
+    first_read = 0  # chunks in the first read that held any: they arrived before the rate's clock starts
     first = last = began = 0.0
-    body = start_body("flood", action, {"chunks": chunks})
+    pending = b""
     with client.stream("POST", "/jobs/stream", json=body, headers=key(action)) as response:
-        for frame in sse(response):
-            now, name = time.perf_counter(), frame.event
-            if name == "started":
-                began = now
-            elif name == "chunk":
-                first = first or now
+        if response.status_code != 200:
+            response.read()
+            raise BenchError(f"{crew} stream answered {response.status_code}: {response.text[:300]}")
+        for data in response.iter_raw():
+            now = time.perf_counter()
+            pending += data
+            end = pending.rfind(b"\n\n")
+            if end < 0:
+                continue
+            whole, pending = pending[: end + 2], pending[end + 2 :]
+            count = whole.count(b"event: chunk\n")
+            if count:
+                if not received:
+                    first, first_read = now, count
+                received += count
                 last = now
-                received += 1
-            elif name in TERMINAL:
-                if name != "completed" or received != chunks:
-                    raise BenchError(f"flood ended {name} after {received} of {chunks} chunks")
-                return (received - 1) / (last - first), (received + 2) / (now - began)
-    raise BenchError("flood stream ended without a terminal event")
+            if whole.count(b"event: ") == count:
+                continue
+            for frame in whole.split(b"\n\n"):
+                name = frame.partition(b"\n")[0].removeprefix(b"event: ").decode()
+                if name == "started":
+                    began = now
+                elif name in TERMINAL:
+                    if name != "completed" or received != chunks:
+                        raise BenchError(f"{crew} ended {name} after {received} of {chunks} chunks")
+                    if received == first_read or not began:
+                        raise BenchError(f"{crew}: every chunk arrived in one read; ask for more chunks")
+                    rate = (received - first_read) / (last - first)
+                    return Stream(received, rate, (received + 2) / (now - began))
+    raise BenchError(f"{crew} stream ended without a terminal event")
+
+
+@dataclasses.dataclass(frozen=True)
+class InProcessStream:
+    chunks: int
+    rate: float  # chunks/s from the first chunk to the last, as the caller iterating the stream saw them
+    cpu_seconds: float  # this process's CPU across the kickoff (CrewAI's threads included)
+
+
+def inprocess_stream(chunks: int, warmup: int) -> InProcessStream:
+    """CrewAI's own streaming rate: the flood crew kicked off here with stream=True, its chunks iterated."""
+    import bench_crews
+
+    def kickoff(count: int) -> tuple[int, float, float]:
+        crew = bench_crews.flood()
+        crew.stream = True
+        received = 0
+        first = last = 0.0
+        streaming = crew.kickoff(inputs={"chunks": count})
+        for _ in streaming:
+            last = time.perf_counter()
+            first = first or last
+            received += 1
+        if received != count:
+            raise BenchError(f"in-process flood gave {received} of {count} chunks")
+        return received, first, last
+
+    for _ in range(warmup):
+        kickoff(min(chunks, 100))
+    cpu = time.process_time()
+    received, first, last = kickoff(chunks)
+    return InProcessStream(received, (received - 1) / (last - first), time.process_time() - cpu)
 
 
 def journal_latency(client: httpx.Client, samples: int, warmup: int) -> list[float]:

@@ -19,12 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))  # scripts/ is not a package
-from bench_report import FIGURES  # noqa: E402 - every figure the report promises
-
-SAMPLES = [
-    *("start_warm", "start_cold"),
-    *("cancel_run_warm", "cancel_run_cold", "cancel_replay_warm", "cancel_stubborn_warm"),
-]
+from bench_report import LATENCIES, TARGETS, figure_names  # noqa: E402 - every figure the report promises
 
 
 def left_behind(root: Path) -> list[int]:
@@ -50,13 +45,26 @@ def test_quick_bench_reports_every_figure(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
-    figures = report["figures"]
-    for name in FIGURES:
-        assert name in figures, name
+    figures, counts, samples = report["figures"], report["n"], report["samples_ms"]
+    assert set(samples) == set(LATENCIES)
+    sample_counts = {name: len(values) for name, values in samples.items()}
+    assert all(sample_counts.values()), sample_counts
+    names = figure_names(sample_counts)
+    assert list(figures) == names
+    for name in names:
         value = figures[name]
         assert isinstance(value, int | float) and math.isfinite(value) and value > 0, (name, value)
-    for name in SAMPLES:
-        assert report["samples_ms"][name], name
+        n = counts[name]  # every figure says how many samples, jobs or events it comes from
+        assert all(isinstance(part, int) and part > 0 for part in (n if isinstance(n, list) else [n])), (name, n)
+    # Honest statistics: a p99 only from 100 samples or more, else the maximum ("max of n"); quick has fewer.
+    assert "start_warm_max_ms" in figures and "start_warm_p99_ms" not in figures
+    assert not any(name.endswith("_p99_ms") for name in figures)
+    # Measured counts: the floods' chunk totals are what arrived (quick asks for a known number of each).
+    plan = report["meta"]["plan"]
+    assert figures["relay_chunks"] == plan["relay_chunks"] * plan["relay_runs"]
+    assert figures["flood_chunks"] == plan["flood_chunks"] * plan["flood_runs"]
+    assert counts["jobs_per_s_c4"] == plan["jobs_c4"]
+    assert len(report["targets"]) == len(TARGETS)
     assert {t["figure"] for t in report["targets"]} <= set(figures)
     assert report["meta"]["quick"] is True
     assert left_behind(tmp_path) == []  # every supervisor it started was stopped, with its workers

@@ -251,29 +251,23 @@ class InProcessStream:
     cpu_seconds: float  # this process's CPU across the kickoff (CrewAI's threads included)
 
 
-def inprocess_stream(chunks: int, warmup: int) -> InProcessStream:
+def inprocess_stream(chunks: int) -> InProcessStream:
     """CrewAI's own streaming rate: the flood crew kicked off here with stream=True, its chunks iterated."""
     import bench_crews
 
-    def kickoff(count: int) -> tuple[int, float, float]:
-        crew = bench_crews.flood()
-        crew.stream = True
-        received = 0
-        first = last = 0.0
-        streaming = crew.kickoff(inputs={"chunks": count})
-        for _ in streaming:
-            last = time.perf_counter()
-            first = first or last
-            received += 1
-        if received != count:
-            raise BenchError(f"in-process flood gave {received} of {count} chunks")
-        return received, first, last
-
-    for _ in range(warmup):
-        kickoff(min(chunks, 100))
+    crew = bench_crews.flood()
+    crew.stream = True
+    received = 0
+    first = last = 0.0
     cpu = time.process_time()
-    received, first, last = kickoff(chunks)
-    return InProcessStream(received, (received - 1) / (last - first), time.process_time() - cpu)
+    for _ in crew.kickoff(inputs={"chunks": chunks}):
+        last = time.perf_counter()
+        first = first or last
+        received += 1
+    cpu = time.process_time() - cpu
+    if received != chunks:
+        raise BenchError(f"in-process flood gave {received} of {chunks} chunks")
+    return InProcessStream(received, (received - 1) / (last - first), cpu)
 
 
 def journal_latency(client: httpx.Client, samples: int, warmup: int) -> list[float]:

@@ -62,7 +62,7 @@ def test_quick_bench_reports_every_figure(tmp_path: Path) -> None:
     # Measured counts: the floods' chunk totals are what arrived (quick asks for a known number of each).
     plan = report["meta"]["plan"]
     assert figures["relay_chunks"] == plan["relay_chunks"] * plan["relay_runs"]
-    assert figures["flood_chunks"] == plan["flood_chunks"] * plan["flood_runs"]
+    assert figures["flood_chunks"] == figures["inproc_stream_chunks"] == plan["flood_chunks"] * plan["flood_runs"]
     assert counts["jobs_per_s_c4"] == plan["jobs_c4"]
     assert len(report["targets"]) == len(TARGETS)
     assert {t["figure"] for t in report["targets"]} <= set(figures)

@@ -21,7 +21,7 @@ from crewai.events.types.llm_events import LLMCallType
 from crewai.llms.base_llm import llm_call_context
 
 from protocol import EVENT_FD, Chunk, pack
-from worker.demo import OfflineLLM, demo, demo_slow
+from worker.demo import OfflineLLM, demo, demo_slow, notes_and_report
 
 MARKER_DIR = "BENCH_MARKER_DIR"
 BLOCK_SECONDS = 3600.0  # the job's timeout_ms or a cancel ends it long before
@@ -140,19 +140,9 @@ def stubborn() -> Crew:
     return _single(BlockingLLM(model="offline-stubborn"), "Wait in block mode.")
 
 
-def _with_mode(inputs: dict[str, Any] | None) -> dict[str, Any]:
-    return {"mode": "answer", **(inputs or {})}
-
-
 def replayable() -> Crew:
     """Two tasks. Run it with mode "answer" for replay_task_ids, then replay the second with mode "block"."""
-    llm = BlockingLLM(model="offline-replayable")
-    agent = Agent(role="Recorder", goal="Keep a record", backstory="Careful.", llm=llm, allow_delegation=False)
-    tasks = [
-        Task(description="Gather notes in {mode} mode.", expected_output="Notes.", agent=agent),
-        Task(description="Write the report in {mode} mode.", expected_output="A report.", agent=agent),
-    ]
-    return Crew(agents=[agent], tasks=tasks, before_kickoff_callbacks=[_with_mode])
+    return notes_and_report(BlockingLLM(model="offline-replayable"), "Careful.")
 
 
 registry: dict[str, Callable[[], Crew]] = {

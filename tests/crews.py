@@ -17,7 +17,7 @@ from typing import Any
 from crewai import Agent, Crew, Task
 from crewai.llms.base_llm import BaseLLM
 
-from worker.demo import OfflineLLM, demo, demo_knowledge, demo_slow
+from worker.demo import OfflineLLM, demo, demo_knowledge, demo_slow, notes_and_report
 from worker.demo import eval_llms as demo_eval_llms
 
 HOUR = 3600
@@ -120,21 +120,10 @@ class RecordingLLM(OfflineLLM):
         )
 
 
-def _with_mode(inputs: dict[str, Any] | None) -> dict[str, Any]:
-    return {"mode": "answer", **(inputs or {})}
-
-
 def recorder() -> Crew:
     """Two tasks of one agent on a RecordingLLM; input ``mode: block`` makes it block, ignoring SIGTERM."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    agent = Agent(
-        role="Recorder", goal="Keep a record", backstory="Writes everything down.", llm=RecordingLLM(model="recorder")
-    )
-    tasks = [
-        Task(description="Gather notes in {mode} mode.", expected_output="Notes.", agent=agent),
-        Task(description="Write the report in {mode} mode.", expected_output="A report.", agent=agent),
-    ]
-    return Crew(agents=[agent], tasks=tasks, before_kickoff_callbacks=[_with_mode])
+    return notes_and_report(RecordingLLM(model="recorder"), "Writes everything down.")
 
 
 registry: dict[str, Callable[[], Crew]] = {

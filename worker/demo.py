@@ -166,6 +166,21 @@ def _two_step_crew(llm: OfflineLLM, **crew_options: Any) -> Crew:
     )
 
 
+def notes_and_report(llm: BaseLLM, backstory: str) -> Crew:
+    """Two tasks of one agent whose prompts say the input ``mode`` ("answer" unless given): a crew to replay
+    from its second task, and one whose model can be told to block (the tests' and the bench's)."""
+    agent = Agent(role="Recorder", goal="Keep a record", backstory=backstory, llm=llm, allow_delegation=False)
+    tasks = [
+        Task(description="Gather notes in {mode} mode.", expected_output="Notes.", agent=agent),
+        Task(description="Write the report in {mode} mode.", expected_output="A report.", agent=agent),
+    ]
+    return Crew(agents=[agent], tasks=tasks, before_kickoff_callbacks=[_with_mode])
+
+
+def _with_mode(inputs: dict[str, Any] | None) -> dict[str, Any]:
+    return {"mode": "answer", **(inputs or {})}
+
+
 def _with_topic(inputs: dict[str, Any] | None) -> dict[str, Any]:
     merged = dict(inputs or {})
     merged.setdefault("topic", "process supervision")

@@ -311,12 +311,22 @@ class Journal:
             )
 
     def set_worker(self, action_id: str, pid: int, start_time: float, pgid: int) -> None:
-        """Durable, so a restart can find and fence the worker."""
-        with self._transaction():
-            self._db.execute(
-                "UPDATE jobs SET worker_pid = ?, worker_start_time = ?, worker_pgid = ? WHERE action_id = ?",
-                (pid, start_time, pgid, action_id),
-            )
+        """Committed before the worker gets its job, so a restarted supervisor can find and fence it.
+
+        Committed without an fsync (``synchronous=NORMAL``; a WAL commit is then in the file, not yet on
+        the disk): what it must survive is this process crashing, never the machine, since a worker does
+        not outlive the kernel it runs on. After a power loss the record has no worker, as at admission,
+        and is fenced all the same. The next durable commit syncs it with everything before it."""
+        self.flush()  # pending chunks keep their own durable commit
+        self._db.execute("PRAGMA synchronous = NORMAL")
+        try:
+            with self._transaction():
+                self._db.execute(
+                    "UPDATE jobs SET worker_pid = ?, worker_start_time = ?, worker_pgid = ? WHERE action_id = ?",
+                    (pid, start_time, pgid, action_id),
+                )
+        finally:
+            self._db.execute("PRAGMA synchronous = FULL")
 
     def append(self, action_id: str, event: str, data: dict[str, Any], encoded: bytes | None = None) -> Event:
         """A non-terminal event, group-committed: numbered now, written with its group. ``encoded`` is

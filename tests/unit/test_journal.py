@@ -295,3 +295,26 @@ def test_a_group_that_fails_to_commit_frees_its_sequences(path: Path) -> None:
     reopened = Journal(path, checkpoint_events=100)  # consistent: the integrity check passes
     assert reopened.get("a").event_count == 4  # type: ignore[union-attr]
     reopened.close()
+
+
+WORKER_CRASH = """
+import os, sys
+from pathlib import Path
+from supervisor.journal.store import Job, Journal
+journal = Journal(Path(sys.argv[1]), checkpoint_events=100)
+journal.admit(Job("a", "demo", "run", "h", "running", 0))
+journal.append("a", "chunk", {"n": 0})
+journal.set_worker("a", 4242, 1234.5, 4242)
+assert journal._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL again for what follows
+os._exit(0)  # a crash right after: the worker would now get its Start
+"""
+
+
+def test_the_worker_record_survives_a_crash_of_the_supervisor(path: Path) -> None:
+    """It is committed without an fsync (a worker does not outlive the machine), never left uncommitted."""
+    subprocess.run([sys.executable, "-c", WORKER_CRASH, str(path)], cwd=ROOT, check=True)
+    journal = Journal(path, checkpoint_events=1)
+    restored = journal.get("a")
+    assert restored is not None and (restored.worker_pid, restored.worker_start_time) == (4242, 1234.5)
+    assert len(journal.events("a", 0)) == 1  # the pending chunk committed (durably) before it
+    journal.close()

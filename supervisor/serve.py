@@ -6,14 +6,22 @@ Imported only by ``crew-supervisor serve``: the operator commands start without 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
+import signal
 import socket
 import sys
 import tempfile
+import time
+from collections.abc import Iterator
+from email.utils import formatdate
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.server import HANDLED_SIGNALS
 
 from supervisor import config
 from supervisor.http.app import create_app
@@ -38,11 +46,12 @@ def serve(settings: config.Settings, log_level: str) -> None:
     except (JournalError, LaunchError, OSError) as exc:
         sys.exit(f"crew-supervisor: {exc}")
     config = uvicorn.Config(
-        create_app(sup),
+        _Dated(create_app(sup)),
         host=settings.host,
         port=settings.port,
         proxy_headers=False,
         server_header=False,
+        date_header=False,  # stamped per response by _Dated: uvicorn refreshes its own from a 0.1 s tick
         log_level=log_level,
         access_log=False,
         log_config=None,  # our handler (logs.configure) formats uvicorn's records too
@@ -65,6 +74,36 @@ class _DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.sup = sup
         self.ephemeral = ephemeral
+        self._signalled: asyncio.Event | None = None
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """As uvicorn's, through the loop: a signal wakes it (whichever thread the kernel gave it to), so
+        the main loop can sleep until one comes instead of polling every 0.1 s."""
+        loop = asyncio.get_running_loop()
+        self._signalled = asyncio.Event()
+        for sig in HANDLED_SIGNALS:
+            loop.add_signal_handler(sig, self.handle_exit, sig, None)
+        try:
+            yield
+        finally:
+            for sig in HANDLED_SIGNALS:
+                loop.remove_signal_handler(sig)
+        for captured in reversed(self._captured_signals):  # exit with the signal, as uvicorn does
+            signal.raise_signal(captured)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        if self._signalled is not None:
+            self._signalled.set()
+
+    async def main_loop(self) -> None:
+        """uvicorn's loop without its tick: the tick refreshed the Date header (``_Dated`` stamps it now)
+        and looked for a signal, which now wakes this loop itself. An idle supervisor wakes for nothing."""
+        assert self._signalled is not None
+        while not await self.on_tick(0):
+            await self._signalled.wait()
+            self._signalled.clear()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await self.sup.stop()
@@ -75,6 +114,33 @@ class _DrainingServer(uvicorn.Server):
         self.sup.journal.close()
         if self.ephemeral:
             shutil.rmtree(self.ephemeral, ignore_errors=True)
+
+
+class _Dated:
+    """The app, with the ``date`` header uvicorn would send (first, as uvicorn puts it), stamped when each
+    response starts."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._second = -1
+        self._date = b""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def dated(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [(b"date", self._now()), *message.get("headers", ())]}
+            await send(message)
+
+        await self.app(scope, receive, dated)
+
+    def _now(self) -> bytes:
+        now = time.time()
+        if int(now) != self._second:
+            self._second, self._date = int(now), formatdate(now, usegmt=True).encode()
+        return self._date
 
 
 def _prepare(settings: config.Settings, journal_path: Path) -> Supervisor:

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from supervisor.http.responses import errors
 from supervisor.http.routing import StrictJSONRoute, Sup
 from supervisor.jobs.supervisor import Supervisor
-from supervisor.journal.store import Event, Job, JournalError
+from supervisor.journal.store import Job, JournalError, StoredEvent
 from supervisor.models import CancelRequest, StartRequest, path_id_problem
 
 EVENTS_PER_SLICE = 1000
@@ -190,7 +190,7 @@ def resume_cursor(last_event_id: str | None, cursor: int) -> int:
     return int(last_event_id) + 1
 
 
-async def sse_frames(batches: AsyncIterator[list[Event] | None]) -> AsyncIterator[bytes]:
+async def sse_frames(batches: AsyncIterator[list[StoredEvent] | None]) -> AsyncIterator[bytes]:
     """``event:`` and ``data:`` first, as the reference writes them, then ``id:`` for resuming."""
     async for batch in batches:
         if batch is None:
@@ -199,5 +199,14 @@ async def sse_frames(batches: AsyncIterator[list[Event] | None]) -> AsyncIterato
             yield b"".join(_frame(event) for event in batch)
 
 
-def _frame(event: Event) -> bytes:
-    return b"event: %s\ndata: %s\nid: %d\n\n" % (event.event.encode(), orjson.dumps(event.as_dict()), event.sequence)
+def _frame(event: StoredEvent) -> bytes:
+    """Byte for byte ``orjson.dumps(Event.as_dict())``, built around the stored data: parsing it only to
+    encode it again cost more than anything else per streamed event."""
+    name = event.event.encode()
+    return b'event: %s\ndata: {"event":%s,"sequence":%d,"data":%s}\nid: %d\n\n' % (
+        name,
+        orjson.dumps(event.event),
+        event.sequence,
+        event.data,
+        event.sequence,
+    )

@@ -14,7 +14,7 @@ import orjson
 from supervisor.config import Settings
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.outcomes import Outcome
-from supervisor.journal.store import Event, Journal, JournalError, Streams
+from supervisor.journal.store import Journal, JournalError, StoredEvent, Streams
 from supervisor.processes.process import WorkerProcess
 
 log = logging.getLogger("crew_supervisor.jobs")
@@ -33,11 +33,11 @@ class Recorder:
         if job.event_count + 1 >= self.settings.max_events_per_run:
             return "event_limit_exceeded", f"more than {self.settings.max_events_per_run - 1} events"
         # As the reference measures it: the event's data, compact JSON.
-        size = len(orjson.dumps(data))
-        if size > self.settings.max_event_bytes:
-            return "event_too_large", f"an event of {size} bytes exceeds {self.settings.max_event_bytes}"
+        encoded = orjson.dumps(data)
+        if len(encoded) > self.settings.max_event_bytes:
+            return "event_too_large", f"an event of {len(encoded)} bytes exceeds {self.settings.max_event_bytes}"
         try:
-            self.journal.append(job.action_id, name, data)
+            self.journal.append(job.action_id, name, data, encoded)
             if name == "started":
                 self.journal.flush()  # visible at once: start latency is what clients feel first
         except JournalError as exc:
@@ -64,13 +64,13 @@ class Recorder:
             )
         job.wake()
 
-    async def follow(self, action_id: str, cursor: int, heartbeat: float) -> AsyncIterator[list[Event] | None]:
+    async def follow(self, action_id: str, cursor: int, heartbeat: float) -> AsyncIterator[list[StoredEvent] | None]:
         """Events from ``cursor`` through the terminal one, in batches as they commit (one write per
-        batch, not per event); None whenever ``heartbeat`` passes idle."""
+        batch, not per event), their data as stored; None whenever ``heartbeat`` passes idle."""
         while True:
             job = self.live.get(action_id)
             changed = job.changed if job is not None else None  # taken before reading: no lost wake-up
-            events = self.journal.events(action_id, cursor, EVENTS_PER_READ)
+            events = self.journal.stored_events(action_id, cursor, EVENTS_PER_READ)
             terminal = next((i for i, event in enumerate(events) if event.terminal), None)
             if terminal is not None:
                 yield events[: terminal + 1]

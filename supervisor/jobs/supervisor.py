@@ -5,6 +5,7 @@ housekeeping tick commits, samples and reaps. ``start`` and ``stop`` bring them 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from supervisor.config import Settings
 from supervisor.jobs.admission import Admission
@@ -12,7 +13,7 @@ from supervisor.jobs.housekeeping import Housekeeping
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.recorder import Recorder
 from supervisor.jobs.runner import Runner
-from supervisor.journal.store import Journal
+from supervisor.journal.store import Job, Journal
 from supervisor.metrics import Metrics
 from supervisor.processes.launcher import Launcher
 from supervisor.processes.limits import Limits
@@ -32,8 +33,9 @@ class Supervisor:
         self.limits = Limits(settings)
         self.recorder = Recorder(settings, journal, self.live)
         self.runner = Runner(settings, launcher, self.limits, self.recorder, self.metrics, state, self.live)
-        self.admission = Admission(settings, journal, crews, self.runner.launch)
-        self.housekeeping = Housekeeping(journal, self.limits, reaper, self.metrics)
+        self.admission = Admission(settings, journal, crews, self._launch)
+        self.housekeeping = Housekeeping(journal, self.limits, reaper, self.metrics, live=lambda: bool(self.live))
+        journal.on_pending = self.housekeeping.poke
         journal.commit_seconds = self.metrics.commit_latency.observe
         self.metrics.observe_with(
             running=lambda: sum(job.phase in ("launching", "running") for job in self.live.values()),
@@ -41,6 +43,10 @@ class Supervisor:
             journal_bytes=journal.size_bytes,
             restarts=lambda: getattr(launcher, "restarts", 0),
         )
+
+    def _launch(self, job: Job, input: dict[str, Any], timeout_ms: int) -> None:
+        self.runner.launch(job, input, timeout_ms)
+        self.housekeeping.poke()  # a live job is sampled and its orphans reaped
 
     def start(self) -> None:
         self.launcher.start()

@@ -232,6 +232,11 @@ class Limits:
     def unwatch(self, worker: WorkerProcess) -> None:
         self._watched.pop(worker, None)
 
+    @property
+    def watching(self) -> bool:
+        """Whether any worker is sampled each period."""
+        return bool(self._watched)
+
     def _bounded(self, worker: WorkerProcess) -> JobTree:
         """The tree kept for ``worker`` until ``release``: made now if ``apply`` did not run."""
         tree = self._trees.get(worker)

@@ -49,6 +49,7 @@ class Reaper:
 
     def __init__(self) -> None:
         self._children: dict[int, _Child] = {}
+        self.adopted = 0  # orphans of ours still there after the last ``reap`` (running or not yet reaped)
 
     def register(self, pid: int) -> None:
         """``pid`` is a child we just spawned: reaped only where it is watched, never as an orphan."""
@@ -91,11 +92,16 @@ class Reaper:
 
     def reap(self) -> int:
         """Reap adopted orphans that have exited (a job's daemonised grandchild, say): how many."""
-        reaped = 0
+        reaped = adopted = 0
         for child in psutil.Process().children():
+            if child.pid in self._children:
+                continue
             with contextlib.suppress(psutil.NoSuchProcess):
                 if child.status() == psutil.STATUS_ZOMBIE and self._reap_adopted(child.pid):
                     reaped += 1
+                else:
+                    adopted += 1
+        self.adopted = adopted
         return reaped
 
     async def confirm_gone(self, processes: list[psutil.Process], timeout: float) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -112,3 +113,23 @@ def test_job_list_filters_and_paging(server: Server) -> None:
             response = client.get("/jobs", params=bad)
             assert response.status_code == 422, bad
         assert "cursor" in client.get("/jobs", params={"cursor": "nope"}).json()["detail"]
+
+
+def test_an_idle_supervisor_uses_no_cpu(server: Server) -> None:
+    """Nothing ticks with nothing to do: no housekeeping without a live job, pending chunk or orphan, and
+    no uvicorn poll (a signal wakes the loop; the Date header is stamped per response)."""
+    with server.client() as client:
+        response = client.post("/jobs", json=start_body("demo", "idle-1"), headers={"Idempotency-Key": "idle"})
+        assert response.status_code == 200
+        assert wait_until(lambda: client.get("/workers").json()["workers"] == [])
+        assert response.headers["date"].endswith(" GMT")
+    supervisor = psutil.Process(server.pid)
+    wait_until(lambda: False, timeout=1.5)  # the last housekeeping round notices it is idle
+    cpu, switches, began = supervisor.cpu_times(), supervisor.num_ctx_switches().voluntary, time.monotonic()
+    time.sleep(4)
+    after, elapsed = supervisor.cpu_times(), time.monotonic() - began
+    used = (after.user + after.system) - (cpu.user + cpu.system)
+    woken = supervisor.num_ctx_switches().voluntary - switches
+    # Before: ~1 % of a core and ~28 wake-ups a second. Generous bounds for a shared machine.
+    assert used <= 0.02 * elapsed, f"{used * 1000:.0f} ms of CPU in {elapsed:.1f} s idle"
+    assert woken <= 2 * elapsed, f"{woken} wake-ups in {elapsed:.1f} s idle"

@@ -267,3 +267,54 @@ def test_a_journal_of_the_previous_version_is_upgraded_once_and_kept(path: Path)
 def dump(path: Path) -> list[str]:
     with contextlib.closing(sqlite3.connect(path)) as db:
         return [*db.iterdump(), str(db.execute("PRAGMA user_version").fetchone())]
+
+
+def test_a_group_that_fails_to_commit_frees_its_sequences(path: Path) -> None:
+    """Chunks wait in memory until their group commits; if it fails, readers never saw them and the next
+    events take their sequences, so every job's events stay contiguous."""
+    journal = Journal(path, checkpoint_events=100)
+    journal.admit(job("a"))
+    journal.admit(job("b"))
+    assert [journal.append("a", "chunk", {"n": n}).sequence for n in range(3)] == [0, 1, 2]
+    journal.append("b", "chunk", {"n": 0})
+    journal.flush()
+    journal.append("a", "chunk", {"n": 3}, encoded=b'{"n":3}')
+    journal.append("b", "chunk", {"n": 1})
+    journal._db.execute("PRAGMA query_only = ON")  # every write now fails, as a full or failing disk would
+    with pytest.raises(JournalError, match="commit failed"):
+        journal.flush()
+    journal._db.execute("PRAGMA query_only = OFF")
+    assert journal.get("a").event_count == 3 and journal.get("b").event_count == 1  # type: ignore[union-attr]
+    assert journal.append("a", "chunk", {"n": "again"}).sequence == 3
+    journal.finish("b", "completed", {"raw": "b"}, {"raw": "b"})
+    journal.flush()
+    assert [(e.sequence, e.data) for e in journal.events("a", 2)] == [(2, {"n": 2}), (3, {"n": "again"})]
+    assert [e.sequence for e in journal.events("b", 0)] == [0, 1] and journal.get("b").event_count == 2  # type: ignore[union-attr]
+    assert journal.stored_events("a", 3) == [("chunk", 3, b'{"n":"again"}')]
+    journal.close()
+    reopened = Journal(path, checkpoint_events=100)  # consistent: the integrity check passes
+    assert reopened.get("a").event_count == 4  # type: ignore[union-attr]
+    reopened.close()
+
+
+WORKER_CRASH = """
+import os, sys
+from pathlib import Path
+from supervisor.journal.store import Job, Journal
+journal = Journal(Path(sys.argv[1]), checkpoint_events=100)
+journal.admit(Job("a", "demo", "run", "h", "running", 0))
+journal.append("a", "chunk", {"n": 0})
+journal.set_worker("a", 4242, 1234.5, 4242)
+assert journal._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL again for what follows
+os._exit(0)  # a crash right after: the worker would now get its Start
+"""
+
+
+def test_the_worker_record_survives_a_crash_of_the_supervisor(path: Path) -> None:
+    """It is committed without an fsync (a worker does not outlive the machine), never left uncommitted."""
+    subprocess.run([sys.executable, "-c", WORKER_CRASH, str(path)], cwd=ROOT, check=True)
+    journal = Journal(path, checkpoint_events=1)
+    restored = journal.get("a")
+    assert restored is not None and (restored.worker_pid, restored.worker_start_time) == (4242, 1234.5)
+    assert len(journal.events("a", 0)) == 1  # the pending chunk committed (durably) before it
+    journal.close()

@@ -45,3 +45,24 @@ def test_async_lines() -> None:
         return [frame async for frame in sse.aframes(lines())]
 
     assert asyncio.run(read()) == list(sse.frames(SERVER))
+
+
+def test_a_stored_event_streams_byte_for_byte_as_its_parsed_form() -> None:
+    """The stream builds each frame around the data as stored; it must equal encoding the parsed event."""
+    import orjson
+
+    from supervisor.http.contract import _frame
+    from supervisor.journal.store import Event, StoredEvent
+
+    datas = [
+        {},
+        {"content": "tok ", "n": 7, "ok": True, "none": None, "f": 0.1, "big": 2**63 - 1, "neg": -1e-300},
+        {"text": 'quotes " and \\ and \n\t\u0001 controls', "unicode": "é中😀", "nested": {"a": [1, [2, {"b": []}]]}},
+        {"status": "completed", "output": {"raw": "x" * 1000}},
+    ]
+    for sequence, data in enumerate(datas):
+        for name in ("started", "chunk", "completed", "failed", "cancelled"):
+            stored = StoredEvent(name, sequence, orjson.dumps(data))
+            parsed = Event(name, sequence, orjson.loads(stored.data))
+            expected = b"event: %s\ndata: %s\nid: %d\n\n" % (name.encode(), orjson.dumps(parsed.as_dict()), sequence)
+            assert _frame(stored) == expected

@@ -13,6 +13,8 @@ from protocol.frames import MAX_FRAME_BYTES, FrameError, FrameReader, encode
 PROTOCOL_VERSION = 2
 # Operations without external effects: when one fails, its outcome is certain (as the reference says).
 READ_ONLY_OPERATIONS = frozenset({"knowledge_query"})
+# The reason of the ``Failed`` a fork server sends instead of its registry when it cannot warm CrewAI.
+WARMUP_FAILED = "warmup_failed"
 
 
 class UnknownMessage(FrameError):

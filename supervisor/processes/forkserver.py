@@ -2,7 +2,9 @@
 
 The fork server's workers are its children, not ours: it reaps them and reports their exit status;
 we watch each through a pidfd, kill its group and confirm it gone exactly as for a spawned worker.
-If the fork server dies or refuses, jobs fall back to cold spawning while a new one starts.
+If the fork server dies or refuses, jobs fall back to cold spawning while a new one starts. One that
+cannot warm CrewAI (a CrewAI release changed what warming relies on) refuses at start, in one line we
+log; it would refuse again, so workers are then spawned cold for the supervisor's whole life.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable, Mapping
 from protocol import (
     CONTROL_FD,
     MAX_FRAME_BYTES,
+    WARMUP_FAILED,
     Exited,
     Failed,
     Fork,
@@ -52,6 +55,7 @@ class ForkServerLauncher:
         self._cwd = "/"
         self._replacing: asyncio.Task[None] | None = None
         self._stopping = False
+        self.refused: str | None = None  # why it could not warm: then every worker is spawned cold
 
     @property
     def alive(self) -> bool:
@@ -60,7 +64,12 @@ class ForkServerLauncher:
     async def describe(self, env: Mapping[str, str], cwd: str) -> Registry:
         """Starts the fork server; its first word describes the registry."""
         self._env, self._cwd = env, cwd
-        self._server = await self._start()
+        try:
+            self._server = await self._start()
+        except _Refused as exc:
+            self.refused = str(exc)
+            log.error("fork server refused to start, workers will be spawned cold: %s", exc)
+            return await self.fallback.describe(env, cwd)
         return self._server.registry
 
     def start(self) -> None:
@@ -68,6 +77,8 @@ class ForkServerLauncher:
             self._server.attach()
 
     async def spawn(self, env: Mapping[str, str], cwd: str) -> WorkerProcess:
+        if self.refused is not None:
+            return await self.fallback.spawn(env, cwd)
         server = self._server
         if server is not None and server.alive:
             try:
@@ -78,7 +89,7 @@ class ForkServerLauncher:
         return await self.fallback.spawn(env, cwd)
 
     def health(self) -> dict[str, object]:
-        return {"forkserver": {"alive": self.alive, "restarts": self.restarts}}
+        return {"forkserver": {"alive": self.alive, "restarts": self.restarts, "refused": self.refused}}
 
     async def stop(self) -> None:
         self._stopping = True
@@ -103,6 +114,10 @@ class ForkServerLauncher:
             await self._server.stop()
         try:
             self._server = await self._start()
+        except _Refused as exc:
+            self.refused = str(exc)
+            log.error("fork server refused to start, workers will be spawned cold: %s", exc)
+            return
         except LaunchError as exc:
             log.error("fork server did not restart: %s", exc)
             return
@@ -113,6 +128,10 @@ class ForkServerLauncher:
 
 class _Unavailable(Exception):
     pass
+
+
+class _Refused(LaunchError):
+    """It could not warm CrewAI and will not serve: not worth restarting."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -164,8 +183,10 @@ class _ForkServer:
         if len(answer) != 1 or not isinstance(answer[0], Registry):
             ours.close()
             await _wait_or_kill(reaper.watch(pid), pid)
-            reason = answer[0].message if answer and isinstance(answer[0], Failed) else "it exited"
-            raise LaunchError(reason)
+            failed = answer[0] if answer and isinstance(answer[0], Failed) else None
+            if failed is not None and failed.reason == WARMUP_FAILED:
+                raise _Refused(failed.message)
+            raise LaunchError(failed.message if failed is not None else "it exited")
         return cls(reaper, pid, ours, answer[0])
 
     async def fork(self, env: Mapping[str, str], cwd: str) -> WorkerProcess:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import httpx
 import psutil
+import pytest
 
 from tests.conftest import Server, gone, start_body, start_server, wait_until
 
@@ -18,19 +20,23 @@ def fork_server_of(server: Server) -> psutil.Process:
     return found
 
 
+def alive_and_restarts(client: httpx.Client) -> tuple[bool, int]:
+    health = client.get("/health").json()["forkserver"]
+    assert health["refused"] is None
+    return health["alive"], health["restarts"]
+
+
 def test_killing_the_fork_server_falls_back_to_spawning_and_it_comes_back(tmp_path: Path) -> None:
     server = start_server(tmp_path / "state", env={"AIP_CREWAI_LAUNCHER": "forkserver"})
     try:
         with server.client() as client:
-            assert client.get("/health").json()["forkserver"] == {"alive": True, "restarts": 0}
+            assert alive_and_restarts(client) == (True, 0)
             first = fork_server_of(server)
             assert client.post("/jobs", json=start_body("demo", "warm-1"), headers=KEY).status_code == 200
             first.send_signal(signal.SIGKILL)
             # Admitted while it is dead: spawned cold, and done all the same.
             assert client.post("/jobs", json=start_body("demo", "cold-1"), headers=KEY).status_code == 200
-            assert wait_until(
-                lambda: client.get("/health").json()["forkserver"] == {"alive": True, "restarts": 1}, timeout=60
-            )
+            assert wait_until(lambda: alive_and_restarts(client) == (True, 1), timeout=60)
             second = fork_server_of(server)
             assert second.pid != first.pid and gone(first.pid)
             assert client.post("/jobs", json=start_body("demo", "warm-2"), headers=KEY).status_code == 200
@@ -47,7 +53,8 @@ def test_a_fork_server_with_a_second_thread_refuses_and_jobs_still_run(tmp_path:
         with server.client() as client:
             response = client.post("/jobs", json=start_body("demo", "threaded-1"), headers=KEY)
             assert response.status_code == 200  # spawned cold instead
-        assert wait_until(lambda: "threads; forking could hang" in server.log.read_text(), timeout=10)
+            # Warming finds the thread before any fork: the fork server refuses to start.
+            assert "import-time thread" in client.get("/health").json()["forkserver"]["refused"]
     finally:
         server.stop()
 
@@ -65,3 +72,26 @@ def test_supervisor_death_takes_the_fork_server_and_its_workers(tmp_path: Path) 
     assert len(tree) >= 2  # the fork server and the job's worker
     server.kill()
     assert wait_until(lambda: all(gone(p.pid, p.create_time()) for p in tree), timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("mode", "says"),
+    [("renamed", "its event bus has no _loop_thread"), ("stuck", "threads still running after warm-up: never-ending")],
+)
+def test_a_fork_server_that_cannot_warm_refuses_in_one_line_and_jobs_run_cold(
+    tmp_path: Path, mode: str, says: str
+) -> None:
+    env = {"AIP_CREWAI_LAUNCHER": "forkserver", "AIP_CREWAI_REGISTRY": "tests.unwarmable_crews:registry"}
+    server = start_server(tmp_path / "state", env={**env, "UNWARMABLE": mode})
+    try:
+        with server.client() as client:
+            health = client.get("/health").json()["forkserver"]
+            assert health["alive"] is False and says in health["refused"]
+            assert server.forkserver() is None  # it left; no restart is attempted
+            response = client.post("/jobs", json=start_body("demo", "cold-1"), headers=KEY)
+            assert response.status_code == 200  # spawned cold instead
+            assert 'crew_supervisor_worker_starts_total{launcher="spawn"} 1.0' in client.get("/metrics").text
+        refusals = [line for line in server.log.read_text().splitlines() if "refused to start" in line]
+        assert len(refusals) == 1 and says in refusals[0]
+    finally:
+        server.stop()

@@ -40,6 +40,7 @@ class Supervisor:
             queued=lambda: sum(job.phase == "queued" for job in self.live.values()),
             journal_bytes=journal.size_bytes,
             restarts=lambda: getattr(launcher, "restarts", 0),
+            idle_workers=lambda: getattr(launcher, "idle_workers", 0),
         )
 
     def start(self) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import signal
+import time
 from pathlib import Path
 
 import httpx
@@ -95,3 +97,66 @@ def test_a_fork_server_that_cannot_warm_refuses_in_one_line_and_jobs_run_cold(
         assert len(refusals) == 1 and says in refusals[0]
     finally:
         server.stop()
+
+
+def idle_workers(server: Server) -> list[psutil.Process]:
+    """The fork server's children: its idle workers, and the workers of jobs still running."""
+    forkserver = server.forkserver()
+    return forkserver.children() if forkserver is not None else []
+
+
+def test_jobs_take_workers_forked_ahead_of_demand_each_once_and_the_pool_refills(tmp_path: Path) -> None:
+    server = start_server(tmp_path / "state", env={"AIP_CREWAI_LAUNCHER": "forkserver", "AIP_CREWAI_PREFORK": "2"})
+    try:
+        with server.client() as client:
+            assert wait_until(lambda: client.get("/health").json()["forkserver"]["idle_workers"] == 2, timeout=30)
+            assert "crew_supervisor_forkserver_idle_workers 2.0" in client.get("/metrics").text
+            used: list[int] = []
+            for n in range(4):
+                waiting = {p.pid: p.create_time() for p in idle_workers(server)}
+                admitted = time.time()
+                response = client.post("/jobs", json=start_body("placer", f"pool-{n}"), headers=KEY)
+                assert response.status_code == 200
+                pid = client.get(f"/jobs/pool-{n}/events").json()["events"][0]["data"]["pid"]
+                # The job's worker was forked before the job was admitted: it came from the pool.
+                assert pid in waiting and waiting[pid] < admitted
+                used.append(pid)
+                # It ran in the job's own places, not the fork server's: its scratch dir, its crew's storage.
+                place = client.get(f"/jobs/pool-{n}/output").json()["stdout"]["text"]
+                assert f"cwd={server.state}/scratch/job-" in place
+                assert f"HOME={server.state}/home " in place and "CREWAI_DISABLE_TELEMETRY=true" in place
+                storage = hashlib.sha256(b"placer").hexdigest()[:24]  # the crew's own, not the fork server's
+                assert f"CREWAI_STORAGE_DIR={server.state}/storage/{storage} " in place
+                assert wait_until(lambda: client.get("/health").json()["forkserver"]["idle_workers"] == 2, timeout=30)
+            assert len(set(used)) == len(used)  # every job had a process of its own
+            assert all(gone(pid) for pid in used)
+            assert not {p.pid for p in idle_workers(server)} & set(used)  # none went back to the pool
+    finally:
+        server.stop()
+
+
+def test_idle_workers_die_with_the_fork_server_and_its_replacement_refills_the_pool(tmp_path: Path) -> None:
+    server = start_server(tmp_path / "state", env={"AIP_CREWAI_LAUNCHER": "forkserver", "AIP_CREWAI_PREFORK": "2"})
+    try:
+        with server.client() as client:
+            assert wait_until(lambda: client.get("/health").json()["forkserver"]["idle_workers"] == 2, timeout=30)
+            first = fork_server_of(server)
+            idle = idle_workers(server)
+            assert len(idle) == 2
+            first.send_signal(signal.SIGKILL)
+            assert wait_until(lambda: all(gone(p.pid, p.create_time()) for p in idle), timeout=10)
+            assert wait_until(lambda: alive_and_restarts(client) == (True, 1), timeout=60)
+            assert wait_until(lambda: client.get("/health").json()["forkserver"]["idle_workers"] == 2, timeout=30)
+            assert not {p.pid for p in idle_workers(server)} & {p.pid for p in idle}
+    finally:
+        server.stop()
+
+
+def test_idle_workers_die_with_the_supervisor(tmp_path: Path) -> None:
+    server = start_server(tmp_path / "state", env={"AIP_CREWAI_LAUNCHER": "forkserver", "AIP_CREWAI_PREFORK": "2"})
+    with server.client() as client:
+        assert wait_until(lambda: client.get("/health").json()["forkserver"]["idle_workers"] == 2, timeout=30)
+    tree = server.processes()
+    assert len(tree) == 3  # the fork server and two idle workers
+    server.kill()
+    assert wait_until(lambda: all(gone(p.pid, p.create_time()) for p in tree), timeout=10)

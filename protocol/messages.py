@@ -11,9 +11,11 @@ from typing import Any, ClassVar
 from protocol.frames import MAX_FRAME_BYTES, FrameError, FrameReader, encode
 
 # Bump on any change a peer could misread; a mismatched worker is rejected at hello.
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 # Operations without external effects: when one fails, its outcome is certain (as the reference says).
 READ_ONLY_OPERATIONS = frozenset({"knowledge_query"})
+# The reason of the ``Failed`` a fork server sends instead of its registry when it cannot warm CrewAI.
+WARMUP_FAILED = "warmup_failed"
 
 
 class UnknownMessage(FrameError):
@@ -32,12 +34,17 @@ class Message:
 # Supervisor -> worker.
 @dataclasses.dataclass(frozen=True)
 class Start(Message):
+    """The job. ``env`` and ``cwd``, when given, become the worker's environment and working directory
+    before it builds the crew: a worker forked ahead of demand learns its job's places only now."""
+
     kind: ClassVar[str] = "start"
     job_id: str
     crew_id: str
     operation: str
     input: dict[str, Any]
     timeout_ms: int
+    env: dict[str, str] | None = None
+    cwd: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

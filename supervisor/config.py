@@ -14,6 +14,7 @@ PREFIX = "AIP_CREWAI_"
 OPERATIONS = ("run", "batch_run", "replay", "train", "test", "knowledge_query", "memory_reset")
 DEMO_REGISTRY = "worker.demo:registry"
 MAX_TOKEN_BYTES = 16384
+DEFAULT_PREFORK = 2  # idle pre-forked workers, at most MAX_CONCURRENCY
 
 
 class ConfigError(Exception):
@@ -57,6 +58,15 @@ def _operations(raw: str) -> tuple[str, ...]:
     return names
 
 
+def _or_auto(parse: Callable[[str], int]) -> Callable[[str], int | None]:
+    """Empty means "sized from other settings" (resolved in ``load``)."""
+
+    def parse_or_auto(raw: str) -> int | None:
+        return None if not raw.strip() else parse(raw)
+
+    return parse_or_auto
+
+
 def _choice(*allowed: str) -> Callable[[str], str]:
     def parse(raw: str) -> str:
         if raw.strip() not in allowed:
@@ -93,6 +103,11 @@ SPEC: dict[str, tuple[Callable[[str], Any], str, str]] = {
         _choice("forkserver", "spawn"),
         "forkserver",
         "forkserver (warm, milliseconds per job) or spawn (a fresh interpreter)",
+    ),
+    "PREFORK": (
+        _or_auto(_integer(0, 64)),
+        "",
+        "idle workers forked ahead of demand by the fork server (default min(MAX_CONCURRENCY, 2); 0: off)",
     ),
     "LOG_FORMAT": (_choice("json", "text"), "json", "json (one object per line) or text"),
     "STOP_GRACE_MS": (_integer(0, 60000), "0", "SIGTERM grace before SIGKILL when stopping a worker"),
@@ -131,6 +146,7 @@ class Settings:
     stream_checkpoint_events: int
     training_dir: str
     launcher: str
+    prefork: int | None  # None until ``load`` sizes it
     log_format: str
     stop_grace_ms: int
     heartbeat_seconds: float
@@ -176,6 +192,8 @@ def load(flags: Mapping[str, str | None], environ: Mapping[str, str] = os.enviro
         except ValueError as exc:
             raise ConfigError(f"{PREFIX}{name}={raw!r}: {exc}") from None
     settings = Settings(**values)
+    if settings.prefork is None:
+        settings = dataclasses.replace(settings, prefork=min(settings.max_concurrency, DEFAULT_PREFORK))
     return dataclasses.replace(settings, token=_check(settings))
 
 

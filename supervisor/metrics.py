@@ -47,6 +47,9 @@ class Metrics:
         self.queued = Gauge(f"{PREFIX}_jobs_queued", "Admitted jobs waiting for a worker slot.", registry=r)
         self.journal_bytes = Gauge(f"{PREFIX}_journal_bytes", "Journal size on disk, WAL included.", registry=r)
         self.forkserver_restarts = Gauge(f"{PREFIX}_forkserver_restarts", "Fork server restarts.", registry=r)
+        self.idle_workers = Gauge(
+            f"{PREFIX}_forkserver_idle_workers", "Workers forked ahead of demand, waiting for a job.", registry=r
+        )
 
     def observe_with(
         self,
@@ -54,12 +57,14 @@ class Metrics:
         queued: Callable[[], float],
         journal_bytes: Callable[[], float],
         restarts: Callable[[], float],
+        idle_workers: Callable[[], float],
     ) -> None:
         """Gauges read at scrape time, so they cannot drift from the truth."""
         self.running.set_function(running)
         self.queued.set_function(queued)
         self.journal_bytes.set_function(journal_bytes)
         self.forkserver_restarts.set_function(restarts)
+        self.idle_workers.set_function(idle_workers)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -160,7 +160,7 @@ def _prepare(settings: config.Settings, journal_path: Path) -> Supervisor:
         become_subreaper()
         reaper = Reaper()
         spawn = SpawnLauncher(reaper)
-        launcher = ForkServerLauncher(spawn) if settings.launcher == "forkserver" else spawn
+        launcher = ForkServerLauncher(spawn, settings.prefork or 0) if settings.launcher == "forkserver" else spawn
         registry = asyncio.run(launcher.describe(worker_env(settings, state, ""), str(state / "scratch")))
         crews = registry.crews
         sup = Supervisor(settings, journal, launcher, crews, state, reaper)

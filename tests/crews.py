@@ -90,6 +90,13 @@ def talker() -> Crew:
     return demo_slow()
 
 
+def placer() -> Crew:
+    """Completes like demo after saying on stdout where it runs: its cwd, HOME, CrewAI storage and telemetry."""
+    place = {name: os.environ.get(name) for name in ("HOME", "CREWAI_STORAGE_DIR", "CREWAI_DISABLE_TELEMETRY")}
+    print(f"place cwd={os.getcwd()} " + " ".join(f"{k}={v}" for k, v in place.items()), flush=True)
+    return _single(OfflineLLM(model="offline-demo"))
+
+
 class RecordingLLM(OfflineLLM):
     """The offline model, leaving evidence in the worker's cwd: one line per call in CALL_LOG (the first word
     of the calling task, or "-"). A prompt saying "block mode" never returns: it appends a HEARTBEAT line
@@ -136,6 +143,7 @@ registry: dict[str, Callable[[], Crew]] = {
     "huge": huge,
     "chatty": chatty,
     "talker": talker,
+    "placer": placer,
     "demo-knowledge": demo_knowledge,
     "recorder": recorder,
 }

@@ -1,7 +1,10 @@
-"""The fork server: imports CrewAI and the registry once, never runs a crew, forks a worker per job.
+"""The fork server: imports CrewAI and the registry once, warms CrewAI, forks a worker per job.
 
-Forking after CrewAI has run a crew hangs the child (its event-bus threads do not exist there), so
-this process must stay single-threaded: it checks before every fork and refuses, then exits, if not.
+Warming (``warmup.py``) runs one offline kickoff of our own crew so no child repeats CrewAI's
+first-use work, then stops the event-bus threads that kickoff started: forking with them alive hangs
+the child. If that cannot be done the fork server refuses to start, saying why in one line, and the
+supervisor spawns workers cold. It must stay single-threaded: it checks before every fork and
+refuses, then exits, if not.
 Its children are its own (it reaps them and reports their exit status); each leads a new session
 and dies with this process (PDEATHSIG), which dies with the supervisor.
 """
@@ -18,10 +21,21 @@ import sys
 import threading
 from typing import Any, NoReturn
 
-from protocol import CONTROL_FD, EVENT_FD, MAX_FRAME_BYTES, Exited, Fork, Forked, MessageReader, Refused
-from worker import job, lifecycle
+from protocol import (
+    CONTROL_FD,
+    EVENT_FD,
+    MAX_FRAME_BYTES,
+    WARMUP_FAILED,
+    Exited,
+    Fork,
+    Forked,
+    MessageReader,
+    Refused,
+)
+from worker import job, lifecycle, warmup
 
 EXIT_NOT_SINGLE_THREADED = 79
+EXIT_NOT_WARMED = 80
 JOB_FDS = 4  # control, events, stdout, stderr
 
 
@@ -32,6 +46,12 @@ def serve(socket_fd: int) -> NoReturn:
     crews = job.load(out)  # imports crewai and the registry, once for every job to come
     if crews is None:
         os._exit(1)
+    try:
+        warmup.warm()
+    except warmup.WarmupError as exc:
+        line = " ".join(str(exc).split())[:1000]  # one line for the supervisor's log
+        out.send(job.failed(WARMUP_FAILED, WARMUP_FAILED, line, False))
+        os._exit(EXIT_NOT_WARMED)
     out.send(job.describe_registry(crews))
     wake_r, wake_w = os.pipe()
     for fd in (wake_r, wake_w):
@@ -41,7 +61,8 @@ def serve(socket_fd: int) -> NoReturn:
     selector = selectors.DefaultSelector()
     selector.register(channel, selectors.EVENT_READ)
     selector.register(wake_r, selectors.EVENT_READ)
-    gc.freeze()  # what is imported now stays shared with every child
+    gc.collect()  # the warm-up's garbage, so it is not frozen with the rest
+    gc.freeze()  # what is imported and warmed now stays shared with every child
     while True:
         for key, _ in selector.select():
             if key.fd == wake_r:

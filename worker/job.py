@@ -56,6 +56,7 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
 
     ``error_type`` is what the reference sidecar reports (the exception's class name); ``reason`` is ours.
     """
+    enter(start)
     operation = OPERATIONS.get(start.operation)
     if start.crew_id not in crews or operation is None:
         what = "crew" if start.crew_id not in crews else "operation"
@@ -81,6 +82,17 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
         out.send(failed(type(exc).__name__, "operation_failed", "CrewAI operation failed", effects))
     else:
         out.send(Completed(output=output))
+
+
+def enter(start: Start) -> None:
+    """Take the job's working directory and environment (telemetry stays off unless the operator's env
+    says otherwise): a pre-forked worker had its fork server's until now."""
+    if start.cwd is not None:
+        os.chdir(start.cwd)
+    if start.env is not None:
+        os.environ.clear()
+        os.environ.update(start.env)
+        lifecycle.prepare_environment()
 
 
 def failed(error_type: str, reason: str, message: str, uncertain: bool) -> Failed:

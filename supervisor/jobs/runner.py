@@ -131,16 +131,18 @@ class Runner:
 
     async def _spawn_and_supervise(self, job: LiveJob) -> Outcome:
         scratch = Path(tempfile.mkdtemp(prefix="job-", dir=self.state / "scratch"))
+        env, cwd = worker_env(self.settings, self.state, job.crew_id), str(scratch)
         try:
             try:
-                worker = await self.launcher.spawn(worker_env(self.settings, self.state, job.crew_id), str(scratch))
+                # Maybe forked ahead of demand: its environment and directory then come with Start.
+                worker = await self.launcher.spawn(env, cwd)
             except LaunchError as exc:
                 return failure("launch_failed", str(exc), False)
             job.worker = worker
             self.metrics.worker_starts.labels(worker.launched_by).inc()
             self.recorder.record_worker(job, worker)
             await self.limits.apply(worker, hashlib.sha256(job.action_id.encode()).hexdigest()[:32])
-            worker.send(Start(job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms))
+            worker.send(Start(job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms, env, cwd))
             job.phase = "running"
             self.limits.watch(worker, lambda breach: self._breach(job, breach))
             try:

@@ -42,6 +42,7 @@ class Supervisor:
             queued=lambda: sum(job.phase == "queued" for job in self.live.values()),
             journal_bytes=journal.size_bytes,
             restarts=lambda: getattr(launcher, "restarts", 0),
+            idle_workers=lambda: getattr(launcher, "idle_workers", 0),
         )
 
     def _launch(self, job: Job, input: dict[str, Any], timeout_ms: int) -> None:

@@ -2,7 +2,15 @@
 
 The fork server's workers are its children, not ours: it reaps them and reports their exit status;
 we watch each through a pidfd, kill its group and confirm it gone exactly as for a spawned worker.
-If the fork server dies or refuses, jobs fall back to cold spawning while a new one starts.
+If the fork server dies or refuses, jobs fall back to cold spawning while a new one starts. One that
+cannot warm CrewAI (a CrewAI release changed what warming relies on) refuses at start, in one line we
+log; it would refuse again, so workers are then spawned cold for the supervisor's whole life.
+
+Workers forked ahead of demand (``prefork``): a few idle workers wait, each on its own pipes, for a
+Start that carries the job's environment and directory (they were forked with the fork server's).
+A job takes the oldest; it then goes through what any new worker does (pid journaled, limits
+applied, watched by the reaper) and the pool is refilled after. No worker is ever given a second job.
+Idle workers die with the fork server (PDEATHSIG), and with us (their control pipes close).
 """
 
 from __future__ import annotations
@@ -17,9 +25,12 @@ import socket
 import sys
 from collections.abc import Callable, Mapping
 
+import psutil
+
 from protocol import (
     CONTROL_FD,
     MAX_FRAME_BYTES,
+    WARMUP_FAILED,
     Exited,
     Failed,
     Fork,
@@ -39,19 +50,24 @@ log = logging.getLogger("crew_supervisor.forkserver")
 FORK_SECONDS = 10.0
 STOP_SECONDS = 5.0  # how long the fork server may take to leave once its socket closes
 SOCKET_FD = CONTROL_FD  # the fork server's control channel is its socket
+PF_EXITING = 0x4  # /proc/<pid>/stat flags: the process is in exit
 
 
 class ForkServerLauncher:
     name = "forkserver"
 
-    def __init__(self, fallback: SpawnLauncher) -> None:
+    def __init__(self, fallback: SpawnLauncher, prefork: int = 0) -> None:
         self.fallback = fallback
+        self.prefork = prefork
+        self._idle: list[WorkerProcess] = []  # forked ahead of demand, oldest first
+        self._filling: asyncio.Task[None] | None = None
         self.restarts = 0
         self._server: _ForkServer | None = None
         self._env: Mapping[str, str] = {}
         self._cwd = "/"
         self._replacing: asyncio.Task[None] | None = None
         self._stopping = False
+        self.refused: str | None = None  # why it could not warm: then every worker is spawned cold
 
     @property
     def alive(self) -> bool:
@@ -60,16 +76,32 @@ class ForkServerLauncher:
     async def describe(self, env: Mapping[str, str], cwd: str) -> Registry:
         """Starts the fork server; its first word describes the registry."""
         self._env, self._cwd = env, cwd
-        self._server = await self._start()
+        try:
+            self._server = await self._start()
+        except _Refused as exc:
+            self.refused = str(exc)
+            log.error("fork server refused to start, workers will be spawned cold: %s", exc)
+            return await self.fallback.describe(env, cwd)
         return self._server.registry
+
+    @property
+    def idle_workers(self) -> int:
+        return sum(not worker.exited.done() for worker in self._idle)
 
     def start(self) -> None:
         if self._server is not None:
             self._server.attach()
+            self._refill()
 
     async def spawn(self, env: Mapping[str, str], cwd: str) -> WorkerProcess:
+        if self.refused is not None:
+            return await self.fallback.spawn(env, cwd)
         server = self._server
         if server is not None and server.alive:
+            idle = self._take(server)
+            if idle is not None:
+                self._refill()
+                return idle
             try:
                 return await server.fork(env, cwd)
             except _Unavailable as exc:
@@ -78,12 +110,15 @@ class ForkServerLauncher:
         return await self.fallback.spawn(env, cwd)
 
     def health(self) -> dict[str, object]:
-        return {"forkserver": {"alive": self.alive, "restarts": self.restarts}}
+        forkserver = {"alive": self.alive, "restarts": self.restarts, "idle_workers": self.idle_workers}
+        return {"forkserver": {**forkserver, "refused": self.refused}}
 
     async def stop(self) -> None:
         self._stopping = True
-        if self._replacing is not None:
-            self._replacing.cancel()
+        for task in (self._replacing, self._filling):
+            if task is not None:
+                task.cancel()
+        await self._drop_idle()
         if self._server is not None:
             await self._server.stop()
 
@@ -98,21 +133,69 @@ class ForkServerLauncher:
         if self._replacing is None or self._replacing.done():
             self._replacing = asyncio.get_running_loop().create_task(self._restart())
 
+    def _take(self, server: _ForkServer) -> WorkerProcess | None:
+        """The oldest idle worker still waiting, out of the pool for good.
+
+        Asked of the kernel, not only of our watchers: a fork server killed a moment ago takes its idle
+        workers with it (PDEATHSIG) before our loop has seen either exit.
+        """
+        while self._idle:
+            worker = self._idle.pop(0)
+            if _waiting(worker, server.pid):
+                return worker
+            worker.close_control()  # it is dying or dead; if not, EOF ends it
+        return None
+
+    def _refill(self) -> None:
+        """Fork up to ``prefork`` idle workers, off the hot path: a task, one fork at a time."""
+        if self.prefork and not self._stopping and (self._filling is None or self._filling.done()):
+            self._filling = asyncio.get_running_loop().create_task(self._fill(), name="prefork")
+
+    async def _fill(self) -> None:
+        while not self._stopping and self.idle_workers < self.prefork:
+            server = self._server
+            if server is None or not server.alive:
+                return  # a replacement refills once it is up
+            try:
+                worker = await server.fork(self._env, self._cwd)
+            except (_Unavailable, LaunchError) as exc:
+                log.warning("could not fork an idle worker: %s", exc)
+                return
+            if self._stopping or server is not self._server:
+                await worker.kill()
+                return
+            self._idle.append(worker)
+
+    async def _drop_idle(self) -> None:
+        """Kill every idle worker and confirm it gone (a fork server that died took them already)."""
+        idle, self._idle = self._idle, []
+        await asyncio.gather(*(worker.kill() for worker in idle), return_exceptions=True)
+
     async def _restart(self) -> None:
+        await self._drop_idle()
         if self._server is not None:
             await self._server.stop()
         try:
             self._server = await self._start()
+        except _Refused as exc:
+            self.refused = str(exc)
+            log.error("fork server refused to start, workers will be spawned cold: %s", exc)
+            return
         except LaunchError as exc:
             log.error("fork server did not restart: %s", exc)
             return
         self._server.attach()
         self.restarts += 1
         log.warning("fork server restarted (pid %d)", self._server.pid)
+        self._refill()
 
 
 class _Unavailable(Exception):
     pass
+
+
+class _Refused(LaunchError):
+    """It could not warm CrewAI and will not serve: not worth restarting."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -164,8 +247,10 @@ class _ForkServer:
         if len(answer) != 1 or not isinstance(answer[0], Registry):
             ours.close()
             await _wait_or_kill(reaper.watch(pid), pid)
-            reason = answer[0].message if answer and isinstance(answer[0], Failed) else "it exited"
-            raise LaunchError(reason)
+            failed = answer[0] if answer and isinstance(answer[0], Failed) else None
+            if failed is not None and failed.reason == WARMUP_FAILED:
+                raise _Refused(failed.message)
+            raise LaunchError(failed.message if failed is not None else "it exited")
         return cls(reaper, pid, ours, answer[0])
 
     async def fork(self, env: Mapping[str, str], cwd: str) -> WorkerProcess:
@@ -253,6 +338,37 @@ class _ForkServer:
         if self._exited is None:  # stopped twice (a restart cancelled by close): one watch
             self._exited = self.reaper.watch(self.pid)
         await _wait_or_kill(self._exited, self.pid)
+
+
+def _waiting(worker: WorkerProcess, parent: int) -> bool:
+    """The worker is the one we forked, is not exiting, and neither is ``parent``, the fork server
+    whose death kills it (PDEATHSIG fires only once the parent has torn down its memory: ~10-20 ms)."""
+    if worker.exited.done():
+        return False
+    try:
+        same = psutil.Process(worker.pid).create_time() == worker.create_time
+    except psutil.NoSuchProcess:
+        return False
+    return same and _not_exiting(worker.pid) and _not_exiting(parent)
+
+
+def _not_exiting(pid: int) -> bool:
+    """Neither dead, nor exiting, nor with a SIGKILL pending: what /proc says the moment ``kill`` returns."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+        with open(f"/proc/{pid}/status", "rb") as status:
+            lines = status.read().splitlines()
+    except (OSError, IndexError):
+        return False
+    state, flags = fields[0], int(fields[6])
+    if state in (b"Z", b"X", b"x") or flags & PF_EXITING:
+        return False
+    pending = 0
+    for line in lines:
+        if line.startswith((b"SigPnd:", b"ShdPnd:")):
+            pending |= int(line.split()[1], 16)
+    return not pending & (1 << (signal.SIGKILL - 1))
 
 
 async def _wait_or_kill(exited: asyncio.Future[int | None], pid: int) -> None:

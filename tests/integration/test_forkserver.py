@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import signal
+import time
 from pathlib import Path
 
+import httpx
 import psutil
+import pytest
 
 from tests.conftest import Server, gone, start_body, start_server, wait_until
 
@@ -18,19 +22,23 @@ def fork_server_of(server: Server) -> psutil.Process:
     return found
 
 
+def alive_and_restarts(client: httpx.Client) -> tuple[bool, int]:
+    health = client.get("/health").json()["forkserver"]
+    assert health["refused"] is None
+    return health["alive"], health["restarts"]
+
+
 def test_killing_the_fork_server_falls_back_to_spawning_and_it_comes_back(tmp_path: Path) -> None:
     server = start_server(tmp_path / "state", env={"AIP_CREWAI_LAUNCHER": "forkserver"})
     try:
         with server.client() as client:
-            assert client.get("/health").json()["forkserver"] == {"alive": True, "restarts": 0}
+            assert alive_and_restarts(client) == (True, 0)
             first = fork_server_of(server)
             assert client.post("/jobs", json=start_body("demo", "warm-1"), headers=KEY).status_code == 200
             first.send_signal(signal.SIGKILL)
             # Admitted while it is dead: spawned cold, and done all the same.
             assert client.post("/jobs", json=start_body("demo", "cold-1"), headers=KEY).status_code == 200
-            assert wait_until(
-                lambda: client.get("/health").json()["forkserver"] == {"alive": True, "restarts": 1}, timeout=60
-            )
+            assert wait_until(lambda: alive_and_restarts(client) == (True, 1), timeout=60)
             second = fork_server_of(server)
             assert second.pid != first.pid and gone(first.pid)
             assert client.post("/jobs", json=start_body("demo", "warm-2"), headers=KEY).status_code == 200
@@ -47,7 +55,8 @@ def test_a_fork_server_with_a_second_thread_refuses_and_jobs_still_run(tmp_path:
         with server.client() as client:
             response = client.post("/jobs", json=start_body("demo", "threaded-1"), headers=KEY)
             assert response.status_code == 200  # spawned cold instead
-        assert wait_until(lambda: "threads; forking could hang" in server.log.read_text(), timeout=10)
+            # Warming finds the thread before any fork: the fork server refuses to start.
+            assert "import-time thread" in client.get("/health").json()["forkserver"]["refused"]
     finally:
         server.stop()
 
@@ -63,5 +72,91 @@ def test_supervisor_death_takes_the_fork_server_and_its_workers(tmp_path: Path) 
                 break
         tree = psutil.Process(server.process.pid).children(recursive=True)
     assert len(tree) >= 2  # the fork server and the job's worker
+    server.kill()
+    assert wait_until(lambda: all(gone(p.pid, p.create_time()) for p in tree), timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("mode", "says"),
+    [("renamed", "its event bus has no _loop_thread"), ("stuck", "threads still running after warm-up: never-ending")],
+)
+def test_a_fork_server_that_cannot_warm_refuses_in_one_line_and_jobs_run_cold(
+    tmp_path: Path, mode: str, says: str
+) -> None:
+    env = {"AIP_CREWAI_LAUNCHER": "forkserver", "AIP_CREWAI_REGISTRY": "tests.unwarmable_crews:registry"}
+    server = start_server(tmp_path / "state", env={**env, "UNWARMABLE": mode})
+    try:
+        with server.client() as client:
+            health = client.get("/health").json()["forkserver"]
+            assert health["alive"] is False and says in health["refused"]
+            assert server.forkserver() is None  # it left; no restart is attempted
+            response = client.post("/jobs", json=start_body("demo", "cold-1"), headers=KEY)
+            assert response.status_code == 200  # spawned cold instead
+            assert 'crew_supervisor_worker_starts_total{launcher="spawn"} 1.0' in client.get("/metrics").text
+        refusals = [line for line in server.log.read_text().splitlines() if "refused to start" in line]
+        assert len(refusals) == 1 and says in refusals[0]
+    finally:
+        server.stop()
+
+
+def idle_workers(server: Server) -> list[psutil.Process]:
+    """The fork server's children: its idle workers, and the workers of jobs still running."""
+    forkserver = server.forkserver()
+    return forkserver.children() if forkserver is not None else []
+
+
+def test_jobs_take_workers_forked_ahead_of_demand_each_once_and_the_pool_refills(tmp_path: Path) -> None:
+    server = start_server(tmp_path / "state", env={"AIP_CREWAI_LAUNCHER": "forkserver", "AIP_CREWAI_PREFORK": "2"})
+    try:
+        with server.client() as client:
+            assert wait_until(lambda: client.get("/health").json()["forkserver"]["idle_workers"] == 2, timeout=30)
+            assert "crew_supervisor_forkserver_idle_workers 2.0" in client.get("/metrics").text
+            used: list[int] = []
+            for n in range(4):
+                waiting = {p.pid: p.create_time() for p in idle_workers(server)}
+                admitted = time.time()
+                response = client.post("/jobs", json=start_body("placer", f"pool-{n}"), headers=KEY)
+                assert response.status_code == 200
+                pid = client.get(f"/jobs/pool-{n}/events").json()["events"][0]["data"]["pid"]
+                # The job's worker was forked before the job was admitted: it came from the pool.
+                assert pid in waiting and waiting[pid] < admitted
+                used.append(pid)
+                # It ran in the job's own places, not the fork server's: its scratch dir, its crew's storage.
+                place = client.get(f"/jobs/pool-{n}/output").json()["stdout"]["text"]
+                assert f"cwd={server.state}/scratch/job-" in place
+                assert f"HOME={server.state}/home " in place and "CREWAI_DISABLE_TELEMETRY=true" in place
+                storage = hashlib.sha256(b"placer").hexdigest()[:24]  # the crew's own, not the fork server's
+                assert f"CREWAI_STORAGE_DIR={server.state}/storage/{storage} " in place
+                assert wait_until(lambda: client.get("/health").json()["forkserver"]["idle_workers"] == 2, timeout=30)
+            assert len(set(used)) == len(used)  # every job had a process of its own
+            assert all(gone(pid) for pid in used)
+            assert not {p.pid for p in idle_workers(server)} & set(used)  # none went back to the pool
+    finally:
+        server.stop()
+
+
+def test_idle_workers_die_with_the_fork_server_and_its_replacement_refills_the_pool(tmp_path: Path) -> None:
+    server = start_server(tmp_path / "state", env={"AIP_CREWAI_LAUNCHER": "forkserver", "AIP_CREWAI_PREFORK": "2"})
+    try:
+        with server.client() as client:
+            assert wait_until(lambda: client.get("/health").json()["forkserver"]["idle_workers"] == 2, timeout=30)
+            first = fork_server_of(server)
+            idle = idle_workers(server)
+            assert len(idle) == 2
+            first.send_signal(signal.SIGKILL)
+            assert wait_until(lambda: all(gone(p.pid, p.create_time()) for p in idle), timeout=10)
+            assert wait_until(lambda: alive_and_restarts(client) == (True, 1), timeout=60)
+            assert wait_until(lambda: client.get("/health").json()["forkserver"]["idle_workers"] == 2, timeout=30)
+            assert not {p.pid for p in idle_workers(server)} & {p.pid for p in idle}
+    finally:
+        server.stop()
+
+
+def test_idle_workers_die_with_the_supervisor(tmp_path: Path) -> None:
+    server = start_server(tmp_path / "state", env={"AIP_CREWAI_LAUNCHER": "forkserver", "AIP_CREWAI_PREFORK": "2"})
+    with server.client() as client:
+        assert wait_until(lambda: client.get("/health").json()["forkserver"]["idle_workers"] == 2, timeout=30)
+    tree = server.processes()
+    assert len(tree) == 3  # the fork server and two idle workers
     server.kill()
     assert wait_until(lambda: all(gone(p.pid, p.create_time()) for p in tree), timeout=10)

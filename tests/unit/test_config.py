@@ -23,6 +23,12 @@ def test_defaults_match_the_reference_except_a_loopback_host() -> None:
     assert (s.stream_checkpoint_events, s.allowed_operations, s.token) == (128, ("run",), "t0ken")
 
 
+@pytest.mark.parametrize(("concurrency", "raw", "prefork"), [("4", "", 2), ("1", "", 1), ("4", "0", 0), ("4", "7", 7)])
+def test_prefork_is_sized_from_max_concurrency_unless_set(concurrency: str, raw: str, prefork: int) -> None:
+    env = {**BASE, "AIP_CREWAI_MAX_CONCURRENCY": concurrency, "AIP_CREWAI_PREFORK": raw}
+    assert load({}, env).prefork == prefork
+
+
 def test_flags_win_over_environment() -> None:
     assert load({"PORT": "9001"}, {**BASE, "AIP_CREWAI_PORT": "9000"}).port == 9001
 
@@ -32,6 +38,8 @@ def test_flags_win_over_environment() -> None:
     [
         ({"AIP_CREWAI_MAX_CONCURRENCY": "0"}, "AIP_CREWAI_MAX_CONCURRENCY"),
         ({"AIP_CREWAI_MAX_CONCURRENCY": "four"}, "AIP_CREWAI_MAX_CONCURRENCY"),
+        ({"AIP_CREWAI_PREFORK": "65"}, "AIP_CREWAI_PREFORK"),
+        ({"AIP_CREWAI_PREFORK": "-1"}, "AIP_CREWAI_PREFORK"),
         ({"AIP_CREWAI_MAX_EVENTS_PER_RUN": "1"}, "AIP_CREWAI_MAX_EVENTS_PER_RUN"),
         ({"AIP_CREWAI_MAX_EVENT_BYTES": "1023"}, "AIP_CREWAI_MAX_EVENT_BYTES"),
         ({"AIP_CREWAI_ALLOWED_OPERATIONS": "run,fly"}, "AIP_CREWAI_ALLOWED_OPERATIONS"),

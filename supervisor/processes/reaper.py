@@ -87,8 +87,15 @@ class Reaper:
         if self._children.pop(pid, None) is not None:
             _, status = os.waitpid(pid, 0)
             _settle(exited, os.waitstatus_to_exitcode(status))
-        else:
-            loop.call_later(EXIT_REPORT_SECONDS, _settle, exited, None)
+            return
+        # Another's child (a fork server's worker), unless that parent died first and it became ours: then
+        # nobody else will reap it or report its status.
+        with contextlib.suppress(ChildProcessError):
+            reaped, status = os.waitpid(pid, os.WNOHANG)
+            if reaped:
+                _settle(exited, os.waitstatus_to_exitcode(status))
+                return
+        loop.call_later(EXIT_REPORT_SECONDS, _settle, exited, None)
 
     def reap(self) -> int:
         """Reap adopted orphans that have exited (a job's daemonised grandchild, say): how many."""

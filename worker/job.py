@@ -17,6 +17,7 @@ from worker.operations import OPERATIONS, OperationError, OutputTooLarge, Work, 
 
 def run(event_fd: int, control_fd: int, crews: dict[str, Any] | None = None, describe: bool = False) -> NoReturn:
     """Serve one job (or describe the registry); ``crews`` comes preloaded from a fork server."""
+    launched = dict(os.environ)  # what it was started (or forked) with, before imports add to it
     out = lifecycle.FrameWriter(event_fd)
     starts = lifecycle.watch_control(control_fd)
     out.send(Hello(pid=os.getpid()))
@@ -27,7 +28,9 @@ def run(event_fd: int, control_fd: int, crews: dict[str, Any] | None = None, des
             out.send(describe_registry(crews))
         elif crews is not None:
             # Not asyncio.run: its teardown would wait on threads CrewAI may leave blocked.
-            asyncio.new_event_loop().run_until_complete(execute(starts.get(), crews, out))
+            start = starts.get()
+            enter(start, launched)
+            asyncio.new_event_loop().run_until_complete(execute(start, crews, out))
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -56,7 +59,6 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
 
     ``error_type`` is what the reference sidecar reports (the exception's class name); ``reason`` is ours.
     """
-    enter(start)
     operation = OPERATIONS.get(start.operation)
     if start.crew_id not in crews or operation is None:
         what = "crew" if start.crew_id not in crews else "operation"
@@ -84,12 +86,13 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
         out.send(Completed(output=output))
 
 
-def enter(start: Start) -> None:
+def enter(start: Start, launched: dict[str, str]) -> None:
     """Take the job's working directory and environment (telemetry stays off unless the operator's env
-    says otherwise): a pre-forked worker had its fork server's until now."""
+    says otherwise): a pre-forked worker had its fork server's until now. A worker launched with the
+    job's environment keeps its own, with what its imports added (TOKENIZERS_PARALLELISM, say)."""
     if start.cwd is not None:
         os.chdir(start.cwd)
-    if start.env is not None:
+    if start.env is not None and start.env != launched:
         os.environ.clear()
         os.environ.update(start.env)
         lifecycle.prepare_environment()

@@ -27,6 +27,7 @@ import psutil
 from bench_harness import new_id, post_job, start_body
 from load_common import Census, census, parse_plan, serving, verdict
 
+PREFORK = 2  # idle workers forked ahead of demand, as a default deployment has
 SETTLE_SECONDS = 10.0  # a worker that posted its terminal frame is gone well within this
 
 
@@ -86,14 +87,14 @@ def settled(pid: int, expected_children: int) -> Census:
 
 def soak(plan: Plan, keep: bool = False) -> Result:
     result = Result()
-    with serving("crew-soak-", keep=keep) as sup, sup.client() as client:
+    with serving("crew-soak-", {"AIP_CREWAI_PREFORK": str(PREFORK)}, keep=keep) as sup, sup.client() as client:
         pid, journal = sup.pid, sup.state / "journal.db"
         run_jobs(client, plan.warmup, result)
-        forkserver_only = 1  # between jobs the supervisor's one live descendant is its fork server
+        between_jobs = 1 + PREFORK  # the live descendants between jobs: the fork server and its idle workers
         began = time.monotonic()
 
         def sample(done: int) -> None:
-            now = settled(pid, forkserver_only)
+            now = settled(pid, between_jobs)
             result.samples.append(Sample(done, time.monotonic() - began, now, *journal_bytes(journal)))
 
         sample(0)

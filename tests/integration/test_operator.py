@@ -124,7 +124,15 @@ def test_an_idle_supervisor_uses_no_cpu(server: Server) -> None:
         assert wait_until(lambda: client.get("/workers").json()["workers"] == [])
         assert response.headers["date"].endswith(" GMT")
     supervisor = psutil.Process(server.pid)
-    wait_until(lambda: False, timeout=1.5)  # the last housekeeping round notices it is idle
+    seen = [supervisor.num_ctx_switches().voluntary]
+
+    def settled() -> bool:
+        """Housekeeping's last round has passed: no wake-up since the previous look, 0.5 s ago."""
+        now = supervisor.num_ctx_switches().voluntary
+        seen.append(now)
+        return now == seen[-2]
+
+    assert wait_until(settled, timeout=15, interval=0.5)
     cpu, switches, began = supervisor.cpu_times(), supervisor.num_ctx_switches().voluntary, time.monotonic()
     time.sleep(4)
     after, elapsed = supervisor.cpu_times(), time.monotonic() - began

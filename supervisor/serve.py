@@ -32,6 +32,7 @@ from supervisor.journal.statefiles import prepare_directory
 from supervisor.journal.store import Journal, JournalError
 from supervisor.processes.forkserver import ForkServerLauncher
 from supervisor.processes.launcher import LaunchError, SpawnLauncher
+from supervisor.processes.limits import Limits
 from supervisor.processes.reaper import Reaper, become_subreaper
 
 log = logging.getLogger("crew_supervisor")
@@ -156,16 +157,20 @@ def _prepare(settings: config.Settings, journal_path: Path) -> Supervisor:
         )
     if journal.upgraded_from:
         log.warning("upgraded the journal at %s; the original is kept at %s", journal_path, journal.upgraded_from)
+    limits = Limits(settings)
     try:
         become_subreaper()
         reaper = Reaper()
         spawn = SpawnLauncher(reaper)
-        launcher = ForkServerLauncher(spawn, settings.prefork or 0) if settings.launcher == "forkserver" else spawn
+        launcher = (
+            ForkServerLauncher(spawn, settings.prefork or 0, limits) if settings.launcher == "forkserver" else spawn
+        )
         registry = asyncio.run(launcher.describe(worker_env(settings, state, ""), str(state / "scratch")))
         crews = registry.crews
-        sup = Supervisor(settings, journal, launcher, crews, state, reaper)
+        sup = Supervisor(settings, journal, launcher, limits, crews, state, reaper)
         fenced = fence_restored(journal)
     except BaseException:
+        limits.stop()
         journal.close()
         raise
     if fenced:

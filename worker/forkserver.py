@@ -32,7 +32,7 @@ from protocol import (
     MessageReader,
     Refused,
 )
-from worker import job, lifecycle, warmup
+from worker import job, lifecycle, prefault, warmup
 
 EXIT_NOT_SINGLE_THREADED = 79
 EXIT_NOT_WARMED = 80
@@ -52,6 +52,9 @@ def serve(socket_fd: int) -> NoReturn:
         line = " ".join(str(exc).split())[:1000]  # one line for the supervisor's log
         out.send(job.failed(WARMUP_FAILED, WARMUP_FAILED, line, False))
         os._exit(EXIT_NOT_WARMED)
+    gc.collect()  # the warm-up's garbage, so it is not frozen with the rest
+    gc.freeze()  # what is imported and warmed now stays shared with every child
+    written = prefault.probe(warmup.rehearse)  # learned from a child forked as workers are
     out.send(job.describe_registry(crews))
     wake_r, wake_w = os.pipe()
     for fd in (wake_r, wake_w):
@@ -61,8 +64,6 @@ def serve(socket_fd: int) -> NoReturn:
     selector = selectors.DefaultSelector()
     selector.register(channel, selectors.EVENT_READ)
     selector.register(wake_r, selectors.EVENT_READ)
-    gc.collect()  # the warm-up's garbage, so it is not frozen with the rest
-    gc.freeze()  # what is imported and warmed now stays shared with every child
     while True:
         for key, _ in selector.select():
             if key.fd == wake_r:
@@ -70,11 +71,15 @@ def serve(socket_fd: int) -> NoReturn:
                     pass
                 _reap(out)
             else:
-                _fork_one(channel, out, crews, (wake_r, wake_w))
+                _fork_one(channel, out, crews, written, (wake_r, wake_w))
 
 
 def _fork_one(
-    channel: socket.socket, out: lifecycle.FrameWriter, crews: dict[str, Any], own_fds: tuple[int, int]
+    channel: socket.socket,
+    out: lifecycle.FrameWriter,
+    crews: dict[str, Any],
+    written: prefault.Runs,
+    own_fds: tuple[int, int],
 ) -> None:
     data, fds, _, _ = socket.recv_fds(channel, MAX_FRAME_BYTES, JOB_FDS)
     if not data:
@@ -93,13 +98,15 @@ def _fork_one(
     parent = os.getpid()
     pid = os.fork()
     if pid == 0:
-        _become_worker(messages[0], fds, parent, crews, [channel.fileno(), *own_fds])
+        _become_worker(messages[0], fds, parent, crews, written, [channel.fileno(), *own_fds])
     for fd in fds:
         os.close(fd)
     out.send(Forked(pid=pid))
 
 
-def _become_worker(request: Fork, fds: list[int], parent: int, crews: dict[str, Any], close: list[int]) -> NoReturn:
+def _become_worker(
+    request: Fork, fds: list[int], parent: int, crews: dict[str, Any], written: prefault.Runs, close: list[int]
+) -> NoReturn:
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for fd in close:
@@ -117,6 +124,7 @@ def _become_worker(request: Fork, fds: list[int], parent: int, crews: dict[str, 
     os.chdir(request.cwd)
     os.environ.clear()
     os.environ.update(request.env)
+    prefault.populate(written)  # before it says hello: a pre-forked worker is idle now, not yet started
     job.run(EVENT_FD, CONTROL_FD, crews=crews)
 
 

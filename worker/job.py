@@ -19,16 +19,18 @@ def run(event_fd: int, control_fd: int, crews: dict[str, Any] | None = None, des
     """Serve one job (or describe the registry); ``crews`` comes preloaded from a fork server."""
     launched = dict(os.environ)  # what it was started (or forked) with, before imports add to it
     out = lifecycle.FrameWriter(event_fd)
-    starts = lifecycle.watch_control(control_fd)
+    control = lifecycle.Control(control_fd)
     out.send(Hello(pid=os.getpid()))
     try:
         lifecycle.prepare_environment()
-        crews = crews if crews is not None else load(out)
+        if crews is None:  # cold: watched while it imports; a forked worker reads its Start itself
+            control.watch()
+            crews = load(out)
         if crews is not None and describe:
             out.send(describe_registry(crews))
         elif crews is not None:
             # Not asyncio.run: its teardown would wait on threads CrewAI may leave blocked.
-            start = starts.get()
+            start = control.start()
             enter(start, launched)
             asyncio.new_event_loop().run_until_complete(execute(start, crews, out))
     finally:

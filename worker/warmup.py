@@ -43,28 +43,34 @@ class WarmupError(Exception):
 def warm() -> None:
     """Run streamed kickoffs of our own offline crew, then quiesce CrewAI; raises WarmupError."""
     native = _kernel_threads()  # what importing left (numpy's OpenBLAS pool): forks already live with it
-    storage = tempfile.mkdtemp(prefix="crew-warmup-")
-    saved = os.environ.get(STORAGE_ENV)
-    os.environ[STORAGE_ENV] = storage
     try:
         for _ in range(KICKOFFS):
-            _kickoff()
+            rehearse()
     except WarmupError:
         raise
     except Exception as exc:  # a timeout included
         raise WarmupError(f"the warm-up kickoff failed: {type(exc).__name__}: {exc}") from None
-    finally:
-        if saved is None:
-            os.environ.pop(STORAGE_ENV, None)
-        else:
-            os.environ[STORAGE_ENV] = saved
-        shutil.rmtree(storage, ignore_errors=True)
     try:
         quiesce(native)
     except WarmupError:
         raise
     except Exception as exc:  # CrewAI's internals changed shape
         raise WarmupError(f"cannot quiesce CrewAI: {type(exc).__name__}: {exc}") from None
+
+
+def rehearse() -> None:
+    """One kickoff of our own crew, in throwaway storage (also what the prefault probe runs)."""
+    storage = tempfile.mkdtemp(prefix="crew-warmup-")
+    saved = os.environ.get(STORAGE_ENV)
+    os.environ[STORAGE_ENV] = storage
+    try:
+        _kickoff()
+    finally:
+        if saved is None:
+            os.environ.pop(STORAGE_ENV, None)
+        else:
+            os.environ[STORAGE_ENV] = saved
+        shutil.rmtree(storage, ignore_errors=True)
 
 
 def _crew() -> Any:

@@ -141,7 +141,7 @@ class Runner:
             job.worker = worker
             self.metrics.worker_starts.labels(worker.launched_by).inc()
             self.recorder.record_worker(job, worker)
-            await self.limits.apply(worker, hashlib.sha256(job.action_id.encode()).hexdigest()[:32])
+            await self.limits.apply(worker)
             worker.send(Start(job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms, env, cwd))
             job.phase = "running"
             self.limits.watch(worker, lambda breach: self._breach(job, breach))

@@ -22,7 +22,14 @@ from supervisor.processes.reaper import Reaper
 
 class Supervisor:
     def __init__(
-        self, settings: Settings, journal: Journal, launcher: Launcher, crews: list[str], state: Path, reaper: Reaper
+        self,
+        settings: Settings,
+        journal: Journal,
+        launcher: Launcher,
+        limits: Limits,
+        crews: list[str],
+        state: Path,
+        reaper: Reaper,
     ) -> None:
         self.settings = settings
         self.journal = journal
@@ -30,7 +37,7 @@ class Supervisor:
         self.crews = crews
         self.live: dict[str, LiveJob] = {}  # jobs without a terminal event, shared by the parts below
         self.metrics = Metrics()
-        self.limits = Limits(settings)
+        self.limits = limits
         self.recorder = Recorder(settings, journal, self.live)
         self.runner = Runner(settings, launcher, self.limits, self.recorder, self.metrics, state, self.live)
         self.admission = Admission(settings, journal, crews, self._launch)

@@ -8,8 +8,9 @@ log; it would refuse again, so workers are then spawned cold for the supervisor'
 
 Workers forked ahead of demand (``prefork``): a few idle workers wait, each on its own pipes, for a
 Start that carries the job's environment and directory (they were forked with the fork server's).
-A job takes the oldest; it then goes through what any new worker does (pid journaled, limits
-applied, watched by the reaper) and the pool is refilled after. No worker is ever given a second job.
+Their limits are applied while they wait (a pids cgroup takes ~13 ms to join on cgroup v1), so a job
+takes the oldest already bounded; it then goes through what any new worker does (pid journaled,
+watched by the reaper) and the pool is refilled after. No worker is ever given a second job.
 Idle workers die with the fork server (PDEATHSIG), and with us (their control pipes close).
 """
 
@@ -42,6 +43,7 @@ from protocol import (
     pack,
 )
 from supervisor.processes.launcher import DESCRIBE_SECONDS, LaunchError, SpawnLauncher, spawn_process
+from supervisor.processes.limits import Limits
 from supervisor.processes.pipes import make_pipes
 from supervisor.processes.process import WorkerProcess
 from supervisor.processes.reaper import Reaper
@@ -56,9 +58,10 @@ PF_EXITING = 0x4  # /proc/<pid>/stat flags: the process is in exit
 class ForkServerLauncher:
     name = "forkserver"
 
-    def __init__(self, fallback: SpawnLauncher, prefork: int = 0) -> None:
+    def __init__(self, fallback: SpawnLauncher, prefork: int = 0, limits: Limits | None = None) -> None:
         self.fallback = fallback
         self.prefork = prefork
+        self.limits = limits  # applied to idle workers as they are forked, released if they never work
         self._idle: list[WorkerProcess] = []  # forked ahead of demand, oldest first
         self._filling: asyncio.Task[None] | None = None
         self.restarts = 0
@@ -98,7 +101,7 @@ class ForkServerLauncher:
             return await self.fallback.spawn(env, cwd)
         server = self._server
         if server is not None and server.alive:
-            idle = self._take(server)
+            idle = await self._take(server)
             if idle is not None:
                 self._refill()
                 return idle
@@ -133,7 +136,7 @@ class ForkServerLauncher:
         if self._replacing is None or self._replacing.done():
             self._replacing = asyncio.get_running_loop().create_task(self._restart())
 
-    def _take(self, server: _ForkServer) -> WorkerProcess | None:
+    async def _take(self, server: _ForkServer) -> WorkerProcess | None:
         """The oldest idle worker still waiting, out of the pool for good.
 
         Asked of the kernel, not only of our watchers: a fork server killed a moment ago takes its idle
@@ -143,7 +146,7 @@ class ForkServerLauncher:
             worker = self._idle.pop(0)
             if _waiting(worker, server.pid):
                 return worker
-            worker.close_control()  # it is dying or dead; if not, EOF ends it
+            await self._discard(worker)  # dying or dead already: only the fork server's death does that
         return None
 
     def _refill(self) -> None:
@@ -161,15 +164,23 @@ class ForkServerLauncher:
             except (_Unavailable, LaunchError) as exc:
                 log.warning("could not fork an idle worker: %s", exc)
                 return
+            if self.limits is not None:
+                await self.limits.apply(worker)
             if self._stopping or server is not self._server:
-                await worker.kill()
+                await self._discard(worker)
                 return
             self._idle.append(worker)
 
     async def _drop_idle(self) -> None:
         """Kill every idle worker and confirm it gone (a fork server that died took them already)."""
         idle, self._idle = self._idle, []
-        await asyncio.gather(*(worker.kill() for worker in idle), return_exceptions=True)
+        await asyncio.gather(*(self._discard(worker) for worker in idle), return_exceptions=True)
+
+    async def _discard(self, worker: WorkerProcess) -> None:
+        """An idle worker that will never work: killed, confirmed gone, its limits released."""
+        await worker.kill()
+        if self.limits is not None:
+            self.limits.release(worker)
 
     async def _restart(self) -> None:
         await self._drop_idle()

@@ -152,14 +152,17 @@ class Limits:
     def health(self) -> dict[str, object]:
         return {"process_limit": "cgroup" if self.cgroups else "sampled" if self.processes else "off"}
 
-    async def apply(self, worker: WorkerProcess, name: str) -> None:
-        """Bound a worker that has not yet been given its job."""
+    async def apply(self, worker: WorkerProcess) -> None:
+        """Bound a worker that has not yet been given its job; once (a pre-forked one is bounded while idle)."""
+        if worker in self._trees:
+            return
         for kind, value in ((resource.RLIMIT_NOFILE, self.open_files), (resource.RLIMIT_AS, self.address_space)):
             if value:
                 _prlimit(worker.pid, kind, value, value)
         cgroup = None
         if self.cgroups is not None:
             # Off the loop: moving a process between cgroups waits on the kernel (~15 ms measured).
+            name = f"worker-{worker.pid}-{worker.create_time:.2f}"  # a pid is reused; with its start time it is not
             cgroup = await asyncio.to_thread(self.cgroups.join, name, worker.pid, self.processes)
         self._trees[worker] = JobTree(worker.pid, cgroup)
 

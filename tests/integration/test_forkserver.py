@@ -135,6 +135,15 @@ def test_jobs_take_workers_forked_ahead_of_demand_each_once_and_the_pool_refills
         server.stop()
 
 
+def pids_cgroup(pid: int) -> Path | None:
+    """The directory of ``pid``'s cgroup in the v1 pids hierarchy, if this machine has one."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "pids" in controllers.split(","):
+            return Path("/sys/fs/cgroup/pids") / path.lstrip("/")
+    return None
+
+
 def test_idle_workers_die_with_the_fork_server_and_its_replacement_refills_the_pool(tmp_path: Path) -> None:
     server = start_server(tmp_path / "state", env={"AIP_CREWAI_LAUNCHER": "forkserver", "AIP_CREWAI_PREFORK": "2"})
     try:
@@ -143,8 +152,16 @@ def test_idle_workers_die_with_the_fork_server_and_its_replacement_refills_the_p
             first = fork_server_of(server)
             idle = idle_workers(server)
             assert len(idle) == 2
+            cgroups = []
+            if client.get("/health").json()["process_limit"] == "cgroup":
+                # Bounded while they wait (joining takes ~13 ms), so a start does not wait for it.
+                cgroups = [pids_cgroup(p.pid) for p in idle]
+                names = [c.name if c is not None else "" for c in cgroups]
+                assert all(name.startswith(f"worker-{p.pid}-") for name, p in zip(names, idle, strict=True))
             first.send_signal(signal.SIGKILL)
             assert wait_until(lambda: all(gone(p.pid, p.create_time()) for p in idle), timeout=10)
+            # Never given a job, their limits are released: their cgroups are gone.
+            assert wait_until(lambda: not any(c.exists() for c in cgroups if c is not None), timeout=10)
             assert wait_until(lambda: alive_and_restarts(client) == (True, 1), timeout=60)
             assert wait_until(lambda: client.get("/health").json()["forkserver"]["idle_workers"] == 2, timeout=30)
             assert not {p.pid for p in idle_workers(server)} & {p.pid for p in idle}

@@ -47,23 +47,28 @@ class FrameReader:
 
     def feed(self, data: bytes) -> list[dict[str, Any]]:
         """Consume ``data``; return the documents it completes, in order."""
-        self._buffer += data
+        buffer = self._buffer
+        buffer += data
         documents: list[dict[str, Any]] = []
-        while True:
-            if self._need is None:
-                if len(self._buffer) < HEADER.size:
+        offset = 0  # what is consumed is cut from the buffer once, at the end: not a move per frame
+        try:
+            while True:
+                if self._need is None:
+                    if len(buffer) - offset < HEADER.size:
+                        return documents
+                    (length,) = HEADER.unpack_from(buffer, offset)
+                    if length > self._max:
+                        raise FrameTooLarge(f"frame length {length} exceeds {self._max}")
+                    offset += HEADER.size
+                    self._need = length
+                if len(buffer) - offset < self._need:
                     return documents
-                (length,) = HEADER.unpack_from(self._buffer)
-                if length > self._max:
-                    raise FrameTooLarge(f"frame length {length} exceeds {self._max}")
-                del self._buffer[: HEADER.size]
-                self._need = length
-            if len(self._buffer) < self._need:
-                return documents
-            body = bytes(self._buffer[: self._need])
-            del self._buffer[: self._need]
-            self._need = None
-            documents.append(_parse(body))
+                end = offset + self._need
+                self._need = None
+                documents.append(_parse(buffer[offset:end]))
+                offset = end
+        finally:
+            del buffer[:offset]
 
     @property
     def inside_frame(self) -> bool:
@@ -76,7 +81,7 @@ class FrameReader:
             raise TruncatedFrame(f"stream ended inside a frame ({len(self._buffer)} bytes buffered)")
 
 
-def _parse(body: bytes) -> dict[str, Any]:
+def _parse(body: bytes | bytearray) -> dict[str, Any]:
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:

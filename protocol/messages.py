@@ -156,15 +156,14 @@ def decode(document: dict[str, Any]) -> Message:
     cls = _KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise UnknownMessage(f"unknown message type {kind!r}")
-    fields = document.copy()
-    del fields["v"], fields["type"]
     names, checks = _CHECKS[kind]
-    if fields.keys() != names:
-        raise UnknownMessage(f"{kind} needs fields {sorted(names)}, got {sorted(fields)}")
+    if document.keys() != names:
+        fields = sorted(document.keys() - _ENVELOPE)
+        raise UnknownMessage(f"{kind} needs fields {sorted(names - _ENVELOPE)}, got {fields}")
     for name, conforms in checks:
-        if not conforms(fields[name]):
+        if not conforms(document[name]):
             raise UnknownMessage(f"{kind}.{name} is not a {_FIELDS[kind][name]}")
-    return cls(**fields)
+    return cls(*[document[name] for name, _ in checks])
 
 
 def _checker(hint: Any) -> Callable[[Any], bool]:
@@ -185,10 +184,12 @@ def _checker(hint: Any) -> Callable[[Any], bool]:
     return lambda value: isinstance(value, hint)
 
 
+_ENVELOPE = {"v", "type"}
+# Per kind: the document's keys (envelope included), then each field's check, in the dataclass's order.
 _CHECKS = {
     kind: (
-        {name for name in hints if name != "kind"},
-        tuple((name, _checker(hint)) for name, hint in hints.items() if name != "kind"),
+        {name for name in hints if name != "kind"} | _ENVELOPE,
+        tuple((name, _checker(hints[name])) for name in _NAMES[kind]),
     )
     for kind, hints in _FIELDS.items()
 }

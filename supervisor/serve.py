@@ -28,7 +28,7 @@ from supervisor.http.app import create_app
 from supervisor.jobs.fencing import fence_restored
 from supervisor.jobs.runner import worker_env
 from supervisor.jobs.supervisor import Supervisor
-from supervisor.journal.statefiles import prepare_directory
+from supervisor.journal.statefiles import check_state_files, prepare_directory, prepare_places
 from supervisor.journal.store import Journal, JournalError
 from supervisor.processes.forkserver import ForkServerLauncher
 from supervisor.processes.launcher import LaunchError, SpawnLauncher
@@ -147,8 +147,8 @@ def _prepare(settings: config.Settings, journal_path: Path) -> Supervisor:
     """Lock and open the journal, learn the crews, fence jobs a dead supervisor left running."""
     state = journal_path.parent
     prepare_directory(state)
-    for place in ("home", "storage", "scratch"):
-        (state / place).mkdir(mode=0o700, exist_ok=True)
+    check_state_files(journal_path)
+    prepare_places(state, ("home", "storage", "scratch"))
     journal = Journal(journal_path, settings.stream_checkpoint_events, settings.max_state_bytes)
     if journal.imported_from:
         log.warning(

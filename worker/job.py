@@ -93,8 +93,8 @@ def enter(start: Start, launched: dict[str, str]) -> None:
 
     Dumpable again (a forked worker inherits the fork server's 0; a spawned one is already): the operator
     can attach a debugger or get a core dump, and a non-root supervisor can read its /proc files to
-    measure it. That opens it only to processes of our uid without CAP_SYS_PTRACE, i.e. other crews,
-    which are trusted; the supervisor and the fork server stay closed to it. An idle pre-forked worker
+    measure it. That opens it to other processes of our uid, other crews' workers included (crews
+    are trusted); the supervisor and the fork server stay closed to it. An idle pre-forked worker
     stays closed until here, so no running crew can tamper with the process another job will get."""
     lifecycle.set_dumpable(True)
     if start.cwd is not None:

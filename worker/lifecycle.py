@@ -14,7 +14,6 @@ PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_CAPBSET_READ = 23
 PR_CAPBSET_DROP = 24
-CAP_SYS_PTRACE = 19  # in the first 32-bit word of the capability sets
 CAP_SETPCAP = 8
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
 EXIT_ORPHANED = 75
@@ -45,9 +44,11 @@ def confine() -> None:
 
     - umask 077: CrewAI's storage, HOME and scratch files are 0600/0700 whatever the supervisor's umask;
       the fork server's workers inherit it.
-    - CAP_SYS_PTRACE, when root has it: it overrides PR_SET_DUMPABLE, so a root worker could otherwise
-      still read the supervisor's environ or attach to it. Dropped from the bounding set too, so nothing
-      the crew executes gets it back.
+    - Every capability, when it has any (a root supervisor's children have them all): CAP_SYS_PTRACE,
+      CAP_SYS_ADMIN and CAP_PERFMON each override the supervisor's PR_SET_DUMPABLE 0, so a root worker
+      could otherwise still read its environ or attach to it. The bounding set is emptied too, so nothing
+      the crew executes (a setuid-root binary included) gets one back. The uid stays: same-uid reach
+      (signals, the state directory) remains, see the README's Security section.
     """
     os.umask(0o077)
     libc = ctypes.CDLL(None, use_errno=True)
@@ -55,15 +56,16 @@ def confine() -> None:
     data = (_CapData * 2)()
     if libc.capget(ctypes.byref(header), data) != 0:
         raise OSError(ctypes.get_errno(), "capget failed")
-    ptrace = 1 << CAP_SYS_PTRACE
-    in_bounding_set = libc.prctl(PR_CAPBSET_READ, CAP_SYS_PTRACE, 0, 0, 0) == 1
-    if in_bounding_set and data[0].effective & (1 << CAP_SETPCAP) and libc.prctl(PR_CAPBSET_DROP, CAP_SYS_PTRACE) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
-    if (data[0].effective | data[0].permitted | data[0].inheritable) & ptrace:
-        for field in ("effective", "permitted", "inheritable"):
-            setattr(data[0], field, getattr(data[0], field) & ~ptrace)
-        if libc.capset(ctypes.byref(header), data) != 0:
-            raise OSError(ctypes.get_errno(), "capset failed")
+    if not any(word.effective | word.permitted | word.inheritable for word in data):
+        return
+    if data[0].effective & (1 << CAP_SETPCAP):  # needed to shrink the bounding set
+        cap = 0
+        while libc.prctl(PR_CAPBSET_READ, cap, 0, 0, 0) >= 0:  # EINVAL past the kernel's last capability
+            if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
+            cap += 1
+    if libc.capset(ctypes.byref(header), (_CapData * 2)()) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
 
 
 def set_dumpable(dumpable: bool) -> None:

@@ -112,6 +112,18 @@ SPEC: dict[str, tuple[Callable[[str], Any], str, str]] = {
     "LOG_FORMAT": (_choice("json", "text"), "json", "json (one object per line) or text"),
     "STOP_GRACE_MS": (_integer(0, 60000), "0", "SIGTERM grace before SIGKILL when stopping a worker"),
     "HEARTBEAT_SECONDS": (_number(0.05, 300), "15", "SSE comment sent while a stream is idle"),
+    "HEADER_TIMEOUT_SECONDS": (
+        _number(0.1, 300),
+        "10",
+        "a connection that has not sent a request's headers this long after connecting (or after its last"
+        " response) is closed",
+    ),
+    "MAX_CONNECTIONS": (
+        _integer(1, 1 << 20),
+        "4096",
+        "connections kept at once (lowered to fit the open-files limit); beyond it the oldest one still"
+        " waiting for its headers is closed, or the newcomer answered 503",
+    ),
     "WORKER_MAX_MEMORY_MB": (_integer(0, 1 << 20), "2048", "memory (PSS) of a worker and its descendants (0: off)"),
     "WORKER_MAX_CPU_SECONDS": (_integer(0, 1 << 20), "3600", "CPU seconds a job's processes may use (0: off)"),
     "WORKER_MAX_PROCESSES": (
@@ -150,6 +162,8 @@ class Settings:
     log_format: str
     stop_grace_ms: int
     heartbeat_seconds: float
+    header_timeout_seconds: float
+    max_connections: int
     worker_max_memory_mb: int
     worker_max_cpu_seconds: int
     worker_max_processes: int

@@ -23,12 +23,13 @@ import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.server import HANDLED_SIGNALS
 
-from supervisor import config
+from supervisor import config, hardening
 from supervisor.http.app import create_app
+from supervisor.http.connections import budget, guarded_protocol
 from supervisor.jobs.fencing import fence_restored
 from supervisor.jobs.runner import worker_env
 from supervisor.jobs.supervisor import Supervisor
-from supervisor.journal.statefiles import prepare_directory
+from supervisor.journal.statefiles import check_state_files, prepare_directory, prepare_places
 from supervisor.journal.store import Journal, JournalError
 from supervisor.processes.forkserver import ForkServerLauncher
 from supervisor.processes.launcher import LaunchError, SpawnLauncher
@@ -40,6 +41,14 @@ GRACEFUL_SHUTDOWN_SECONDS = 5
 
 
 def serve(settings: config.Settings, log_level: str) -> None:
+    # Before the state is opened and any child started: what a child could inherit is narrowed first.
+    hardening.undumpable()
+    hardening.close_inherited_descriptors()
+    hardening.forget_token()
+    open_files = hardening.raise_open_files_limit()
+    max_connections, backlog = budget(settings.max_connections, open_files, settings.max_concurrency)
+    if max_connections < settings.max_connections:
+        log.warning("MAX_CONNECTIONS lowered to %d to fit %d open files", max_connections, open_files)
     ephemeral = None if settings.state_file else Path(tempfile.mkdtemp(prefix="crew-supervisor-"))
     journal_path = ephemeral / "journal.db" if ephemeral else Path(settings.state_file).absolute()
     try:
@@ -50,6 +59,8 @@ def serve(settings: config.Settings, log_level: str) -> None:
         _Dated(create_app(sup)),
         host=settings.host,
         port=settings.port,
+        http=guarded_protocol(max_connections, settings.header_timeout_seconds),
+        backlog=backlog,
         proxy_headers=False,
         server_header=False,
         date_header=False,  # stamped per response by _Dated: uvicorn refreshes its own from a 0.1 s tick
@@ -148,8 +159,8 @@ def _prepare(settings: config.Settings, journal_path: Path) -> Supervisor:
     """Lock and open the journal, learn the crews, fence jobs a dead supervisor left running."""
     state = journal_path.parent
     prepare_directory(state)
-    for place in ("home", "storage", "scratch"):
-        (state / place).mkdir(mode=0o700, exist_ok=True)
+    check_state_files(journal_path)
+    prepare_places(state, ("home", "storage", "scratch"))
     journal = Journal(journal_path, settings.stream_checkpoint_events, settings.max_state_bytes)
     if journal.imported_from:
         log.warning(

@@ -6,7 +6,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +58,18 @@ def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.02) ->
     return predicate()
 
 
-def start_server(state: Path, *, env: dict[str, str] | None = None, wait: bool = True) -> Server:
+def start_server(
+    state: Path,
+    *,
+    env: dict[str, str] | None = None,
+    wait: bool = True,
+    registry: str = TEST_REGISTRY,
+    pass_fds: Sequence[int] = (),
+) -> Server:
     """A supervisor on the test registry (``supervisor.testing``), heartbeats every 0.5 s; ``env`` wins."""
-    server = testing.start(state, TEST_REGISTRY, env=env, path=[ROOT], cwd=ROOT, wait=False, heartbeat_seconds=0.5)
+    server = testing.start(
+        state, registry, env=env, path=[ROOT], cwd=ROOT, wait=False, heartbeat_seconds=0.5, pass_fds=pass_fds
+    )
     _started.append(server)
     if wait:
         server.wait_ready(90)

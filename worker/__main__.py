@@ -23,6 +23,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--cwd", help="working directory (the job's scratch directory)")
     args = parser.parse_args(argv)
     lifecycle.bind_to_parent(args.parent_pid)
+    lifecycle.confine()
     # Before any thread exists, so all inherit it; a fork server's workers inherit it from the fork server.
     os.nice(int(os.environ.get(NICE, "0")))
     if args.cwd:

@@ -41,6 +41,9 @@ JOB_FDS = 4  # control, events, stdout, stderr
 
 def serve(socket_fd: int) -> NoReturn:
     channel = socket.socket(fileno=socket_fd)
+    # Before the registry's code runs here: no worker may read this process's memory or attach to it.
+    # Its workers inherit the flag; each sets it back when it takes a job (job.enter).
+    lifecycle.set_dumpable(False)
     lifecycle.prepare_environment()
     out = lifecycle.FrameWriter(socket_fd)  # SOCK_SEQPACKET: each frame is one whole packet
     crews = job.load(out)  # imports crewai and the registry, once for every job to come

@@ -91,7 +91,14 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
 def enter(start: Start, launched: dict[str, str]) -> None:
     """Take the job's working directory and environment (telemetry stays off unless the operator's env
     says otherwise): a pre-forked worker had its fork server's until now. A worker launched with the
-    job's environment keeps its own, with what its imports added (TOKENIZERS_PARALLELISM, say)."""
+    job's environment keeps its own, with what its imports added (TOKENIZERS_PARALLELISM, say).
+
+    Dumpable again (a forked worker inherits the fork server's 0; a spawned one is already): the operator
+    can attach a debugger or get a core dump, and a non-root supervisor can read its /proc files to
+    measure it. That opens it to other processes of our uid, other crews' workers included (crews
+    are trusted); the supervisor and the fork server stay closed to it. An idle pre-forked worker
+    stays closed until here, so no running crew can tamper with the process another job will get."""
+    lifecycle.set_dumpable(True)
     if start.cwd is not None:
         os.chdir(start.cwd)
     if start.env is not None and start.env != launched:

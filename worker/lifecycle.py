@@ -11,6 +11,11 @@ import threading
 from protocol import QUIET_CREWAI, FrameError, Message, MessageReader, Start, Stop, pack
 
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_CAPBSET_READ = 23
+PR_CAPBSET_DROP = 24
+CAP_SETPCAP = 8
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
 EXIT_ORPHANED = 75
 EXIT_CONTROL_CLOSED = 76
 EXIT_STOPPED = 77
@@ -26,10 +31,57 @@ def bind_to_parent(parent_pid: int) -> None:
         os._exit(EXIT_ORPHANED)
 
 
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def confine() -> None:
+    """What every worker process (and the fork server) gives up first, before any crew code runs.
+
+    - umask 077: CrewAI's storage, HOME and scratch files are 0600/0700 whatever the supervisor's umask;
+      the fork server's workers inherit it.
+    - Every capability, when it has any (a root supervisor's children have them all): CAP_SYS_PTRACE,
+      CAP_SYS_ADMIN and CAP_PERFMON each override the supervisor's PR_SET_DUMPABLE 0, so a root worker
+      could otherwise still read its environ or attach to it. The bounding set is emptied too, so nothing
+      the crew executes (a setuid-root binary included) gets one back. The uid stays: same-uid reach
+      (signals, the state directory) remains, see the README's Security section.
+    """
+    os.umask(0o077)
+    libc = ctypes.CDLL(None, use_errno=True)
+    header = _CapHeader(LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    if libc.capget(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capget failed")
+    if not any(word.effective | word.permitted | word.inheritable for word in data):
+        return
+    if data[0].effective & (1 << CAP_SETPCAP):  # needed to shrink the bounding set
+        cap = 0
+        while libc.prctl(PR_CAPBSET_READ, cap, 0, 0, 0) >= 0:  # EINVAL past the kernel's last capability
+            if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
+            cap += 1
+    if libc.capset(ctypes.byref(header), (_CapData * 2)()) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
+
+
+def set_dumpable(dumpable: bool) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, int(dumpable), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
+
+
 def prepare_environment() -> None:
-    """Telemetry off unless the operator chose otherwise; storage must be absolute."""
+    """Telemetry off unless the operator chose otherwise; storage must be absolute; HOME (one per crew,
+    made by the supervisor's ``worker_env``) exists."""
     for name, value in QUIET_CREWAI.items():
         os.environ.setdefault(name, value)
+    home = os.environ.get("HOME")
+    if home:
+        os.makedirs(home, mode=0o700, exist_ok=True)
     storage = os.environ.get("CREWAI_STORAGE_DIR")
     if storage:
         if not os.path.isabs(storage):

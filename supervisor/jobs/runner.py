@@ -286,11 +286,16 @@ class Runner:
 def worker_env(settings: Settings, state: Path, crew_id: str) -> dict[str, str]:
     """The supervisor's environment without its secrets, plus the worker's own places.
 
-    Each crew gets its own CrewAI storage, so a replay finds that crew's latest kickoff.
+    Each crew gets its own CrewAI storage, so a replay finds that crew's latest kickoff, and its own HOME,
+    so crews share no file CrewAI keeps there (its ``secret.key``, caches). The worker creates both, 0700.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith(PREFIX + "BEARER_TOKEN")}
-    storage = state / "storage" / hashlib.sha256(crew_id.encode()).hexdigest()[:24]
-    env.update(AIP_CREWAI_REGISTRY=settings.registry, HOME=str(state / "home"), CREWAI_STORAGE_DIR=str(storage))
+    place = hashlib.sha256(crew_id.encode()).hexdigest()[:24]
+    env.update(
+        AIP_CREWAI_REGISTRY=settings.registry,
+        HOME=str(state / "home" / place),
+        CREWAI_STORAGE_DIR=str(state / "storage" / place),
+    )
     env[PREFIX + "WORKER_NICE"] = str(settings.worker_nice)
     if settings.training_dir:
         env[PREFIX + "TRAINING_DIR"] = str(Path(settings.training_dir).absolute())

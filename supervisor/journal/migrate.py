@@ -26,11 +26,20 @@ WRAPPED_COMPLETED = frozenset({"status", "exit_status", "output", "output_in_rec
 
 
 def is_reference_journal(path: Path) -> bool:
+    """A sniff of the first bytes; never follows a link, never waits on a FIFO (O_NONBLOCK), reads only a
+    regular file (what else is there is refused when the journal is opened)."""
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(64)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except (FileNotFoundError, IsADirectoryError):
         return False
+    except OSError as exc:
+        raise JournalError(f"cannot open journal {path} without following links: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        head = os.read(fd, 64)
+    finally:
+        os.close(fd)
     return head.lstrip()[:1] == b"["
 
 

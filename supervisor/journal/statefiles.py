@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import stat
 from pathlib import Path
 
-from supervisor.journal.schema import JournalError
+from supervisor.journal.schema import SCHEMA_VERSION, JournalError
 
 
 class JournalLocked(JournalError):
@@ -65,3 +66,45 @@ def prepare_directory(directory: Path) -> None:
         raise JournalError(f"state directory {directory} must be a directory, not a symlink")
     if info.st_mode & 0o022:
         raise JournalError(f"state directory {directory} is group- or world-writable (mode {info.st_mode & 0o777:04o})")
+
+
+def journal_companions(journal: Path) -> list[tuple[Path, str]]:
+    """Every file beside the journal that we or SQLite open, with what to call it in a refusal."""
+    name = journal.name
+    places = [(journal, "journal"), (journal.with_name(name + ".lock"), "lock file")]
+    places += [(journal.with_name(name + suffix), "journal file") for suffix in ("-wal", "-shm")]
+    places.append((journal.with_name(name + ".reference.json"), "reference journal backup"))
+    places += [(journal.with_name(f"{name}.v{v}.backup"), "journal backup") for v in range(1, SCHEMA_VERSION)]
+    return places
+
+
+def check_state_files(journal: Path) -> None:
+    """Refuse, in one line, anything but a regular file where the journal or a companion will be opened.
+
+    A FIFO would hang the open (or the reference-journal sniff) forever; a symlink would be followed by
+    SQLite, which opens its -wal and -shm itself. Checked with lstat, so nothing is opened or followed.
+    """
+    for path, what in journal_companions(journal):
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(mode):
+            raise JournalError(f"{what} {path} is {_kind(mode)}, not a regular file")
+
+
+def prepare_places(state: Path, names: tuple[str, ...]) -> None:
+    """The workers' directories under the state directory (HOME, CrewAI storage, scratch): 0700 when we
+    create them; a symlink or anything but a directory is refused, never followed."""
+    for name in names:
+        path = state / name
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=0o700)
+        mode = os.lstat(path).st_mode
+        if not stat.S_ISDIR(mode):
+            raise JournalError(f"state directory {path} is {_kind(mode)}, not a directory")
+
+
+def _kind(mode: int) -> str:
+    kinds = {stat.S_ISLNK: "a symlink", stat.S_ISFIFO: "a FIFO", stat.S_ISSOCK: "a socket", stat.S_ISDIR: "a directory"}
+    return next((kind for test, kind in kinds.items() if test(mode)), "a special file")

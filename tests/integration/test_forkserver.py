@@ -124,9 +124,10 @@ def test_jobs_take_workers_forked_ahead_of_demand_each_once_and_the_pool_refills
                 # It ran in the job's own places, not the fork server's: its scratch dir, its crew's storage.
                 place = client.get(f"/jobs/pool-{n}/output").json()["stdout"]["text"]
                 assert f"cwd={server.state}/scratch/job-" in place
-                assert f"HOME={server.state}/home " in place and "CREWAI_DISABLE_TELEMETRY=true" in place
-                storage = hashlib.sha256(b"placer").hexdigest()[:24]  # the crew's own, not the fork server's
-                assert f"CREWAI_STORAGE_DIR={server.state}/storage/{storage} " in place
+                assert "CREWAI_DISABLE_TELEMETRY=true" in place
+                own = hashlib.sha256(b"placer").hexdigest()[:24]  # the crew's own places, not the fork server's
+                assert f"HOME={server.state}/home/{own} " in place
+                assert f"CREWAI_STORAGE_DIR={server.state}/storage/{own} " in place
                 assert wait_until(lambda: client.get("/health").json()["forkserver"]["idle_workers"] == 2, timeout=30)
             assert len(set(used)) == len(used)  # every job had a process of its own
             assert all(gone(pid) for pid in used)

@@ -25,6 +25,10 @@ DEFAULT_PAGE = 50
 MAX_PAGE = 500
 Status = Literal["running", "completed", "failed", "cancelled"]
 NOTHING_CAPTURED = Streams("", "", 0, 0)
+# Above the longest cursor ``encode_cursor`` can issue: base64 of [admitted_at, action_id] as JSON, where an
+# id of 256 characters is at most 1,024 bytes of UTF-8 (512 of escaped quotes), under 1,420 characters in
+# all. The 1,024 this replaced stuck paging at 422 after a page ending in a 256-emoji id.
+MAX_CURSOR_CHARS = 2048
 router = APIRouter()
 
 
@@ -35,7 +39,7 @@ async def list_jobs(
     crew_id: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
     operation: Operation | None = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
-    cursor: Annotated[str | None, Query(max_length=1024)] = None,
+    cursor: Annotated[str | None, Query(max_length=MAX_CURSOR_CHARS)] = None,
 ) -> dict[str, Any]:
     """Newest first. One extra row is read to know whether another page exists."""
     before = decode_cursor(cursor) if cursor else None

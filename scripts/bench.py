@@ -56,6 +56,7 @@ from bench_measure import (
 from bench_report import Count, figure_names, latency_figures, median_of, percentile, plot, table, verdicts
 
 from protocol import QUIET_CREWAI
+from supervisor.console.sse import StreamError
 from supervisor.testing import Server
 
 
@@ -315,7 +316,7 @@ def main() -> int:
             for sup in supervisors:
                 sup.stop()
         report(args, results, meta(plan, began, loadavg))  # before the cleanup: matplotlib caches in HOME
-    except BenchError as exc:
+    except (BenchError, StreamError) as exc:  # a stream that is not this server's events, too
         print(f"bench: {exc}", file=sys.stderr)
         return 1
     finally:

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
 sys.path[:0] = [str(ROOT), str(SCRIPTS)]
 from supervisor import testing  # noqa: E402
-from supervisor.console.sse import Frame, frames  # noqa: E402
+from supervisor.console.sse import Frame, frames, lines  # noqa: E402
 from supervisor.journal.schema import SCHEMA, SCHEMA_VERSION  # noqa: E402
 from supervisor.testing import Server  # noqa: E402
 
@@ -138,7 +138,7 @@ def sse(response: httpx.Response) -> Iterator[Frame]:
     if response.status_code != 200:
         response.read()
         raise BenchError(f"stream answered {response.status_code}: {response.text[:300]}")
-    return frames(response.iter_lines())
+    return frames(lines(response.iter_bytes()))
 
 
 def next_event(events: Iterator[Frame], wanted: str) -> dict[str, Any]:

@@ -83,7 +83,7 @@ async def sse_events(response: httpx.Response) -> AsyncIterator[Event]:
     if response.status_code != 200:
         await response.aread()
         raise RuntimeError(f"stream answered {response.status_code}: {response.text[:300]}")
-    async for frame in sse.aframes(response.aiter_lines()):
+    async for frame in sse.aframes(sse.alines(response.aiter_bytes())):
         yield frame.json()
 
 

@@ -50,6 +50,8 @@ def main() -> int:
             server.process.wait()
     except KeyboardInterrupt:
         pass
+    except sse.StreamError as exc:  # one line, as everything else the tour reports
+        sys.exit(f"tour: {exc}")
     finally:
         server.stop()
     say("done: the supervisor stopped")
@@ -77,7 +79,7 @@ def tour(client: httpx.Client) -> None:
     say("2. stream: POST /jobs/stream — server-sent events as the crew works")
     body = {"crew_id": "demo", "action_id": "tour-stream", "input": {"topic": "durable jobs"}}
     with client.stream("POST", "/jobs/stream", json=body, headers={"Idempotency-Key": "tour-2"}) as response:
-        for event in sse.events(response.iter_lines()):
+        for event in sse.events(sse.lines(response.iter_bytes())):
             if event["event"] == "chunk":
                 print(event["data"]["content"], end="", flush=True)
             elif event["event"] == "completed":  # its data is the output itself, as the reference writes it
@@ -92,7 +94,7 @@ def tour(client: httpx.Client) -> None:
 
     def follow() -> None:
         with client.stream("POST", "/jobs/stream", json=body, headers={"Idempotency-Key": "tour-3"}) as response:
-            for event in sse.events(response.iter_lines()):
+            for event in sse.events(sse.lines(response.iter_bytes())):
                 if event["event"] == "started":
                     pid.append(event["data"]["pid"])
                     print(f"[{event['sequence']}] started in worker pid {pid[0]}")

@@ -10,6 +10,8 @@ import time
 
 import orjson
 
+from supervisor.escaping import json_line
+
 # What a record may carry beside its message (passed with ``extra=``); nothing else is emitted.
 FIELDS = ("action_id", "crew_id", "operation", "outcome", "error_type", "reason", "duration_ms", "pid", "launcher")
 
@@ -25,7 +27,8 @@ class JsonFormatter(logging.Formatter):
         document.update({name: getattr(record, name) for name in FIELDS if hasattr(record, name)})
         if record.exc_info and record.exc_info[0] is not None:
             document["exception"] = record.exc_info[0].__name__
-        return orjson.dumps(document).decode()
+        # Fields carry job-chosen text (action ids, error types): a raw U+2028 would split the line for readers.
+        return json_line(orjson.dumps(document)).decode()
 
 
 class TextFormatter(logging.Formatter):

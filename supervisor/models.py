@@ -218,6 +218,9 @@ def request_hash(body: StartRequest, key: str) -> str:
 def path_id_problem(action_id: str) -> str | None:
     if not 1 <= len(action_id) <= 256:
         return "action id must be 1 to 256 characters"
+    # Clients resolve dot segments before sending (``/jobs/..`` becomes ``/``): no path can name these.
+    if action_id in (".", ".."):
+        return "action id must not be '.' or '..'"
     if "/" in action_id or any(ord(c) < 0x20 or ord(c) == 0x7F for c in action_id):
         return "action id must not contain '/' or control characters"
     return None

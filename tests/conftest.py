@@ -112,7 +112,7 @@ def start_hostile_server(state: Path, evidence: Path, **settings: str) -> Server
 
 def sse_events(response: httpx.Response) -> Iterator[dict[str, Any]]:
     """Whole events of an SSE body, each checked against its frame's ``event`` and ``id`` fields."""
-    for frame in sse.frames(response.iter_lines()):
+    for frame in sse.frames(sse.lines(response.iter_bytes())):
         event = frame.json()
         assert event["event"] == frame.event
         if frame.id is not None:

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import os
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
@@ -79,7 +80,7 @@ class Client:
         """A job's events from the first through the terminal one, resuming after a dropped connection."""
 
         def reopen(last: int | None) -> AbstractContextManager[httpx.Response]:
-            return self._http.stream("GET", f"/jobs/{action_id}/events", headers={**SSE, **resume_header(last)})
+            return self._http.stream("GET", job_path(action_id, "events"), headers={**SSE, **resume_header(last)})
 
         return self._resumable(reopen)
 
@@ -101,11 +102,14 @@ class Client:
                     if response.is_error:
                         response.read()
                         self._json(response)
-                    for event in sse.events(response.iter_lines()):  # a partial last one is asked for again
+                    # a partial last one is asked for again
+                    for event in sse.events(sse.lines(response.iter_bytes())):
                         yield event
                         last, failures = event["sequence"], 0
                         if event["event"] in TERMINAL_EVENTS:
                             return
+            except sse.StreamError as exc:  # resuming would read the same bytes again
+                raise OperatorError(f"the event stream from {self.url} is broken: {exc}") from None
             except httpx.TransportError as exc:
                 if last is None and isinstance(exc, httpx.ConnectError):
                     raise OperatorError(f"cannot connect to {self.url}: {_reason(exc)}") from None
@@ -139,6 +143,12 @@ class Client:
             detail = body.get("detail") if isinstance(body, dict) else None
             raise OperatorError(f"{response.status_code} from {response.request.url.path}: {_detail(detail, response)}")
         return body
+
+
+def job_path(action_id: str, *rest: str) -> str:
+    """``/jobs/{id}/…`` with the id percent-encoded: ``?``, ``#`` or ``%`` in an id are part of it, not of
+    the URL (``show 'a?b#c'`` asks for job ``a?b#c``, not ``a``)."""
+    return "/".join(("/jobs", urllib.parse.quote(action_id, safe=""), *rest))
 
 
 def resume_header(last: int | None) -> dict[str, str]:

@@ -17,10 +17,13 @@ from typing import Any
 import orjson
 from rich.console import Console
 from rich.live import Live
+from rich.text import Text
 
 from supervisor.config import OPERATIONS
 from supervisor.console import views
-from supervisor.console.client import Client, OperatorError, resolve_target
+from supervisor.console.client import Client, OperatorError, job_path, resolve_target
+from supervisor.console.views import visible
+from supervisor.escaping import json_line
 
 EXIT_ERROR, EXIT_FAILED, EXIT_CANCELLED = 1, 3, 4
 OUTCOME_CODES = {"completed": 0, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}
@@ -70,14 +73,15 @@ def run_command(args: argparse.Namespace) -> int:
         with Client(resolve_target(args.url, args.token, args.token_file)) as client:
             return int(args.handler(client, args, Console(highlight=False)))
     except OperatorError as exc:
-        print(f"crew-supervisor: {exc}", file=sys.stderr)
+        print(f"crew-supervisor: {visible(exc)}", file=sys.stderr)  # it may quote the server
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
 
 
 def emit_json(value: Any) -> None:
-    sys.stdout.write(orjson.dumps(value).decode() + "\n")
+    """JSON escapes C0 controls itself; ``json_line`` escapes C1 ones (and U+2028, U+2029) too."""
+    sys.stdout.write(json_line(orjson.dumps(value)).decode() + "\n")
     sys.stdout.flush()
 
 
@@ -98,12 +102,12 @@ def list_jobs(client: Client, args: argparse.Namespace, out: Console) -> int:
     else:
         out.print(views.jobs_table(page["jobs"]))
         if page["next_cursor"]:
-            out.print(f"more: --cursor {page['next_cursor']}", style="dim")
+            out.print(Text(f"more: --cursor {visible(page['next_cursor'])}", style="dim"))
     return 0
 
 
 def show(client: Client, args: argparse.Namespace, out: Console) -> int:
-    return answer(client.get(f"/jobs/{args.action_id}"), args, out, views.job_panel)
+    return answer(client.get(job_path(args.action_id)), args, out, views.job_panel)
 
 
 def events_of(client: Client, args: argparse.Namespace, out: Console) -> int:
@@ -111,7 +115,7 @@ def events_of(client: Client, args: argparse.Namespace, out: Console) -> int:
         return follow(client.follow(args.action_id), args.action_id, args.json, out)
     cursor, events = 0, []
     while True:  # a JSON slice holds up to 1000 events; read on until caught up
-        page = client.get(f"/jobs/{args.action_id}/events", {"cursor": cursor})
+        page = client.get(job_path(args.action_id, "events"), {"cursor": cursor})
         events += page["events"]
         if page["next_cursor"] == cursor:
             break
@@ -123,9 +127,9 @@ def events_of(client: Client, args: argparse.Namespace, out: Console) -> int:
 
 def cancel(client: Client, args: argparse.Namespace, out: Console) -> int:
     """The cancel route wants the crew id as a fence: it is read from the job first."""
-    job = client.get(f"/jobs/{args.action_id}")
+    job = client.get(job_path(args.action_id))
     body = {"crew_id": job["crew_id"], "action_id": args.action_id, "reason": args.reason}
-    return answer(client.post(f"/jobs/{args.action_id}/cancel", body), args, out, views.cancel_line)
+    return answer(client.post(job_path(args.action_id, "cancel"), body), args, out, views.cancel_line)
 
 
 def top(client: Client, args: argparse.Namespace, out: Console) -> int:
@@ -153,7 +157,7 @@ def run(client: Client, args: argparse.Namespace, out: Console) -> int:
     if args.timeout_ms is not None:
         body["timeout_ms"] = args.timeout_ms
     if not args.json:
-        out.print(f"started {body['action_id']} ({args.crew_id}, {args.operation})", style="bold")
+        out.print(Text(f"started {visible(body['action_id'])} ({visible(args.crew_id)}, {args.operation})", "bold"))
     return follow(client.start(body, args.idempotency_key or uuid.uuid4().hex), body["action_id"], args.json, out)
 
 
@@ -178,13 +182,14 @@ def follow(events: Iterator[dict[str, Any]], action_id: str, as_json: bool, out:
             emit_json(last)
         return OUTCOME_CODES.get(last["event"], EXIT_ERROR) if last else EXIT_ERROR
     text = views.ChunkText()
-    with out.status(f"{action_id}: waiting for the worker") as status:
+    shown = visible(action_id)
+    with out.status(Text(f"{shown}: waiting for the worker")) as status:
         for count, last in enumerate(events, start=1):
             for line in text.feed(last):
-                out.print(line, markup=False)
-            status.update(f"{action_id}: {last['event']} · {count} events")
+                out.print(Text(line))
+            status.update(Text(f"{shown}: {visible(last['event'])} · {count} events"))
     for line in text.rest():
-        out.print(line, markup=False)
+        out.print(Text(line))
     if last is None:
         return EXIT_ERROR
     out.print(views.terminal_line(last))

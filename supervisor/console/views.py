@@ -1,8 +1,15 @@
-"""How the operator CLI shows jobs, workers and events to a person (rich renderables, one place)."""
+"""How the operator CLI shows jobs, workers and events to a person (rich renderables, one place).
+
+Everything the server sends is shown through ``plain``/``visible``: ids, a crew's exception class name,
+chunk text and cancel reasons are chosen by clients and crews, and must not reach the terminal as control
+characters (an ESC or CSI starts an escape sequence: a window title, a cursor move) or as rich markup
+(``[link=…]`` makes one too).
+"""
 
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,17 +19,35 @@ from rich.text import Text
 
 STATUS_STYLES = {"running": "cyan", "completed": "green", "failed": "red", "cancelled": "yellow"}
 OUTPUT_PREVIEW = 2000  # characters of a completed job's raw output that ``show`` prints
+CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1
+CONTROLS_BUT_LAYOUT = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # the same, keeping tab and newline
+
+
+def visible(value: Any, layout: bool = False) -> str:
+    """``value`` as text with every control character written out (``\\x1b``, ``\\u009b``); with ``layout``,
+    tabs and newlines of multi-line text (chunks, an output) stay as they are."""
+    return (CONTROLS_BUT_LAYOUT if layout else CONTROLS).sub(_written_out, str(value))
+
+
+def _written_out(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}"
+
+
+def plain(value: Any, style: str = "", layout: bool = False) -> Text:
+    """Server text for a rich renderable: visible, and never read as markup."""
+    return Text(visible(value, layout), style=style)
 
 
 def jobs_table(jobs: list[dict[str, Any]]) -> Table:
     table = Table("action id", "crew", "operation", "status", "events", "admitted", box=None, header_style="bold")
     for job in jobs:
         table.add_row(
-            job["action_id"],
-            job["crew_id"],
-            job["operation"],
+            plain(job["action_id"]),
+            plain(job["crew_id"]),
+            plain(job["operation"]),
             status_text(job["status"]),
-            str(job["event_count"]),
+            plain(job["event_count"]),
             clock(job["admitted_at"]),
         )
     return table
@@ -42,16 +67,16 @@ def workers_table(workers: list[dict[str, Any]], now: float) -> Table:
     for worker in workers:
         last = worker["last_event_at"]
         table.add_row(
-            worker["action_id"],
-            worker["crew_id"],
-            worker["operation"],
-            worker["phase"],
+            plain(worker["action_id"]),
+            plain(worker["crew_id"]),
+            plain(worker["operation"]),
+            plain(worker["phase"]),
             dash(worker["pid"]),
             megabytes(worker["rss_bytes"]),
             dash(worker["cpu_percent"]),
             dash(worker["cpu_seconds"]),
             f"{worker['age_seconds']:.0f}s",
-            str(worker["event_count"]),
+            plain(worker["event_count"]),
             "-" if last is None else f"{max(now - last, 0):.1f}s",
         )
     return table
@@ -60,24 +85,26 @@ def workers_table(workers: list[dict[str, Any]], now: float) -> Table:
 def job_panel(job: dict[str, Any]) -> Table:
     table = Table.grid(padding=(0, 2))
     for name in ("action_id", "crew_id", "operation", "event_count"):
-        table.add_row(Text(name, style="bold"), str(job[name]))
+        table.add_row(Text(name, style="bold"), plain(job[name]))
     table.add_row(Text("status", style="bold"), status_text(job["status"]))
     if job["status"] != "completed":  # a completed event's data is the output, shown below
         for name, value in (job.get("terminal") or {}).items():
             if name != "status":
-                table.add_row(Text(name, style="dim"), compact(value))
+                table.add_row(plain(name, "dim"), plain(compact(value)))
     if job.get("exit_status") is not None:
-        table.add_row(Text("exit_status", style="dim"), str(job["exit_status"]))
+        table.add_row(Text("exit_status", style="dim"), plain(job["exit_status"]))
     raw = (job.get("output") or {}).get("raw")
     if raw is not None:
-        table.add_row(Text("output", style="bold"), Text(str(raw)[:OUTPUT_PREVIEW]))
+        table.add_row(Text("output", style="bold"), plain(str(raw)[:OUTPUT_PREVIEW], layout=True))
     return table
 
 
 def event_line(event: dict[str, Any]) -> Text:
     data = event["data"]
     summary = data.get("content") if event["event"] == "chunk" else compact(data)
-    return Text.assemble((f"{event['sequence']:>5} ", "dim"), (f"{event['event']:<9} ", "bold"), str(summary))
+    return Text.assemble(
+        (f"{event['sequence']:>5} ", "dim"), (f"{visible(event['event']):<9} ", "bold"), visible(summary, layout=True)
+    )
 
 
 def terminal_line(event: dict[str, Any]) -> Text:
@@ -88,15 +115,15 @@ def terminal_line(event: dict[str, Any]) -> Text:
         detail = f"{data.get('error_type')}: {data.get('message')}"
     else:
         detail = f"{data.get('reason')} (stop confirmed: {data.get('stop_confirmed')}, pid {data.get('pid')})"
-    return Text.assemble(status_text(name), f" after {event['sequence'] + 1} events · {detail}")
+    return Text.assemble(status_text(name), f" after {event['sequence'] + 1} events · {visible(detail)}")
 
 
 def cancel_line(job: dict[str, Any]) -> Text:
     terminal = job.get("terminal") or {}
     if job["status"] != "cancelled":
-        return Text.assemble(f"{job['action_id']} had already ended: ", status_text(job["status"]))
+        return Text.assemble(f"{visible(job['action_id'])} had already ended: ", status_text(job["status"]))
     proof = f"stop confirmed: {terminal.get('stop_confirmed')}, pid {terminal.get('pid')}, {terminal.get('signal')}"
-    return Text.assemble(f"{job['action_id']} ", status_text("cancelled"), f" ({proof})")
+    return Text.assemble(f"{visible(job['action_id'])} ", status_text("cancelled"), f" ({visible(proof)})")
 
 
 class ChunkText:
@@ -109,16 +136,16 @@ class ChunkText:
         if event["event"] != "chunk":
             return
         *lines, self._partial = (self._partial + str(event["data"].get("content") or "")).split("\n")
-        yield from lines
+        yield from (visible(line, layout=True) for line in lines)
 
     def rest(self) -> Iterator[str]:
         if self._partial:
-            yield self._partial
+            yield visible(self._partial, layout=True)
         self._partial = ""
 
 
 def status_text(status: str) -> Text:
-    return Text(status, style=STATUS_STYLES.get(status, ""))
+    return plain(status, STATUS_STYLES.get(status, ""))
 
 
 def clock(seconds: float | None) -> str:
@@ -131,8 +158,8 @@ def megabytes(size: int | None) -> str:
     return "-" if size is None else f"{size / (1024 * 1024):.0f}M"
 
 
-def dash(value: Any) -> str:
-    return "-" if value is None else str(value)
+def dash(value: Any) -> Text:
+    return Text("-") if value is None else plain(value)
 
 
 def compact(value: Any) -> str:

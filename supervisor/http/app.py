@@ -45,6 +45,9 @@ def create_app(sup: Supervisor) -> FastAPI:
         version="0.1.0",
         lifespan=lifespan,
         max_body_size=MAX_BODY_BYTES,
+        # FastAPI's /docs and /redoc pages load their scripts from a CDN; /openapi.json stays.
+        docs_url=None,
+        redoc_url=None,
         responses=errors(401),  # the middleware answers it on every route
     )
     app.state.supervisor = sup

@@ -13,6 +13,7 @@ import orjson
 from fastapi import APIRouter, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from supervisor.escaping import json_line
 from supervisor.http.responses import errors
 from supervisor.http.routing import StrictJSONRoute, Sup
 from supervisor.jobs.supervisor import Supervisor
@@ -20,13 +21,16 @@ from supervisor.journal.store import Job, JournalError, StoredEvent
 from supervisor.models import CancelRequest, StartRequest, path_id_problem
 
 EVENTS_PER_SLICE = 1000
+# Sequences are SQLite integers (64-bit signed): a resume cursor (Last-Event-ID + 1) must be one too.
+MAX_SEQUENCE = 2**63 - 1
+MAX_SEQUENCE_DIGITS = len(str(MAX_SEQUENCE))
 CONTROL_OPERATIONS = ("status", "events", "cancel")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
 LastEventId = Annotated[str | None, Header(alias="Last-Event-ID")]
 
-STREAM_ERRORS = errors(400, 403, 404, 409, 413, 422, 428, 503, 507)
+STREAM_ERRORS = errors(400, 403, 404, 409, 413, 416, 422, 428, 503, 507)
 START_ERRORS = {**STREAM_ERRORS, **errors(502, 504)}  # a blocking start also reports how the job ended
 
 
@@ -68,9 +72,13 @@ async def post_job(sup: Sup, request: Request, body: StartRequest, key: Idempote
 async def post_job_stream(
     sup: Sup, request: Request, body: StartRequest, key: IdempotencyKey = None, last_id: LastEventId = None
 ) -> Response:
-    """The legacy ``/runs`` routes start only ``run``."""
+    """The legacy ``/runs`` routes start only ``run``. A malformed Last-Event-ID is refused before anything
+    is admitted; one beyond the job's events (416) can only be known once the job is."""
+    resume_after = last_event_id(last_id)
     job = sup.admission.admit(body, key, legacy=request.url.path == "/runs/stream")
-    return stream(sup, job.action_id, resume_cursor(last_id, 0))
+    cursor = 0 if resume_after is None else resume_after + 1
+    check_cursor(cursor, job.event_count)
+    return stream(sup, job.action_id, cursor)
 
 
 @router.get("/jobs/{action_id}", responses=errors(404, 422))
@@ -87,9 +95,10 @@ async def get_events(
     sup: Sup, action_id: str, request: Request, cursor: Annotated[int, Query()] = 0, last_id: LastEventId = None
 ) -> Response:
     job = find(sup, action_id)
-    cursor = resume_cursor(last_id, cursor)
-    if not 0 <= cursor <= job.event_count:
-        raise HTTPException(416, f"cursor must be from 0 to {job.event_count}")
+    resume_after = last_event_id(last_id)  # an SSE reconnect: it wins over the query
+    if resume_after is not None:
+        cursor = resume_after + 1
+    check_cursor(cursor, job.event_count)
     if "text/event-stream" in request.headers.get("accept", ""):
         return stream(sup, action_id, cursor)
     events = sup.journal.events(action_id, cursor, EVENTS_PER_SLICE)
@@ -180,14 +189,27 @@ def stream(sup: Supervisor, action_id: str, cursor: int) -> EventStream:
     return EventStream(sse_frames(batches), headers=SSE_HEADERS)
 
 
-def resume_cursor(last_event_id: str | None, cursor: int) -> int:
-    """Last-Event-ID (an SSE reconnect) resumes after that sequence and wins over the query."""
-    if last_event_id is None:
-        return cursor
+def last_event_id(header: str | None) -> int | None:
+    """The sequence a Last-Event-ID names (the stream resumes after it); 400 unless it is one.
+
+    Bounded before ``int()``: 5,000 digits exceed Python's int conversion limit, and a value past the
+    journal's 64-bit sequences overflows SQLite once the stream reads from it.
+    """
+    if header is None:
+        return None
+    digits = header.strip()
     # isascii: "²" is a digit to str.isdigit() but not to int()
-    if not (last_event_id.strip().isascii() and last_event_id.strip().isdigit()):
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= MAX_SEQUENCE_DIGITS):
         raise HTTPException(400, "Last-Event-ID must be an event sequence number")
-    return int(last_event_id) + 1
+    sequence = int(digits)
+    if sequence >= MAX_SEQUENCE:
+        raise HTTPException(400, "Last-Event-ID must be an event sequence number")
+    return sequence
+
+
+def check_cursor(cursor: int, event_count: int) -> None:
+    if not 0 <= cursor <= event_count:
+        raise HTTPException(416, f"cursor must be from 0 to {event_count}")
 
 
 async def sse_frames(batches: AsyncIterator[list[StoredEvent] | None]) -> AsyncIterator[bytes]:
@@ -200,13 +222,14 @@ async def sse_frames(batches: AsyncIterator[list[StoredEvent] | None]) -> AsyncI
 
 
 def _frame(event: StoredEvent) -> bytes:
-    """Byte for byte ``orjson.dumps(Event.as_dict())``, built around the stored data: parsing it only to
-    encode it again cost more than anything else per streamed event."""
+    """Byte for byte ``json_line(orjson.dumps(Event.as_dict()))``, built around the stored data: parsing it
+    only to encode it again cost more than anything else per streamed event. The data is escaped here, not
+    when stored, so that events a journal already holds (or a reference journal brought) are safe too."""
     name = event.event.encode()
     return b'event: %s\ndata: {"event":%s,"sequence":%d,"data":%s}\nid: %d\n\n' % (
         name,
         orjson.dumps(event.event),
         event.sequence,
-        event.data,
+        json_line(event.data),
         event.sequence,
     )

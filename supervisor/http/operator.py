@@ -12,7 +12,7 @@ import binascii
 from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, Request
 
 from supervisor.http.responses import errors
 from supervisor.http.routing import Sup
@@ -25,19 +25,28 @@ DEFAULT_PAGE = 50
 MAX_PAGE = 500
 Status = Literal["running", "completed", "failed", "cancelled"]
 NOTHING_CAPTURED = Streams("", "", 0, 0)
+# Above the longest cursor ``encode_cursor`` can issue: base64 of [admitted_at, action_id] as JSON, where an
+# id of 256 characters is at most 1,024 bytes of UTF-8 (512 of escaped quotes), under 1,420 characters in
+# all. The 1,024 this replaced stuck paging at 422 after a page ending in a 256-emoji id.
+MAX_CURSOR_CHARS = 2048
+LIST_PARAMETERS = {"status", "crew_id", "operation", "limit", "cursor"}
 router = APIRouter()
 
 
 @router.get("/jobs", responses=errors(422))
 async def list_jobs(
     sup: Sup,
+    request: Request,
     status: Status | None = None,
     crew_id: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
     operation: Operation | None = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
-    cursor: Annotated[str | None, Query(max_length=1024)] = None,
+    cursor: Annotated[str | None, Query(max_length=MAX_CURSOR_CHARS)] = None,
 ) -> dict[str, Any]:
     """Newest first. One extra row is read to know whether another page exists."""
+    # A misspelt filter (``?stauts=failed``) would otherwise list every job as if it had been applied.
+    if unknown := set(request.query_params) - LIST_PARAMETERS:
+        raise HTTPException(422, f"unknown query parameter {sorted(unknown)[0]!r}")
     before = decode_cursor(cursor) if cursor else None
     rows = sup.journal.list_jobs(status, crew_id, operation, before, limit + 1)
     page = rows[:limit]

@@ -39,6 +39,12 @@ REFERENCE_ERROR_TYPES = {
 }
 
 
+# A worker names ``error_type`` (an exception's class name, which a crew chooses) and ``reason``, and writes
+# ``message``: bounded here, where every failure is built, so none can make a huge event or log line.
+MAX_ERROR_TYPE_CHARS = 256
+MAX_MESSAGE_CHARS = 4096
+
+
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     """The terminal event (``completed`` data is the output itself, as the reference writes it) and the
@@ -54,12 +60,17 @@ def failure(reason: str, message: str, uncertain: bool, error_type: str | None =
     """``reason`` is our precise name; ``error_type`` the reference's value for it where it has one."""
     data = {
         "status": "failed",
-        "error_type": error_type or REFERENCE_ERROR_TYPES.get(reason, reason),
-        "reason": reason,
-        "message": message,
+        "error_type": bounded(error_type or REFERENCE_ERROR_TYPES.get(reason, reason), MAX_ERROR_TYPE_CHARS),
+        "reason": bounded(reason, MAX_ERROR_TYPE_CHARS),
+        "message": bounded(message, MAX_MESSAGE_CHARS),
         "uncertain_outcome": uncertain,
     }
     return Outcome("failed", {**data, **proof}, exit_status=proof.get("exit_status"))
+
+
+def bounded(text: str, limit: int) -> str:
+    """At most ``limit`` characters; a cut one ends with "…" so that nobody takes it for the whole."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def exit_failure(status: int | None, pid: int) -> Outcome:

@@ -48,9 +48,11 @@ def test_async_lines() -> None:
 
 
 def test_a_stored_event_streams_byte_for_byte_as_its_parsed_form() -> None:
-    """The stream builds each frame around the data as stored; it must equal encoding the parsed event."""
+    """The stream builds each frame around the data as stored; it must equal encoding the parsed event (with
+    line separators and C1 controls escaped, which only changes the bytes, not the value)."""
     import orjson
 
+    from supervisor.escaping import json_line
     from supervisor.http.contract import _frame
     from supervisor.journal.store import Event, StoredEvent
 
@@ -59,10 +61,14 @@ def test_a_stored_event_streams_byte_for_byte_as_its_parsed_form() -> None:
         {"content": "tok ", "n": 7, "ok": True, "none": None, "f": 0.1, "big": 2**63 - 1, "neg": -1e-300},
         {"text": 'quotes " and \\ and \n\t\u0001 controls', "unicode": "é中😀", "nested": {"a": [1, [2, {"b": []}]]}},
         {"status": "completed", "output": {"raw": "x" * 1000}},
+        {"content": "ok\u2028event: completed\u2029id: 9\u0085\u009b\u0080\u00a0\u2027\u202a"},
     ]
     for sequence, data in enumerate(datas):
         for name in ("started", "chunk", "completed", "failed", "cancelled"):
             stored = StoredEvent(name, sequence, orjson.dumps(data))
             parsed = Event(name, sequence, orjson.loads(stored.data))
-            expected = b"event: %s\ndata: %s\nid: %d\n\n" % (name.encode(), orjson.dumps(parsed.as_dict()), sequence)
+            encoded = json_line(orjson.dumps(parsed.as_dict()))
+            expected = b"event: %s\ndata: %s\nid: %d\n\n" % (name.encode(), encoded, sequence)
             assert _frame(stored) == expected
+            assert orjson.loads(encoded.split(b"\n")[0]) == parsed.as_dict()
+            assert "\u2028" not in expected.decode().splitlines()[1]

@@ -1,0 +1,24 @@
+"""JSON made safe for the line-based places it goes: SSE ``data:`` lines, log lines, a terminal.
+
+orjson writes U+2028, U+2029 and the C1 controls (U+0080–U+009F, NEL among them) raw. Common line
+splitters (Python's ``str.splitlines``, so httpx's ``iter_lines``; JavaScript's line terminators) end a
+line at U+2028, U+2029 and NEL, so crew text holding them could forge SSE fields or log lines; C1 controls
+are escape sequences to some terminals. Written as ``\\uXXXX`` escapes they are the same JSON value.
+"""
+
+from __future__ import annotations
+
+import re
+
+# In UTF-8, C2 and E2 are only ever lead bytes, so these sequences are exactly the characters, never the
+# tail of another one. Valid UTF-8 is all orjson writes, and all the journal holds.
+_UNSAFE = re.compile(rb"\xc2[\x80-\x9f]|\xe2\x80[\xa8\xa9]")
+
+
+def json_line(encoded: bytes) -> bytes:
+    """``encoded`` (JSON as orjson writes it) with U+2028, U+2029 and U+0080–U+009F escaped as ``\\uXXXX``."""
+    return _UNSAFE.sub(_escape, encoded)
+
+
+def _escape(match: re.Match[bytes]) -> bytes:
+    return b"\\u%04x" % ord(match.group().decode())

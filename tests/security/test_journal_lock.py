@@ -54,10 +54,11 @@ def test_a_held_journal_lock_stalls_nothing_and_loses_nothing(tmp_path: Path) ->
 
     jobs = ["first", "second", "queued"]  # the third waits for a slot: its worker is recorded under the lock
     threads = [threading.Thread(target=run, args=(action_id,)) for action_id in jobs]
-    for thread in threads:
-        thread.start()
     with server.client(timeout=10) as client:
-        assert wait_until(lambda: all(client.get(f"/jobs/{a}").json()["event_count"] >= 2 for a in jobs[:2]), 60)
+        for action_id, thread in zip(jobs, threads, strict=True):  # admitted in this order
+            thread.start()
+            assert wait_until(lambda a=action_id: client.get(f"/jobs/{a}").status_code == 200, 30)
+        assert wait_until(lambda: all(client.get(f"/jobs/{a}").json().get("event_count", 0) >= 2 for a in jobs[:2]), 60)
         with held_lock(journal):
             round_trips = []
             for _ in range(20):

@@ -30,6 +30,11 @@ REFUSALS: dict[type[admission.Refused], int] = {
     admission.CrewNotFound: 404,
     admission.ConflictingReuse: 409,
     admission.JournalFull: 507,
+    admission.JournalUnavailable: 503,
+}
+RETRY_AFTER_SECONDS: dict[type[admission.Refused], str] = {
+    admission.ShuttingDown: "5",
+    admission.JournalUnavailable: "1",
 }
 
 
@@ -72,5 +77,6 @@ def create_app(sup: Supervisor) -> FastAPI:
 
 
 async def refused(request: Request, exc: admission.Refused) -> JSONResponse:
-    headers = {"Retry-After": "5"} if isinstance(exc, admission.ShuttingDown) else None
+    retry_after = RETRY_AFTER_SECONDS.get(type(exc))
+    headers = {"Retry-After": retry_after} if retry_after is not None else None
     return JSONResponse({"detail": str(exc)}, REFUSALS[type(exc)], headers=headers)

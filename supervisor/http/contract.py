@@ -18,6 +18,7 @@ from supervisor.http.responses import errors
 from supervisor.http.routing import StrictJSONRoute, Sup
 from supervisor.jobs.supervisor import Supervisor
 from supervisor.journal.store import Job, JournalError, StoredEvent
+from supervisor.journal.writer import JournalBusy
 from supervisor.models import CancelRequest, StartRequest, path_id_problem
 
 EVENTS_PER_SLICE = 1000
@@ -75,7 +76,7 @@ async def post_job_stream(
     """The legacy ``/runs`` routes start only ``run``. A malformed Last-Event-ID is refused before anything
     is admitted; one beyond the job's events (416) can only be known once the job is."""
     resume_after = last_event_id(last_id)
-    job = sup.admission.admit(body, key, legacy=request.url.path == "/runs/stream")
+    job = await sup.admission.admit(body, key, legacy=request.url.path == "/runs/stream")
     cursor = 0 if resume_after is None else resume_after + 1
     check_cursor(cursor, job.event_count)
     return stream(sup, job.action_id, cursor)
@@ -125,7 +126,7 @@ async def cancel(sup: Sup, action_id: str, body: CancelRequest) -> dict[str, Any
     return view(sup, sup.journal.get(action_id) or job)
 
 
-@router.delete("/jobs/{action_id}", responses=errors(404, 409, 422, 428, 507))
+@router.delete("/jobs/{action_id}", responses=errors(404, 409, 422, 428, 503, 507))
 async def archive(
     sup: Sup,
     action_id: str,
@@ -137,7 +138,10 @@ async def archive(
     if job.status == "running":
         raise HTTPException(409, "a running job cannot be archived")
     try:
-        sup.journal.archive(action_id)
+        await sup.journal.archive(action_id)
+    except JournalBusy:
+        detail = "the journal is locked by another process; try again shortly"
+        raise HTTPException(503, detail, headers={"Retry-After": "1"}) from None
     except JournalError as exc:
         raise HTTPException(507, f"archive could not be made durable: {exc}") from None
     return {"archived": True, "action_id": action_id}
@@ -148,7 +152,7 @@ async def start_blocking(sup: Supervisor, body: StartRequest, key: str | None, l
     502 failed, 504 wait expired (the job continues)."""
     loop = asyncio.get_running_loop()
     waited_from = loop.time()
-    job = sup.admission.admit(body, key, legacy)
+    job = await sup.admission.admit(body, key, legacy)
     finished = await sup.runner.wait(job.action_id, body.timeout_ms / 1000 - (loop.time() - waited_from))
     job = sup.journal.get(job.action_id) or job
     if not finished or job.status == "running":

@@ -6,11 +6,13 @@ No HTTP here: the app answers each kind of ``Refused`` with its status.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
 from supervisor.config import Settings
 from supervisor.journal.store import Job, Journal, JournalError
+from supervisor.journal.writer import JournalBusy
 from supervisor.models import InputError, StartRequest, input_too_large, key_problem, request_hash, validate_input
 
 
@@ -58,6 +60,11 @@ class JournalFull(Refused):
     """The journal holds its limit of jobs or bytes, or could not make the admission durable."""
 
 
+class JournalUnavailable(Refused):
+    """Another process held the journal's write lock for as long as an admission may wait: try again
+    shortly (503 with ``Retry-After``, not 507: nothing is full)."""
+
+
 Launch = Callable[[Job, dict[str, Any], int], None]
 
 
@@ -68,13 +75,20 @@ class Admission:
         self.crews = crews
         self.launch = launch
         self.stopped = False  # no new starts once the supervisor drains
+        # Admissions being made durable, by action id: checked as if already in the journal.
+        self._admitting: dict[str, asyncio.Future[None]] = {}
 
-    def stop(self) -> None:
+    async def stop(self) -> None:
+        """No new starts; returns once the admissions under way are durable and launched (or refused)."""
         self.stopped = True
+        await asyncio.gather(*self._admitting.values())
 
-    def admit(self, body: StartRequest, key: str | None, legacy: bool) -> Job:
-        """The reference's order (413, 400, 403, 428/400, 422, 404, 409, 507); an exact repeat returns its
-        job even if its operation was disabled since. Synchronous, so no other start interleaves."""
+    async def admit(self, body: StartRequest, key: str | None, legacy: bool) -> Job:
+        """The reference's order (413, 400, 403, 428/400, 422, 404, 409, 507, then 503 for a journal locked
+        by another process); an exact repeat returns its job even if its operation was disabled since.
+        A start of an action id being admitted waits for that admission, then is checked against it."""
+        while (under_way := self._admitting.get(body.action_id)) is not None:
+            await asyncio.shield(under_way)
         if self.stopped:
             raise ShuttingDown("the supervisor is shutting down")
         if input_too_large(body):
@@ -99,14 +113,28 @@ class Admission:
             raise CrewNotFound("crew was not found")
         if existing is not None:
             raise ConflictingReuse("action id was already admitted with different request material")
-        if self.journal.count() >= self.settings.max_retained_runs:
+        if self.journal.count() + len(self._admitting) >= self.settings.max_retained_runs:
             raise JournalFull("journal holds the maximum number of retained runs; archive some")
         if self.journal.size_bytes() >= self.settings.max_state_bytes:
             raise JournalFull("journal has reached its byte limit; archive some runs")
         job = Job(body.action_id, body.crew_id, body.operation, digest, "running", 0)
+        under_way = asyncio.get_running_loop().create_future()
+        self._admitting[job.action_id] = under_way
+        # Shielded: a client that goes away must not leave a durable record that nothing launched.
+        task = asyncio.ensure_future(self._admit(job, operation_input, body.timeout_ms, under_way))
+        await asyncio.shield(task)
+        return job
+
+    async def _admit(
+        self, job: Job, operation_input: dict[str, Any], timeout_ms: int, under_way: asyncio.Future[None]
+    ) -> None:
         try:
-            self.journal.admit(job)  # the start fence: durable before any worker exists
+            await self.journal.admit(job)  # the start fence: durable before any worker exists
+        except JournalBusy:
+            raise JournalUnavailable("the journal is locked by another process; try again shortly") from None
         except JournalError as exc:
             raise JournalFull(f"admission could not be made durable: {exc}") from None
-        self.launch(job, operation_input, body.timeout_ms)
-        return job
+        finally:
+            del self._admitting[job.action_id]
+            under_way.set_result(None)
+        self.launch(job, operation_input, timeout_ms)

@@ -18,6 +18,6 @@ def fence_restored(journal: Journal) -> list[str]:
         if job.worker_pid and job.worker_start_time and job.worker_pgid:
             orphan = kill_orphan(job.worker_pid, job.worker_start_time, job.worker_pgid)
         outcome = failure("supervisor_restarted", RESTART_MESSAGE, True, orphan_killed=orphan)
-        journal.finish(job.action_id, outcome.event, outcome.data)
+        journal.finish(job.action_id, outcome.event, outcome.data).wait()  # before serving: nothing else runs
         fenced.append(job.action_id)
     return fenced

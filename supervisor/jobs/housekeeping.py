@@ -13,7 +13,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from supervisor.journal.store import Journal, JournalError
+from supervisor.journal.store import Journal
 from supervisor.metrics import Metrics
 from supervisor.processes.limits import Limits
 from supervisor.processes.reaper import Reaper
@@ -48,7 +48,7 @@ class Housekeeping:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        self.journal.flush()
+        self.journal.flush()  # not awaited: closing the journal commits it
 
     def _idle(self) -> bool:
         return not (self.live() or self.journal.pending or self.limits.watching or self.reaper.adopted)
@@ -71,10 +71,7 @@ class Housekeeping:
             self.metrics.loop_lag.observe(max(now - planned, 0.0))
             if now >= due["flush"]:
                 due["flush"] = now + FLUSH_SECONDS
-                try:
-                    self.journal.flush()
-                except JournalError as exc:  # the chunks are lost, never seen by a reader; keep ticking
-                    log.error("group commit failed: %s", exc)
+                self.journal.flush()  # not awaited: the writer commits it, and logs a group it could not
             if now >= due["sample"]:
                 due["sample"] = now + self.limits.period
                 self.limits.sample()

@@ -28,39 +28,45 @@ class Recorder:
         self.live = live
         journal.on_commit = self._wake  # readers see only committed events: look again after each commit
 
-    def record(self, job: LiveJob, name: str, data: dict[str, Any]) -> tuple[str, str] | None:
-        """Append a non-terminal event, or say which bound it breaks (the last slot is the terminal's)."""
+    async def record(self, job: LiveJob, name: str, data: dict[str, Any]) -> tuple[str, str] | None:
+        """Append a non-terminal event, or say which bound it breaks (the last slot is the terminal's) or
+        that its group could not be committed."""
         if job.event_count + 1 >= self.settings.max_events_per_run:
             return "event_limit_exceeded", f"more than {self.settings.max_events_per_run - 1} events"
         # As the reference measures it: the event's data, compact JSON.
         encoded = orjson.dumps(data)
         if len(encoded) > self.settings.max_event_bytes:
             return "event_too_large", f"an event of {len(encoded)} bytes exceeds {self.settings.max_event_bytes}"
-        try:
-            self.journal.append(job.action_id, name, data, encoded)
-            if name == "started":
-                self.journal.flush()  # visible at once: start latency is what clients feel first
-        except JournalError as exc:
-            return "journal_error", str(exc)
+        group = self.journal.append(job.action_id, name, data, encoded)
+        if name == "started":
+            self.journal.flush()  # committed at once: start latency is what clients feel first
         job.event_count += 1
         job.last_event_at = time.time()
+        if group is not None:  # a checkpoint: relay no more of this job until it is durable
+            try:
+                await group
+            except JournalError as exc:
+                return "journal_error", str(exc)
         return None
 
-    def record_worker(self, job: LiveJob, worker: WorkerProcess) -> None:
-        """Durable before the worker gets its job, so a restart can find and fence it."""
-        self.journal.set_worker(job.action_id, worker.pid, worker.create_time, worker.pgid)
+    async def record_worker(self, job: LiveJob, worker: WorkerProcess) -> None:
+        """Committed before the worker gets its job, so a restart can find and fence it."""
+        await self.journal.set_worker(job.action_id, worker.pid, worker.create_time, worker.pgid)
 
-    def finish(self, job: LiveJob, outcome: Outcome) -> None:
+    async def finish(self, job: LiveJob, outcome: Outcome) -> None:
         """The terminal event, the record's status, output and exit status, and the worker's stdout/stderr
-        tails (an operator reads them after the job ended): one durable commit."""
+        tails (an operator reads them after the job ended): one durable commit. Another process holding
+        the journal's lock only delays it; the journal failing it otherwise leaves the job to be fenced."""
         streams = Streams.of(job.worker.stdout, job.worker.stderr) if job.worker is not None else None
         try:
-            self.journal.finish(
+            await self.journal.finish(
                 job.action_id, outcome.event, outcome.data, outcome.output, streams, exit_status=outcome.exit_status
             )
-        except Exception:
+        except JournalError as exc:
             log.critical(
-                "terminal event not durable; the job will be fenced on restart", extra={"action_id": job.action_id}
+                "terminal event not durable (%s); the job will be fenced on restart",
+                exc,
+                extra={"action_id": job.action_id},
             )
         job.wake()
 

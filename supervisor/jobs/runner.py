@@ -113,9 +113,13 @@ class Runner:
         except Exception:
             log.exception("job failed inside the supervisor", extra={"action_id": job.action_id})
             outcome = failure("supervisor_error", "the supervisor failed while running the job", job.worker is not None)
+        try:
+            await self._settle(job, outcome)
         finally:
+            # Live until its terminal event has committed: a follower that finds it gone reads that event.
             self.live.pop(job.action_id, None)
-        self._settle(job, outcome)
+            if not job.done.done():
+                job.done.set_result(None)
 
     async def _queue(self, job: LiveJob) -> Outcome:
         try:
@@ -140,7 +144,7 @@ class Runner:
                 return failure("launch_failed", str(exc), False)
             job.worker = worker
             self.metrics.worker_starts.labels(worker.launched_by).inc()
-            self.recorder.record_worker(job, worker)
+            await self.recorder.record_worker(job, worker)
             await self.limits.apply(worker)
             worker.send(Start(job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms, env, cwd))
             job.phase = "running"
@@ -189,9 +193,9 @@ class Runner:
                 self.limits.begin(worker)
                 self.metrics.start_latency.observe(asyncio.get_running_loop().time() - job.admitted)
                 started = {"status": "running", "operation": job.operation, "pid": worker.pid}
-                fault = self.recorder.record(job, "started", started)
+                fault = await self.recorder.record(job, "started", started)
             elif isinstance(message, Chunk):
-                fault = self.recorder.record(job, "chunk", message.data)
+                fault = await self.recorder.record(job, "chunk", message.data)
             elif message is None:
                 return await self._ended(worker)
             else:
@@ -223,10 +227,11 @@ class Runner:
             return failure("event_too_large", message_text, True, output_bytes=size, limit_bytes=bound, **proof)
         return Outcome("completed", message.output, message.output, exit_status=status)
 
-    def _settle(self, job: LiveJob, outcome: Outcome) -> None:
+    async def _settle(self, job: LiveJob, outcome: Outcome) -> None:
+        job.phase = "settling"  # nothing cancels it now: its terminal event waits for the journal
         if outcome.event == "failed" and job.operation in READ_ONLY_OPERATIONS:
             outcome.data["uncertain_outcome"] = False  # nothing it did can have changed the world
-        self.recorder.finish(job, outcome)
+        await self.recorder.finish(job, outcome)
         evidence = outcome.data if outcome.event != "completed" else {}  # completed data is the output itself
         log.info(
             "job finished",
@@ -243,8 +248,6 @@ class Runner:
         self.metrics.finished.labels(job.operation, outcome.event).inc()
         if "signal" in evidence:  # the supervisor killed the worker: say why
             self.metrics.kills.labels(evidence.get("reason") or outcome.event).inc()
-        if not job.done.done():
-            job.done.set_result(None)
 
     # How a job is stopped ------------------------------------------------------------------------------
 

@@ -65,7 +65,7 @@ class Supervisor:
         Idempotent: the signal handler and the app's lifespan both call it."""
         if self.admission.stopped:
             return
-        self.admission.stop()
+        await self.admission.stop()
         await self.runner.stop()
         await self.housekeeping.stop()
         await self.launcher.stop()

@@ -1,34 +1,46 @@
 """The durable journal: one SQLite file in WAL mode, one writer guarded by a flock.
 
 Admission and terminal events commit before they are acknowledged; chunk events are
-group-committed, so a crash loses at most ``checkpoint_events`` of them. Until their group commits
-they wait in memory, numbered, and are written in one statement per group: a SQLite statement per
+group-committed, so a crash loses at most ``checkpoint_events`` of them. Until their group is handed
+to the writer they wait in memory, and each group is written in one statement: a SQLite statement per
 event (and a savepoint around it) was most of the supervisor's CPU per relayed event.
+
+Every write goes through one writer thread (``supervisor.journal.writer``), so no caller waits on
+SQLite, an fsync or another process's lock; reads run on the caller's thread, on a connection of
+their own that sees only what has committed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
+import functools
+import logging
 import os
 import sqlite3
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import orjson
 
 from supervisor.journal import migrate
 from supervisor.journal.schema import INCONSISTENT, SCHEMA, SCHEMA_VERSION, TERMINAL_EVENTS, JournalError
 from supervisor.journal.statefiles import lock, prepare_file, restrict
+from supervisor.journal.writer import Writer, Written
 
 if TYPE_CHECKING:
     from supervisor.processes.pipes import Tail
 
+log = logging.getLogger("crew_supervisor.journal")
+T = TypeVar("T")
 HEADROOM_BYTES = 16 * 1024 * 1024
+REFUSE_AFTER_SECONDS = 1.0  # how long an admission or archive waits for another process's lock
+CLOSE_GRACE_SECONDS = 5.0  # how long, at close, queued writes may still wait for it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,14 +108,13 @@ class Journal:
     def __init__(self, path: Path, checkpoint_events: int, max_bytes: int = 4 << 30) -> None:
         self.path = path
         self._checkpoint = checkpoint_events
-        # Events appended but not yet committed, numbered: (action_id, sequence, event, data as JSON).
-        self._pending: list[tuple[str, int, str, bytes]] = []
-        self._next: dict[str, int] = {}  # the next sequence of each job that has appended since its last read
+        # Events appended but not yet handed to the writer: (action_id, event, data as JSON).
+        self._pending: list[tuple[str, str, bytes]] = []
+        self._last_group: Written[None] = Written(_done(None))  # the group most recently handed to the writer
         self.imported_from: Path | None = None  # the backup of a reference journal imported at open
         self.upgraded_from: Path | None = None  # the backup of an older schema's journal upgraded at open
         self.on_commit: Callable[[set[str]], None] = lambda action_ids: None  # their readers may look again
         self.on_pending: Callable[[], None] = lambda: None  # a group begins: it must commit within its time
-        self._touched: set[str] = set()  # jobs with events in the open transaction
         self.commit_seconds: Callable[[float], None] = lambda seconds: None  # how long a durable commit took
         self._lock_fd = lock(path.with_name(path.name + ".lock"))
         try:
@@ -119,6 +130,7 @@ class Journal:
             self._migrate()
             # Readers get their own connection, so they see only committed events: a client never
             # reads an event that a crash could take back (and whose sequence a restart would reuse).
+            # In WAL mode a reader never waits for a writer's lock, so reads stay on the caller's thread.
             self._read = sqlite3.connect(
                 f"file:{urllib.parse.quote(str(path.absolute()))}?mode=ro",
                 uri=True,
@@ -134,6 +146,8 @@ class Journal:
         except BaseException:
             os.close(self._lock_fd)
             raise
+        # From here on the write connection is the writer thread's alone.
+        self._writer = Writer(self._db, lambda seconds: self.commit_seconds(seconds))
 
     def _migrate(self) -> None:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
@@ -152,72 +166,19 @@ class Journal:
         if row is not None:
             raise JournalError(f"journal {self.path} is inconsistent for job {row[0]!r}: {row[1]}")
 
-    @contextmanager
-    def _transaction(self) -> Iterator[None]:
-        """One durable commit. Pending chunks commit first, so a failure here rolls back only this."""
-        self.flush()
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-            self._commit()
-        except BaseException as exc:
-            self._abandon()
-            if isinstance(exc, sqlite3.Error):
-                raise JournalError(f"journal write failed: {exc}") from exc
-            raise
-
-    def _commit(self) -> None:
-        """Write the pending events (one statement for all, one count per job) and commit. On failure
-        none of them is written, readers never saw them, and their sequences are free again."""
-        started = time.monotonic()
-        try:
-            if self._pending:
-                if not self._db.in_transaction:
-                    self._db.execute("BEGIN IMMEDIATE")
-                self._db.executemany(
-                    "INSERT INTO events (action_id, sequence, event, data) VALUES (?, ?, ?, ?)", self._pending
-                )
-                counts = {action_id: sequence + 1 for action_id, sequence, _, _ in self._pending}
-                self._db.executemany(
-                    "UPDATE jobs SET event_count = ? WHERE action_id = ?", [(n, a) for a, n in counts.items()]
-                )
-            if self._db.in_transaction:
-                self._db.execute("COMMIT")
-                self.commit_seconds(time.monotonic() - started)
-        except sqlite3.Error as exc:
-            # Never acknowledge what is not durable; SQLite rolled back or the db is unusable.
-            self._abandon()
-            raise JournalError(f"journal commit failed: {exc}") from exc
-        self._pending.clear()
-        touched, self._touched = self._touched, set()
-        self.on_commit(touched)
-
-    def _abandon(self) -> None:
-        """Drop what is not committed: the open transaction, the pending events and the sequences counted
-        past the journal's (each job's next one is read again from the journal)."""
-        if self._db.in_transaction:
-            with contextlib.suppress(sqlite3.Error):
-                self._db.execute("ROLLBACK")
-        self._pending.clear()
-        self._next.clear()
-        self._touched.clear()
-
     @property
     def pending(self) -> bool:
         """Whether events wait for their group commit."""
         return bool(self._pending)
 
-    def flush(self) -> None:
-        """Commit group-committed chunk events."""
-        if self._pending or self._db.in_transaction:
-            self._commit()
-
     def close(self) -> None:
-        """Idempotent; the lock goes last, so no other supervisor opens a journal still being written."""
+        """Idempotent: what is queued is committed first (``CLOSE_GRACE_SECONDS`` at most for another
+        process's lock); the lock goes last, so no other supervisor opens a journal still being written."""
         if self._lock_fd < 0:
             return
         try:
             self.flush()
+            self._writer.close(CLOSE_GRACE_SECONDS)
             self._read.close()
             self._db.close()
         finally:
@@ -300,54 +261,64 @@ class Journal:
         )
 
     # Writes --------------------------------------------------------------------------------------
+    #
+    # Each is handed to the writer thread (``supervisor.journal.writer``) and returns at once: ``await``
+    # what it returns on the event loop, ``wait()`` for it elsewhere. They commit in the order they were
+    # made. Admission and archive wait ``REFUSE_AFTER_SECONDS`` for another process's lock, then fail with
+    # ``JournalBusy``; every other write waits until it commits, since what it records has happened.
 
-    def admit(self, job: Job) -> None:
+    def admit(self, job: Job) -> Written[None]:
         """The start fence: durable before any worker exists."""
-        with self._transaction():
-            self._db.execute(
+        self.flush()  # here and in every write below: earlier events commit first, with it or before it
+
+        def insert(db: sqlite3.Connection) -> None:
+            db.execute(
                 "INSERT INTO jobs (action_id, crew_id, operation, request_hash, status, event_count, admitted_at)"
                 " VALUES (?, ?, ?, ?, 'running', 0, ?)",
                 (job.action_id, job.crew_id, job.operation, job.request_hash, time.time()),
             )
 
-    def set_worker(self, action_id: str, pid: int, start_time: float, pgid: int) -> None:
+        return self._write(insert, patience=REFUSE_AFTER_SECONDS)
+
+    def set_worker(self, action_id: str, pid: int, start_time: float, pgid: int) -> Written[None]:
         """Committed before the worker gets its job, so a restarted supervisor can find and fence it.
 
-        Committed without an fsync (``synchronous=NORMAL``; a WAL commit is then in the file, not yet on
-        the disk): what it must survive is this process crashing, never the machine, since a worker does
+        Committed without an fsync (``synchronous=NORMAL``) unless a write that needs one shares its
+        commit: what it must survive is this process crashing, never the machine, since a worker does
         not outlive the kernel it runs on. After a power loss the record has no worker, as at admission,
         and is fenced all the same. The next durable commit syncs it with everything before it."""
-        self.flush()  # pending chunks keep their own durable commit
-        self._db.execute("PRAGMA synchronous = NORMAL")
-        try:
-            with self._transaction():
-                self._db.execute(
-                    "UPDATE jobs SET worker_pid = ?, worker_start_time = ?, worker_pgid = ? WHERE action_id = ?",
-                    (pid, start_time, pgid, action_id),
-                )
-        finally:
-            self._db.execute("PRAGMA synchronous = FULL")
+        self.flush()
 
-    def append(self, action_id: str, event: str, data: dict[str, Any], encoded: bytes | None = None) -> Event:
-        """A non-terminal event, group-committed: numbered now, written with its group. ``encoded`` is
-        ``data`` as compact JSON, if the caller has it already."""
-        sequence = self._next.get(action_id)
-        if sequence is None:
-            try:
-                row = self._db.execute("SELECT event_count FROM jobs WHERE action_id = ?", (action_id,)).fetchone()
-            except sqlite3.Error as exc:
-                raise JournalError(f"journal append failed: {exc}") from exc
-            if row is None:
-                raise JournalError(f"journal append failed: no job {action_id!r}")
-            (sequence,) = row
+        def update(db: sqlite3.Connection) -> None:
+            db.execute(
+                "UPDATE jobs SET worker_pid = ?, worker_start_time = ?, worker_pgid = ? WHERE action_id = ?",
+                (pid, start_time, pgid, action_id),
+            )
+
+        return self._write(update, durable=False)
+
+    def append(
+        self, action_id: str, event: str, data: dict[str, Any], encoded: bytes | None = None
+    ) -> Written[None] | None:
+        """A non-terminal event, group-committed: it waits in memory for its group (``flush``, or
+        ``checkpoint_events`` of them) and is numbered when the group is written. ``encoded`` is
+        ``data`` as compact JSON, if the caller has it already. Returns the group if this event
+        completed one: whoever appended it waits for it, so that a crash loses at most the events that
+        wait in memory and the groups being written."""
         if not self._pending:
             self.on_pending()
-        self._pending.append((action_id, sequence, event, orjson.dumps(data) if encoded is None else encoded))
-        self._next[action_id] = sequence + 1
-        self._touched.add(action_id)
-        if len(self._pending) >= self._checkpoint:
-            self._commit()
-        return Event(event, sequence, data)
+        self._pending.append((action_id, event, orjson.dumps(data) if encoded is None else encoded))
+        return self.flush() if len(self._pending) >= self._checkpoint else None
+
+    def flush(self) -> Written[None]:
+        """Hand the pending events to the writer as one group. A group that fails is logged and lost:
+        readers never saw it, and the next events take its sequences."""
+        if self._pending:
+            group, self._pending = self._pending, []
+            touched = {action_id for action_id, _, _ in group}
+            self._last_group = self._write(functools.partial(_insert_group, group), touched)
+            self._last_group.future.add_done_callback(_log_failed_group)
+        return self._last_group  # groups commit in order: when this one has, every earlier one has
 
     def finish(
         self,
@@ -357,42 +328,104 @@ class Journal:
         output: dict[str, Any] | None = None,
         streams: Streams | None = None,
         exit_status: int | None = None,
-    ) -> Event:
+    ) -> Written[Event]:
         """The terminal event, the status it implies, the output and the worker's streams: one durable
-        commit. If the streams do not fit (the journal is full) they are dropped, never the terminal event."""
-        try:
-            with self._transaction():
-                appended = self._insert(action_id, event, data)
-                self._db.execute(
-                    "UPDATE jobs SET status = ?, output = ?, exit_status = ? WHERE action_id = ?",
-                    (event, orjson.dumps(output) if output is not None else None, exit_status, action_id),
+        commit, after the job's pending events. If the streams do not fit (the journal is full) they
+        are dropped, never the terminal event."""
+        self.flush()
+
+        def terminal(streams: Streams | None, db: sqlite3.Connection) -> Event:
+            appended = _insert(db, action_id, event, data)
+            db.execute(
+                "UPDATE jobs SET status = ?, output = ?, exit_status = ? WHERE action_id = ?",
+                (event, orjson.dumps(output) if output is not None else None, exit_status, action_id),
+            )
+            if streams is not None:
+                db.execute(
+                    "INSERT OR REPLACE INTO outputs VALUES (?, ?, ?, ?, ?)", (action_id, *dataclasses.astuple(streams))
                 )
-                if streams is not None:
-                    self._db.execute(
-                        "INSERT OR REPLACE INTO outputs VALUES (?, ?, ?, ?, ?)",
-                        (action_id, *dataclasses.astuple(streams)),
-                    )
-        except JournalError:
-            if streams is None:
-                raise
-            return self.finish(action_id, event, data, output, exit_status=exit_status)
-        self._next.pop(action_id, None)  # no event follows a terminal one
-        return appended
+            return appended
 
-    def archive(self, action_id: str) -> None:
-        self._next.pop(action_id, None)
-        with self._transaction():
-            self._db.execute("DELETE FROM events WHERE action_id = ?", (action_id,))
-            self._db.execute("DELETE FROM outputs WHERE action_id = ?", (action_id,))
-            self._db.execute("DELETE FROM jobs WHERE action_id = ?", (action_id,))
+        fallback = functools.partial(terminal, None) if streams is not None else None
+        return self._write(functools.partial(terminal, streams), {action_id}, fallback=fallback)
 
-    def _insert(self, action_id: str, event: str, data: dict[str, Any]) -> Event:
-        (sequence,) = self._db.execute(
-            "UPDATE jobs SET event_count = event_count + 1 WHERE action_id = ? RETURNING event_count - 1", (action_id,)
-        ).fetchone()
-        self._db.execute(
-            "INSERT INTO events (action_id, sequence, event, data) VALUES (?, ?, ?, ?)",
-            (action_id, sequence, event, orjson.dumps(data)),
-        )
-        self._touched.add(action_id)
-        return Event(event, sequence, data)
+    def archive(self, action_id: str) -> Written[None]:
+        self.flush()
+
+        def delete(db: sqlite3.Connection) -> None:
+            db.execute("DELETE FROM events WHERE action_id = ?", (action_id,))
+            db.execute("DELETE FROM outputs WHERE action_id = ?", (action_id,))
+            db.execute("DELETE FROM jobs WHERE action_id = ?", (action_id,))
+
+        return self._write(delete, patience=REFUSE_AFTER_SECONDS)
+
+    def _write(
+        self,
+        apply: Callable[[sqlite3.Connection], T],
+        touched: set[str] | frozenset[str] = frozenset(),
+        *,
+        durable: bool = True,
+        patience: float | None = None,
+        fallback: Callable[[sqlite3.Connection], T] | None = None,
+    ) -> Written[T]:
+        """Queue ``apply``; once it commits, the readers of the ``touched`` jobs are woken on the event
+        loop it was queued from (or on the writer thread, queued from none)."""
+        future = self._writer.submit(apply, durable=durable, patience=patience, fallback=fallback)
+        if touched:
+            try:
+                loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+            future.add_done_callback(functools.partial(self._committed, set(touched), loop))
+        return Written(future)
+
+    def _committed(self, touched: set[str], loop: asyncio.AbstractEventLoop | None, future: Future[Any]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            return
+        if loop is None:
+            self.on_commit(touched)
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is left to wake
+                loop.call_soon_threadsafe(self.on_commit, touched)
+
+
+def _insert_group(group: list[tuple[str, str, bytes]], db: sqlite3.Connection) -> None:
+    """A group of events in one statement, one count per job, numbered from each job's count: the writer
+    is the only one that writes them, so a failed group leaves no gap."""
+    counts: dict[str, int] = {}
+    rows = []
+    for action_id, event, data in group:
+        sequence = counts.get(action_id)
+        if sequence is None:
+            row = db.execute("SELECT event_count FROM jobs WHERE action_id = ?", (action_id,)).fetchone()
+            if row is None:
+                raise JournalError(f"journal append failed: no job {action_id!r}")
+            (sequence,) = row
+        rows.append((action_id, sequence, event, data))
+        counts[action_id] = sequence + 1
+    db.executemany("INSERT INTO events (action_id, sequence, event, data) VALUES (?, ?, ?, ?)", rows)
+    db.executemany("UPDATE jobs SET event_count = ? WHERE action_id = ?", [(n, a) for a, n in counts.items()])
+
+
+def _insert(db: sqlite3.Connection, action_id: str, event: str, data: dict[str, Any]) -> Event:
+    row = db.execute(
+        "UPDATE jobs SET event_count = event_count + 1 WHERE action_id = ? RETURNING event_count - 1", (action_id,)
+    ).fetchone()
+    if row is None:
+        raise JournalError(f"journal write failed: no job {action_id!r}")
+    db.execute(
+        "INSERT INTO events (action_id, sequence, event, data) VALUES (?, ?, ?, ?)",
+        (action_id, row[0], event, orjson.dumps(data)),
+    )
+    return Event(event, row[0], data)
+
+
+def _done(result: T) -> Future[T]:
+    future: Future[T] = Future()
+    future.set_result(result)
+    return future
+
+
+def _log_failed_group(future: Future[None]) -> None:
+    if not future.cancelled() and (exc := future.exception()) is not None:
+        log.error("group commit failed; its events are lost: %s", exc)

@@ -2,23 +2,35 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import pytest
 
+from supervisor.journal import store
 from supervisor.journal.statefiles import JournalLocked, prepare_directory
-from supervisor.journal.store import Job, Journal, JournalError
+from supervisor.journal.store import REFUSE_AFTER_SECONDS, Job, Journal, JournalError
+from supervisor.journal.writer import JournalBusy, Written
 from tests.conftest import ROOT
 
 
 def job(action_id: str) -> Job:
     return Job(action_id, "demo", "run", "hash-" + action_id, "running", 0)
+
+
+def checkpoint(group: Written[None] | None) -> None:
+    """Wait for the group an append completed (every append does, with ``checkpoint_events=1``)."""
+    assert group is not None
+    group.wait()
 
 
 @pytest.fixture
@@ -32,34 +44,35 @@ def test_readers_see_only_committed_events(path: Path) -> None:
     journal = Journal(path, checkpoint_events=3)
     commits: list[set[str]] = []
     journal.on_commit = commits.append
-    journal.admit(job("a"))
-    journal.admit(job("b"))
+    journal.admit(job("a")).wait()
+    journal.admit(job("b")).wait()
     journal.append("a", "chunk", {"n": 0})
     journal.append("a", "chunk", {"n": 1})
     assert journal.events("a", 0) == [] and journal.get("a").event_count == 0  # type: ignore[union-attr]
     journal.append("a", "chunk", {"n": 2})  # the third makes a checkpoint
-    assert len(journal.events("a", 0)) == 3 and commits == [set(), set(), {"a"}]  # admissions have no events
+    journal.flush().wait()  # nothing pending: waits for that checkpoint's group
+    assert len(journal.events("a", 0)) == 3 and commits == [{"a"}]  # admissions have no events
     journal.append("b", "chunk", {"n": 3})
-    journal.flush()
+    journal.flush().wait()
     assert len(journal.events("b", 0)) == 1 and commits[-1] == {"b"}  # only b's followers are woken
     journal.close()
 
 
 def test_events_are_contiguous_and_the_terminal_sets_status(path: Path) -> None:
     journal = Journal(path, checkpoint_events=3)
-    journal.admit(job("a"))
-    journal.admit(job("b"))
+    journal.admit(job("a")).wait()
+    journal.admit(job("b")).wait()
     for n in range(5):
         journal.append("a", "chunk", {"n": n})
         journal.append("b", "chunk", {"n": n})
-    journal.finish("a", "completed", {"status": "completed"}, {"raw": "x"})
+    journal.finish("a", "completed", {"status": "completed"}, {"raw": "x"}).wait()
     events = journal.events("a", 0)
     assert [e.sequence for e in events] == list(range(6)) and events[-1].terminal
     assert journal.get("a").status == "completed" and journal.get("a").event_count == 6  # type: ignore[union-attr]
     assert journal.output("a") == {"raw": "x"} and journal.output("b") is None
     assert [e.data["n"] for e in journal.events("b", 3)] == [3, 4]
     assert [j.action_id for j in journal.running()] == ["b"]
-    journal.archive("a")
+    journal.archive("a").wait()
     assert journal.get("a") is None and journal.events("a", 0) == []
     journal.close()
 
@@ -69,9 +82,11 @@ import os, sys
 from pathlib import Path
 from supervisor.journal.store import Job, Journal
 journal = Journal(Path(sys.argv[1]), checkpoint_events=int(sys.argv[2]))
-journal.admit(Job("a", "demo", "run", "h", "running", 0))
+journal.admit(Job("a", "demo", "run", "h", "running", 0)).wait()
 for n in range(int(sys.argv[3])):
-    journal.append("a", "chunk", {"n": n})
+    group = journal.append("a", "chunk", {"n": n})
+    if group is not None:
+        group.wait()  # as the recorder does: a checkpoint is durable before more is relayed
 os._exit(0)  # a crash: no flush, no close
 """
 
@@ -146,10 +161,10 @@ def test_a_corrupt_file_is_refused(path: Path) -> None:
 )
 def test_an_inconsistent_journal_is_refused(path: Path, edit: str, problem: str) -> None:
     journal = Journal(path, checkpoint_events=1)
-    journal.admit(job("a"))
+    journal.admit(job("a")).wait()
     journal.append("a", "started", {})
     journal.append("a", "chunk", {})
-    journal.finish("a", "completed", {})
+    journal.finish("a", "completed", {}).wait()
     journal.close()
     with sqlite3.connect(path) as db:
         db.execute(edit)
@@ -210,16 +225,16 @@ def test_a_malformed_reference_journal_refuses_to_start(path: Path) -> None:
 
 def test_a_full_journal_fails_the_write_not_the_journal(path: Path) -> None:
     journal = Journal(path, checkpoint_events=1, max_bytes=1024 * 1024)
-    journal.admit(job("a"))
+    journal.admit(job("a")).wait()
     with pytest.raises(JournalError, match="full"):
         for n in range(1, 10_000):
-            journal.append("a", "chunk", {"blob": "x" * 8192, "n": n})
+            checkpoint(journal.append("a", "chunk", {"blob": "x" * 8192, "n": n}))
     written = journal.get("a").event_count  # type: ignore[union-attr]
     assert written > 0
     assert [e.sequence for e in journal.events("a", 0, 100_000)] == list(range(written))  # nothing half-written
     with pytest.raises(JournalError, match="full"):
-        journal.append("a", "chunk", {"blob": "x" * 8192})
-    journal.finish("a", "failed", {"status": "failed"})  # small writes still fit: the terminal event lands
+        checkpoint(journal.append("a", "chunk", {"blob": "x" * 8192}))
+    journal.finish("a", "failed", {"status": "failed"}).wait()  # small writes still fit: the terminal event lands
     written += 1
     journal.close()
     reopened = Journal(path, checkpoint_events=1)
@@ -273,21 +288,21 @@ def test_a_group_that_fails_to_commit_frees_its_sequences(path: Path) -> None:
     """Chunks wait in memory until their group commits; if it fails, readers never saw them and the next
     events take their sequences, so every job's events stay contiguous."""
     journal = Journal(path, checkpoint_events=100)
-    journal.admit(job("a"))
-    journal.admit(job("b"))
-    assert [journal.append("a", "chunk", {"n": n}).sequence for n in range(3)] == [0, 1, 2]
+    journal.admit(job("a")).wait()
+    journal.admit(job("b")).wait()
+    for n in range(3):
+        journal.append("a", "chunk", {"n": n})
     journal.append("b", "chunk", {"n": 0})
-    journal.flush()
+    journal.flush().wait()
     journal.append("a", "chunk", {"n": 3}, encoded=b'{"n":3}')
     journal.append("b", "chunk", {"n": 1})
     journal._db.execute("PRAGMA query_only = ON")  # every write now fails, as a full or failing disk would
-    with pytest.raises(JournalError, match="commit failed"):
-        journal.flush()
+    with pytest.raises(JournalError, match="write failed"):
+        journal.flush().wait()
     journal._db.execute("PRAGMA query_only = OFF")
     assert journal.get("a").event_count == 3 and journal.get("b").event_count == 1  # type: ignore[union-attr]
-    assert journal.append("a", "chunk", {"n": "again"}).sequence == 3
-    journal.finish("b", "completed", {"raw": "b"}, {"raw": "b"})
-    journal.flush()
+    journal.append("a", "chunk", {"n": "again"})
+    journal.finish("b", "completed", {"raw": "b"}, {"raw": "b"}).wait()  # after the chunk: one group, then it
     assert [(e.sequence, e.data) for e in journal.events("a", 2)] == [(2, {"n": 2}), (3, {"n": "again"})]
     assert [e.sequence for e in journal.events("b", 0)] == [0, 1] and journal.get("b").event_count == 2  # type: ignore[union-attr]
     assert journal.stored_events("a", 3) == [("chunk", 3, b'{"n":"again"}')]
@@ -302,10 +317,9 @@ import os, sys
 from pathlib import Path
 from supervisor.journal.store import Job, Journal
 journal = Journal(Path(sys.argv[1]), checkpoint_events=100)
-journal.admit(Job("a", "demo", "run", "h", "running", 0))
+journal.admit(Job("a", "demo", "run", "h", "running", 0)).wait()
 journal.append("a", "chunk", {"n": 0})
-journal.set_worker("a", 4242, 1234.5, 4242)
-assert journal._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL again for what follows
+journal.set_worker("a", 4242, 1234.5, 4242).wait()
 os._exit(0)  # a crash right after: the worker would now get its Start
 """
 
@@ -317,4 +331,105 @@ def test_the_worker_record_survives_a_crash_of_the_supervisor(path: Path) -> Non
     restored = journal.get("a")
     assert restored is not None and (restored.worker_pid, restored.worker_start_time) == (4242, 1234.5)
     assert len(journal.events("a", 0)) == 1  # the pending chunk committed (durably) before it
+    journal.close()
+
+
+# The writer thread ---------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def held_lock(path: Path) -> Iterator[sqlite3.Connection]:
+    """Another connection holding the journal's write lock, as a backup or an operator's sqlite3 would."""
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        yield holder
+    finally:
+        if holder.in_transaction:
+            holder.execute("ROLLBACK")
+        holder.close()
+
+
+def test_under_a_held_lock_admission_is_refused_in_time_and_the_terminal_waits(path: Path) -> None:
+    journal = Journal(path, checkpoint_events=100)
+    journal.admit(job("a")).wait()
+    with held_lock(path):
+        submitted = time.monotonic()
+        admission, terminal = journal.admit(job("b")), journal.finish("a", "completed", {"raw": "a"}, {"raw": "a"})
+        assert time.monotonic() - submitted < 0.05  # handing a write over never waits for SQLite
+        with pytest.raises(JournalBusy):
+            admission.wait()
+        assert REFUSE_AFTER_SECONDS <= time.monotonic() - submitted < REFUSE_AFTER_SECONDS + 0.5
+        time.sleep(0.3)
+        assert not terminal.future.done()  # what happened is never dropped for a busy journal
+    assert terminal.wait().sequence == 0  # lands once the lock is free
+    assert journal.get("a").status == "completed" and journal.get("b") is None  # type: ignore[union-attr]
+    journal.close()
+
+
+def test_writes_queued_together_commit_together(path: Path) -> None:
+    """Group commit: what queues while the writer waits is one transaction, one fsync."""
+    journal = Journal(path, checkpoint_events=100)
+    commits: list[float] = []
+    journal.commit_seconds = commits.append
+    for name in "abc":
+        journal.admit(job(name)).wait()
+    del commits[:]
+    with held_lock(path):
+        journal.append("a", "chunk", {"n": 0})
+        journal.set_worker("b", 4242, 1.0, 4242)
+        finished = [journal.finish(name, "completed", {"raw": name}) for name in "abc"]
+        time.sleep(0.2)
+    assert [written.wait().sequence for written in finished] == [1, 0, 0]
+    assert len(commits) == 1
+    assert journal.get("b").worker_pid == 4242 and not journal.running()  # type: ignore[union-attr]
+    journal.close()
+
+
+def test_a_failing_write_rolls_back_only_itself(path: Path) -> None:
+    journal = Journal(path, checkpoint_events=100)
+    journal.admit(job("a")).wait()
+    with held_lock(path):  # so that all three share one transaction
+        duplicate, ghost, fine = journal.admit(job("a")), journal.finish("ghost", "failed", {}), journal.admit(job("b"))
+    with pytest.raises(JournalError, match="UNIQUE"):
+        duplicate.wait()
+    with pytest.raises(JournalError, match="no job 'ghost'"):
+        ghost.wait()
+    fine.wait()
+    assert [j.action_id for j in journal.running()] == ["a", "b"]
+    journal.close()
+
+
+def test_close_commits_what_is_queued_and_gives_up_after_its_grace(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    journal = Journal(path, checkpoint_events=100)
+    journal.admit(job("a")).wait()
+    journal.append("a", "chunk", {"n": 0})
+    journal.close()  # the pending chunk is handed over and committed before the writer stops
+    journal = Journal(path, checkpoint_events=100)
+    assert len(journal.events("a", 0)) == 1
+    monkeypatch.setattr(store, "CLOSE_GRACE_SECONDS", 0.2)
+    with held_lock(path):
+        terminal = journal.finish("a", "completed", {})
+        started = time.monotonic()
+        journal.close()
+        assert time.monotonic() - started < 1
+    with pytest.raises(JournalBusy):
+        terminal.wait()  # never silently lost: its waiter is told, and a restart fences the job
+
+
+def test_readers_are_woken_on_the_event_loop_that_wrote(path: Path) -> None:
+    journal = Journal(path, checkpoint_events=100)
+    woken: list[tuple[set[str], int]] = []
+    journal.on_commit = lambda action_ids: woken.append((action_ids, threading.get_ident()))
+
+    async def run() -> None:
+        await journal.admit(job("a"))
+        journal.append("a", "started", {})
+        await journal.flush()
+        event = await journal.finish("a", "completed", {})
+        assert event.sequence == 1
+        await asyncio.sleep(0)  # the wake-up was queued on this loop before the await resumed
+
+    asyncio.run(run())
+    assert woken == [({"a"}, threading.get_ident())] * 2
     journal.close()

@@ -1,4 +1,4 @@
-"""JSON made safe for the line-based places it goes: SSE ``data:`` lines, log lines, a terminal.
+"""Text made safe for the line-based places it goes: SSE ``data:`` lines, log lines, a terminal.
 
 orjson writes U+2028, U+2029 and the C1 controls (U+0080–U+009F, NEL among them) raw. Common line
 splitters (Python's ``str.splitlines``, so httpx's ``iter_lines``; JavaScript's line terminators) end a
@@ -22,3 +22,19 @@ def json_line(encoded: bytes) -> bytes:
 
 def _escape(match: re.Match[bytes]) -> bytes:
     return b"\\u%04x" % ord(match.group().decode())
+
+
+# C0, DEL, C1, and the two line separators: what may end a line or drive a terminal.
+CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+CONTROLS_BUT_LAYOUT = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")  # the same, keeping tab and newline
+
+
+def visible(value: object, layout: bool = False) -> str:
+    """``value`` as text with every control character written out (``\\x1b``, ``\\u009b``); with ``layout``,
+    tabs and newlines of multi-line text (chunks, an output) stay as they are."""
+    return (CONTROLS_BUT_LAYOUT if layout else CONTROLS).sub(_written_out, str(value))
+
+
+def _written_out(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}"

@@ -10,7 +10,7 @@ import time
 
 import orjson
 
-from supervisor.escaping import json_line
+from supervisor.escaping import json_line, visible
 
 # What a record may carry beside its message (passed with ``extra=``); nothing else is emitted.
 FIELDS = ("action_id", "crew_id", "operation", "outcome", "error_type", "reason", "duration_ms", "pid", "launcher")
@@ -38,7 +38,8 @@ class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         context = " ".join(f"{name}={getattr(record, name)}" for name in FIELDS if hasattr(record, name))
         record = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None})
-        return f"{super().format(record)} {context}".rstrip()
+        # One line whatever job-chosen text it quotes: no newline, terminal escape or line separator.
+        return visible(f"{super().format(record)} {context}".rstrip())
 
 
 def configure(level: str, style: str) -> None:

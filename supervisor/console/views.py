@@ -9,7 +9,6 @@ characters (an ESC or CSI starts an escape sequence: a window title, a cursor mo
 from __future__ import annotations
 
 import datetime
-import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,21 +16,10 @@ import orjson
 from rich.table import Table
 from rich.text import Text
 
+from supervisor.escaping import visible
+
 STATUS_STYLES = {"running": "cyan", "completed": "green", "failed": "red", "cancelled": "yellow"}
 OUTPUT_PREVIEW = 2000  # characters of a completed job's raw output that ``show`` prints
-CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1
-CONTROLS_BUT_LAYOUT = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # the same, keeping tab and newline
-
-
-def visible(value: Any, layout: bool = False) -> str:
-    """``value`` as text with every control character written out (``\\x1b``, ``\\u009b``); with ``layout``,
-    tabs and newlines of multi-line text (chunks, an output) stay as they are."""
-    return (CONTROLS_BUT_LAYOUT if layout else CONTROLS).sub(_written_out, str(value))
-
-
-def _written_out(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}"
 
 
 def plain(value: Any, style: str = "", layout: bool = False) -> Text:

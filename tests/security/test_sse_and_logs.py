@@ -4,6 +4,7 @@ on CR and LF and say in one line what they cannot read."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,6 +12,8 @@ import orjson
 import pytest
 
 from supervisor.console import sse
+from supervisor.escaping import CONTROLS
+from supervisor.logs import TextFormatter
 from tests.conftest import Server, start_body, wait_until
 
 KEY = {"Idempotency-Key": "k"}
@@ -101,3 +104,14 @@ def test_the_async_reader_splits_the_same() -> None:
         return [line async for line in sse.alines(arrive())]
 
     assert asyncio.run(read()) == list(sse.lines(chunks)) == ["a", "b\u2028c", "d"]
+
+
+def test_text_log_lines_write_controls_and_separators_out() -> None:
+    """LOG_FORMAT=text is for people at a terminal: one line per record, no escape sequence reaches them."""
+    hostile = "job\u2028forged\nline\x1b]0;PWNED\x07\u0085\u009b2K"
+    record = logging.LogRecord("crew_supervisor.jobs", logging.INFO, __file__, 1, "job %s finished", (hostile,), None)
+    record.action_id = hostile
+    line = TextFormatter().format(record)
+    assert "\n" not in line and not CONTROLS.search(line)
+    assert "job\\u2028forged\\x0aline\\x1b]0;PWNED\\x07\\u0085\\u009b2K finished" in line
+    assert line.endswith("action_id=job\\u2028forged\\x0aline\\x1b]0;PWNED\\x07\\u0085\\u009b2K")

@@ -24,15 +24,20 @@ def _escape(match: re.Match[bytes]) -> bytes:
     return b"\\u%04x" % ord(match.group().decode())
 
 
-# C0, DEL, C1, and the two line separators: what may end a line or drive a terminal.
-CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-CONTROLS_BUT_LAYOUT = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")  # the same, keeping tab and newline
+CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1: what drives a terminal
+CONTROLS_BUT_LAYOUT = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # the same, keeping tab and newline
+LINE_BREAKERS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # and what some readers end a line at
 
 
 def visible(value: object, layout: bool = False) -> str:
     """``value`` as text with every control character written out (``\\x1b``, ``\\u009b``); with ``layout``,
     tabs and newlines of multi-line text (chunks, an output) stay as they are."""
     return (CONTROLS_BUT_LAYOUT if layout else CONTROLS).sub(_written_out, str(value))
+
+
+def one_line(value: object) -> str:
+    """``visible``, and U+2028 and U+2029 written out too: a log line that no reader splits."""
+    return LINE_BREAKERS.sub(_written_out, str(value))
 
 
 def _written_out(match: re.Match[str]) -> str:

@@ -10,7 +10,7 @@ import time
 
 import orjson
 
-from supervisor.escaping import json_line, visible
+from supervisor.escaping import json_line, one_line
 
 # What a record may carry beside its message (passed with ``extra=``); nothing else is emitted.
 FIELDS = ("action_id", "crew_id", "operation", "outcome", "error_type", "reason", "duration_ms", "pid", "launcher")
@@ -39,7 +39,7 @@ class TextFormatter(logging.Formatter):
         context = " ".join(f"{name}={getattr(record, name)}" for name in FIELDS if hasattr(record, name))
         record = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None})
         # One line whatever job-chosen text it quotes: no newline, terminal escape or line separator.
-        return visible(f"{super().format(record)} {context}".rstrip())
+        return one_line(f"{super().format(record)} {context}".rstrip())
 
 
 def configure(level: str, style: str) -> None:

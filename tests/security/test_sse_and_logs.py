@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from supervisor.console import sse
-from supervisor.escaping import CONTROLS
+from supervisor.escaping import LINE_BREAKERS
 from supervisor.logs import TextFormatter
 from tests.conftest import Server, start_body, wait_until
 
@@ -112,6 +112,6 @@ def test_text_log_lines_write_controls_and_separators_out() -> None:
     record = logging.LogRecord("crew_supervisor.jobs", logging.INFO, __file__, 1, "job %s finished", (hostile,), None)
     record.action_id = hostile
     line = TextFormatter().format(record)
-    assert "\n" not in line and not CONTROLS.search(line)
+    assert "\n" not in line and not LINE_BREAKERS.search(line)
     assert "job\\u2028forged\\x0aline\\x1b]0;PWNED\\x07\\u0085\\u009b2K finished" in line
     assert line.endswith("action_id=job\\u2028forged\\x0aline\\x1b]0;PWNED\\x07\\u0085\\u009b2K")

@@ -3,7 +3,7 @@
 Pure Python plus orjson; imports nothing else from this project.
 """
 
-from protocol.environment import CONTROL_FD, EVENT_FD, QUIET_CREWAI
+from protocol.environment import CONTROL_FD, EVENT_FD, QUIET_CREWAI, WORKER_IDS
 from protocol.frames import (
     MAX_FRAME_BYTES,
     FrameError,
@@ -47,6 +47,7 @@ __all__ = [
     "READ_ONLY_OPERATIONS",
     "TERMINAL",
     "WARMUP_FAILED",
+    "WORKER_IDS",
     "Chunk",
     "Completed",
     "Exited",

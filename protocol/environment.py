@@ -9,6 +9,10 @@ from __future__ import annotations
 CONTROL_FD = 3  # supervisor -> worker (Start, Stop); for the fork server, its socket
 EVENT_FD = 4  # worker -> supervisor: every frame the worker sends
 
+# "uid:gid" a worker (or the fork server) switches to before anything else, when the supervisor's
+# AIP_CREWAI_WORKER_USER is set; absent, it keeps the supervisor's uid.
+WORKER_IDS = "AIP_CREWAI_WORKER_IDS"
+
 # CrewAI calls home (and stalls ~20 s offline) unless these are set before it is imported.
 QUIET_CREWAI = {
     "CREWAI_DISABLE_TELEMETRY": "true",

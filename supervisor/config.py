@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import ipaddress
 import os
+import pwd
 import stat
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -136,6 +137,12 @@ SPEC: dict[str, tuple[Callable[[str], Any], str, str]] = {
     "WORKER_MAX_OUTPUT_BYTES": (_integer(0, 1 << 40), str(64 * MiB), "stdout+stderr bytes a job may write (0: off)"),
     "WORKER_NICE": (_integer(0, 19), "10", "workers' niceness, so the supervisor stays responsive under load"),
     "LIMIT_SAMPLE_MS": (_integer(10, 60000), "250", "how often memory, CPU and processes are sampled"),
+    "WORKER_USER": (
+        _text,
+        "",
+        "run the fork server and the workers as this user (a name, uid or uid:gid), not as the supervisor;"
+        " the supervisor must be root (empty: the supervisor's own uid)",
+    ),
 }
 
 
@@ -172,7 +179,9 @@ class Settings:
     worker_max_output_bytes: int
     worker_nice: int
     limit_sample_ms: int
+    worker_user: str
     token: str | None = None  # resolved from BEARER_TOKEN or BEARER_TOKEN_FILE
+    worker_ids: tuple[int, int] | None = None  # (uid, gid) resolved from WORKER_USER; None: the supervisor's
 
     @property
     def loopback(self) -> bool:
@@ -208,6 +217,7 @@ def load(flags: Mapping[str, str | None], environ: Mapping[str, str] = os.enviro
     settings = Settings(**values)
     if settings.prefork is None:
         settings = dataclasses.replace(settings, prefork=min(settings.max_concurrency, DEFAULT_PREFORK))
+    settings = dataclasses.replace(settings, worker_ids=_worker_ids(settings.worker_user))
     return dataclasses.replace(settings, token=_check(settings))
 
 
@@ -223,7 +233,7 @@ def _check(s: Settings) -> str | None:
     if s.allow_unauthenticated and not s.loopback:
         raise ConfigError(f"{PREFIX}ALLOW_UNAUTHENTICATED is only allowed on a loopback host, not {s.host!r}")
     if "train" in s.allowed_operations:
-        _check_training_dir(s.training_dir)
+        _check_training_dir(s.training_dir, s.worker_ids)
     token = _token(s)
     if token is None and not s.allow_unauthenticated:
         raise ConfigError(
@@ -269,7 +279,33 @@ def _read_token_file(path: str) -> str:
         raise ConfigError(f"{name}: not UTF-8") from None
 
 
-def _check_training_dir(path: str) -> None:
+def _worker_ids(raw: str) -> tuple[int, int] | None:
+    """WORKER_USER as (uid, gid): a name or a uid takes the user's primary group from the passwd
+    database; ``uid:gid`` names both (a uid without a passwd entry, as containers often have)."""
+    if not raw:
+        return None
+    name = f"{PREFIX}WORKER_USER={raw!r}"
+    if os.geteuid() != 0:  # only root may change a process's uid; a worker would fail at its first step
+        raise ConfigError(f"{name}: the supervisor must run as root to run workers as another user")
+    user, colon, group = raw.partition(":")
+    try:
+        if colon:
+            ids = (int(user), int(group))
+        elif user.isdigit():
+            ids = (int(user), pwd.getpwuid(int(user)).pw_gid)
+        else:
+            entry = pwd.getpwnam(user)
+            ids = (entry.pw_uid, entry.pw_gid)
+    except ValueError:
+        raise ConfigError(f"{name}: must be a user name, a uid or uid:gid") from None
+    except KeyError:
+        raise ConfigError(f"{name}: no such user (give uid:gid for one without a passwd entry)") from None
+    if not all(0 < value < 2**32 - 1 for value in ids):  # 0 is root's uid or group; 2**32-1 means "unchanged"
+        raise ConfigError(f"{name}: uid and gid must be neither root's (0) nor out of range")
+    return ids
+
+
+def _check_training_dir(path: str, worker_ids: tuple[int, int] | None) -> None:
     name = f"{PREFIX}TRAINING_DIR"
     if not path:
         raise ConfigError(f"{name} is required when train is an allowed operation")
@@ -281,3 +317,9 @@ def _check_training_dir(path: str) -> None:
         raise ConfigError(f"{name}={path!r}: must be a directory, not a symlink")
     if info.st_mode & 0o077:
         raise ConfigError(f"{name}={path!r}: mode {info.st_mode & 0o777:04o}; use 0700")
+    # 0700, so only its owner can write there: the workers write the artifacts.
+    if worker_ids is not None and info.st_uid != worker_ids[0]:
+        raise ConfigError(
+            f"{name}={path!r}: owned by uid {info.st_uid}; the workers' user ({PREFIX}WORKER_USER,"
+            f" uid {worker_ids[0]}) must own it"
+        )

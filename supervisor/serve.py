@@ -158,9 +158,9 @@ class _Dated:
 def _prepare(settings: config.Settings, journal_path: Path) -> Supervisor:
     """Lock and open the journal, learn the crews, fence jobs a dead supervisor left running."""
     state = journal_path.parent
-    prepare_directory(state)
+    prepare_directory(state, settings.worker_ids)
     check_state_files(journal_path)
-    prepare_places(state, ("home", "storage", "scratch"))
+    prepare_places(state, ("home", "storage", "scratch"), settings.worker_ids)
     journal = Journal(journal_path, settings.stream_checkpoint_events, settings.max_state_bytes)
     if journal.imported_from:
         log.warning(

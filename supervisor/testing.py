@@ -157,13 +157,15 @@ def start(
     wait: bool = True,
     ready_seconds: float = READY_SECONDS,
     pass_fds: Sequence[int] = (),
+    python: str = sys.executable,
     **settings: str | int | float | bool,
 ) -> Server:
     """Start ``python -m supervisor serve`` on ``registry`` (``module:attr``, importable from ``path``).
 
     ``state`` is the state directory (the supervisor creates it); ``log`` defaults to a file beside it;
     ``args`` are extra ``serve`` flags (``--log-level warning``); ``port`` 0 picks a free one; ``pass_fds``
-    are left open in it, as a careless launcher would leave its descriptors. The
+    are left open in it, as a careless launcher would leave its descriptors; ``python`` is the interpreter it
+    runs on (and its workers: the supervisor launches them with its own). The
     environment is this process's, CrewAI's telemetry off, then the server's own, then ``settings``
     (``max_concurrency=8``), then ``env``. With ``wait`` it returns once ``/health`` answers.
     """
@@ -183,7 +185,7 @@ def start(
         **{_setting(name): _value(value) for name, value in settings.items()},
         **(env or {}),
     }
-    command = [sys.executable, "-m", "supervisor", "serve", *args]
+    command = [python, "-m", "supervisor", "serve", *args]
     with open(log, "ab") as out:  # the child keeps its own descriptor
         process = subprocess.Popen(
             command, env=full_env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, pass_fds=pass_fds

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -65,10 +66,21 @@ def start_server(
     wait: bool = True,
     registry: str = TEST_REGISTRY,
     pass_fds: Sequence[int] = (),
+    python: str = sys.executable,
+    path: Sequence[str] = (),
 ) -> Server:
-    """A supervisor on the test registry (``supervisor.testing``), heartbeats every 0.5 s; ``env`` wins."""
+    """A supervisor on the test registry (``supervisor.testing``), heartbeats every 0.5 s; ``env`` wins.
+    ``python`` runs it (and its workers), with ``path`` after this tree on its import path."""
     server = testing.start(
-        state, registry, env=env, path=[ROOT], cwd=ROOT, wait=False, heartbeat_seconds=0.5, pass_fds=pass_fds
+        state,
+        registry,
+        env=env,
+        path=[ROOT, *path],
+        cwd=ROOT,
+        wait=False,
+        heartbeat_seconds=0.5,
+        pass_fds=pass_fds,
+        python=python,
     )
     _started.append(server)
     if wait:

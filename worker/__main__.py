@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from protocol import CONTROL_FD, EVENT_FD
+from protocol import CONTROL_FD, EVENT_FD, WORKER_IDS
 from worker import forkserver, job, lifecycle
 
 NICE = "AIP_CREWAI_WORKER_NICE"  # set by the supervisor from its settings
@@ -22,8 +22,10 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("--cwd", help="working directory (the job's scratch directory)")
     args = parser.parse_args(argv)
+    # Before the registry is imported: no crew code runs with a capability, nor as root's uid with WORKER_IDS.
+    lifecycle.confine(_ids(os.environ.get(WORKER_IDS, "")))
+    # After: a uid change clears the death signal. A parent that died before it was armed is caught here.
     lifecycle.bind_to_parent(args.parent_pid)
-    lifecycle.confine()
     # Before any thread exists, so all inherit it; a fork server's workers inherit it from the fork server.
     os.nice(int(os.environ.get(NICE, "0")))
     if args.cwd:
@@ -31,6 +33,13 @@ def main(argv: list[str]) -> None:
     if args.mode == "forkserver":
         forkserver.serve(CONTROL_FD)
     job.run(EVENT_FD, CONTROL_FD, describe=args.mode == "describe")
+
+
+def _ids(raw: str) -> tuple[int, int] | None:
+    if not raw:
+        return None
+    uid, _, gid = raw.partition(":")
+    return int(uid), int(gid)
 
 
 if __name__ == "__main__":

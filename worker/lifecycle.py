@@ -39,7 +39,7 @@ class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
-def confine() -> None:
+def confine(ids: tuple[int, int] | None = None) -> None:
     """What every worker process (and the fork server) gives up first, before any crew code runs.
 
     - umask 077: CrewAI's storage, HOME and scratch files are 0600/0700 whatever the supervisor's umask;
@@ -47,8 +47,13 @@ def confine() -> None:
     - Every capability, when it has any (a root supervisor's children have them all): CAP_SYS_PTRACE,
       CAP_SYS_ADMIN and CAP_PERFMON each override the supervisor's PR_SET_DUMPABLE 0, so a root worker
       could otherwise still read its environ or attach to it. The bounding set is emptied too, so nothing
-      the crew executes (a setuid-root binary included) gets one back. The uid stays: same-uid reach
-      (signals, the state directory) remains, see the README's Security section.
+      the crew executes (a setuid-root binary included) gets one back.
+    - With ``ids`` (the supervisor's WORKER_USER as (uid, gid)), root's uid and groups: no supplementary
+      groups, then that gid, then that uid (real, effective and saved, so none can be taken back). The
+      bounding set is emptied first, while CAP_SETPCAP is still ours (the uid change takes it); the uid
+      change clears the other capabilities. It also clears PR_SET_PDEATHSIG: the caller arms it after.
+      Without ``ids`` the uid stays: same-uid reach (signals, the state directory) remains, see the
+      README's Security section.
     """
     os.umask(0o077)
     libc = ctypes.CDLL(None, use_errno=True)
@@ -56,15 +61,19 @@ def confine() -> None:
     data = (_CapData * 2)()
     if libc.capget(ctypes.byref(header), data) != 0:
         raise OSError(ctypes.get_errno(), "capget failed")
-    if not any(word.effective | word.permitted | word.inheritable for word in data):
-        return
-    if data[0].effective & (1 << CAP_SETPCAP):  # needed to shrink the bounding set
+    capable = any(word.effective | word.permitted | word.inheritable for word in data)
+    if capable and data[0].effective & (1 << CAP_SETPCAP):  # needed to shrink the bounding set
         cap = 0
         while libc.prctl(PR_CAPBSET_READ, cap, 0, 0, 0) >= 0:  # EINVAL past the kernel's last capability
             if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
                 raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
             cap += 1
-    if libc.capset(ctypes.byref(header), (_CapData * 2)()) != 0:
+    if ids is not None:  # without CAP_SETUID/CAP_SETGID (a non-root supervisor's worker) this raises
+        uid, gid = ids
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+    if capable and libc.capset(ctypes.byref(header), (_CapData * 2)()) != 0:
         raise OSError(ctypes.get_errno(), "capset failed")
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from protocol import READ_ONLY_OPERATIONS, Chunk, Completed, Failed, Hello, Start, Started
+from protocol import READ_ONLY_OPERATIONS, WORKER_IDS, Chunk, Completed, Failed, Hello, Start, Started
 from supervisor.config import PREFIX, Settings
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.outcomes import Outcome, after_terminal, exit_failure, failure, protocol_fault
@@ -135,6 +135,8 @@ class Runner:
 
     async def _spawn_and_supervise(self, job: LiveJob) -> Outcome:
         scratch = Path(tempfile.mkdtemp(prefix="job-", dir=self.state / "scratch"))
+        if self.settings.worker_ids is not None:  # made 0700 by us: the worker's user must own it to write there
+            os.chown(scratch, *self.settings.worker_ids)
         env, cwd = worker_env(self.settings, self.state, job.crew_id), str(scratch)
         try:
             try:
@@ -300,6 +302,10 @@ def worker_env(settings: Settings, state: Path, crew_id: str) -> dict[str, str]:
         CREWAI_STORAGE_DIR=str(state / "storage" / place),
     )
     env[PREFIX + "WORKER_NICE"] = str(settings.worker_nice)
+    # What `python -m worker` switches to first (worker/__main__.py); never taken from our own environment.
+    env.pop(WORKER_IDS, None)
+    if settings.worker_ids is not None:
+        env[WORKER_IDS] = "{}:{}".format(*settings.worker_ids)
     if settings.training_dir:
         env[PREFIX + "TRAINING_DIR"] = str(Path(settings.training_dir).absolute())
     return env

@@ -58,14 +58,38 @@ def restrict(path: Path) -> None:
         os.chmod(path, 0o600)
 
 
-def prepare_directory(directory: Path) -> None:
-    """The state directory: 0700 when we create it; never a symlink, never group/world-writable."""
+def prepare_directory(directory: Path, worker_ids: tuple[int, int] | None = None) -> None:
+    """The state directory: 0700 when we create it; never a symlink, never group/world-writable.
+
+    With workers of another user (``worker_ids``, WORKER_USER) it must be theirs to traverse and no one
+    else's to change: search permission for group and others is added (0711: no listing, and the
+    journal's files stay 0600 ours), it must not be owned by that user, and every directory above it
+    must let that user through without letting it write there (or only where the sticky bit holds).
+    """
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     info = os.lstat(directory)
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
         raise JournalError(f"state directory {directory} must be a directory, not a symlink")
     if info.st_mode & 0o022:
         raise JournalError(f"state directory {directory} is group- or world-writable (mode {info.st_mode & 0o777:04o})")
+    if worker_ids is None:
+        return
+    if info.st_uid == worker_ids[0]:
+        raise JournalError(f"state directory {directory} is owned by the workers' user (uid {worker_ids[0]})")
+    for above in directory.absolute().parents:
+        where = os.stat(above)
+        if not _grants(where, worker_ids, 0o1):
+            raise JournalError(f"the workers' user (uid {worker_ids[0]}) cannot traverse {above}, above the state")
+        if _grants(where, worker_ids, 0o2) and not where.st_mode & stat.S_ISVTX:
+            raise JournalError(f"the workers' user (uid {worker_ids[0]}) can write to {above}, above the state")
+    os.chmod(directory, stat.S_IMODE(info.st_mode) | 0o011)
+
+
+def _grants(info: os.stat_result, ids: tuple[int, int], bits: int) -> bool:
+    """Whether the mode's owner, group or other class (the one that applies to ``ids``, a process
+    without supplementary groups) holds ``bits``. ACLs are not read."""
+    shift = 6 if info.st_uid == ids[0] else 3 if info.st_gid == ids[1] else 0
+    return (info.st_mode >> shift) & bits == bits
 
 
 def journal_companions(journal: Path) -> list[tuple[Path, str]]:
@@ -93,9 +117,10 @@ def check_state_files(journal: Path) -> None:
             raise JournalError(f"{what} {path} is {_kind(mode)}, not a regular file")
 
 
-def prepare_places(state: Path, names: tuple[str, ...]) -> None:
+def prepare_places(state: Path, names: tuple[str, ...], worker_ids: tuple[int, int] | None = None) -> None:
     """The workers' directories under the state directory (HOME, CrewAI storage, scratch): 0700 when we
-    create them; a symlink or anything but a directory is refused, never followed."""
+    create them; a symlink or anything but a directory is refused, never followed. With workers of
+    another user (``worker_ids``) each is handed to that user, with what it holds."""
     for name in names:
         path = state / name
         with contextlib.suppress(FileExistsError):
@@ -103,6 +128,24 @@ def prepare_places(state: Path, names: tuple[str, ...]) -> None:
         mode = os.lstat(path).st_mode
         if not stat.S_ISDIR(mode):
             raise JournalError(f"state directory {path} is {_kind(mode)}, not a directory")
+        if worker_ids is not None:
+            _hand_over(path, worker_ids)
+
+
+def _hand_over(path: Path, ids: tuple[int, int]) -> None:
+    """``path`` and everything under it owned by ``ids``: what workers of another uid (or root's,
+    before WORKER_USER was set) left there becomes writable by the workers now.
+
+    No link is followed, even one swapped in while we walk: every change is made relative to a
+    directory descriptor whose identity fwalk checked. A file with more than one link is left as it is:
+    it may be a hard link a worker made to a file that is not the workers' to have.
+    """
+    os.chown(path, *ids, follow_symlinks=False)
+    for _, directories, files, where in os.fwalk(path):
+        for name in directories + files:
+            info = os.stat(name, dir_fd=where, follow_symlinks=False)
+            if (info.st_uid, info.st_gid) != ids and (stat.S_ISDIR(info.st_mode) or info.st_nlink == 1):
+                os.chown(name, *ids, dir_fd=where, follow_symlinks=False)
 
 
 def _kind(mode: int) -> str:

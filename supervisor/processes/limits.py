@@ -261,12 +261,15 @@ class Limits:
 
 
 def _prlimit(pid: int, kind: int, soft: int, hard: int) -> None:
-    """Lower only: a limit already tighter (set by the operator's own ulimit) is kept."""
-    _, current_hard = resource.prlimit(pid, kind)
-    hard = hard if current_hard == resource.RLIM_INFINITY else min(hard, current_hard)
-    soft = min(soft, hard)
+    """Lower only: a limit already tighter (set by the operator's own ulimit) is kept.
+
+    Reading another uid's limits is refused too (EPERM) without CAP_SYS_RESOURCE, which a root
+    supervisor may lack (Docker drops it) while its workers run as WORKER_USER: logged, not fatal.
+    """
     try:
-        resource.prlimit(pid, kind, (soft, hard))
+        _, current_hard = resource.prlimit(pid, kind)
+        hard = hard if current_hard == resource.RLIM_INFINITY else min(hard, current_hard)
+        resource.prlimit(pid, kind, (min(soft, hard), hard))
     except (OSError, ValueError) as exc:
         log.warning("could not set worker limit %d: %s", kind, type(exc).__name__, extra={"pid": pid})
 

@@ -2,7 +2,10 @@
 
 ``AIP_CREWAI_REGISTRY=tests.security.trust_crews:registry``. Its output's ``raw`` is JSON: for each pid
 in the input's ``targets``, what reading its environ, PTRACE_ATTACH and pidfd_getfd gave (``ok`` or the
-errno's name), and the worker's own descriptors, environment names, umask, dumpability and HOME.
+errno's name), and the worker's own descriptors, environment names, umask, dumpability and HOME. For the
+separate worker user (``test_worker_user.py``) also: its uids, gids, groups and capability sets, what
+signal 0 to each pid in ``signals`` gave, what reading each path in ``reads`` gave (a directory is
+listed), and what writing a file in its working directory, HOME and CrewAI storage gave.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from crewai import Agent, Crew, Task
 from crewai.crews.crew_output import CrewOutput
 from crewai.types.usage_metrics import UsageMetrics
 
-from tests.crews import registry as base_registry
+from tests.hostile_crews import registry as hostile_registry
 from worker.demo import OfflineLLM
 
 PTRACE_ATTACH = 16
@@ -26,6 +29,7 @@ PTRACE_DETACH = 17
 WALL = 0x40000000  # __WALL: wait for a tracee that is not our child
 SYS_PIDFD_GETFD = 438
 PR_GET_DUMPABLE = 3
+PLACES = ("HOME", "CREWAI_STORAGE_DIR")  # the worker's own directories, from its environment
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -62,7 +66,28 @@ def _steal_descriptor(pid: int) -> None:
         os.close(pidfd)
 
 
-def probe(targets: dict[str, int]) -> dict[str, Any]:
+def _read(path: str) -> None:
+    if os.path.isdir(path):
+        os.listdir(path)
+    else:
+        with open(path, "rb") as file:
+            file.read(1)
+
+
+def _write_in(directory: str) -> None:
+    with open(os.path.join(directory, "probe-wrote-here"), "w") as file:
+        file.write("ok")
+
+
+def _capabilities() -> dict[str, str]:
+    with open("/proc/self/status") as status:
+        fields = dict(line.split(":\t", 1) for line in status if line.startswith("Cap"))
+    return {name: value.strip() for name, value in fields.items()}
+
+
+def probe(
+    targets: dict[str, int], signals: dict[str, int] | None = None, reads: list[str] | None = None
+) -> dict[str, Any]:
     descriptors = {}
     for name in os.listdir("/proc/self/fd"):
         try:
@@ -85,6 +110,17 @@ def probe(targets: dict[str, int]) -> dict[str, Any]:
         "umask": umask,
         "dumpable": libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0),
         "home": os.environ.get("HOME"),
+        "uids": os.getresuid(),
+        "gids": os.getresgid(),
+        "groups": os.getgroups(),
+        "capabilities": _capabilities(),
+        "cwd": os.getcwd(),
+        "signals": {name: _outcome(lambda pid=pid: os.kill(pid, 0)) for name, pid in (signals or {}).items()},
+        "reads": {path: _outcome(lambda path=path: _read(path)) for path in reads or []},
+        "writes": {
+            place: _outcome(lambda directory=directory: _write_in(directory))
+            for place, directory in (("cwd", os.getcwd()), *((name, os.environ[name]) for name in PLACES))
+        },
     }
 
 
@@ -94,7 +130,8 @@ class ProbeCrew(Crew):
     def kickoff(self, inputs: dict[str, Any] | None = None, *args: Any, **kwargs: Any) -> Any:
         if self.stream:  # CrewAI's streamed kickoff runs this one again with streaming off
             return super().kickoff(inputs, *args, **kwargs)
-        findings = probe(dict((inputs or {}).get("targets", {})))
+        given = inputs or {}
+        findings = probe(dict(given.get("targets", {})), dict(given.get("signals", {})), list(given.get("reads", [])))
         return CrewOutput(raw=json.dumps(findings), tasks_output=[], token_usage=UsageMetrics())
 
 
@@ -103,4 +140,4 @@ def prober() -> Crew:
     return ProbeCrew(agents=[agent], tasks=[Task(description="Probe.", expected_output="Findings.", agent=agent)])
 
 
-registry = {**base_registry, "prober": prober}
+registry = {**hostile_registry, "prober": prober}  # the test registry and the runaway crews, too

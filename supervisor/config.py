@@ -125,7 +125,11 @@ SPEC: dict[str, tuple[Callable[[str], Any], str, str]] = {
         "connections kept at once (lowered to fit the open-files limit); beyond it the oldest one still"
         " waiting for its headers is closed, or the newcomer answered 503",
     ),
-    "WORKER_MAX_MEMORY_MB": (_integer(0, 1 << 20), "2048", "memory (PSS) of a worker and its descendants (0: off)"),
+    "WORKER_MAX_MEMORY_MB": (
+        _integer(0, 1 << 20),
+        "2048",
+        "memory of a job's processes: its memory cgroup's charge where there is one, else their PSS sampled (0: off)",
+    ),
     "WORKER_MAX_CPU_SECONDS": (_integer(0, 1 << 20), "3600", "CPU seconds a job's processes may use (0: off)"),
     "WORKER_MAX_PROCESSES": (
         _integer(0, 100000),
@@ -137,6 +141,12 @@ SPEC: dict[str, tuple[Callable[[str], Any], str, str]] = {
     "WORKER_MAX_OUTPUT_BYTES": (_integer(0, 1 << 40), str(64 * MiB), "stdout+stderr bytes a job may write (0: off)"),
     "WORKER_NICE": (_integer(0, 19), "10", "workers' niceness, so the supervisor stays responsive under load"),
     "LIMIT_SAMPLE_MS": (_integer(10, 60000), "250", "how often memory, CPU and processes are sampled"),
+    "CGROUPS": (
+        _choice("auto", "off"),
+        "auto",
+        "auto: a pids and a memory cgroup per job where the kernel lets us write them (the kernel enforces"
+        " WORKER_MAX_PROCESSES and WORKER_MAX_MEMORY_MB); off: sampling only",
+    ),
     "WORKER_USER": (
         _text,
         "",
@@ -179,6 +189,7 @@ class Settings:
     worker_max_output_bytes: int
     worker_nice: int
     limit_sample_ms: int
+    cgroups: str
     worker_user: str
     token: str | None = None  # resolved from BEARER_TOKEN or BEARER_TOKEN_FILE
     worker_ids: tuple[int, int] | None = None  # (uid, gid) resolved from WORKER_USER; None: the supervisor's

@@ -261,6 +261,10 @@ class Runner:
         """The event pipe closed before a result: the worker died, or it closed the pipe and runs on."""
         status = await worker.wait_exit(EXIT_WAIT_SECONDS)
         if worker.exited.done():
+            breach = self.limits.oom_breach(worker)
+            if breach is not None:  # the kernel stopped it at its memory cap: the rest of its tree goes too
+                evidence = await self._kill(worker)
+                return failure(breach.error_type, breach.message, True, **breach.proof, **evidence.as_dict())
             return exit_failure(status, worker.pid)
         return await self._fault(worker, "frame_pipe_closed", "the worker closed its event pipe and kept running")
 

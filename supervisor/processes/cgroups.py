@@ -1,106 +1,180 @@
-"""A pids cgroup per worker, where the kernel lets us make one.
+"""Kernel caps per worker: a pids cgroup and a memory cgroup, where the kernel lets us make them.
 
-Sampling sees a fork bomb only after the fact; a cgroup's ``pids.max`` makes the kernel refuse the
-fork itself, and its member list names every process of the job, even one that left with setsid.
-RLIMIT_NPROC cannot do this: it counts all processes of the user (the supervisor and every other
-job too), and root ignores it. Without a writable pids hierarchy (an unprivileged container) the
-supervisor falls back to sampling, and the container's own pids limit is the hard cap.
+Sampling sees a fork bomb or a memory hog only after the fact. A cgroup's ``pids.max`` makes the kernel
+refuse the fork itself, and its member list names every process of the job, even one that left with
+setsid; its memory limit makes the kernel's OOM killer stop the job at the limit, however fast it
+grows, and counts the kill. RLIMIT_NPROC cannot do the first (it counts all processes of the user, and
+root ignores it), RLIMIT_AS not the second (it counts address space, not memory).
+
+Cgroup v1 (a ``pids`` and a ``memory`` hierarchy) and v2 (one unified tree, where the controllers must
+already be delegated to our cgroup) are both read. A controller we cannot write (an unprivileged
+container) is left to sampling; the container's own limits stay the hard cap.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 from pathlib import Path
 
 log = logging.getLogger("crew_supervisor.cgroups")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+PIDS, MEMORY = "pids", "memory"
+# What proves a directory of ours is a cgroup with the controller: its cap's file, v1 then v2.
+CAP_FILES = {PIDS: ("pids.max",), MEMORY: ("memory.limit_in_bytes", "memory.max")}
 
 
-class PidsCgroup:
-    """One job's cgroup: a process cap, a member list, and whether the cap refused a fork."""
+@dataclasses.dataclass(frozen=True)
+class Controller:
+    """Where one controller's job cgroups go: our own directory under the controller's hierarchy."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    name: str
+    base: Path
+    v1: bool
+
+
+class JobCgroup:
+    """One job's cgroups: one directory per controller (a single one on cgroup v2)."""
+
+    def __init__(self, paths: dict[str, tuple[Path, bool]]) -> None:
+        self._paths = paths  # controller -> (directory, v1)
+
+    @property
+    def caps_memory(self) -> bool:
+        return MEMORY in self._paths
 
     def pids(self) -> list[int]:
-        try:
-            return [int(line) for line in (self.path / "cgroup.procs").read_text().split()]
-        except OSError:
-            return []
+        for directory in {path for path, _ in self._paths.values()}:
+            with contextlib.suppress(OSError):
+                return [int(line) for line in (directory / "cgroup.procs").read_text().split()]
+        return []
 
     def refused_forks(self) -> int:
         """How many forks ``pids.max`` refused (the ``max`` line of ``pids.events``)."""
+        return self._count(PIDS, "pids.events", "max")
+
+    def oom_kills(self) -> int:
+        """How many of the job's processes the kernel killed at the memory limit."""
+        place = self._paths.get(MEMORY)
+        if place is None:
+            return 0
+        return self._count(MEMORY, "memory.oom_control" if place[1] else "memory.events", "oom_kill")
+
+    def memory_peak(self) -> int:
+        """The most memory the job was charged at once (``memory.peak`` needs Linux 5.19 on v2)."""
+        place = self._paths.get(MEMORY)
+        if place is None:
+            return 0
         with contextlib.suppress(OSError, ValueError):
-            for line in (self.path / "pids.events").read_text().splitlines():
-                name, _, count = line.partition(" ")
-                if name == "max":
-                    return int(count)
+            return int((place[0] / ("memory.max_usage_in_bytes" if place[1] else "memory.peak")).read_text())
         return 0
 
     def remove(self) -> None:
         """Only an empty cgroup can go; reaped processes leave it at once."""
-        with contextlib.suppress(OSError):
-            self.path.rmdir()
+        for directory in {path for path, _ in self._paths.values()}:
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+
+    def _count(self, controller: str, file: str, key: str) -> int:
+        place = self._paths.get(controller)
+        if place is None:
+            return 0
+        with contextlib.suppress(OSError, ValueError):
+            for line in (place[0] / file).read_text().splitlines():
+                name, _, count = line.partition(" ")
+                if name == key:
+                    return int(count)
+        return 0
 
 
-class PidsCgroups:
-    """The supervisor's own directory of job cgroups, under its pids cgroup."""
+class Cgroups:
+    """The supervisor's own directories of job cgroups, one per controller it can write."""
 
-    def __init__(self, base: Path) -> None:
-        self.base = base
+    def __init__(self, controllers: list[Controller]) -> None:
+        self.controllers = controllers
+
+    @property
+    def names(self) -> set[str]:
+        return {controller.name for controller in self.controllers}
 
     @classmethod
-    def find(cls, root: Path = CGROUP_ROOT) -> PidsCgroups | None:
-        """Our directory, made now; None if the pids controller is missing or not ours to write."""
-        for candidate in _own_pids_directories(root):
-            base = candidate / f"crew-supervisor-{os.getpid()}"
-            try:
-                base.mkdir(mode=0o755, exist_ok=True)
-            except OSError:
-                continue
-            if (base / "pids.max").exists():
-                _remove_stale(candidate)
-                return cls(base)
-            with contextlib.suppress(OSError):
-                base.rmdir()
-        return None
+    def find(cls, wanted: list[str], root: Path = CGROUP_ROOT) -> Cgroups | None:
+        """Our directory for each of ``wanted`` we can write, made now; None if none."""
+        found = []
+        for name in wanted:
+            for candidate, v1 in _own_directories(root, name):
+                base = candidate / f"crew-supervisor-{os.getpid()}"
+                try:
+                    base.mkdir(mode=0o755, exist_ok=True)
+                except OSError:
+                    continue
+                if any((base / cap).exists() for cap in CAP_FILES[name]):
+                    _remove_stale(candidate)
+                    found.append(Controller(name, base, v1))
+                    break
+                with contextlib.suppress(OSError):
+                    base.rmdir()
+        return cls(found) if found else None
 
-    def join(self, name: str, pid: int, limit: int) -> PidsCgroup | None:
-        """Move ``pid`` (not yet running job code) into a new cgroup capped at ``limit`` processes."""
-        path = self.base / name
-        try:
-            path.mkdir(mode=0o755)
-            (path / "pids.max").write_text(str(limit))
-            (path / "cgroup.procs").write_text(str(pid))
-        except OSError as exc:
-            log.warning("no pids cgroup for a worker: %s", exc.strerror)
-            with contextlib.suppress(OSError):
-                path.rmdir()
-            return None
-        return PidsCgroup(path)
+    def join(self, name: str, pid: int, processes: int, memory_bytes: int) -> JobCgroup | None:
+        """Move ``pid`` (not yet running job code) into new cgroups capped at ``processes`` and
+        ``memory_bytes``; a controller that refuses is left out (and said so), the others still hold."""
+        paths: dict[str, tuple[Path, bool]] = {}
+        for controller in self.controllers:
+            path = controller.base / name
+            try:
+                path.mkdir(mode=0o755, exist_ok=not controller.v1)  # v2: one directory for both
+                if controller.name == PIDS:
+                    (path / "pids.max").write_text(str(processes))
+                else:
+                    _cap_memory(path, memory_bytes, controller.v1)
+                (path / "cgroup.procs").write_text(str(pid))
+            except OSError as exc:
+                log.warning("no %s cgroup for a worker: %s", controller.name, exc.strerror)
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+                continue
+            paths[controller.name] = (path, controller.v1)
+        return JobCgroup(paths) if paths else None
 
     def remove(self) -> None:
-        for child in self.base.iterdir() if self.base.exists() else ():
-            if child.is_dir():
-                PidsCgroup(child).remove()
+        for base in {controller.base for controller in self.controllers}:
+            for child in base.iterdir() if base.exists() else ():
+                if child.is_dir():
+                    with contextlib.suppress(OSError):
+                        child.rmdir()
+            with contextlib.suppress(OSError):
+                base.rmdir()
+
+
+def _cap_memory(path: Path, limit: int, v1: bool) -> None:
+    """The limit before the process moves in, so it is capped from its first page. Swap is capped too
+    where the kernel accounts it, or the job could page out past the limit."""
+    if v1:
+        (path / "memory.limit_in_bytes").write_text(str(limit))
+        with contextlib.suppress(OSError):  # memsw exists only with swap accounting on
+            (path / "memory.memsw.limit_in_bytes").write_text(str(limit))
+    else:
+        (path / "memory.max").write_text(str(limit))
+        (path / "memory.oom.group").write_text("1")  # the whole job goes, not just its largest process
         with contextlib.suppress(OSError):
-            self.base.rmdir()
+            (path / "memory.swap.max").write_text("0")
 
 
-def _own_pids_directories(root: Path) -> list[Path]:
-    """Where our pids cgroup lives: cgroup v1 (a ``pids`` hierarchy) first, then the v2 unified tree."""
+def _own_directories(root: Path, controller: str) -> list[tuple[Path, bool]]:
+    """Where our cgroup for ``controller`` lives: its v1 hierarchy first, then the v2 unified tree."""
     found = []
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/cgroup").read_text().splitlines():
             _, controllers, path = line.split(":", 2)
             relative = path.lstrip("/")
-            if "pids" in controllers.split(","):
-                found.append(root / "pids" / relative)
+            if controller in controllers.split(","):
+                found.append((root / controllers / relative, True))
             elif controllers == "":
-                found.extend([root / relative, root / "unified" / relative])
-    return [path for path in found if path.is_dir()]
+                found.extend([(root / relative, False), (root / "unified" / relative, False)])
+    return [(path, v1) for path, v1 in found if path.is_dir()]
 
 
 def _remove_stale(directory: Path) -> None:
@@ -110,6 +184,7 @@ def _remove_stale(directory: Path) -> None:
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
             for job in child.iterdir():
                 if job.is_dir():
-                    PidsCgroup(job).remove()
+                    with contextlib.suppress(OSError):
+                        job.rmdir()
             with contextlib.suppress(OSError):
                 child.rmdir()

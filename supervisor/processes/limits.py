@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 
 from supervisor.config import Settings
-from supervisor.processes.cgroups import PidsCgroup, PidsCgroups
+from supervisor.processes.cgroups import MEMORY, PIDS, Cgroups, JobCgroup
 from supervisor.processes.process import WorkerProcess
 
 log = logging.getLogger("crew_supervisor.limits")
@@ -59,7 +59,7 @@ class JobTree:
     kernel gave one) and the samples taken of them. Remembers every descendant a sample saw, so one
     that leaves the tree (setsid and a double fork) is still known to be this job's."""
 
-    def __init__(self, pid: int, cgroup: PidsCgroup | None = None) -> None:
+    def __init__(self, pid: int, cgroup: JobCgroup | None = None) -> None:
         self.pid = pid
         self.cgroup = cgroup
         self.usage: Usage | None = None  # the latest sample (see ``sample``)
@@ -145,12 +145,18 @@ class Limits:
         self.address_space = settings.worker_max_address_space_mb * MiB
         self.output_bytes = settings.worker_max_output_bytes
         self.period = settings.limit_sample_ms / 1000
-        self.cgroups = PidsCgroups.find() if self.processes else None
+        wanted = [name for name, cap in ((PIDS, self.processes), (MEMORY, self.memory_bytes)) if cap]
+        self.cgroups = Cgroups.find(wanted) if settings.cgroups == "auto" else None
         self._trees: dict[WorkerProcess, JobTree] = {}
         self._watched: dict[WorkerProcess, Callable[[Breach], None]] = {}
 
     def health(self) -> dict[str, object]:
-        return {"process_limit": "cgroup" if self.cgroups else "sampled" if self.processes else "off"}
+        """Which kind of limit holds each cap: the kernel's (a cgroup per job) or our sampling."""
+        kernel = self.cgroups.names if self.cgroups is not None else set()
+        return {
+            "process_limit": "cgroup" if PIDS in kernel else "sampled" if self.processes else "off",
+            "memory_limit": "cgroup" if MEMORY in kernel else "sampled" if self.memory_bytes else "off",
+        }
 
     async def apply(self, worker: WorkerProcess) -> None:
         """Bound a worker that has not yet been given its job; once (a pre-forked one is bounded while idle)."""
@@ -163,7 +169,7 @@ class Limits:
         if self.cgroups is not None:
             # Off the loop: moving a process between cgroups waits on the kernel (~15 ms measured).
             name = f"worker-{worker.pid}-{worker.create_time:.2f}"  # a pid is reused; with its start time it is not
-            cgroup = await asyncio.to_thread(self.cgroups.join, name, worker.pid, self.processes)
+            cgroup = await asyncio.to_thread(self.cgroups.join, name, worker.pid, self.processes, self.memory_bytes)
         self._trees[worker] = JobTree(worker.pid, cgroup)
 
     def begin(self, worker: WorkerProcess) -> None:
@@ -209,14 +215,23 @@ class Limits:
                 f"the job tried to run more than {self.processes} processes and threads",
                 {"processes": usage.processes, "threads": usage.threads, "forks_refused": refused},
             )
+        oom = self.oom_breach(worker)
+        if oom is not None:  # the kernel killed one of its processes at the cap: the job goes whole
+            return oom
         # RSS counts pages shared with the fork server once per process; PSS, the measure, never exceeds it.
-        if self.memory_bytes and usage.rss_bytes > self.memory_bytes:
+        capped = tree.cgroup is not None and tree.cgroup.caps_memory
+        if self.memory_bytes and not capped and usage.rss_bytes > self.memory_bytes:
             memory = tree.proportional_memory()
             if memory > self.memory_bytes:
                 return Breach(
                     "memory_limit_exceeded",
                     f"the job's memory reached {memory // MiB} MiB, over {self.memory_bytes // MiB} MiB",
-                    {"memory_bytes": memory, "peak_rss_bytes": tree.peak_rss, "limit_bytes": self.memory_bytes},
+                    {
+                        "memory_bytes": memory,
+                        "peak_rss_bytes": tree.peak_rss,
+                        "limit_bytes": self.memory_bytes,
+                        "enforced_by": "sampling",
+                    },
                 )
         used = usage.cpu_seconds - (tree.cpu_baseline or 0.0)
         if self.cpu_seconds and tree.cpu_baseline is not None and used > self.cpu_seconds:
@@ -226,6 +241,25 @@ class Limits:
                 {"cpu_seconds": round(used, 3), "limit_seconds": self.cpu_seconds},
             )
         return None
+
+    def oom_breach(self, worker: WorkerProcess) -> Breach | None:
+        """The memory limit, if the kernel enforced it: its OOM killer stopped a process of the job."""
+        tree = self._trees.get(worker)
+        cgroup = tree.cgroup if tree is not None else None
+        kills = cgroup.oom_kills() if cgroup is not None else 0
+        if cgroup is None or not kills:
+            return None
+        peak = cgroup.memory_peak()
+        return Breach(
+            "memory_limit_exceeded",
+            f"the job reached its memory limit of {self.memory_bytes // MiB} MiB; the kernel stopped it",
+            {
+                "memory_bytes": peak,
+                "limit_bytes": self.memory_bytes,
+                "oom_kills": kills,
+                "enforced_by": "cgroup",
+            },
+        )
 
     def watch(self, worker: WorkerProcess, on_breach: Callable[[Breach], None]) -> None:
         """Sample ``worker`` in every round until ``unwatch``; ``on_breach`` is told once of the limit it broke."""

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 from protocol.frames import MAX_FRAME_BYTES, FrameError, FrameReader, encode
 
 # Bump on any change a peer could misread; a mismatched worker is rejected at hello.
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 # Operations without external effects: when one fails, its outcome is certain (as the reference says).
 READ_ONLY_OPERATIONS = frozenset({"knowledge_query"})
 # The reason of the ``Failed`` a fork server sends instead of its registry when it cannot warm CrewAI.
@@ -92,15 +92,6 @@ class Refused(Message):
 
 
 @dataclasses.dataclass(frozen=True)
-class Exited(Message):
-    """A worker the fork server reaped, with its exit status (negative: killed by that signal)."""
-
-    kind: ClassVar[str] = "exited"
-    pid: int
-    exit_status: int
-
-
-@dataclasses.dataclass(frozen=True)
 class Started(Message):
     kind: ClassVar[str] = "started"
 
@@ -132,8 +123,7 @@ class Failed(Message):
 
 TERMINAL = (Completed, Failed)
 _KINDS: dict[str, type[Message]] = {
-    cls.kind: cls
-    for cls in (Start, Stop, Hello, Registry, Started, Chunk, Completed, Failed, Fork, Forked, Refused, Exited)
+    cls.kind: cls for cls in (Start, Stop, Hello, Registry, Started, Chunk, Completed, Failed, Fork, Forked, Refused)
 }
 _FIELDS = {kind: typing.get_type_hints(cls) for kind, cls in _KINDS.items()}
 _NAMES = {kind: [field.name for field in dataclasses.fields(cls)] for kind, cls in _KINDS.items()}

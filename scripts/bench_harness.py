@@ -205,9 +205,9 @@ class CpuMeter:
     """CPU seconds of the supervisor, its fork server, the workers and this client.
 
     A worker's time lands in its reaper's children's times once it is reaped, which happens before its
-    job's terminal event is recorded (the exit status is part of the proof). The reaper is the fork server
-    today; a double-forked worker is the supervisor's own child: both are counted, so either design is
-    measured right (the fork server itself is never reaped during a run).
+    job's terminal event is recorded (the exit status is part of the proof). The reaper is the supervisor
+    (a forked worker's middle process leaves it to us); the fork server's children's times count its
+    middle processes (the fork server itself is never reaped during a run).
     """
 
     def __init__(self, sup: Server) -> None:
@@ -221,8 +221,8 @@ class CpuMeter:
         own, server = self.supervisor.cpu_times(), self.forkserver.cpu_times()
         return (
             own.user + own.system,
-            server.user + server.system,
-            server.children_user + server.children_system + own.children_user + own.children_system,
+            server.user + server.system + server.children_user + server.children_system,  # and its middles
+            own.children_user + own.children_system,
             time.process_time(),
         )
 

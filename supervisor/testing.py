@@ -38,6 +38,7 @@ SOURCE = Path(__file__).resolve().parent.parent  # holds the supervisor package 
 READY_SECONDS = 120.0
 STOP_SECONDS = 30.0
 LOG_TAIL_CHARS = 3000
+FORKED_WORKER = "crew-worker"  # a forked worker's process name (``worker.lifecycle.name_worker``)
 
 
 class StartError(RuntimeError):
@@ -115,12 +116,27 @@ class Server:
 
     def forkserver(self) -> psutil.Process | None:
         """The fork server (None with the spawn launcher, or while there is none)."""
-        with contextlib.suppress(psutil.Error):
-            for child in psutil.Process(self.pid).children():
-                with contextlib.suppress(psutil.Error):
-                    if "forkserver" in child.cmdline():
-                        return child
+        for child in self._children():
+            with contextlib.suppress(psutil.Error):
+                # Its workers are our children too, with its command line: they are named apart.
+                if "forkserver" in child.cmdline() and child.name() != FORKED_WORKER:
+                    return child
         return None
+
+    def forked_workers(self) -> list[psutil.Process]:
+        """Workers the fork server forked, idle or running a job (the supervisor's children)."""
+        found = []
+        for child in self._children():
+            with contextlib.suppress(psutil.Error):
+                if child.name() == FORKED_WORKER:
+                    found.append(child)
+        return found
+
+    def _children(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.pid).children()
+        except psutil.NoSuchProcess:
+            return []
 
     def stop(self, timeout: float = STOP_SECONDS) -> None:
         """SIGTERM (the supervisor stops its workers and closes the journal), SIGKILL if it outlasts ``timeout``."""

@@ -5,8 +5,10 @@ first-use work, then stops the event-bus threads that kickoff started: forking w
 the child. If that cannot be done the fork server refuses to start, saying why in one line, and the
 supervisor spawns workers cold. It must stay single-threaded: it checks before every fork and
 refuses, then exits, if not.
-Its children are its own (it reaps them and reports their exit status); each leads a new session
-and dies with this process (PDEATHSIG), which dies with the supervisor.
+Each worker is forked through a middle process that leaves at once, so the worker is the supervisor's
+own child (the supervisor is a subreaper): the supervisor reaps it and reads its exit status, and the
+fork server's death takes no worker with it. A worker leads a new session, ties its death signal to
+the supervisor once adopted, and carries the name ``crew-worker`` (``ps``, ``top``).
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ from __future__ import annotations
 import fcntl
 import gc
 import os
-import selectors
-import signal
 import socket
 import sys
 import threading
+import time
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from protocol import (
@@ -26,7 +28,6 @@ from protocol import (
     EVENT_FD,
     MAX_FRAME_BYTES,
     WARMUP_FAILED,
-    Exited,
     Fork,
     Forked,
     MessageReader,
@@ -36,6 +37,7 @@ from worker import job, lifecycle, prefault, warmup
 
 EXIT_NOT_SINGLE_THREADED = 79
 EXIT_NOT_WARMED = 80
+ADOPTION_SECONDS = 5.0
 JOB_FDS = 4  # control, events, stdout, stderr
 
 
@@ -59,30 +61,13 @@ def serve(socket_fd: int) -> NoReturn:
     gc.freeze()  # what is imported and warmed now stays shared with every child
     written = prefault.probe(warmup.rehearse)  # learned from a child forked as workers are
     out.send(job.describe_registry(crews))
-    wake_r, wake_w = os.pipe()
-    for fd in (wake_r, wake_w):
-        os.set_blocking(fd, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # a Python handler, so the wakeup fd is written
-    selector = selectors.DefaultSelector()
-    selector.register(channel, selectors.EVENT_READ)
-    selector.register(wake_r, selectors.EVENT_READ)
+    supervisor = os.getppid()
     while True:
-        for key, _ in selector.select():
-            if key.fd == wake_r:
-                while _drain(wake_r):
-                    pass
-                _reap(out)
-            else:
-                _fork_one(channel, out, crews, written, (wake_r, wake_w))
+        _fork_one(channel, out, crews, written, supervisor)
 
 
 def _fork_one(
-    channel: socket.socket,
-    out: lifecycle.FrameWriter,
-    crews: dict[str, Any],
-    written: prefault.Runs,
-    own_fds: tuple[int, int],
+    channel: socket.socket, out: lifecycle.FrameWriter, crews: dict[str, Any], written: prefault.Runs, supervisor: int
 ) -> None:
     data, fds, _, _ = socket.recv_fds(channel, MAX_FRAME_BYTES, JOB_FDS)
     if not data:
@@ -98,24 +83,48 @@ def _fork_one(
         os._exit(EXIT_NOT_SINGLE_THREADED)
     sys.stdout.flush()
     sys.stderr.flush()
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        _become_worker(messages[0], fds, parent, crews, written, [channel.fileno(), *own_fds])
+    pid = _double_fork(lambda: _become_worker(messages[0], fds, supervisor, crews, written, [channel.fileno()]))
     for fd in fds:
         os.close(fd)
-    out.send(Forked(pid=pid))
+    out.send(Forked(pid=pid) if pid else Refused(reason="the fork server could not fork"))
+
+
+def _double_fork(become: Callable[[], NoReturn]) -> int:
+    """Fork a worker through a middle process that leaves at once: the worker is then the supervisor's
+    child (it is a subreaper), so the fork server's death takes no worker with it, and the supervisor
+    reaps it and reads its exit status itself. The worker's pid, or 0 if a fork failed."""
+    read, write = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        os.close(read)
+        status = 1
+        try:
+            pid = os.fork()
+            if pid == 0:
+                os.close(write)
+                become()
+            os.write(write, pid.to_bytes(4, "little"))
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write)
+    try:
+        answer = os.read(read, 4)
+    finally:
+        os.close(read)
+        os.waitpid(middle, 0)  # its exit is what hands the worker over
+    return int.from_bytes(answer, "little") if len(answer) == 4 else 0
 
 
 def _become_worker(
-    request: Fork, fds: list[int], parent: int, crews: dict[str, Any], written: prefault.Runs, close: list[int]
+    request: Fork, fds: list[int], supervisor: int, crews: dict[str, Any], written: prefault.Runs, close: list[int]
 ) -> NoReturn:
-    signal.set_wakeup_fd(-1)
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for fd in close:
         os.close(fd)
     os.setsid()
-    lifecycle.bind_to_parent(parent)
+    lifecycle.name_worker()
+    _await_adoption(supervisor)
+    lifecycle.bind_to_parent(supervisor)
     # Move the received descriptors clear of 0-4 first, so placing one never clobbers another.
     control, events, stdout, stderr = (fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in fds)
     for fd in fds:
@@ -131,19 +140,11 @@ def _become_worker(
     job.run(EVENT_FD, CONTROL_FD, crews=crews)
 
 
-def _reap(out: lifecycle.FrameWriter) -> None:
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        out.send(Exited(pid=pid, exit_status=os.waitstatus_to_exitcode(status)))
-
-
-def _drain(fd: int) -> bool:
-    try:
-        return bool(os.read(fd, 512))
-    except BlockingIOError:
-        return False
+def _await_adoption(supervisor: int) -> None:
+    """Wait until the middle process has left and the supervisor has adopted us (a few ms at most):
+    only then can the death signal be tied to the supervisor. Past the deadline we are nobody's."""
+    deadline = time.monotonic() + ADOPTION_SECONDS
+    while os.getppid() != supervisor:
+        if time.monotonic() > deadline:
+            os._exit(lifecycle.EXIT_ORPHANED)
+        time.sleep(0.0002)

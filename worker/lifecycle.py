@@ -11,6 +11,7 @@ import threading
 from protocol import QUIET_CREWAI, FrameError, Message, MessageReader, Start, Stop, pack
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 PR_SET_DUMPABLE = 4
 PR_CAPBSET_READ = 23
 PR_CAPBSET_DROP = 24
@@ -20,6 +21,11 @@ EXIT_ORPHANED = 75
 EXIT_CONTROL_CLOSED = 76
 EXIT_STOPPED = 77
 EXIT_PROTOCOL = 78
+
+
+def name_worker() -> None:
+    """``crew-worker`` in ``ps`` and ``top`` (the command line stays the fork server's it was forked from)."""
+    ctypes.CDLL(None).prctl(PR_SET_NAME, b"crew-worker", 0, 0, 0)
 
 
 def bind_to_parent(parent_pid: int) -> None:

@@ -1,7 +1,8 @@
 """Warm starts: a fork server that has imported CrewAI and the registry forks each job's worker.
 
-The fork server's workers are its children, not ours: it reaps them and reports their exit status;
-we watch each through a pidfd, kill its group and confirm it gone exactly as for a spawned worker.
+Each worker is forked through a middle process that leaves at once, so it is our child (we are a
+subreaper), not the fork server's: we reap it and read its exit status, watch it through a pidfd, kill
+its group and confirm it gone exactly as for a spawned worker, and the fork server's death takes none.
 If the fork server dies or refuses, jobs fall back to cold spawning while a new one starts. One that
 cannot warm CrewAI (a CrewAI release changed what warming relies on) refuses at start, in one line we
 log; it would refuse again, so workers are then spawned cold for the supervisor's whole life.
@@ -11,7 +12,8 @@ Start that carries the job's environment and directory (they were forked with th
 Their limits are applied while they wait (a pids cgroup takes ~13 ms to join on cgroup v1), so a job
 takes the oldest already bounded; it then goes through what any new worker does (pid journaled,
 watched by the reaper) and the pool is refilled after. No worker is ever given a second job.
-Idle workers die with the fork server (PDEATHSIG), and with us (their control pipes close).
+Idle workers die with us (PDEATHSIG, and their control pipes close); they outlive a fork server that
+dies, and its replacement only tops the pool up.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from protocol import (
     CONTROL_FD,
     MAX_FRAME_BYTES,
     WARMUP_FAILED,
-    Exited,
     Failed,
     Fork,
     Forked,
@@ -99,12 +100,12 @@ class ForkServerLauncher:
     async def spawn(self, env: Mapping[str, str], cwd: str) -> WorkerProcess:
         if self.refused is not None:
             return await self.fallback.spawn(env, cwd)
+        idle = await self._take()  # whether or not the fork server that forked it still lives
+        if idle is not None:
+            self._refill()
+            return idle
         server = self._server
         if server is not None and server.alive:
-            idle = await self._take(server)
-            if idle is not None:
-                self._refill()
-                return idle
             try:
                 return await server.fork(env, cwd)
             except _Unavailable as exc:
@@ -136,17 +137,14 @@ class ForkServerLauncher:
         if self._replacing is None or self._replacing.done():
             self._replacing = asyncio.get_running_loop().create_task(self._restart())
 
-    async def _take(self, server: _ForkServer) -> WorkerProcess | None:
-        """The oldest idle worker still waiting, out of the pool for good.
-
-        Asked of the kernel, not only of our watchers: a fork server killed a moment ago takes its idle
-        workers with it (PDEATHSIG) before our loop has seen either exit.
-        """
+    async def _take(self) -> WorkerProcess | None:
+        """The oldest idle worker still waiting, out of the pool for good. Asked of the kernel, not only
+        of our watchers: one killed a moment ago may not have been seen exiting yet."""
         while self._idle:
             worker = self._idle.pop(0)
-            if _waiting(worker, server.pid):
+            if _waiting(worker):
                 return worker
-            await self._discard(worker)  # dying or dead already: only the fork server's death does that
+            await self._discard(worker)
         return None
 
     def _refill(self) -> None:
@@ -183,7 +181,6 @@ class ForkServerLauncher:
             self.limits.release(worker)
 
     async def _restart(self) -> None:
-        await self._drop_idle()
         if self._server is not None:
             await self._server.stop()
         try:
@@ -218,11 +215,7 @@ class _ForkServer:
     alive: bool = True
     _attached: bool = False
     _lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
-    # The reply to the fork in flight: the new worker's pid and where its exit status will be reported.
-    _pending: asyncio.Future[tuple[int, asyncio.Future[int]]] | None = None
-    # Each live forked worker's exit status, as the fork server reports it: made when the fork is
-    # reported, so an exit reported at once still finds its place.
-    _reports: dict[int, asyncio.Future[int]] = dataclasses.field(default_factory=dict)
+    _pending: asyncio.Future[int] | None = None  # the reply to the fork in flight: the new worker's pid
     _exited: asyncio.Future[int | None] | None = None  # its own exit, watched once it is stopped
     on_death: Callable[[], None] = lambda: None
 
@@ -280,13 +273,14 @@ class _ForkServer:
             finally:
                 theirs.close()
             try:
-                pid, reported = await asyncio.wait_for(self._pending, FORK_SECONDS)
+                pid = await asyncio.wait_for(self._pending, FORK_SECONDS)
             except (TimeoutError, _Unavailable) as exc:
                 ours.close()  # a worker forked too late sees EOF on its control pipe and leaves
                 self._die()
                 raise _Unavailable(str(exc) or "no answer") from None
         try:
-            worker = WorkerProcess(pid, ours, self.reaper, self.reaper.watch(pid, reported), "forkserver")
+            self.reaper.register(pid)  # ours since its middle process left, before the reply was sent
+            worker = WorkerProcess(pid, ours, self.reaper, self.reaper.watch(pid), "forkserver")
         except (ProcessLookupError, OSError) as exc:
             ours.close()
             raise LaunchError(f"forked worker {pid} died at once") from exc
@@ -319,13 +313,8 @@ class _ForkServer:
                 self._dispatch(message)
 
     def _dispatch(self, message: object) -> None:
-        if isinstance(message, Exited):
-            reported = self._reports.pop(message.pid, None)
-            if reported is not None and not reported.done():
-                reported.set_result(message.exit_status)
-        elif isinstance(message, Forked) and self._pending is not None and not self._pending.done():
-            reported = self._reports[message.pid] = asyncio.get_running_loop().create_future()
-            self._pending.set_result((message.pid, reported))
+        if isinstance(message, Forked) and self._pending is not None and not self._pending.done():
+            self._pending.set_result(message.pid)
         else:
             reason = message.reason if isinstance(message, Refused) else f"unexpected {type(message).__name__}"
             log.warning("fork server misbehaved: %s", reason)
@@ -344,23 +333,22 @@ class _ForkServer:
         self.on_death()
 
     async def stop(self) -> None:
-        """Closing the socket ends it; its workers die with it (PDEATHSIG)."""
+        """Closing the socket ends it (its workers are ours, and stay)."""
         self._die()
         if self._exited is None:  # stopped twice (a restart cancelled by close): one watch
             self._exited = self.reaper.watch(self.pid)
         await _wait_or_kill(self._exited, self.pid)
 
 
-def _waiting(worker: WorkerProcess, parent: int) -> bool:
-    """The worker is the one we forked, is not exiting, and neither is ``parent``, the fork server
-    whose death kills it (PDEATHSIG fires only once the parent has torn down its memory: ~10-20 ms)."""
+def _waiting(worker: WorkerProcess) -> bool:
+    """The worker is the one we forked, and is neither dead nor exiting."""
     if worker.exited.done():
         return False
     try:
         same = psutil.Process(worker.pid).create_time() == worker.create_time
     except psutil.NoSuchProcess:
         return False
-    return same and _not_exiting(worker.pid) and _not_exiting(parent)
+    return same and _not_exiting(worker.pid)
 
 
 def _not_exiting(pid: int) -> bool:

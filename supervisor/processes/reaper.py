@@ -1,12 +1,10 @@
 """Where every process of the supervisor's ends: each exit it sees, and every ``waitpid`` it makes.
 
-Three kinds of process end here:
+Two kinds of process end here:
 
-- **Children we spawned** (a cold-started worker, the fork server): ``register``-ed at spawn, watched
-  through a pidfd, reaped here the moment they exit; ``watch`` gives the exit status.
-- **A fork server's workers**: its children, not ours. The fork server reaps them and reports each
-  exit status; their exit itself is seen here through a pidfd, and if the report never comes (the
-  fork server died too) the status is unknown.
+- **Our children** (a cold-started worker, the fork server, and a forked worker, which its middle
+  process left to us): ``register``-ed when they are made, watched through a pidfd, reaped here the
+  moment they exit; ``watch`` gives the exit status.
 - **Orphans we adopted** as a child subreaper (a job's grandchild whose parent died): reaped by
   ``reap`` (called every second) or by ``confirm_gone`` when a kill waits for them. Registered
   children are never reaped this way: their status belongs to whoever watches them.
@@ -28,7 +26,6 @@ import time
 import psutil
 
 PR_SET_CHILD_SUBREAPER = 36
-EXIT_REPORT_SECONDS = 1.0  # how long a fork server's exit report may lag the exit itself
 
 
 def become_subreaper() -> None:
@@ -55,47 +52,25 @@ class Reaper:
         """``pid`` is a child we just spawned: reaped only where it is watched, never as an orphan."""
         self._children[pid] = _Child(os.pidfd_open(pid))
 
-    def watch(self, pid: int, reported: asyncio.Future[int] | None = None) -> asyncio.Future[int | None]:
-        """The exit status of ``pid`` once it has exited (on the running loop); None if unknown.
+    def watch(self, pid: int) -> asyncio.Future[int | None]:
+        """The exit status of ``pid``, a registered child, once it has exited (on the running loop)."""
+        child = self._children[pid]
+        if child.exited is None:
+            loop = asyncio.get_running_loop()
+            child.exited = loop.create_future()
+            loop.add_reader(child.pidfd, self._on_exit, pid, child)
+        return child.exited
 
-        A registered child is reaped here. Any other process (a fork server's worker) is reaped by
-        its parent, whose word on the status is ``reported``: if that has not come within
-        ``EXIT_REPORT_SECONDS`` of the exit, the status is None. Raises ProcessLookupError if an
-        unregistered ``pid`` is already gone.
-        """
-        loop = asyncio.get_running_loop()
-        child = self._children.get(pid)
-        if child is not None:
-            if child.exited is None:
-                child.exited = loop.create_future()
-                loop.add_reader(child.pidfd, self._on_exit, pid, child.pidfd, child.exited)
-            return child.exited
-        pidfd = os.pidfd_open(pid)
-        exited: asyncio.Future[int | None] = loop.create_future()
-        if reported is not None:
-            reported.add_done_callback(lambda report: _settle(exited, None if report.cancelled() else report.result()))
-        loop.add_reader(pidfd, self._on_exit, pid, pidfd, exited)
-        return exited
-
-    def _on_exit(self, pid: int, pidfd: int, exited: asyncio.Future[int | None]) -> None:
-        loop = asyncio.get_running_loop()
-        loop.remove_reader(pidfd)
-        os.close(pidfd)
+    def _on_exit(self, pid: int, child: _Child) -> None:
+        asyncio.get_running_loop().remove_reader(child.pidfd)
+        os.close(child.pidfd)
         # Until it is reaped the leader is a zombie and its pid (the group id) cannot be reused:
         # anything it left running in its group goes with it.
         signal_group(pid, signal.SIGKILL)
-        if self._children.pop(pid, None) is not None:
-            _, status = os.waitpid(pid, 0)
-            _settle(exited, os.waitstatus_to_exitcode(status))
-            return
-        # Another's child (a fork server's worker), unless that parent died first and it became ours: then
-        # nobody else will reap it or report its status.
-        with contextlib.suppress(ChildProcessError):
-            reaped, status = os.waitpid(pid, os.WNOHANG)
-            if reaped:
-                _settle(exited, os.waitstatus_to_exitcode(status))
-                return
-        loop.call_later(EXIT_REPORT_SECONDS, _settle, exited, None)
+        del self._children[pid]
+        _, status = os.waitpid(pid, 0)
+        if child.exited is not None and not child.exited.done():
+            child.exited.set_result(os.waitstatus_to_exitcode(status))
 
     def reap(self) -> int:
         """Reap adopted orphans that have exited (a job's daemonised grandchild, say): how many."""
@@ -144,11 +119,6 @@ class Reaper:
             return os.waitpid(pid, os.WNOHANG)[0] != 0
         except ChildProcessError:
             return False
-
-
-def _settle(exited: asyncio.Future[int | None], status: int | None) -> None:
-    if not exited.done():
-        exited.set_result(status)
 
 
 def signal_group(pgid: int, sig: int) -> None:

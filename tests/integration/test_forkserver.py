@@ -11,14 +11,14 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import Server, gone, start_body, start_server, wait_until
+from tests.conftest import Server, gone, sse_events, start_body, start_server, wait_until
 
 KEY = {"Idempotency-Key": "key-1"}
 
 
 def fork_server_of(server: Server) -> psutil.Process:
-    children = psutil.Process(server.process.pid).children()
-    (found,) = [p for p in children if "forkserver" in p.cmdline()]
+    found = server.forkserver()
+    assert found is not None
     return found
 
 
@@ -36,7 +36,7 @@ def test_killing_the_fork_server_falls_back_to_spawning_and_it_comes_back(tmp_pa
             first = fork_server_of(server)
             assert client.post("/jobs", json=start_body("demo", "warm-1"), headers=KEY).status_code == 200
             first.send_signal(signal.SIGKILL)
-            # Admitted while it is dead: spawned cold, and done all the same.
+            # Admitted while it is dead: on an idle worker it forked, or spawned cold; done all the same.
             assert client.post("/jobs", json=start_body("demo", "cold-1"), headers=KEY).status_code == 200
             assert wait_until(lambda: alive_and_restarts(client) == (True, 1), timeout=60)
             second = fork_server_of(server)
@@ -100,9 +100,8 @@ def test_a_fork_server_that_cannot_warm_refuses_in_one_line_and_jobs_run_cold(
 
 
 def idle_workers(server: Server) -> list[psutil.Process]:
-    """The fork server's children: its idle workers, and the workers of jobs still running."""
-    forkserver = server.forkserver()
-    return forkserver.children() if forkserver is not None else []
+    """Forked workers (the supervisor's children): the idle ones, and those of jobs still running."""
+    return server.forked_workers()
 
 
 def test_jobs_take_workers_forked_ahead_of_demand_each_once_and_the_pool_refills(tmp_path: Path) -> None:
@@ -145,29 +144,42 @@ def pids_cgroup(pid: int) -> Path | None:
     return None
 
 
-def test_idle_workers_die_with_the_fork_server_and_its_replacement_refills_the_pool(tmp_path: Path) -> None:
+def test_running_jobs_and_idle_workers_outlive_the_fork_server(tmp_path: Path) -> None:
+    """Each worker is the supervisor's own child (double fork): SIGKILL of the fork server takes none."""
     server = start_server(tmp_path / "state", env={"AIP_CREWAI_LAUNCHER": "forkserver", "AIP_CREWAI_PREFORK": "2"})
     try:
         with server.client() as client:
             assert wait_until(lambda: client.get("/health").json()["forkserver"]["idle_workers"] == 2, timeout=30)
             first = fork_server_of(server)
             idle = idle_workers(server)
-            assert len(idle) == 2
+            assert len(idle) == 2 and all(p.ppid() == server.pid for p in idle)
             cgroups = []
             if client.get("/health").json()["process_limit"] == "cgroup":
                 # Bounded while they wait (joining takes ~13 ms), so a start does not wait for it.
                 cgroups = [pids_cgroup(p.pid) for p in idle]
                 names = [c.name if c is not None else "" for c in cgroups]
                 assert all(name.startswith(f"worker-{p.pid}-") for name, p in zip(names, idle, strict=True))
-            first.send_signal(signal.SIGKILL)
-            assert wait_until(lambda: all(gone(p.pid, p.create_time()) for p in idle), timeout=10)
-            # Never given a job, their limits are released: their cgroups are gone.
-            assert wait_until(lambda: not any(c.exists() for c in cgroups if c is not None), timeout=10)
+            body = start_body("demo-slow", "through", input={"seconds": 2})
+            with client.stream("POST", "/jobs/stream", json=body, headers=KEY) as response:
+                events = sse_events(response)
+                running = next(e for e in events if e["event"] == "started")["data"]["pid"]
+                first.send_signal(signal.SIGKILL)
+                assert wait_until(lambda: gone(first.pid), timeout=10)
+                # Admitted while the fork server is dead: started on the idle worker left, and done.
+                meanwhile = client.post("/jobs", json=start_body("demo", "meanwhile"), headers=KEY)
+                assert meanwhile.status_code == 200
+                assert [e["event"] for e in events][-1] == "completed"
+            job = client.get("/jobs/through").json()
+            assert job["status"] == "completed" and job["exit_status"] == 0  # its real exit status, read by us
+            assert gone(running) and client.get("/jobs/meanwhile").json()["exit_status"] == 0
+            meanwhile_pid = client.get("/jobs/meanwhile/events").json()["events"][0]["data"]["pid"]
+            assert meanwhile_pid in {p.pid for p in idle} - {running}
             assert wait_until(lambda: alive_and_restarts(client) == (True, 1), timeout=60)
             assert wait_until(lambda: client.get("/health").json()["forkserver"]["idle_workers"] == 2, timeout=30)
-            assert not {p.pid for p in idle_workers(server)} & {p.pid for p in idle}
     finally:
         server.stop()
+    # Stopped, the supervisor killed the idle workers and released their limits: their cgroups are gone.
+    assert all(c is None or not c.exists() for c in cgroups)
 
 
 def test_idle_workers_die_with_the_supervisor(tmp_path: Path) -> None:

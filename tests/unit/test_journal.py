@@ -77,6 +77,25 @@ def test_events_are_contiguous_and_the_terminal_sets_status(path: Path) -> None:
     journal.close()
 
 
+def test_a_bounded_read_stops_at_its_bytes_and_is_never_empty(path: Path) -> None:
+    journal = Journal(path, checkpoint_events=100)
+    journal.admit(job("a")).wait()
+    for text in ("x" * 8, "x" * 8, "x" * 40, "x"):  # data {"t":"…"} is 8 bytes more than its text
+        journal.append("a", "chunk", {"t": text})
+    journal.flush().wait()
+
+    def read(cursor: int, max_bytes: int, limit: int = 1000) -> list[int]:
+        return [event.sequence for event in journal.stored_events("a", cursor, limit, max_bytes)]
+
+    assert read(0, 32) == [0, 1]  # 16 + 16: exactly the bound
+    assert read(0, 31) == [0]  # one byte short: the second waits for the next read
+    assert read(2, 32) == [2]  # 48 alone is over the bound, and comes all the same
+    assert read(3, 32) == [3] and read(4, 32) == []
+    assert read(0, 10**6, limit=3) == [0, 1, 2]  # the count bound still holds
+    assert journal.stored_events("a", 0, 1000, 31) == journal.stored_events("a", 0, 1)  # the same events, whole
+    journal.close()
+
+
 CRASH = """
 import os, sys
 from pathlib import Path

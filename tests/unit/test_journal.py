@@ -18,7 +18,7 @@ import pytest
 
 from supervisor.journal import store
 from supervisor.journal.statefiles import JournalLocked, prepare_directory
-from supervisor.journal.store import REFUSE_AFTER_SECONDS, Job, Journal, JournalError
+from supervisor.journal.store import REFUSE_AFTER_SECONDS, Job, Journal, JournalError, Streams
 from supervisor.journal.writer import JournalBusy, Written
 from tests.conftest import ROOT
 
@@ -175,7 +175,11 @@ def test_a_corrupt_file_is_refused(path: Path) -> None:
         ("UPDATE events SET event = 'failed' WHERE sequence = 0", "more than one terminal"),
         ("UPDATE jobs SET status = 'running'", "running with a terminal"),
         ("UPDATE jobs SET status = 'cancelled'", "status without its terminal"),
-        ("INSERT INTO events VALUES ('ghost', 0, 'chunk', '{}')", "unknown job"),
+        ("INSERT INTO events VALUES ('ghost', 0, 'chunk', '{}')", "'ghost': events of an unknown job"),
+        ("INSERT INTO outputs VALUES ('ghost', '', '', 0, 0)", "'ghost': worker output of an unknown job"),
+        ("INSERT INTO outputs VALUES ('b', '', '', 0, 0)", "'b': running with its worker output recorded"),
+        ("UPDATE outputs SET stdout_total = 2", "'a': worker output longer than its byte count"),
+        ("UPDATE outputs SET stderr_total = -1", "'a': worker output longer than its byte count"),
     ],
 )
 def test_an_inconsistent_journal_is_refused(path: Path, edit: str, problem: str) -> None:
@@ -183,7 +187,8 @@ def test_an_inconsistent_journal_is_refused(path: Path, edit: str, problem: str)
     journal.admit(job("a")).wait()
     journal.append("a", "started", {})
     journal.append("a", "chunk", {})
-    journal.finish("a", "completed", {}).wait()
+    journal.finish("a", "completed", {}, streams=Streams("out", "", 3, 0)).wait()
+    journal.admit(job("b")).wait()  # running
     journal.close()
     with sqlite3.connect(path) as db:
         db.execute(edit)

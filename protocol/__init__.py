@@ -36,6 +36,7 @@ from protocol.messages import (
     decode,
     pack,
 )
+from protocol.training import is_partial, partial_name
 
 __all__ = [
     "CONTROL_FD",
@@ -69,5 +70,7 @@ __all__ = [
     "VersionMismatch",
     "decode",
     "encode",
+    "is_partial",
     "pack",
+    "partial_name",
 ]

@@ -27,6 +27,7 @@ from supervisor import config, hardening
 from supervisor.http.app import create_app
 from supervisor.http.connections import budget, guarded_protocol
 from supervisor.jobs.fencing import fence_restored
+from supervisor.jobs.leftovers import remove_stale_partials
 from supervisor.jobs.runner import worker_env
 from supervisor.jobs.supervisor import Supervisor
 from supervisor.journal.statefiles import check_state_files, prepare_directory, prepare_places
@@ -180,6 +181,7 @@ def _prepare(settings: config.Settings, journal_path: Path) -> Supervisor:
         crews = registry.crews
         sup = Supervisor(settings, journal, launcher, limits, crews, state, reaper)
         fenced = fence_restored(journal)
+        remove_stale_partials(settings.training_dir)  # nothing runs yet: no such file is anyone's
     except BaseException:
         limits.stop()
         journal.close()

@@ -6,16 +6,18 @@ Loaded by real workers as ``AIP_CREWAI_REGISTRY=tests.crews:registry``.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from crewai import Agent, Crew, Task
-from crewai.llms.base_llm import BaseLLM
+from crewai.llms.base_llm import BaseLLM, llm_call_context
 
 from worker.demo import OfflineLLM, demo, demo_knowledge, demo_slow, notes_and_report
 from worker.demo import eval_llms as demo_eval_llms
@@ -127,6 +129,36 @@ class RecordingLLM(OfflineLLM):
         )
 
 
+class SizedLLM(OfflineLLM):
+    """Streams one chunk of ``x`` per number quoted in the prompt (``<<10 20>>``: 10 characters, then 20),
+    then answers "done": events of sizes a test chooses, for the bounds on reading them."""
+
+    def call(
+        self,
+        messages: str | list[Any],
+        tools: list[dict[str, Any]] | None = None,
+        callbacks: list[Any] | None = None,
+        available_functions: dict[str, Any] | None = None,
+        from_task: Any = None,
+        from_agent: Any = None,
+        response_model: Any = None,
+    ) -> str:
+        prompt = messages if isinstance(messages, str) else " ".join(str(m.get("content", "")) for m in messages)
+        quoted = re.search(r"<<([\d ]*)>>", prompt)
+        with llm_call_context():
+            if self._effective_stream():
+                response_id = str(uuid.uuid4())
+                for size in quoted.group(1).split() if quoted else ():
+                    self._emit("x" * int(size), from_task, from_agent, response_id)
+        return "Thought: I streamed them.\nFinal Answer: done"
+
+
+def sized() -> Crew:
+    """Input ``sizes``: the lengths of the chunks it streams, space-separated."""
+    agent = Agent(role="Sizer", goal="Stream", backstory="Streams what it is told.", llm=SizedLLM(model="sized"))
+    return Crew(agents=[agent], tasks=[Task(description="Stream <<{sizes}>>", expected_output="done", agent=agent)])
+
+
 def recorder() -> Crew:
     """Two tasks of one agent on a RecordingLLM; input ``mode: block`` makes it block, ignoring SIGTERM."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -146,6 +178,7 @@ registry: dict[str, Callable[[], Crew]] = {
     "placer": placer,
     "demo-knowledge": demo_knowledge,
     "recorder": recorder,
+    "sized": sized,
 }
 # What ``test`` may name as eval_llm here (read from this module by worker.registry.eval_llms).
 eval_llms = dict(demo_eval_llms)

@@ -76,8 +76,9 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
     out.send(Started())
     # Work that may have had effects leaves its outcome uncertain; a read-only query has none.
     effects = start.operation not in READ_ONLY_OPERATIONS
+    work = Work(crew, start.input, out.send, lambda: registry.build(entry), start.job_id)
     try:
-        output = bounded(await operation(Work(crew, start.input, out.send, lambda: registry.build(entry))))
+        output = bounded(await operation(work))
     except OutputTooLarge as exc:
         out.send(failed("RegistryError", "output_too_large", str(exc), effects))
     except OperationError as exc:  # our own words (or CrewAI's configuration text), refused before any work

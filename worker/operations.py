@@ -12,15 +12,14 @@ import contextlib
 import dataclasses
 import os
 import shutil
-import tempfile
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
-from protocol import Chunk
+from protocol import Chunk, partial_name
 from protocol.frames import MAX_OUTPUT_BYTES
 from worker import registry
 
@@ -32,12 +31,13 @@ TRAINING_DIR_ENV = "AIP_CREWAI_TRAINING_DIR"
 @dataclasses.dataclass(frozen=True)
 class Work:
     """What an operation gets: the job's crew (built before ``started``, so a broken factory fails first),
-    its input, where chunks go, and a way to build another fresh crew."""
+    its input, where chunks go, a way to build another fresh crew, and the job's id."""
 
     crew: Any
     input: dict[str, Any]
     emit: Emit
     fresh: Callable[[], Any]
+    job_id: str  # the action id
 
 
 Operation = Callable[[Work], Awaitable[dict[str, Any]]]
@@ -210,8 +210,21 @@ async def train(work: Work) -> dict[str, Any]:
         set_provider(feedback_provider(feedback))
         crew.train(n_iterations=n_iterations, filename=scratch.name, inputs=job.get("inputs") or {})
 
-    await asyncio.to_thread(headless)
-    publish(scratch, target)
+    # Opened before any model call: a training directory it cannot write to fails the job before any work,
+    # and a kill at any point leaves only this job's own name there, which the supervisor removes.
+    partial = target.with_name(partial_name(target.name, work.job_id))
+    try:
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise TrainingError(f"{TRAINING_DIR_ENV} cannot be written to: {exc.strerror}") from None
+    try:
+        with os.fdopen(fd, "wb") as out:
+            await asyncio.to_thread(headless)
+            publish(scratch, out, partial, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(partial)
+        raise
     return {"status": "completed", "artifact_name": job["artifact_name"], "n_iterations": n_iterations}
 
 
@@ -236,22 +249,17 @@ def training_target(artifact_name: str) -> Path:
     return Path(directory) / artifact_name
 
 
-def publish(source: Path, target: Path) -> None:
-    """Copy beside ``target`` under a temporary name, then rename: readers see the whole artifact or the old one.
+def publish(source: Path, out: BinaryIO, partial: Path, target: Path) -> None:
+    """Copy into ``out`` (the open ``partial`` beside ``target``), then rename: readers see the whole artifact
+    or the old one.
 
     A copy, not a rename, because the scratch dir and the training dir may be on different filesystems.
     """
-    fd, partial = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
-    try:
-        with os.fdopen(fd, "wb") as out, open(source, "rb") as data:
-            shutil.copyfileobj(data, out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(partial, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(partial)
-        raise
+    with open(source, "rb") as data:
+        shutil.copyfileobj(data, out)
+    out.flush()
+    os.fsync(out.fileno())
+    os.replace(partial, target)
     directory = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(directory)  # the rename itself survives a crash

@@ -90,7 +90,7 @@ def _kickoff() -> None:
     chunks: list[Any] = []
     loop = asyncio.new_event_loop()
     try:
-        work = operations.Work(_crew(), {}, chunks.append, _crew)
+        work = operations.Work(_crew(), {}, chunks.append, _crew, "warm-up")
         output = loop.run_until_complete(asyncio.wait_for(operations.run(work), KICKOFF_SECONDS))
         loop.run_until_complete(loop.shutdown_default_executor())  # the thread kickoff_async ran in
     finally:

@@ -21,7 +21,11 @@ from supervisor.journal.store import Job, JournalError, StoredEvent
 from supervisor.journal.writer import JournalBusy
 from supervisor.models import CancelRequest, StartRequest, path_id_problem
 
-EVENTS_PER_SLICE = 1000
+# A JSON page of events: at most this many, and this many bytes of their data (each event's ``data`` as
+# stored, compact JSON; the first event comes even if it alone is larger, so paging never sticks). An
+# answer is then bounded by the bound plus 1,000 events' small envelopes, not 1,000 of the largest events.
+EVENTS_PER_PAGE = 1000
+PAGE_DATA_BYTES = 4 * 1024 * 1024
 # Sequences are SQLite integers (64-bit signed): a resume cursor (Last-Event-ID + 1) must be one too.
 MAX_SEQUENCE = 2**63 - 1
 MAX_SEQUENCE_DIGITS = len(str(MAX_SEQUENCE))
@@ -102,16 +106,8 @@ async def get_events(
     check_cursor(cursor, job.event_count)
     if "text/event-stream" in request.headers.get("accept", ""):
         return stream(sup, action_id, cursor)
-    events = sup.journal.events(action_id, cursor, EVENTS_PER_SLICE)
-    return JSONResponse(
-        {
-            "action_id": action_id,
-            "cursor": cursor,
-            "next_cursor": cursor + len(events),
-            "status": job.status,
-            "events": [event.as_dict() for event in events],
-        }
-    )
+    events = sup.journal.stored_events(action_id, cursor, EVENTS_PER_PAGE, PAGE_DATA_BYTES)
+    return Response(page(job, cursor, events), media_type="application/json")
 
 
 @router.post("/jobs/{action_id}/cancel", responses=errors(400, 404, 422))
@@ -188,6 +184,15 @@ def view(sup: Supervisor, job: Job) -> dict[str, Any]:
     }
 
 
+def page(job: Job, cursor: int, events: list[StoredEvent]) -> bytes:
+    """The reference's slice: ``next_cursor`` is the first event not in it (the job's event count when
+    it holds the rest). The events' data goes out as stored, never parsed and encoded again."""
+    head = orjson.dumps(
+        {"action_id": job.action_id, "cursor": cursor, "next_cursor": cursor + len(events), "status": job.status}
+    )
+    return b'%s,"events":[%s]}' % (head[:-1], b",".join(_event(event, event.data) for event in events))
+
+
 def stream(sup: Supervisor, action_id: str, cursor: int) -> EventStream:
     batches = sup.recorder.follow(action_id, cursor, sup.settings.heartbeat_seconds)
     return EventStream(sse_frames(batches), headers=SSE_HEADERS)
@@ -229,11 +234,13 @@ def _frame(event: StoredEvent) -> bytes:
     """Byte for byte ``json_line(orjson.dumps(Event.as_dict()))``, built around the stored data: parsing it
     only to encode it again cost more than anything else per streamed event. The data is escaped here, not
     when stored, so that events a journal already holds (or a reference journal brought) are safe too."""
-    name = event.event.encode()
-    return b'event: %s\ndata: {"event":%s,"sequence":%d,"data":%s}\nid: %d\n\n' % (
-        name,
-        orjson.dumps(event.event),
-        event.sequence,
-        json_line(event.data),
+    return b"event: %s\ndata: %s\nid: %d\n\n" % (
+        event.event.encode(),
+        _event(event, json_line(event.data)),
         event.sequence,
     )
+
+
+def _event(event: StoredEvent, data: bytes) -> bytes:
+    """``orjson.dumps(Event.as_dict())`` with ``data`` (the event's, as stored or escaped) put in as it is."""
+    return b'{"event":%s,"sequence":%d,"data":%s}' % (orjson.dumps(event.event), event.sequence, data)

@@ -20,6 +20,7 @@ import orjson
 
 from protocol import READ_ONLY_OPERATIONS, WORKER_IDS, Chunk, Completed, Failed, Hello, Start, Started
 from supervisor.config import PREFIX, Settings
+from supervisor.jobs.leftovers import remove_partial
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.outcomes import Outcome, after_terminal, exit_failure, failure, protocol_fault
 from supervisor.jobs.recorder import Recorder
@@ -178,6 +179,8 @@ class Runner:
                 if not job.worker.exited.done():
                     await self._kill(job.worker)
                 self.limits.release(job.worker)
+                if job.operation == "train" and job.worker.exited.done():  # gone: nothing writes the file now
+                    remove_partial(self.settings.training_dir, job.input["artifact_name"], job.action_id)
             shutil.rmtree(scratch, ignore_errors=True)
 
     async def _relay(self, job: LiveJob, worker: WorkerProcess) -> Completed | Failed | Outcome:

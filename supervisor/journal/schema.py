@@ -45,7 +45,9 @@ CREATE TABLE IF NOT EXISTS outputs (
 
 
 # Per job: events numbered 0..event_count-1, at most one terminal event, it comes last, and the
-# status agrees with it. Events of unknown jobs are also inconsistent.
+# status agrees with it. Events of unknown jobs are also inconsistent. A worker's captured output is
+# written with its job's terminal event, in the same commit: it belongs to a known, terminal job, and
+# its tails (text decoded from at most the bytes counted, so never more characters) fit in its totals.
 INCONSISTENT = """
 WITH summary AS (
     SELECT action_id, count(*) AS n, min(sequence) AS lo, max(sequence) AS hi,
@@ -66,5 +68,14 @@ FROM jobs AS j LEFT JOIN summary AS s USING (action_id)
 WHERE problem IS NOT NULL
 UNION ALL
 SELECT action_id, 'events of an unknown job' FROM summary WHERE action_id NOT IN (SELECT action_id FROM jobs)
+UNION ALL
+SELECT o.action_id,
+       CASE WHEN j.action_id IS NULL THEN 'worker output of an unknown job'
+            WHEN j.status = 'running' THEN 'running with its worker output recorded'
+            WHEN length(o.stdout) > o.stdout_total OR length(o.stderr) > o.stderr_total
+                THEN 'worker output longer than its byte count'
+       END AS problem
+FROM outputs AS o LEFT JOIN jobs AS j USING (action_id)
+WHERE problem IS NOT NULL
 LIMIT 1
 """

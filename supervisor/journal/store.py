@@ -202,13 +202,38 @@ class Journal:
         )
         return [Event(name, sequence, orjson.loads(data)) for name, sequence, data in rows]
 
-    def stored_events(self, action_id: str, cursor: int, limit: int = 1000) -> list[StoredEvent]:
-        """``events``, with each one's data left as stored (compact JSON)."""
+    def stored_events(
+        self, action_id: str, cursor: int, limit: int = 1000, max_bytes: int | None = None
+    ) -> list[StoredEvent]:
+        """``events``, with each one's data left as stored (compact JSON). With ``max_bytes``, only as many
+        as fit in that many bytes of data, but never none: an event larger than the bound comes alone, so
+        a reader paging on from the next one never sticks."""
+        if max_bytes is not None:
+            limit = self._fitting(action_id, cursor, limit, max_bytes)
         rows = self._read.execute(
             "SELECT event, sequence, data FROM events WHERE action_id = ? AND sequence >= ? ORDER BY sequence LIMIT ?",
             (action_id, cursor, limit),
         )
         return list(map(StoredEvent._make, rows))
+
+    def _fitting(self, action_id: str, cursor: int, limit: int, max_bytes: int) -> int:
+        """How many of the ``limit`` events from ``cursor`` fit in ``max_bytes`` of data (at least one),
+        counted from their lengths alone: no event past the bound is read. Later commits only append, so
+        the events counted here are the first ones a read right after finds."""
+        count = total = 0
+        # Closed when left early: an unfinished statement would hold its read transaction open.
+        with contextlib.closing(
+            self._read.execute(
+                "SELECT length(data) FROM events WHERE action_id = ? AND sequence >= ? ORDER BY sequence LIMIT ?",
+                (action_id, cursor, limit),
+            )
+        ) as sizes:
+            for (size,) in sizes:
+                total += size
+                if count and total > max_bytes:
+                    break
+                count += 1
+        return count
 
     def last_event(self, action_id: str) -> Event | None:
         row = self._read.execute(

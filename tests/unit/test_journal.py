@@ -18,7 +18,7 @@ import pytest
 
 from supervisor.journal import store
 from supervisor.journal.statefiles import JournalLocked, prepare_directory
-from supervisor.journal.store import REFUSE_AFTER_SECONDS, Job, Journal, JournalError
+from supervisor.journal.store import REFUSE_AFTER_SECONDS, Job, Journal, JournalError, Streams
 from supervisor.journal.writer import JournalBusy, Written
 from tests.conftest import ROOT
 
@@ -74,6 +74,25 @@ def test_events_are_contiguous_and_the_terminal_sets_status(path: Path) -> None:
     assert [j.action_id for j in journal.running()] == ["b"]
     journal.archive("a").wait()
     assert journal.get("a") is None and journal.events("a", 0) == []
+    journal.close()
+
+
+def test_a_bounded_read_stops_at_its_bytes_and_is_never_empty(path: Path) -> None:
+    journal = Journal(path, checkpoint_events=100)
+    journal.admit(job("a")).wait()
+    for text in ("x" * 8, "x" * 8, "x" * 40, "x"):  # data {"t":"…"} is 8 bytes more than its text
+        journal.append("a", "chunk", {"t": text})
+    journal.flush().wait()
+
+    def read(cursor: int, max_bytes: int, limit: int = 1000) -> list[int]:
+        return [event.sequence for event in journal.stored_events("a", cursor, limit, max_bytes)]
+
+    assert read(0, 32) == [0, 1]  # 16 + 16: exactly the bound
+    assert read(0, 31) == [0]  # one byte short: the second waits for the next read
+    assert read(2, 32) == [2]  # 48 alone is over the bound, and comes all the same
+    assert read(3, 32) == [3] and read(4, 32) == []
+    assert read(0, 10**6, limit=3) == [0, 1, 2]  # the count bound still holds
+    assert journal.stored_events("a", 0, 1000, 31) == journal.stored_events("a", 0, 1)  # the same events, whole
     journal.close()
 
 
@@ -156,7 +175,11 @@ def test_a_corrupt_file_is_refused(path: Path) -> None:
         ("UPDATE events SET event = 'failed' WHERE sequence = 0", "more than one terminal"),
         ("UPDATE jobs SET status = 'running'", "running with a terminal"),
         ("UPDATE jobs SET status = 'cancelled'", "status without its terminal"),
-        ("INSERT INTO events VALUES ('ghost', 0, 'chunk', '{}')", "unknown job"),
+        ("INSERT INTO events VALUES ('ghost', 0, 'chunk', '{}')", "'ghost': events of an unknown job"),
+        ("INSERT INTO outputs VALUES ('ghost', '', '', 0, 0)", "'ghost': worker output of an unknown job"),
+        ("INSERT INTO outputs VALUES ('b', '', '', 0, 0)", "'b': running with its worker output recorded"),
+        ("UPDATE outputs SET stdout_total = 2", "'a': worker output longer than its byte count"),
+        ("UPDATE outputs SET stderr_total = -1", "'a': worker output longer than its byte count"),
     ],
 )
 def test_an_inconsistent_journal_is_refused(path: Path, edit: str, problem: str) -> None:
@@ -164,7 +187,8 @@ def test_an_inconsistent_journal_is_refused(path: Path, edit: str, problem: str)
     journal.admit(job("a")).wait()
     journal.append("a", "started", {})
     journal.append("a", "chunk", {})
-    journal.finish("a", "completed", {}).wait()
+    journal.finish("a", "completed", {}, streams=Streams("out", "", 3, 0)).wait()
+    journal.admit(job("b")).wait()  # running
     journal.close()
     with sqlite3.connect(path) as db:
         db.execute(edit)

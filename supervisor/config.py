@@ -112,6 +112,12 @@ SPEC: dict[str, tuple[Callable[[str], Any], str, str]] = {
     ),
     "LOG_FORMAT": (_choice("json", "text"), "json", "json (one object per line) or text"),
     "STOP_GRACE_MS": (_integer(0, 60000), "0", "SIGTERM grace before SIGKILL when stopping a worker"),
+    "DRAIN_SECONDS": (
+        _number(0, 3600),
+        "20",
+        "after SIGTERM, how long running jobs may still finish before they are killed (0: at once); keep it"
+        " below the orchestrator's grace period",
+    ),
     "HEARTBEAT_SECONDS": (_number(0.05, 300), "15", "SSE comment sent while a stream is idle"),
     "HEADER_TIMEOUT_SECONDS": (
         _number(0.1, 300),
@@ -178,6 +184,7 @@ class Settings:
     prefork: int | None  # None until ``load`` sizes it
     log_format: str
     stop_grace_ms: int
+    drain_seconds: float
     heartbeat_seconds: float
     header_timeout_seconds: float
     max_connections: int

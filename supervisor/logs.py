@@ -13,7 +13,21 @@ import orjson
 from supervisor.escaping import json_line, one_line
 
 # What a record may carry beside its message (passed with ``extra=``); nothing else is emitted.
-FIELDS = ("action_id", "crew_id", "operation", "outcome", "error_type", "reason", "duration_ms", "pid", "launcher")
+FIELDS = (
+    "action_id",
+    "crew_id",
+    "operation",
+    "outcome",
+    "error_type",
+    "reason",
+    "duration_ms",
+    "pid",
+    "launcher",
+    "signal",  # one the supervisor received, or the one that killed a worker
+    "seconds",  # a drain's grace
+    "running",  # jobs at a drain's start or end
+    "queued",
+)
 
 
 class JsonFormatter(logging.Formatter):

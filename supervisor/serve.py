@@ -78,7 +78,9 @@ def serve(settings: config.Settings, log_level: str) -> None:
 
 
 class _DrainingServer(uvicorn.Server):
-    """On SIGTERM, stop the jobs first: their waiters and streams then end, and connections close.
+    """On SIGTERM (or SIGINT), drain while still listening: new starts answer 503, running jobs get
+    ``DRAIN_SECONDS`` to finish (a second signal ends the wait), then the jobs left are stopped: their
+    waiters and streams then end, and uvicorn's shutdown closes the connections.
 
     Everything is released before uvicorn re-raises the signal to end the process with it.
     """
@@ -88,6 +90,7 @@ class _DrainingServer(uvicorn.Server):
         self.sup = sup
         self.ephemeral = ephemeral
         self._signalled: asyncio.Event | None = None
+        self._skip_drain: asyncio.Event | None = None
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -95,6 +98,7 @@ class _DrainingServer(uvicorn.Server):
         the main loop can sleep until one comes instead of polling every 0.1 s."""
         loop = asyncio.get_running_loop()
         self._signalled = asyncio.Event()
+        self._skip_drain = asyncio.Event()
         for sig in HANDLED_SIGNALS:
             loop.add_signal_handler(sig, self.handle_exit, sig, None)
         try:
@@ -106,17 +110,32 @@ class _DrainingServer(uvicorn.Server):
             signal.raise_signal(captured)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        super().handle_exit(sig, frame)
+        """Called on the loop (``capture_signals``), so it may log. The first signal starts the drain; a
+        later one, SIGTERM or SIGINT alike, ends its wait. Unlike uvicorn's, a second SIGINT does not force
+        the exit: the stop after the drain is bounded anyway, and done in order the streams still get their
+        jobs' terminal events before the connections close."""
+        name = signal.Signals(sig).name
+        if self.should_exit:
+            log.warning("received %s again: the drain's wait ends", name, extra={"signal": name})
+            if self._skip_drain is not None:
+                self._skip_drain.set()
+        else:
+            log.warning("received %s: draining", name, extra={"signal": name})
+        self._captured_signals.append(sig)  # re-raised at exit, as uvicorn does
+        self.should_exit = True
         if self._signalled is not None:
             self._signalled.set()
 
     async def main_loop(self) -> None:
         """uvicorn's loop without its tick: the tick refreshed the Date header (``_Dated`` stamps it now)
-        and looked for a signal, which now wakes this loop itself. An idle supervisor wakes for nothing."""
-        assert self._signalled is not None
+        and looked for a signal, which now wakes this loop itself. An idle supervisor wakes for nothing.
+        The drain runs here, before uvicorn's shutdown stops listening: while jobs finish, their streams
+        and waiters, ``/health``, reads and cancels are still served."""
+        assert self._signalled is not None and self._skip_drain is not None
         while not await self.on_tick(0):
             await self._signalled.wait()
             self._signalled.clear()
+        await self.sup.drain(self.sup.settings.drain_seconds, self._skip_drain)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await self.sup.stop()

@@ -6,7 +6,8 @@
 
 Each server gets a fresh bearer token, a state directory of its own (the journal inside it) and a log file.
 ``start`` waits until ``/health`` answers, within a deadline, and otherwise fails with the log's tail;
-``stop`` sends SIGTERM, then SIGKILL after a deadline. Settings are keyword arguments named as the
+``stop`` sends SIGTERM, then SIGKILL after a deadline (``DRAIN_SECONDS`` is 0 here unless given, so running
+jobs are killed at once rather than waited for). Settings are keyword arguments named as the
 ``AIP_CREWAI_*`` variables without the prefix (``launcher="spawn"``); ``env`` is applied last and wins.
 
 Imports neither crewai nor the worker package (the supervisor never does): a test that only talks HTTP
@@ -198,6 +199,8 @@ def start(
         f"{PREFIX}PORT": str(port),
         f"{PREFIX}BEARER_TOKEN": token,
         f"{PREFIX}STATE_FILE": str(state / "journal.db"),
+        # ``stop`` must not wait out the jobs a test left running: no drain unless the caller asks for one.
+        f"{PREFIX}DRAIN_SECONDS": "0",
         **{_setting(name): _value(value) for name, value in settings.items()},
         **(env or {}),
     }

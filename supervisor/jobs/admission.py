@@ -86,11 +86,11 @@ class Admission:
     async def admit(self, body: StartRequest, key: str | None, legacy: bool) -> Job:
         """The reference's order (413, 400, 403, 428/400, 422, 404, 409, 507, then 503 for a journal locked
         by another process); an exact repeat returns its job even if its operation was disabled since.
-        A start of an action id being admitted waits for that admission, then is checked against it."""
+        A start of an action id being admitted waits for that admission, then is checked against it.
+        While the supervisor drains, an exact repeat still returns its job (idempotency: the client observes
+        the job it started, streamed or waited on until it ends); anything else that would start is a 503."""
         while (under_way := self._admitting.get(body.action_id)) is not None:
             await asyncio.shield(under_way)
-        if self.stopped:
-            raise ShuttingDown("the supervisor is shutting down")
         if input_too_large(body):
             raise InputTooLarge("input exceeds 1 MiB")
         if legacy and body.operation != "run":
@@ -100,6 +100,8 @@ class Admission:
         existing = self.journal.get(body.action_id)
         if existing is not None and existing.request_hash == digest:
             return existing
+        if self.stopped:
+            raise ShuttingDown("the supervisor is shutting down")
         if body.operation not in self.settings.allowed_operations:
             raise OperationDisabled(f"operation {body.operation} is not allowed")
         if bad_key is not None:

@@ -1,8 +1,9 @@
 """The runner: each admitted job queues for a slot, gets a worker spawned for it, has its frames relayed
 to the recorder, and is settled exactly once.
 
-Cancel, timeout, a broken limit and draining kill the worker's process group and record the evidence;
-a worker that dies on its own fails only its own job.
+Cancel, timeout, a broken limit and the supervisor's stop kill the worker's process group and record the
+evidence; a worker that dies on its own fails only its own job. A drain closes the queue first: what waits
+there fails at once, certain (it did nothing), while running jobs go on until the stop.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ class Runner:
         self.metrics = metrics
         self.state = state
         self.live = live
-        self.draining = False
+        self.queue_closed = False  # draining: no queued job starts
+        self.stopping = False  # stopping: every job ends now
         self._slots = asyncio.Semaphore(settings.max_concurrency)
         self._grace = settings.stop_grace_ms / 1000
 
@@ -90,13 +92,30 @@ class Runner:
             return False
         return True
 
+    async def close_queue(self) -> int:
+        """No queued job will start: each ends `failed`, `supervisor_stopped`, `uncertain_outcome: false`.
+        Jobs already launching or running go on. Returns how many were queued."""
+        self.queue_closed = True
+        # A job launched in this loop iteration has its first step scheduled, not run: cancelled before it,
+        # its task would end without ever settling. One pass of the loop lets it reach its handlers.
+        await asyncio.sleep(0)
+        queued = [job for job in self.live.values() if job.phase == "queued"]
+        for job in queued:
+            if job.task is not None:
+                job.task.cancel()
+        await asyncio.gather(*(asyncio.shield(job.done) for job in queued))
+        return len(queued)
+
     async def stop(self) -> None:
-        """Drain: every worker is killed and its job ends `failed` with `uncertain_outcome` and the kill's
-        evidence (never `cancelled`: nobody asked for that)."""
-        self.draining = True
+        """Every worker is killed and its job ends `failed` with `uncertain_outcome` and the kill's evidence
+        (never `cancelled`: nobody asked for that); a job still queued ends `failed`, certain."""
+        self.stopping = True
         jobs = list(self.live.values())
         for job in jobs:
-            # A launching job sees `draining` itself once its worker exists.
+            if job.phase in ("launching", "running"):
+                pid = job.worker.pid if job.worker is not None else None
+                log.warning("killing a job at stop", extra={"action_id": job.action_id, "pid": pid})
+            # A launching job sees `stopping` itself once its worker exists.
             if job.phase in ("queued", "running") and job.task is not None:
                 job.task.cancel()
         await asyncio.gather(*(job.task for job in jobs if job.task), return_exceptions=True)
@@ -248,6 +267,7 @@ class Runner:
                 "error_type": evidence.get("error_type"),
                 "reason": evidence.get("reason"),
                 "duration_ms": round((asyncio.get_running_loop().time() - job.admitted) * 1000, 1),
+                "signal": evidence.get("signal"),  # set when the supervisor killed the worker
             },
         )
         self.metrics.finished.labels(job.operation, outcome.event).inc()
@@ -282,7 +302,8 @@ class Runner:
             job.task.cancel()
 
     def _interrupted(self, job: LiveJob) -> bool:
-        return job.cancel_reason is not None or job.breach is not None or self.draining
+        closed = self.queue_closed and job.phase == "queued"
+        return job.cancel_reason is not None or job.breach is not None or self.stopping or closed
 
     def _interruption(self, job: LiveJob, proof: dict[str, Any]) -> Outcome:
         """A broken limit or a cancel says so; a supervisor stopping is an uncertain failure if the job had begun."""
@@ -291,8 +312,9 @@ class Runner:
         if job.cancel_reason is not None:
             data = {"status": "cancelled", "reason": job.cancel_reason, **proof}
             return Outcome("cancelled", data, exit_status=proof.get("exit_status"))
-        began = proof.get("launched", True)
-        return failure("supervisor_stopped", "the supervisor stopped before the job finished", began, **proof)
+        if proof.get("launched", True):
+            return failure("supervisor_stopped", "the supervisor stopped before the job finished", True, **proof)
+        return failure("supervisor_stopped", "the supervisor stopped before the job started", False, **proof)
 
 
 def worker_env(settings: Settings, state: Path, crew_id: str) -> dict[str, str]:

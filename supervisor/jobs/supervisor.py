@@ -1,9 +1,12 @@
 """The job lifecycle, wired: admission (validate, fence, admit) hands jobs to the runner (queue, spawn,
 relay, settle), which writes through the recorder (events into the journal, followers woken); one
-housekeeping tick commits, samples and reaps. ``start`` and ``stop`` bring them up and down in order."""
+housekeeping tick commits, samples and reaps. ``start`` and ``stop`` bring them up and down in order;
+``drain`` comes before ``stop`` on SIGTERM."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,8 @@ from supervisor.metrics import Metrics
 from supervisor.processes.launcher import Launcher
 from supervisor.processes.limits import Limits
 from supervisor.processes.reaper import Reaper
+
+log = logging.getLogger("crew_supervisor")
 
 
 class Supervisor:
@@ -38,6 +43,7 @@ class Supervisor:
         self.live: dict[str, LiveJob] = {}  # jobs without a terminal event, shared by the parts below
         self.metrics = Metrics()
         self.limits = limits
+        self._stopped = False
         self.recorder = Recorder(settings, journal, self.live)
         self.runner = Runner(settings, launcher, self.limits, self.recorder, self.metrics, state, self.live)
         self.admission = Admission(settings, journal, crews, self._launch)
@@ -60,11 +66,40 @@ class Supervisor:
         self.launcher.start()
         self.housekeeping.start()
 
+    @property
+    def draining(self) -> bool:
+        """From a drain's start (or a stop's) to the end: new starts answer 503."""
+        return self.admission.stopped
+
+    async def drain(self, seconds: float, skip: asyncio.Event) -> None:
+        """New starts answer 503 and queued jobs fail, certain; running jobs get up to ``seconds`` to finish,
+        or until ``skip`` is set. Whatever still runs is ``stop``'s to kill. The server keeps serving
+        meanwhile: streams, blocking waiters, reads and cancels of the jobs still running."""
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await self.admission.stop()
+        queued = await self.runner.close_queue()
+        log.warning("drain began", extra={"seconds": seconds, "running": len(self.live), "queued": queued})
+        pending = [job.done for job in self.live.values()]
+        skipped = asyncio.ensure_future(skip.wait())
+        deadline = began + seconds
+        try:
+            # asyncio.wait cancels nothing it waits on: the jobs go on whatever ends the wait.
+            while pending and not skip.is_set() and (left := deadline - loop.time()) > 0:
+                await asyncio.wait((*pending, skipped), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                pending = [done for done in pending if not done.done()]
+        finally:
+            skipped.cancel()
+        reason = "jobs_finished" if not pending else "skipped" if skip.is_set() else "grace_expired"
+        duration_ms = round((loop.time() - began) * 1000, 1)
+        log.warning("drain ended", extra={"reason": reason, "duration_ms": duration_ms, "running": len(self.live)})
+
     async def stop(self) -> None:
-        """Drain: new starts answer 503, then every job ends (see ``Runner.stop``), then the services stop.
+        """New starts answer 503, then every job ends (see ``Runner.stop``), then the services stop.
         Idempotent: the signal handler and the app's lifespan both call it."""
-        if self.admission.stopped:
+        if self._stopped:
             return
+        self._stopped = True
         await self.admission.stop()
         await self.runner.stop()
         await self.housekeeping.stop()

@@ -22,7 +22,9 @@ PINNED = re.compile(r"^[^\s@$]+@sha256:[0-9a-f]{64}$")
 SECRETISH = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|PRIVATE_?KEY|CREDENTIAL", re.IGNORECASE)
 SECRET_FILES = re.compile(r"(^|/)(\.env|.*\.pem|.*\.key|id_[rd]sa.*|.*token.*|.*secret.*)$", re.IGNORECASE)
 DURABLE = ("HOME", "CREWAI_STORAGE_DIR", "AIP_CREWAI_STATE_FILE", "AIP_CREWAI_TRAINING_DIR")
-MIN_GRACE_SECONDS = 20  # the supervisor stops its workers and closes the journal in this time
+DEFAULT_DRAIN_SECONDS = 20.0  # AIP_CREWAI_DRAIN_SECONDS' default: running jobs may finish this long after SIGTERM
+# After the drain: the jobs left are killed and confirmed, uvicorn gives connections up to 5 s, the journal closes.
+STOP_SECONDS = 10
 
 
 # --- Dockerfile --------------------------------------------------------------------------------------------------
@@ -212,8 +214,11 @@ def kubernetes_problems(directory: Path) -> list[str]:
             problems.append(f"pod {flag}")
     if pod.get("automountServiceAccountToken") is not False:
         problems.append("automountServiceAccountToken must be false")
-    if (pod.get("terminationGracePeriodSeconds") or 30) < MIN_GRACE_SECONDS:
-        problems.append(f"terminationGracePeriodSeconds below {MIN_GRACE_SECONDS}")
+    grace = pod.get("terminationGracePeriodSeconds") or 30
+    for container in pod.get("containers") or []:
+        env = {v.get("name"): v.get("value") for v in container.get("env") or []}
+        if (needed := _stop_seconds(env)) > grace:
+            problems.append(f"terminationGracePeriodSeconds below {needed:g} (the drain plus {STOP_SECONDS} s)")
     volumes = {volume["name"]: volume for volume in pod.get("volumes") or []}
     for volume in volumes.values():
         if "secret" in volume and volume["secret"].get("defaultMode") != 0o400:
@@ -245,6 +250,12 @@ def _seconds(duration: str) -> float:
     return sum(float(number) * scale[unit] for number, unit in parts)
 
 
+def _stop_seconds(environment: dict[str, Any]) -> float:
+    """How long a SIGTERM'd supervisor may take: its drain (as configured, else the default), then the stop."""
+    drain = environment.get("AIP_CREWAI_DRAIN_SECONDS")
+    return (DEFAULT_DRAIN_SECONDS if drain is None else float(drain)) + STOP_SECONDS
+
+
 def compose_problems(path: Path) -> list[str]:
     document = yaml.safe_load(path.read_text())
     problems = []
@@ -266,8 +277,6 @@ def compose_problems(path: Path) -> list[str]:
             problems.append(f"{where}: user must be a non-root uid")
         if service.get("restart") in (None, "no"):
             problems.append(f"{where}: restart policy missing")
-        if _seconds(service.get("stop_grace_period", "10s")) < MIN_GRACE_SECONDS:
-            problems.append(f"{where}: stop_grace_period below {MIN_GRACE_SECONDS}s")
         for port in service.get("ports") or []:
             host_ip = port.get("host_ip") if isinstance(port, dict) else str(port).rsplit(":", 2)[0]
             if not str(host_ip).startswith("127."):
@@ -275,6 +284,8 @@ def compose_problems(path: Path) -> list[str]:
         environment = service.get("environment") or {}
         if isinstance(environment, list):
             environment = dict(entry.partition("=")[::2] for entry in environment)
+        if (needed := _stop_seconds(environment)) > _seconds(service.get("stop_grace_period", "10s")):
+            problems.append(f"{where}: stop_grace_period below {needed:g}s (the drain plus {STOP_SECONDS} s)")
         if environment.get("AIP_CREWAI_BEARER_TOKEN"):
             problems.append(f"{where}: the bearer token is written into the compose file")
         if not str(environment.get("AIP_CREWAI_BEARER_TOKEN_FILE", "")).startswith("/run/secrets/"):

@@ -153,6 +153,11 @@ COMPOSE_BREAKAGES = {
     "no pids limit": ("    pids_limit: 512\n", "", "pids_limit and mem_limit"),
     "root": ('user: "10001:10001"', 'user: "0:0"', "non-root uid"),
     "short grace": ("stop_grace_period: 30s", "stop_grace_period: 5s", "stop_grace_period below"),
+    "drain as long as the grace": (
+        'AIP_CREWAI_DRAIN_SECONDS: "20"',
+        'AIP_CREWAI_DRAIN_SECONDS: "30"',
+        "stop_grace_period below 40s",
+    ),
     "token inline": (
         "AIP_CREWAI_BEARER_TOKEN_FILE: /run/secrets/crew-supervisor-token",
         "AIP_CREWAI_BEARER_TOKEN: x",
@@ -265,6 +270,10 @@ KUBERNETES_BREAKAGES = {
     "no readiness": (_set("main.readinessProbe", "~"), "readinessProbe must be an exec probe"),
     "no limits": (_set("main.resources.limits", "~"), "resources.limits.memory missing"),
     "short grace": (_set("pod.terminationGracePeriodSeconds", 5), "terminationGracePeriodSeconds below"),
+    "drain as long as the grace": (
+        _set("main.env.3", {"name": "AIP_CREWAI_DRAIN_SECONDS", "value": "30"}),
+        "terminationGracePeriodSeconds below 40",
+    ),
     "group-readable secret": (_set("pod.volumes.2.secret.defaultMode", 0o440), "defaultMode must be 0400"),
     "fsGroup on every mount": (_set("pod.securityContext.fsGroupChangePolicy", "Always"), "OnRootMismatch"),
     "api token": (_set("pod.automountServiceAccountToken", True), "automountServiceAccountToken"),

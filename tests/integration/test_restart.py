@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
@@ -111,9 +112,11 @@ def test_bad_startup_fails_with_one_clear_line(tmp_path: Path) -> None:
 
 
 def test_sigterm_drains_kills_with_evidence_and_restart_reports_uncertain(tmp_path: Path) -> None:
+    """DRAIN_SECONDS=0: no wait for running jobs, every one is killed at once (tests/integration/test_drain.py
+    has the drain's wait)."""
     state = tmp_path / "state"
-    # The grace makes the drain last long enough to see a 503: the stubborn crew ignores SIGTERM.
-    env = {"AIP_CREWAI_STOP_GRACE_MS": "2000", "AIP_CREWAI_MAX_CONCURRENCY": "1"}
+    # The worker's grace makes the stop last long enough to see a 503: the stubborn crew ignores SIGTERM.
+    env = {"AIP_CREWAI_STOP_GRACE_MS": "2000", "AIP_CREWAI_MAX_CONCURRENCY": "1", "AIP_CREWAI_DRAIN_SECONDS": "0"}
     server = start_server(state, env=env)
     with (
         server.client() as client,
@@ -128,13 +131,16 @@ def test_sigterm_drains_kills_with_evidence_and_restart_reports_uncertain(tmp_pa
         tree = psutil.Process(server.process.pid).children(recursive=True)
         stopped_at = time.monotonic()
         server.process.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
+        assert wait_until(lambda: client.get("/health").json()["status"] == "draining", timeout=10)
         assert client.post("/jobs", json=start_body("demo", "term-3"), headers=KEY).status_code == 503
         rest = list(lines)
     # uvicorn ends the process with the signal it handled, after the drain and the journal's close.
     assert server.process.wait(30) == -signal.SIGTERM and time.monotonic() - stopped_at < 30
     assert "event: failed" in rest  # the stream ended with the job, not with the connection
     assert all(gone(p.pid, p.create_time()) for p in tree), "a worker outlived the supervisor"
+    records = [json.loads(line) for line in server.log.read_text().splitlines() if line.startswith("{")]
+    (ended,) = [r for r in records if r["event"] == "drain ended"]
+    assert ended["reason"] == "grace_expired" and ended["duration_ms"] < 1000 and ended["running"] == 1
 
     restarted = start_server(state, env=env)
     try:

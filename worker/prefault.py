@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import array
 import ctypes
-import errno
 import os
 import selectors
 import signal
@@ -29,6 +28,7 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 MADV_POPULATE_WRITE = 23  # linux/mman.h, Linux 5.14+
 PRESENT = 1 << 63  # /proc/<pid>/pagemap entry bits (Documentation/admin-guide/mm/pagemap.rst)
 EXCLUSIVE = 1 << 56  # the page is mapped only here: for a forked child, copied on write (or new)
+FILE = 1 << 61  # a file page (read, never written) or shared anonymous memory: nothing to copy
 MAX_RUNS = 65_536  # 1 MiB of (address, length) pairs; a probe reporting more is ignored
 PROBE_SECONDS = 60.0
 
@@ -48,6 +48,9 @@ def probe(kickoff: Callable[[], None]) -> Runs:
         status = 1
         try:
             lifecycle.bind_to_parent(parent)
+            # An undumpable process's /proc files are root's: its own page map (0400) is then unreadable to
+            # any other uid. The probe holds nothing a worker will not hold too, and exits after.
+            lifecycle.set_dumpable(True)
             mapped = _private_writable()
             kickoff()
             runs = _written(mapped)
@@ -75,9 +78,9 @@ def populate(runs: Runs) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     for i in range(0, len(runs), 2):
-        if libc.madvise(runs[i], runs[i + 1], MADV_POPULATE_WRITE) != 0 and ctypes.get_errno() == errno.EINVAL:
-            return  # not supported by this kernel (or not for this mapping): the faults come lazily
-        # Other errors (ENOMEM: a run no longer mapped; EFAULT) skip that run only.
+        # A run that fails (ENOMEM: no longer mapped; EINVAL: an old kernel, or a mapping it refuses) is
+        # skipped: its pages fault in lazily, as without this module.
+        libc.madvise(runs[i], runs[i + 1], MADV_POPULATE_WRITE)
 
 
 def _private_writable() -> list[tuple[int, int]]:
@@ -95,7 +98,7 @@ def _private_writable() -> list[tuple[int, int]]:
 
 
 def _written(mapped: list[tuple[int, int]]) -> Runs:
-    """Runs of pages in ``mapped`` present and held by this process alone."""
+    """Runs of anonymous pages in ``mapped`` present and held by this process alone."""
     runs = array.array("Q")
     entry = array.array("Q")
     with open("/proc/self/pagemap", "rb", buffering=0) as pagemap:
@@ -104,7 +107,7 @@ def _written(mapped: list[tuple[int, int]]) -> Runs:
             entries = array.array("Q", pagemap.read((end - start) // PAGE * entry.itemsize))
             first = None
             for index, bits in enumerate(entries):
-                held = bits & PRESENT and bits & EXCLUSIVE
+                held = bits & PRESENT and bits & EXCLUSIVE and not bits & FILE
                 if held and first is None:
                     first = index
                 elif not held and first is not None:

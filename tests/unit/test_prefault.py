@@ -9,7 +9,7 @@ import platform
 
 import pytest
 
-from worker import prefault
+from worker import lifecycle, prefault
 
 PAGES = 64
 
@@ -61,6 +61,29 @@ def test_populate_gives_a_forked_child_its_own_copy_before_it_writes() -> None:
             prefault.populate(runs)
             after = covered(prefault._written(prefault._private_writable())) & pages
             os._exit(0 if not before and after == pages else 1)
+        finally:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another uid")
+def test_the_probe_reads_its_page_map_in_an_undumpable_process_of_another_uid() -> None:
+    """As the fork server runs in the container: uid 10001, undumpable (its /proc files are then root's)."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            lifecycle.set_dumpable(False)
+            buffer = bytearray(b"\x01" * (PAGES + 2) * prefault.PAGE)
+
+            def kickoff() -> None:
+                for offset in range(0, len(buffer), prefault.PAGE):
+                    buffer[offset] = 2
+
+            os._exit(0 if buffer_pages(buffer) <= covered(prefault.probe(kickoff)) else 1)
         finally:
             os._exit(2)
     _, status = os.waitpid(pid, 0)

@@ -79,6 +79,8 @@ class Fork(Message):
 
 @dataclasses.dataclass(frozen=True)
 class Forked(Message):
+    """The worker the fork server forked; pid 0: the kernel refused the fork."""
+
     kind: ClassVar[str] = "forked"
     pid: int
 

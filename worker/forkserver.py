@@ -86,7 +86,7 @@ def _fork_one(
     pid = _double_fork(lambda: _become_worker(messages[0], fds, supervisor, crews, written, [channel.fileno()]))
     for fd in fds:
         os.close(fd)
-    out.send(Forked(pid=pid) if pid else Refused(reason="the fork server could not fork"))
+    out.send(Forked(pid=pid))
 
 
 def _double_fork(become: Callable[[], NoReturn]) -> int:
@@ -94,7 +94,12 @@ def _double_fork(become: Callable[[], NoReturn]) -> int:
     child (it is a subreaper), so the fork server's death takes no worker with it, and the supervisor
     reaps it and reads its exit status itself. The worker's pid, or 0 if a fork failed."""
     read, write = os.pipe()
-    middle = os.fork()
+    try:
+        middle = os.fork()
+    except OSError:  # EAGAIN (a process limit), ENOMEM: no worker this time, and the supervisor is told
+        os.close(read)
+        os.close(write)
+        return 0
     if middle == 0:
         os.close(read)
         status = 1

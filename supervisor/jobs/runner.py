@@ -155,10 +155,10 @@ class Runner:
 
     async def _spawn_and_supervise(self, job: LiveJob) -> Outcome:
         scratch = Path(tempfile.mkdtemp(prefix="job-", dir=self.state / "scratch"))
-        if self.settings.worker_ids is not None:  # made 0700 by us: the worker's user must own it to write there
-            os.chown(scratch, *self.settings.worker_ids)
-        env, cwd = worker_env(self.settings, self.state, job.crew_id), str(scratch)
         try:
+            if self.settings.worker_ids is not None:  # made 0700 by us: the worker's user must own it to write
+                os.chown(scratch, *self.settings.worker_ids)
+            env, cwd = worker_env(self.settings, self.state, job.crew_id), str(scratch)
             try:
                 # Maybe forked ahead of demand: its environment and directory then come with Start.
                 worker = await self.launcher.spawn(env, cwd)

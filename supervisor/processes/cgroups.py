@@ -6,9 +6,12 @@ setsid; its memory limit makes the kernel's OOM killer stop the job at the limit
 grows, and counts the kill. RLIMIT_NPROC cannot do the first (it counts all processes of the user, and
 root ignores it), RLIMIT_AS not the second (it counts address space, not memory).
 
-Cgroup v1 (a ``pids`` and a ``memory`` hierarchy) and v2 (one unified tree, where the controllers must
-already be delegated to our cgroup) are both read. A controller we cannot write (an unprivileged
-container) is left to sampling; the container's own limits stay the hard cap.
+Cgroup v1 (a ``pids`` and a ``memory`` hierarchy) and v2 (one unified tree) are both read. On v2 our own
+cgroup's parent must already enable the controllers for it (a delegated subtree, e.g. the root of a
+container's cgroup namespace): a cgroup that holds processes cannot enable them for its children, so a
+supervisor started inside a plain leaf cgroup samples instead. Only v1 is exercised on this project's VM.
+A controller we cannot write (an unprivileged container) is left to sampling; the container's own limits
+stay the hard cap.
 """
 
 from __future__ import annotations
@@ -110,7 +113,7 @@ class Cgroups:
                     base.mkdir(mode=0o755, exist_ok=True)
                 except OSError:
                     continue
-                if any((base / cap).exists() for cap in CAP_FILES[name]):
+                if any((base / cap).exists() for cap in CAP_FILES[name]) and _delegate(base, name, v1):
                     _remove_stale(candidate)
                     found.append(Controller(name, base, v1))
                     break
@@ -149,9 +152,23 @@ class Cgroups:
                 base.rmdir()
 
 
+def _delegate(base: Path, name: str, v1: bool) -> bool:
+    """On v2 a job's directory has the controller's files only if ``base`` enables it for its children
+    (allowed: ``base`` holds no process). v1 hierarchies need nothing."""
+    if v1:
+        return True
+    try:
+        (base / "cgroup.subtree_control").write_text(f"+{name}")
+    except OSError as exc:
+        log.warning("cannot delegate the %s controller to job cgroups: %s", name, exc.strerror)
+        return False
+    return True
+
+
 def _cap_memory(path: Path, limit: int, v1: bool) -> None:
-    """The limit before the process moves in, so it is capped from its first page. Swap is capped too
-    where the kernel accounts it, or the job could page out past the limit."""
+    """The limit before the process moves in, so what it charges from then on is capped (pages a forked
+    worker copied ahead before joining stay charged to the supervisor's cgroup, ~20 MB). Swap is capped
+    too where the kernel accounts it, or the job could page out past the limit."""
     if v1:
         (path / "memory.limit_in_bytes").write_text(str(limit))
         with contextlib.suppress(OSError):  # memsw exists only with swap accounting on

@@ -45,7 +45,7 @@ from protocol import (
 )
 from supervisor.processes.launcher import DESCRIBE_SECONDS, LaunchError, SpawnLauncher, spawn_process
 from supervisor.processes.limits import Limits
-from supervisor.processes.pipes import make_pipes
+from supervisor.processes.pipes import PipeEnds, make_pipes
 from supervisor.processes.process import WorkerProcess
 from supervisor.processes.reaper import Reaper
 
@@ -98,12 +98,12 @@ class ForkServerLauncher:
             self._refill()
 
     async def spawn(self, env: Mapping[str, str], cwd: str) -> WorkerProcess:
-        if self.refused is not None:
-            return await self.fallback.spawn(env, cwd)
         idle = await self._take()  # whether or not the fork server that forked it still lives
         if idle is not None:
             self._refill()
             return idle
+        if self.refused is not None:
+            return await self.fallback.spawn(env, cwd)
         server = self._server
         if server is not None and server.alive:
             try:
@@ -119,9 +119,10 @@ class ForkServerLauncher:
 
     async def stop(self) -> None:
         self._stopping = True
-        for task in (self._replacing, self._filling):
-            if task is not None:
-                task.cancel()
+        tasks = [task for task in (self._replacing, self._filling) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # a worker they were forking is discarded
         await self._drop_idle()
         if self._server is not None:
             await self._server.stop()
@@ -162,15 +163,19 @@ class ForkServerLauncher:
             except (_Unavailable, LaunchError) as exc:
                 log.warning("could not fork an idle worker: %s", exc)
                 return
-            if self.limits is not None:
-                await self.limits.apply(worker)
+            try:
+                if self.limits is not None:
+                    await self.limits.apply(worker)
+            except BaseException:  # cancelled (we are stopping): it must not outlive the pool it was for
+                await self._discard(worker)
+                raise
             if self._stopping or server is not self._server:
                 await self._discard(worker)
                 return
             self._idle.append(worker)
 
     async def _drop_idle(self) -> None:
-        """Kill every idle worker and confirm it gone (a fork server that died took them already)."""
+        """Kill every idle worker and confirm it gone."""
         idle, self._idle = self._idle, []
         await asyncio.gather(*(self._discard(worker) for worker in idle), return_exceptions=True)
 
@@ -263,32 +268,45 @@ class _ForkServer:
             if not self.alive:
                 raise _Unavailable("it exited")
             ours, theirs = make_pipes()
-            self._pending = asyncio.get_running_loop().create_future()
+            pending = self._pending = asyncio.get_running_loop().create_future()
+            # Our child from the moment its middle process leaves, before the reply: not an orphan to reap.
+            self.reaper.adopting = True
             try:
-                socket.send_fds(self.channel, [pack(Fork(env=dict(env), cwd=cwd))], dataclasses.astuple(theirs))
-            except OSError as exc:
-                ours.close()
-                self._die()
-                raise _Unavailable(str(exc)) from None
+                worker = await self._exchange(ours, theirs, pending, Fork(env=dict(env), cwd=cwd))
+            except BaseException:
+                ours.close()  # a worker forked anyway sees EOF on its control pipe and leaves
+                raise
             finally:
-                theirs.close()
-            try:
-                pid = await asyncio.wait_for(self._pending, FORK_SECONDS)
-            except (TimeoutError, _Unavailable) as exc:
-                ours.close()  # a worker forked too late sees EOF on its control pipe and leaves
-                self._die()
-                raise _Unavailable(str(exc) or "no answer") from None
-        try:
-            self.reaper.register(pid)  # ours since its middle process left, before the reply was sent
-            worker = WorkerProcess(pid, ours, self.reaper, self.reaper.watch(pid), "forkserver")
-        except (ProcessLookupError, OSError) as exc:
-            ours.close()
-            raise LaunchError(f"forked worker {pid} died at once") from exc
+                self.reaper.adopting = False
         await worker.attach()
         return worker
 
+    async def _exchange(
+        self, ours: PipeEnds, theirs: PipeEnds, pending: asyncio.Future[int], request: Fork
+    ) -> WorkerProcess:
+        """Send ``request`` with the worker's pipe ends; the worker, once its pid comes back."""
+        try:
+            socket.send_fds(self.channel, [pack(request)], dataclasses.astuple(theirs))
+        except OSError as exc:
+            self._die()
+            raise _Unavailable(str(exc)) from None
+        finally:
+            theirs.close()
+        try:
+            pid = await asyncio.wait_for(pending, FORK_SECONDS)
+        except (TimeoutError, _Unavailable) as exc:
+            self._die()
+            raise _Unavailable(str(exc) or "no answer") from None
+        if pid == 0:  # the kernel refused a fork (a process or memory limit): this worker only
+            raise LaunchError("the fork server could not fork")
+        try:
+            self.reaper.register(pid)
+        except OSError as exc:
+            raise LaunchError(f"forked worker {pid} died at once") from exc
+        return WorkerProcess(pid, ours, self.reaper, self.reaper.watch(pid), "forkserver")
+
     def attach(self) -> None:
-        """Listen for replies and exit reports on the serving loop (startup ran on another loop)."""
+        """Listen for replies on the serving loop (startup ran on another loop)."""
         if not self._attached:
             self._attached = True
             asyncio.get_running_loop().add_reader(self.channel.fileno(), self._on_readable)

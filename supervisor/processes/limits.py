@@ -1,7 +1,7 @@
 """Per-job limits, enforced from the supervisor's side so a job cannot opt out.
 
 Kernel limits are set on the worker from here (``prlimit``, not a request to the worker): open files,
-address space and a pids cgroup (where one can be made) before it is given its job, a CPU backstop once
+address space, a pids and a memory cgroup (where they can be made) before it is given its job, a CPU backstop once
 the job starts. A sampler measures every worker's whole tree each period and names the limit a job broke.
 
 Each bounded worker's tree is a ``JobTree``: its cgroup, the samples and every descendant they saw.
@@ -55,8 +55,8 @@ class Usage:
 
 
 class JobTree:
-    """One worker's tree as the limits see it: the worker, its descendants, its pids cgroup (if the
-    kernel gave one) and the samples taken of them. Remembers every descendant a sample saw, so one
+    """One worker's tree as the limits see it: the worker, its cgroups (if the
+    kernel gave any), its descendants and the samples taken of them. Remembers every descendant a sample saw, so one
     that leaves the tree (setsid and a double fork) is still known to be this job's."""
 
     def __init__(self, pid: int, cgroup: JobCgroup | None = None) -> None:

@@ -47,6 +47,8 @@ class Reaper:
     def __init__(self) -> None:
         self._children: dict[int, _Child] = {}
         self.adopted = 0  # orphans of ours still there after the last ``reap`` (running or not yet reaped)
+        # A forked worker in flight: ours once its middle process leaves, registered once its pid is known.
+        self.adopting = False
 
     def register(self, pid: int) -> None:
         """``pid`` is a child we just spawned: reaped only where it is watched, never as an orphan."""
@@ -73,7 +75,10 @@ class Reaper:
             child.exited.set_result(os.waitstatus_to_exitcode(status))
 
     def reap(self) -> int:
-        """Reap adopted orphans that have exited (a job's daemonised grandchild, say): how many."""
+        """Reap adopted orphans that have exited (a job's daemonised grandchild, say): how many. Not while
+        a forked worker is in flight: it is our child before it is registered, and its status is its own."""
+        if self.adopting:
+            return 0
         reaped = adopted = 0
         for child in psutil.Process().children():
             if child.pid in self._children:

@@ -55,9 +55,9 @@ class Usage:
 
 
 class JobTree:
-    """One worker's tree as the limits see it: the worker, its cgroups (if the
-    kernel gave any), its descendants and the samples taken of them. Remembers every descendant a sample saw, so one
-    that leaves the tree (setsid and a double fork) is still known to be this job's."""
+    """One worker's tree as the limits see it: the worker, its cgroups (if the kernel gave any), its
+    descendants and the samples taken of them. Remembers every descendant a sample saw, so one that
+    leaves the tree (setsid and a double fork) is still known to be this job's."""
 
     def __init__(self, pid: int, cgroup: JobCgroup | None = None) -> None:
         self.pid = pid

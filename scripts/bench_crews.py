@@ -21,7 +21,7 @@ from crewai.events.types.llm_events import LLMCallType
 from crewai.llms.base_llm import llm_call_context
 
 from protocol import EVENT_FD, Chunk, pack
-from worker.demo import OfflineLLM, demo, demo_slow, notes_and_report
+from worker.demo import OfflineLLM, demo, demo_slow, notes_and_report, prompt_text
 
 MARKER_DIR = "BENCH_MARKER_DIR"
 BLOCK_SECONDS = 3600.0  # the job's timeout_ms or a cancel ends it long before
@@ -29,12 +29,6 @@ DEFAULT_CHUNKS = 1000
 MAX_CHUNKS = 99_000  # MAX_EVENTS_PER_RUN tops out at 100,000, started and terminal included
 _CHUNKS = re.compile(r"(?:Emit|Relay) ([0-9]+) chunks")
 RELAY_BATCH = 256  # frames per write: the relay worker's cost per chunk stays far below the supervisor's
-
-
-def _prompt(messages: str | list[Any]) -> str:
-    if isinstance(messages, str):
-        return messages
-    return "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
 
 
 def block() -> None:
@@ -60,7 +54,7 @@ class FloodLLM(OfflineLLM):
     """Streams the number of one-character chunks the prompt asks for ("Emit N chunks"), back to back."""
 
     def call(self, messages: str | list[Any], *args: Any, **kwargs: Any) -> str:
-        match = _CHUNKS.search(_prompt(messages))
+        match = _CHUNKS.search(prompt_text(messages))
         count = int(match.group(1)) if match else 0
         task, agent = kwargs.get("from_task"), kwargs.get("from_agent")
         answer = f"Thought: done.\nFinal Answer: emitted {count} chunks."
@@ -84,7 +78,7 @@ class RelayLLM(OfflineLLM):
     these frames cannot interleave with the worker's."""
 
     def call(self, messages: str | list[Any], *args: Any, **kwargs: Any) -> str:
-        match = _CHUNKS.search(_prompt(messages))
+        match = _CHUNKS.search(prompt_text(messages))
         count = int(match.group(1)) if match else 0
         task, agent = kwargs.get("from_task"), kwargs.get("from_agent")
         answer = f"Thought: done.\nFinal Answer: relayed {count} chunks."
@@ -129,7 +123,7 @@ class BlockingLLM(OfflineLLM):
     """The offline model, except that a prompt saying "block mode" blocks (after touching its marker)."""
 
     def call(self, messages: str | list[Any], *args: Any, **kwargs: Any) -> Any:
-        if "block mode" in _prompt(messages):
+        if "block mode" in prompt_text(messages):
             block()
         return super().call(messages, *args, **kwargs)
 

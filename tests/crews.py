@@ -19,7 +19,7 @@ from typing import Any
 from crewai import Agent, Crew, Task
 from crewai.llms.base_llm import BaseLLM, llm_call_context
 
-from worker.demo import OfflineLLM, demo, demo_knowledge, demo_slow, notes_and_report
+from worker.demo import OfflineLLM, demo, demo_knowledge, demo_slow, notes_and_report, prompt_text
 from worker.demo import eval_llms as demo_eval_llms
 
 HOUR = 3600
@@ -133,23 +133,14 @@ class SizedLLM(OfflineLLM):
     """Streams one chunk of ``x`` per number quoted in the prompt (``<<10 20>>``: 10 characters, then 20),
     then answers "done": events of sizes a test chooses, for the bounds on reading them."""
 
-    def call(
-        self,
-        messages: str | list[Any],
-        tools: list[dict[str, Any]] | None = None,
-        callbacks: list[Any] | None = None,
-        available_functions: dict[str, Any] | None = None,
-        from_task: Any = None,
-        from_agent: Any = None,
-        response_model: Any = None,
-    ) -> str:
-        prompt = messages if isinstance(messages, str) else " ".join(str(m.get("content", "")) for m in messages)
-        quoted = re.search(r"<<([\d ]*)>>", prompt)
+    def call(self, messages: str | list[Any], *args: Any, **kwargs: Any) -> str:
+        quoted = re.search(r"<<([\d ]*)>>", prompt_text(messages))
+        task, agent = kwargs.get("from_task"), kwargs.get("from_agent")
         with llm_call_context():
             if self._effective_stream():
                 response_id = str(uuid.uuid4())
                 for size in quoted.group(1).split() if quoted else ():
-                    self._emit("x" * int(size), from_task, from_agent, response_id)
+                    self._emit("x" * int(size), task, agent, response_id)
         return "Thought: I streamed them.\nFinal Answer: done"
 
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 
 from tests import crews
 from tests.helpers import kickoff
-from worker.demo import OFFLINE_EMBEDDER, OfflineLLM, _text, _words
+from worker.demo import OFFLINE_EMBEDDER, OfflineLLM, _words, prompt_text
 
 _OBSERVATION = re.compile(r"\nObservation:\s*(.*)\Z", re.S)
 _CONTEXT = re.compile(r"This is the context you're working with:\n(.*?)(?:\n\n(?:Provide|Begin)|\Z)", re.S)
@@ -77,11 +77,11 @@ class ScriptedLLM(OfflineLLM):
         with llm_call_context():
             self._emit_call_started_event(messages=messages, from_task=from_task, from_agent=from_agent)
             if self._effective_stream():
-                response_id = _digest(_text(messages) + answer)
+                response_id = _digest(prompt_text(messages) + answer)
                 for piece in answer.split(" "):
                     self._emit(piece + " ", from_task, from_agent, response_id)
             self._track_token_usage_internal(
-                {"prompt_tokens": _words(_text(messages)), "completion_tokens": _words(answer)}
+                {"prompt_tokens": _words(prompt_text(messages)), "completion_tokens": _words(answer)}
             )
             self._emit_call_completed_event(
                 response=answer,

@@ -32,7 +32,8 @@ OFFLINE_SCORE = 8  # what the offline model answers for any number a structured 
 EMBEDDING_DIMENSIONS = 256
 
 
-def _text(messages: str | list[Any]) -> str:
+def prompt_text(messages: str | list[Any]) -> str:
+    """The text of what a model is called with (a string, or chat messages)."""
     if isinstance(messages, str):
         return messages
     return "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
@@ -87,7 +88,7 @@ class OfflineLLM(BaseLLM):
         from_agent: Any = None,
         response_model: Any = None,
     ) -> str:
-        prompt = _text(messages)
+        prompt = prompt_text(messages)
         digest = hashlib.sha256(prompt.encode()).hexdigest()[:12]
         role = getattr(from_agent, "role", "agent")
         match = _TICK.search(prompt)
@@ -132,7 +133,7 @@ class OfflineLLM(BaseLLM):
         answer = _structured(model, text)
         with llm_call_context():
             self._emit_call_started_event(messages=messages, from_task=task, from_agent=agent)
-            self._track_token_usage_internal({"prompt_tokens": _words(_text(messages)), "completion_tokens": 1})
+            self._track_token_usage_internal({"prompt_tokens": _words(prompt_text(messages)), "completion_tokens": 1})
             self._emit_call_completed_event(
                 response=answer.model_dump_json(),
                 call_type=LLMCallType.LLM_CALL,

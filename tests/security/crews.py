@@ -14,7 +14,7 @@ from crewai import Agent, Crew, Task
 from crewai.llms.base_llm import llm_call_context
 
 from tests.crews import registry as test_registry
-from worker.demo import OfflineLLM
+from worker.demo import OfflineLLM, prompt_text
 
 # The task quotes the job's input between these marks; the model streams and answers exactly that.
 _QUOTED = re.compile(r"<<(.*?)>>", re.DOTALL)
@@ -26,22 +26,12 @@ LONG_CLASS_NAME = "E" * 200_000
 class EchoLLM(OfflineLLM):
     """Streams the quoted text as one chunk, then answers it as the final answer."""
 
-    def call(
-        self,
-        messages: str | list[Any],
-        tools: list[dict[str, Any]] | None = None,
-        callbacks: list[Any] | None = None,
-        available_functions: dict[str, Any] | None = None,
-        from_task: Any = None,
-        from_agent: Any = None,
-        response_model: Any = None,
-    ) -> str:
-        prompt = messages if isinstance(messages, str) else "\n".join(str(m.get("content", "")) for m in messages)
-        quoted = _QUOTED.search(prompt)
+    def call(self, messages: str | list[Any], *args: Any, **kwargs: Any) -> str:
+        quoted = _QUOTED.search(prompt_text(messages))
         text = quoted.group(1) if quoted else ""
         with llm_call_context():
             if self._effective_stream():
-                self._emit(text, from_task, from_agent, str(uuid.uuid4()))
+                self._emit(text, kwargs.get("from_task"), kwargs.get("from_agent"), str(uuid.uuid4()))
         return f"Thought: I echo.\nFinal Answer: {text}"
 
 

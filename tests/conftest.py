@@ -155,3 +155,19 @@ def run_with_neighbour(server: Server, body: dict[str, Any], status: int = 502) 
     thread.join(60)
     assert neighbour["response"].status_code == 200, neighbour["response"].text
     return dict(terminal or {})
+
+
+def memory_stop_checked(client: httpx.Client, terminal: dict[str, Any], limit_mb: int) -> str:
+    """A memory hog's terminal event, with the evidence of whichever limit holds on this server (its
+    ``/health`` says): the kernel's cgroup cap, or sampling. Returns which one."""
+    enforced = client.get("/health").json()["memory_limit"]
+    assert terminal["error_type"] == "memory_limit_exceeded" and terminal["signal"] == "SIGKILL"
+    limit = limit_mb * 1024 * 1024
+    assert terminal["limit_bytes"] == limit
+    if enforced == "cgroup":  # the kernel's OOM killer stopped it at the cap; its charge peaked there
+        assert terminal["enforced_by"] == "cgroup" and terminal["oom_kills"] >= 1
+        assert terminal["memory_bytes"] >= 0.9 * limit
+    else:  # a sample caught it past the limit
+        assert enforced == "sampled" and terminal["enforced_by"] == "sampling"
+        assert terminal["memory_bytes"] > limit and terminal["peak_rss_bytes"] >= terminal["memory_bytes"]
+    return str(enforced)

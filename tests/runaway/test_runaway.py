@@ -16,7 +16,15 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Server, gone, run_with_neighbour, start_body, start_hostile_server, wait_until
+from tests.conftest import (
+    Server,
+    gone,
+    memory_stop_checked,
+    run_with_neighbour,
+    start_body,
+    start_hostile_server,
+    wait_until,
+)
 from tests.hostile_crews import FLOOD_BYTES
 
 KEY = {"Idempotency-Key": "runaway"}
@@ -57,19 +65,8 @@ def pids_left_in(path: Path) -> list[int]:
 
 
 def assert_memory_stopped(server: Server, terminal: dict[str, Any]) -> str:
-    """The hog's terminal event, with the evidence of whichever limit holds here; returns which one."""
     with server.client() as client:
-        enforced = client.get("/health").json()["memory_limit"]
-    assert terminal["error_type"] == "memory_limit_exceeded" and terminal["signal"] == "SIGKILL"
-    limit = MEMORY_MB * 1024 * 1024
-    assert terminal["limit_bytes"] == limit
-    if enforced == "cgroup":  # the kernel's OOM killer stopped it at the cap; its charge peaked there
-        assert terminal["enforced_by"] == "cgroup" and terminal["oom_kills"] >= 1
-        assert terminal["memory_bytes"] >= 0.9 * limit
-    else:  # a sample caught it past the limit
-        assert enforced == "sampled" and terminal["enforced_by"] == "sampling"
-        assert terminal["memory_bytes"] > limit and terminal["peak_rss_bytes"] >= terminal["memory_bytes"]
-    return str(enforced)
+        return memory_stop_checked(client, terminal, MEMORY_MB)
 
 
 def test_memory_hog_is_killed_with_the_peak_it_reached(server: Server) -> None:

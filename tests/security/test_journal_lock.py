@@ -79,7 +79,7 @@ def test_a_held_journal_lock_stalls_nothing_and_loses_nothing(tmp_path: Path) ->
                 ),
                 30,
             )
-            time.sleep(1.0)
+            time.sleep(1.0)  # a window, not a wait: nothing may be answered while the lock is held
             assert not answers  # nobody was told the job failed, nor that it continues
             assert client.get("/jobs/first").json()["status"] == "running"  # readers see only what committed
             during = client.get("/health")

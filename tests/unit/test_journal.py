@@ -17,8 +17,9 @@ import orjson
 import pytest
 
 from supervisor.journal import store
+from supervisor.journal.records import Job, Streams
 from supervisor.journal.statefiles import JournalLocked, prepare_directory
-from supervisor.journal.store import REFUSE_AFTER_SECONDS, Job, Journal, JournalError, Streams
+from supervisor.journal.store import REFUSE_AFTER_SECONDS, Journal, JournalError
 from supervisor.journal.writer import JournalBusy, Written
 from tests.conftest import ROOT
 
@@ -99,7 +100,8 @@ def test_a_bounded_read_stops_at_its_bytes_and_is_never_empty(path: Path) -> Non
 CRASH = """
 import os, sys
 from pathlib import Path
-from supervisor.journal.store import Job, Journal
+from supervisor.journal.records import Job
+from supervisor.journal.store import Journal
 journal = Journal(Path(sys.argv[1]), checkpoint_events=int(sys.argv[2]))
 journal.admit(Job("a", "demo", "run", "h", "running", 0)).wait()
 for n in range(int(sys.argv[3])):
@@ -339,7 +341,8 @@ def test_a_group_that_fails_to_commit_frees_its_sequences(path: Path) -> None:
 WORKER_CRASH = """
 import os, sys
 from pathlib import Path
-from supervisor.journal.store import Job, Journal
+from supervisor.journal.records import Job
+from supervisor.journal.store import Journal
 journal = Journal(Path(sys.argv[1]), checkpoint_events=100)
 journal.admit(Job("a", "demo", "run", "h", "running", 0)).wait()
 journal.append("a", "chunk", {"n": 0})
@@ -403,7 +406,7 @@ def test_writes_queued_together_commit_together(path: Path) -> None:
         journal.append("a", "chunk", {"n": 0})
         journal.set_worker("b", 4242, 1.0, 4242)
         finished = [journal.finish(name, "completed", {"raw": name}) for name in "abc"]
-        time.sleep(0.2)
+        time.sleep(0.2)  # a window: the writer retries the lock meanwhile, and takes in every queued write
     assert [written.wait().sequence for written in finished] == [1, 0, 0]
     assert len(commits) == 1
     assert journal.get("b").worker_pid == 4242 and not journal.running()  # type: ignore[union-attr]

@@ -17,7 +17,8 @@ from supervisor.escaping import json_line
 from supervisor.http.responses import errors
 from supervisor.http.routing import StrictJSONRoute, Sup
 from supervisor.jobs.supervisor import Supervisor
-from supervisor.journal.store import Job, JournalError, StoredEvent
+from supervisor.journal.records import Job, StoredEvent
+from supervisor.journal.store import JournalError
 from supervisor.journal.writer import JournalBusy
 from supervisor.models import CancelRequest, StartRequest, path_id_problem
 

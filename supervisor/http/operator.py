@@ -17,7 +17,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from supervisor.http.responses import errors
 from supervisor.http.routing import Sup
 from supervisor.jobs.live import LiveJob
-from supervisor.journal.store import Streams
+from supervisor.journal.records import Streams
 from supervisor.models import Operation, path_id_problem
 from supervisor.processes.limits import Limits
 

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from supervisor.config import Settings
-from supervisor.journal.store import Job, Journal, JournalError
+from supervisor.journal.records import Job
+from supervisor.journal.store import Journal, JournalError
 from supervisor.journal.writer import JournalBusy
 from supervisor.models import InputError, StartRequest, input_too_large, key_problem, request_hash, validate_input
 

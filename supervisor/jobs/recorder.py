@@ -14,7 +14,8 @@ import orjson
 from supervisor.config import Settings
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.outcomes import Outcome
-from supervisor.journal.store import Journal, JournalError, StoredEvent, Streams
+from supervisor.journal.records import StoredEvent, Streams
+from supervisor.journal.store import Journal, JournalError
 from supervisor.processes.process import WorkerProcess
 
 log = logging.getLogger("crew_supervisor.jobs")

@@ -25,7 +25,7 @@ from supervisor.jobs.leftovers import remove_partial
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.outcomes import Outcome, after_terminal, exit_failure, failure, protocol_fault
 from supervisor.jobs.recorder import Recorder
-from supervisor.journal.store import Job
+from supervisor.journal.records import Job
 from supervisor.metrics import Metrics
 from supervisor.processes.launcher import Launcher, LaunchError
 from supervisor.processes.limits import Breach, Limits

@@ -16,7 +16,8 @@ from supervisor.jobs.housekeeping import Housekeeping
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.recorder import Recorder
 from supervisor.jobs.runner import Runner
-from supervisor.journal.store import Job, Journal
+from supervisor.journal.records import Job
+from supervisor.journal.store import Journal
 from supervisor.metrics import Metrics
 from supervisor.processes.launcher import Launcher
 from supervisor.processes.limits import Limits

@@ -24,78 +24,21 @@ import urllib.parse
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 import orjson
 
 from supervisor.journal import migrate
-from supervisor.journal.schema import INCONSISTENT, SCHEMA, SCHEMA_VERSION, TERMINAL_EVENTS, JournalError
+from supervisor.journal.records import Event, Job, StoredEvent, Streams
+from supervisor.journal.schema import INCONSISTENT, SCHEMA, SCHEMA_VERSION, JournalError
 from supervisor.journal.statefiles import lock, prepare_file, restrict
 from supervisor.journal.writer import Writer, Written
-
-if TYPE_CHECKING:
-    from supervisor.processes.pipes import Tail
 
 log = logging.getLogger("crew_supervisor.journal")
 T = TypeVar("T")
 HEADROOM_BYTES = 16 * 1024 * 1024
 REFUSE_AFTER_SECONDS = 1.0  # how long an admission or archive waits for another process's lock
 CLOSE_GRACE_SECONDS = 5.0  # how long, at close, queued writes may still wait for it
-
-
-@dataclasses.dataclass(frozen=True)
-class Job:
-    action_id: str
-    crew_id: str
-    operation: str
-    request_hash: str
-    status: str
-    event_count: int
-    worker_pid: int | None = None
-    worker_start_time: float | None = None
-    worker_pgid: int | None = None
-    exit_status: int | None = None  # the worker's, once the job is terminal (negative: killed by that signal)
-
-
-@dataclasses.dataclass(frozen=True)
-class Event:
-    event: str
-    sequence: int
-    data: dict[str, Any]
-
-    @property
-    def terminal(self) -> bool:
-        return self.event in TERMINAL_EVENTS
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"event": self.event, "sequence": self.sequence, "data": self.data}
-
-
-class StoredEvent(NamedTuple):
-    """An event as stored: its data still the compact JSON it was written as, for a reader that only
-    passes it on (an SSE stream) and need not parse it and encode it again."""
-
-    event: str
-    sequence: int
-    data: bytes
-
-    @property
-    def terminal(self) -> bool:
-        return self.event in TERMINAL_EVENTS
-
-
-@dataclasses.dataclass(frozen=True)
-class Streams:
-    """A worker's captured stdout/stderr tails and the bytes each carried in all."""
-
-    stdout: str
-    stderr: str
-    stdout_total: int
-    stderr_total: int
-
-    @classmethod
-    def of(cls, stdout: Tail, stderr: Tail) -> Streams:
-        return cls(stdout.text(), stderr.text(), stdout.total, stderr.total)
 
 
 _JOB_COLUMNS = (

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from protocol import partial_name
+from supervisor.journal.records import Job
 from supervisor.journal.statefiles import prepare_directory
-from supervisor.journal.store import Job, Journal
+from supervisor.journal.store import Journal
 from tests.conftest import gone, start_body, start_server, wait_until
 from tests.crews import EVIDENCE_DIR, HEARTBEAT
 

@@ -54,7 +54,7 @@ def test_a_stored_event_streams_byte_for_byte_as_its_parsed_form() -> None:
 
     from supervisor.escaping import json_line
     from supervisor.http.contract import _frame
-    from supervisor.journal.store import Event, StoredEvent
+    from supervisor.journal.records import Event, StoredEvent
 
     datas = [
         {},

@@ -1,0 +1,67 @@
+"""What the journal holds, as its readers and writers pass it around: a job's record, an event (parsed or
+as stored), a worker's captured output."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from supervisor.journal.schema import TERMINAL_EVENTS
+
+if TYPE_CHECKING:
+    from supervisor.processes.pipes import Tail
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    action_id: str
+    crew_id: str
+    operation: str
+    request_hash: str
+    status: str
+    event_count: int
+    worker_pid: int | None = None
+    worker_start_time: float | None = None
+    worker_pgid: int | None = None
+    exit_status: int | None = None  # the worker's, once the job is terminal (negative: killed by that signal)
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    event: str
+    sequence: int
+    data: dict[str, Any]
+
+    @property
+    def terminal(self) -> bool:
+        return self.event in TERMINAL_EVENTS
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"event": self.event, "sequence": self.sequence, "data": self.data}
+
+
+class StoredEvent(NamedTuple):
+    """An event as stored: its data still the compact JSON it was written as, for a reader that only
+    passes it on (an SSE stream) and need not parse it and encode it again."""
+
+    event: str
+    sequence: int
+    data: bytes
+
+    @property
+    def terminal(self) -> bool:
+        return self.event in TERMINAL_EVENTS
+
+
+@dataclasses.dataclass(frozen=True)
+class Streams:
+    """A worker's captured stdout/stderr tails and the bytes each carried in all."""
+
+    stdout: str
+    stderr: str
+    stdout_total: int
+    stderr_total: int
+
+    @classmethod
+    def of(cls, stdout: Tail, stderr: Tail) -> Streams:
+        return cls(stdout.text(), stderr.text(), stdout.total, stderr.total)

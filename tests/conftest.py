@@ -171,3 +171,16 @@ def memory_stop_checked(client: httpx.Client, terminal: dict[str, Any], limit_mb
         assert enforced == "sampled" and terminal["enforced_by"] == "sampling"
         assert terminal["memory_bytes"] > limit and terminal["peak_rss_bytes"] >= terminal["memory_bytes"]
     return str(enforced)
+
+
+def reaped_orphan(pid: int, timeout: float) -> int | None:
+    """The wait status of ``pid``, an orphan adopted by this test process (a subreaper), once it has
+    exited and is reaped here; None if it still runs after ``timeout``."""
+    statuses: list[int] = []
+
+    def reaped() -> bool:
+        found, status = os.waitpid(pid, os.WNOHANG)
+        statuses.append(status)
+        return found == pid
+
+    return statuses[-1] if wait_until(reaped, timeout=timeout) else None

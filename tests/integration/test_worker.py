@@ -30,7 +30,7 @@ from supervisor.processes.launcher import SpawnLauncher
 from supervisor.processes.limits import JobTree
 from supervisor.processes.process import WorkerProcess
 from supervisor.processes.reaper import Reaper, become_subreaper
-from tests.conftest import ROOT, gone, wait_until, worker_env
+from tests.conftest import ROOT, gone, reaped_orphan, wait_until, worker_env
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -138,20 +138,13 @@ def test_worker_dies_with_its_parent(tmp_path: Path) -> None:
     assert not gone(worker_pid)
     parent.send_signal(signal.SIGKILL)
     parent.wait()
-    statuses: list[int] = []
-
-    def reaped() -> bool:
-        # We are a subreaper, so the orphan is ours to reap: its status says what ended it.
-        pid, status = os.waitpid(worker_pid, os.WNOHANG)
-        statuses.append(status)
-        return pid == worker_pid
-
     try:
-        assert wait_until(reaped, timeout=10), "worker outlived its parent"
+        status = reaped_orphan(worker_pid, timeout=10)
+        assert status is not None, "worker outlived its parent"
     finally:
         os.kill(keeper_pid, signal.SIGKILL)
         wait_until(lambda: gone(keeper_pid))
-    assert os.WIFSIGNALED(statuses[-1]) and os.WTERMSIG(statuses[-1]) == signal.SIGKILL  # PDEATHSIG, not EOF
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL  # PDEATHSIG, not EOF
     assert gone(worker_pid)
 
 

@@ -33,7 +33,16 @@ from supervisor.config import ConfigError, load
 from supervisor.journal.schema import JournalError
 from supervisor.journal.statefiles import prepare_directory, prepare_places
 from supervisor.processes.reaper import become_subreaper
-from tests.conftest import ROOT, gone, memory_stop_checked, sse_events, start_server, wait_until, worker_env
+from tests.conftest import (
+    ROOT,
+    gone,
+    memory_stop_checked,
+    reaped_orphan,
+    sse_events,
+    start_server,
+    wait_until,
+    worker_env,
+)
 
 REGISTRY = "tests.security.trust_crews:registry"
 USER = "nobody"
@@ -185,23 +194,17 @@ def test_a_worker_that_changed_uid_still_dies_with_its_parent(
     )
     assert parent.stdout is not None
     worker_pid, keeper_pid = map(int, parent.stdout.readline().split())
-    statuses: list[int] = []
-
-    def reaped() -> bool:
-        pid, status = os.waitpid(worker_pid, os.WNOHANG)
-        statuses.append(status)
-        return pid == worker_pid
-
     try:
         assert psutil.Process(worker_pid).uids() == (ids[0],) * 3
         parent.send_signal(signal.SIGKILL)
         parent.wait()
-        assert wait_until(reaped, timeout=10), "the worker outlived its parent"
+        status = reaped_orphan(worker_pid, timeout=10)
+        assert status is not None, "the worker outlived its parent"
     finally:
         os.kill(keeper_pid, signal.SIGKILL)
         wait_until(lambda: gone(keeper_pid))
     # Killed by the death signal: not by its control pipe (the keeper holds it open) nor its event pipe.
-    assert os.WIFSIGNALED(statuses[-1]) and os.WTERMSIG(statuses[-1]) == signal.SIGKILL
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
 
 
 def test_a_worker_user_needs_a_root_supervisor() -> None:

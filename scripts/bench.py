@@ -53,7 +53,7 @@ from bench_measure import (
     start_latency,
     stream_chunks,
 )
-from bench_report import Count, figure_names, latency_figures, median_of, percentile, plot, table, verdicts
+from bench_report import Count, figure_names, latency_figures, median_of, percentile, plot, quantile, table, verdicts
 
 from protocol import QUIET_CREWAI
 from supervisor.console.sse import StreamError
@@ -108,9 +108,9 @@ class Results:
         self.put(name, self.figures[top] / self.figures[bottom], n)
 
     def median_ratio(self, name: str, top: str, bottom: str) -> None:
-        """Of two latency samples' medians (whatever name their p50 rows carry)."""
+        """Of two latency samples' medians (whatever name their p50 rows carry: a max of one sample too)."""
         tops, bottoms = self.samples[top], self.samples[bottom]
-        self.put(name, percentile(tops, 50) / percentile(bottoms, 50), [len(tops), len(bottoms)])
+        self.put(name, quantile(tops, 50) / quantile(bottoms, 50), [len(tops), len(bottoms)])
 
     def latencies(self, name: str, seconds: list[float]) -> None:
         self.samples[name] = [s * 1000 for s in seconds]
@@ -150,11 +150,9 @@ def measure_journal(plan: Plan, supervisors: list[Server], out: Results) -> None
         with sup.client() as client:
             if client.get("/health").json()["retained_runs"] != size:
                 raise BenchError(f"{sup.state.name} does not hold {size} jobs")
-            latencies = journal_latency(client, plan.journal, plan.warmup)
-            out.put(f"journal_{size}_p50_ms", percentile(latencies, 50) * 1000, len(latencies))
+            out.latencies(f"journal_{size}", journal_latency(client, plan.journal, plan.warmup))
         if size:
             sup.stop()  # a quieter machine for what follows
-    out.ratio("journal_last_over_first", f"journal_{JOURNAL_SIZES[-1]}_p50_ms", f"journal_{JOURNAL_SIZES[0]}_p50_ms")
 
 
 def measure_floods(plan: Plan, client: httpx.Client, meter: CpuMeter, out: Results) -> None:
@@ -249,6 +247,7 @@ def run(plan: Plan, root: Path, supervisors: list[Server]) -> Results:
             out.put(figure, value, len(values))
     out.median_ratio("start_cold_over_warm", "start_cold", "start_warm")
     out.median_ratio("job_blocking_over_inproc", "job_blocking", "inproc_kickoff")
+    out.median_ratio("journal_last_over_first", f"journal_{JOURNAL_SIZES[-1]}", f"journal_{JOURNAL_SIZES[0]}")
     out.ratio("c4_over_inproc", "jobs_per_s_c4", "jobs_per_s_inproc")
     out.ratio("job_cpu_worker_over_inproc", "job_cpu_worker_ms", "inproc_cpu_ms")
     out.ratio("flood_over_inproc_stream", "flood_events_per_s", "inproc_stream_events_per_s")

@@ -6,6 +6,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from bench_harness import JOURNAL_SIZES
+
 # Latency samples (milliseconds, in samples_ms) and the percentiles reported of each.
 LATENCIES: dict[str, tuple[int, ...]] = {
     "start_warm": (50, 90, 99),
@@ -14,6 +16,7 @@ LATENCIES: dict[str, tuple[int, ...]] = {
     **{f"cancel_{kind}_kill": (50,) for kind in ("run_warm", "run_cold", "replay_warm", "stubborn_warm")},
     "job_blocking": (50,),
     "inproc_kickoff": (50,),
+    **{f"journal_{size}": (50,) for size in JOURNAL_SIZES},
 }
 # Every figure, in table order; units in the names. A name in LATENCIES stands for its percentiles.
 ORDER = [
@@ -50,9 +53,7 @@ ORDER = [
     "inproc_stream_events_per_s",
     "inproc_stream_cpu_us_per_event",
     "flood_over_inproc_stream",
-    "journal_0_p50_ms",
-    "journal_1000_p50_ms",
-    "journal_10000_p50_ms",
+    *(f"journal_{size}" for size in JOURNAL_SIZES),
     "journal_last_over_first",
     "supervisor_rss_mb",
     "forkserver_rss_mb",
@@ -102,18 +103,29 @@ def fewest_samples(q: int) -> int:
     return math.ceil(100 / (100 - q))
 
 
+def quantile_label(q: int, n: int) -> str:
+    """``p<q>``, or ``max`` when n samples are too few for the q-th percentile to be more than the maximum."""
+    return f"p{q}" if n >= fewest_samples(q) else "max"
+
+
+def quantile(values: list[float], q: int) -> float:
+    """The figure quantile_label names: the q-th percentile of ``values``, or their maximum if too few."""
+    return percentile(values, q) if len(values) >= fewest_samples(q) else max(values)
+
+
+def quantile_text(values_ms: list[float], q: int) -> str:
+    """A printed quantile with its n, e.g. ``p99 of 250: 31.2 ms``, or ``max of 32: 222.7 ms`` below 100."""
+    return f"{quantile_label(q, len(values_ms))} of {len(values_ms):,}: {quantile(values_ms, q):,.1f} ms"
+
+
 def quantile_name(sample: str, q: int, n: int) -> str:
     """``<sample>_p<q>_ms``, or ``<sample>_max_ms`` ("max of n") when n is too few for that percentile."""
-    return f"{sample}_p{q}_ms" if n >= fewest_samples(q) else f"{sample}_max_ms"
+    return f"{sample}_{quantile_label(q, n)}_ms"
 
 
 def latency_figures(sample: str, values: list[float]) -> dict[str, float]:
     """The percentiles LATENCIES asks of ``sample``, each as its honest name (several may be one max)."""
-    figures: dict[str, float] = {}
-    for q in LATENCIES[sample]:
-        name = quantile_name(sample, q, len(values))
-        figures[name] = max(values) if name.endswith("_max_ms") else percentile(values, q)
-    return figures
+    return {quantile_name(sample, q, len(values)): quantile(values, q) for q in LATENCIES[sample]}
 
 
 def figure_names(sample_counts: dict[str, int]) -> list[str]:

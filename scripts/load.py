@@ -11,7 +11,9 @@ each job has ``--readers`` clients paging ``GET /jobs/{id}/events?cursor=`` as J
 Invariants, exit 1 if any fails: every job completes; its events are sequences 0..n-1 with exactly one
 terminal event, last; every follower and every JSON reader got exactly the starter's events (same order,
 same data, none twice, nothing after the terminal one); ``GET /jobs/{id}`` agrees on status and count.
-Prints jobs/s, events/s, p50/p99 request latency per kind and the supervisor's peak RSS (sampled).
+Prints how many jobs were planned, completed and failed, completed jobs/s, events/s, p50 and p99 request
+latency per kind with its n (the maximum instead of a p99 below 100 samples), and the supervisor's peak
+RSS (sampled).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import math
 import random
 import sys
 import time
@@ -27,7 +30,7 @@ from typing import Any
 
 import httpx
 from bench_harness import TERMINAL, key, new_id, start_body
-from bench_report import percentile
+from bench_report import quantile_text
 from load_common import PeakRss, parse_plan, serving, verdict
 
 from supervisor.console import sse
@@ -50,7 +53,8 @@ class Plan:
 
 @dataclasses.dataclass
 class Result:
-    jobs: int = 0
+    planned: int = 0  # jobs the run set out to start
+    completed: int = 0  # of them, those whose starter's stream ended with a completed event
     events: int = 0  # distinct events (the jobs' event counts summed)
     delivered: int = 0  # events received by every stream and reader together
     seconds: float = 0.0  # the whole run, the last follower included
@@ -61,22 +65,36 @@ class Result:
     )
     violations: list[str] = dataclasses.field(default_factory=list)
 
+    @property
+    def failed(self) -> int:
+        """Jobs that did not complete: ended failed or cancelled, or no terminal event reached their starter."""
+        return self.planned - self.completed
+
     def figures(self) -> dict[str, float]:
-        figures = {
-            "jobs": self.jobs,
+        """The totals and rates; the latencies are printed by report() with their n (quantile_text)."""
+        return {
             "events": self.events,
             "delivered": self.delivered,
             "seconds": self.seconds,
             "job_seconds": self.job_seconds,
-            "jobs_per_s": self.jobs / self.job_seconds,
-            "events_per_s": self.events / self.job_seconds,
-            "delivered_per_s": self.delivered / self.seconds,
+            "jobs_per_s": per_second(self.completed, self.job_seconds),
+            "events_per_s": per_second(self.events, self.job_seconds),
+            "delivered_per_s": per_second(self.delivered, self.seconds),
             "peak_rss_mb": self.peak_rss_mb,
         }
-        for kind, values in self.latencies.items():
-            for q in (50, 99):
-                figures[f"{kind}_p{q}_ms"] = percentile(values, q) * 1000 if values else float("nan")
-        return figures
+
+
+QUANTILES = (50, 99)  # of each kind of request latency
+
+
+def per_second(count: int, seconds: float) -> float:
+    """NaN when nothing was timed (no starter saw its stream end): the report still prints what failed."""
+    return count / seconds if seconds > 0 else math.nan
+
+
+def ended_completed(events: list[Event]) -> bool:
+    """The starter's answer: its stream's last event is ``completed`` (check() says what else is wrong)."""
+    return bool(events) and events[-1]["event"] == "completed"
 
 
 async def sse_events(response: httpx.Response) -> AsyncIterator[Event]:
@@ -193,9 +211,9 @@ def client_for(sup: Server) -> httpx.AsyncClient:
 
 
 async def drive(sup: Server, plan: Plan) -> Result:
-    result = Result(jobs=plan.jobs)
     rng = random.Random(plan.seed)
     jobs = [Job(i, plan) for i in range(plan.jobs)]
+    result = Result(planned=len(jobs))
     async with contextlib.AsyncExitStack() as stack:
         # A client per job: one pool shared by hundreds of streams made the client, not the server, the
         # bottleneck (seconds to read headers that curl got in 0.3 s beside it).
@@ -214,7 +232,9 @@ async def drive(sup: Server, plan: Plan) -> Result:
             result.seconds = time.perf_counter() - began
             done.set()
             await lag
-        result.job_seconds = max(job.ended for job in jobs) - began
+        # A starter whose client failed never saw its end (ended 0): only the ends that were seen count.
+        result.job_seconds = max((job.ended for job in jobs if job.ended), default=began) - began
+        result.completed = sum(ended_completed(job.started) for job in jobs)
         result.peak_rss_mb = rss.peak_mb
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
@@ -238,7 +258,8 @@ def report(plan: Plan, result: Result) -> str:
     f = result.figures()
     lines = [
         f"load: {plan.jobs} jobs, {plan.followers} SSE followers, {plan.readers} JSON reader(s) per job",
-        f"  jobs: {f['job_seconds']:.2f} s first start to last end: {f['jobs_per_s']:.2f} jobs/s,"
+        f"  jobs: {result.planned} planned, {result.completed} completed, {result.failed} failed",
+        f"  {f['job_seconds']:.2f} s first start to last end: {f['jobs_per_s']:.2f} completed jobs/s,"
         f" {f['events_per_s']:.0f} events/s produced ({result.events} events)",
         f"  clients: {f['seconds']:.2f} s to the last follower: {f['delivered_per_s']:.0f} events/s delivered"
         f" ({result.delivered} events to starters, followers and readers)",
@@ -249,10 +270,9 @@ def report(plan: Plan, result: Result) -> str:
         ("read", "JSON read"),
         ("lag", "load client's event-loop lag"),
     ):
-        lines.append(
-            f"  {what:<30} p50 {f[f'{kind}_p50_ms']:8.1f} ms   p99 {f[f'{kind}_p99_ms']:8.1f} ms"
-            f"   (n = {len(result.latencies[kind])})"
-        )
+        ms = [seconds * 1000 for seconds in result.latencies[kind]]
+        quantiles = "   ".join(quantile_text(ms, q) for q in QUANTILES) if ms else "none measured"
+        lines.append(f"  {what:<30} {quantiles}")
     lines.append(f"  supervisor peak RSS {f['peak_rss_mb']:.1f} MiB")
     return "\n".join(lines + verdict("load", result.violations, shown=50))
 

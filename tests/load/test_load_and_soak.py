@@ -25,6 +25,7 @@ def test_load_every_follower_and_reader_gets_every_event_once_in_order() -> None
     plan = load.Plan(jobs=8, followers=40, spread=1.5)
     result = load.load(plan)
     assert result.violations == []
+    assert result.planned == result.completed == 8 and result.failed == 0
     figures = result.figures()
     assert all(math.isfinite(value) and value > 0 for value in figures.values()), figures
     assert len(result.latencies["follow"]) == 40 and len(result.latencies["start"]) == 8
@@ -91,3 +92,18 @@ def test_soak_judge_catches_a_leak_and_nonlinear_growth() -> None:
     bloating = soak.Result(samples=[_sample(0, 20, 0), _sample(100, 20, 900_000), _sample(200, 20, 3_000_000)])
     soak.judge(plan, bloating)
     assert any("not linear" in v for v in bloating.violations)
+
+
+def test_load_counts_completed_jobs_from_the_answers_and_divides_by_them() -> None:
+    answers = [_events("started", "completed"), _events("started", "failed"), [], _events("started", "completed")]
+    assert [load.ended_completed(events) for events in answers] == [True, False, False, True]
+    result = load.Result(planned=8, completed=6, events=60, delivered=120, seconds=4.0, job_seconds=2.0)
+    assert result.failed == 2
+    assert result.figures()["jobs_per_s"] == 3.0  # 6 completed in 2 s, not the 8 planned
+    result.latencies["start"] = [0.001 * i for i in range(1, 9)]
+    text = load.report(load.Plan(jobs=8), result)
+    assert "jobs: 8 planned, 6 completed, 2 failed" in text and "3.00 completed jobs/s" in text
+    # Eight start latencies are too few for a p99: the maximum, said as such; no requests, no figure.
+    assert "POST /jobs/stream to headers   p50 of 8: 4.5 ms   max of 8: 8.0 ms" in text
+    assert "SSE GET to headers             none measured" in text
+    assert "p99" not in text

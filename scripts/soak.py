@@ -9,9 +9,10 @@ zombies) and of the journal (bytes on disk with the WAL, and SQLite's own page c
 the data rather than with checkpoints), runs ``--jobs`` blocking ``POST /jobs`` one at a time, taking the
 census every ``--every`` jobs, and a last one once the last worker is gone.
 
-Fails (exit 1) if a job does not complete, if fds, threads or live descendants end more than ``--slack``
-above where they began, if any zombie is left, or if the journal's bytes per job in the second half differ
-from the first half's by more than ``--linearity`` (a fraction). Prints the census table and the verdicts.
+Fails (exit 1) if a job does not complete, if there are fewer than three censuses (before, between and
+after: nothing to judge), if fds, threads or live descendants end more than ``--slack`` above where they
+began, if any zombie is left, or if the journal's bytes per job in the second half differ from the first
+half's by more than ``--linearity`` (a fraction). Prints the census table and the verdicts.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from bench_harness import new_id, post_job, start_body
 from load_common import Census, census, parse_plan, serving, verdict
 
 PREFORK = 2  # idle workers forked ahead of demand, as a default deployment has
+MIN_SAMPLES = 3  # before, between and after: journal growth is judged first half against second half
 SETTLE_SECONDS = 10.0  # a worker that posted its terminal frame is gone well within this
 
 
@@ -42,7 +44,7 @@ class Plan:
 
 @dataclasses.dataclass(frozen=True)
 class Sample:
-    jobs: int  # counted jobs done when it was taken
+    jobs: int  # counted jobs completed when it was taken
     seconds: float
     census: Census
     disk_bytes: int  # journal.db + journal.db-wal
@@ -54,6 +56,7 @@ class Result:
     samples: list[Sample] = dataclasses.field(default_factory=list)
     violations: list[str] = dataclasses.field(default_factory=list)
     bytes_per_job: tuple[float, float] = (0.0, 0.0)  # first half, second half
+    warmed: int = 0  # warm-up jobs completed
 
     @property
     def before(self) -> Sample:
@@ -89,7 +92,7 @@ def soak(plan: Plan, keep: bool = False) -> Result:
     result = Result()
     with serving("crew-soak-", {"AIP_CREWAI_PREFORK": str(PREFORK)}, keep=keep) as sup, sup.client() as client:
         pid, journal = sup.pid, sup.state / "journal.db"
-        run_jobs(client, plan.warmup, result)
+        result.warmed = run_jobs(client, plan.warmup, result)
         between_jobs = 1 + PREFORK  # the live descendants between jobs: the fork server and its idle workers
         began = time.monotonic()
 
@@ -100,28 +103,32 @@ def soak(plan: Plan, keep: bool = False) -> Result:
         sample(0)
         done = 0
         while done < plan.jobs and not result.violations:
-            batch = min(plan.every, plan.jobs - done)
-            run_jobs(client, batch, result)
-            done += batch
+            done += run_jobs(client, min(plan.every, plan.jobs - done), result)
             sample(done)
     judge(plan, result)
     return result
 
 
-def run_jobs(client: httpx.Client, count: int, result: Result) -> None:
-    for _ in range(count):
+def run_jobs(client: httpx.Client, count: int, result: Result) -> int:
+    """Up to ``count`` fast jobs, one at a time; how many completed with output (a failure stops the run)."""
+    for completed in range(count):
         try:
             record = post_job(client, start_body("fast", new_id("soak")))
         except Exception as exc:  # any failure ends the soak: its figures would not mean much
             result.violations.append(f"a job failed to run: {type(exc).__name__}: {exc}")
-            return
+            return completed
         if record.get("raw") is None:
             result.violations.append(f"a job completed without output: {str(record)[:200]}")
-            return
+            return completed
+    return count
 
 
 def judge(plan: Plan, result: Result) -> None:
-    if len(result.samples) < 2:
+    if len(result.samples) < MIN_SAMPLES:
+        result.violations.append(
+            f"only {len(result.samples)} census sample(s), {MIN_SAMPLES} needed (before, between and after):"
+            " no leak or journal growth was judged"
+        )
         return
     before, after = result.before.census, result.after.census
     for name in ("fds", "threads", "children"):
@@ -131,7 +138,7 @@ def judge(plan: Plan, result: Result) -> None:
     if after.zombies:
         result.violations.append(f"{after.zombies} zombie(s) left")
     half = min(result.samples, key=lambda s: abs(s.jobs - result.after.jobs / 2))
-    if not 0 < half.jobs < result.after.jobs:
+    if not 0 < half.jobs < result.after.jobs:  # no census between: a failed job (a violation) cut the run short
         return
     first = (half.sqlite_bytes - result.before.sqlite_bytes) / half.jobs
     second = (result.after.sqlite_bytes - half.sqlite_bytes) / (result.after.jobs - half.jobs)
@@ -142,7 +149,8 @@ def judge(plan: Plan, result: Result) -> None:
 
 def report(plan: Plan, result: Result) -> str:
     lines = [
-        f"soak: {result.after.jobs} sequential fast jobs after {plan.warmup} warm-up jobs",
+        f"soak: {result.after.jobs} of {plan.jobs} sequential fast jobs completed,"
+        f" after {result.warmed} of {plan.warmup} warm-up jobs",
         f"{'jobs':>6} {'s':>7} {'fds':>5} {'threads':>8} {'children':>9} {'zombies':>8} {'rss MiB':>8}"
         f" {'journal B':>11} {'sqlite B':>11}",
     ]
@@ -170,8 +178,8 @@ def report(plan: Plan, result: Result) -> str:
 
 def main() -> int:
     plan, parser, keep = parse_plan(Plan, __doc__)
-    if plan.jobs < 2 or plan.every < 1 or plan.warmup < 0:
-        parser.error("--jobs must be at least 2, --every at least 1, --warmup at least 0")
+    if not 1 <= plan.every < plan.jobs or plan.warmup < 0:  # fewer than MIN_SAMPLES censuses judge nothing
+        parser.error("--every must be at least 1 and below --jobs, --warmup at least 0")
     try:
         result = soak(plan, keep)
     except psutil.Error as exc:

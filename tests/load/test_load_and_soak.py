@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))  # scripts/ is not a package
@@ -36,7 +37,7 @@ def test_load_every_follower_and_reader_gets_every_event_once_in_order() -> None
 def test_soak_of_200_jobs_leaks_nothing_and_grows_the_journal_linearly() -> None:
     result = soak.soak(soak.Plan(jobs=200, every=50))
     assert result.violations == [], soak.report(soak.Plan(jobs=200, every=50), result)
-    assert [s.jobs for s in result.samples] == [0, 50, 100, 150, 200]
+    assert [s.jobs for s in result.samples] == [0, 50, 100, 150, 200] and result.warmed == 5
     before, after = result.before.census, result.after.census
     assert after.zombies == 0 and after.children == before.children == 1 + soak.PREFORK  # fork server, idle pool
     assert after.fds - before.fds <= 4 and after.threads - before.threads <= 4
@@ -107,3 +108,25 @@ def test_load_counts_completed_jobs_from_the_answers_and_divides_by_them() -> No
     assert "POST /jobs/stream to headers   p50 of 8: 4.5 ms   max of 8: 8.0 ms" in text
     assert "SSE GET to headers             none measured" in text
     assert "p99" not in text
+
+
+def test_soak_with_fewer_than_three_samples_fails_instead_of_judging_nothing() -> None:
+    two = soak.Result(samples=[_sample(0, 20, 0), _sample(200, 20, 1_800_000)])
+    soak.judge(soak.Plan(jobs=200, every=200), two)
+    assert two.violations == [
+        "only 2 census sample(s), 3 needed (before, between and after): no leak or journal growth was judged"
+    ]
+    assert soak.report(soak.Plan(jobs=200, every=200), two).endswith("soak: 1 violation(s)")
+
+
+def test_soak_counts_the_jobs_that_completed_not_the_batch_it_asked_for() -> None:
+    answers = iter([200, 200, 500])
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        status = next(answers)
+        return httpx.Response(status, json={"raw": "done"} if status == 200 else {"detail": "no"})
+
+    result = soak.Result()
+    with httpx.Client(transport=httpx.MockTransport(answer), base_url="http://soak") as client:
+        assert soak.run_jobs(client, 5, result) == 2
+    assert len(result.violations) == 1 and "answered 500" in result.violations[0]

@@ -12,6 +12,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -19,6 +20,8 @@ import psutil
 from supervisor import testing
 from supervisor.config import DEMO_REGISTRY
 from supervisor.console import sse
+
+Event = dict[str, Any]
 
 
 def say(text: str) -> None:
@@ -73,8 +76,13 @@ def tour(client: httpx.Client) -> None:
         f"raw: {output['raw']!r}  tokens: {output['token_usage']['total_tokens']}  "
         f"({time.monotonic() - started:.2f} s, in a worker the fork server forked for this job)"
     )
-    again = client.post("/jobs", json=body, headers={"Idempotency-Key": "tour-1"}).json()
-    print(f"exact repeat returns the same job, no second worker: {again['raw'] == output['raw']}")
+    ran = job_events(client, "tour-run")
+    client.post("/jobs", json=body, headers={"Idempotency-Key": "tour-1"})
+    repeated = job_events(client, "tour-run")
+    print(
+        f"exact repeat returns the same job, no second worker: {one_worker(ran, repeated)}"
+        f" (started events' worker pids: {started_pids(ran)} after the run, {started_pids(repeated)} after the repeat)"
+    )
 
     say("2. stream: POST /jobs/stream — server-sent events as the crew works")
     body = {"crew_id": "demo", "action_id": "tour-stream", "input": {"topic": "durable jobs"}}
@@ -119,6 +127,25 @@ def tour(client: httpx.Client) -> None:
         f"elapsed_ms={proof['elapsed_ms']}"
     )
     print(f"psutil after cancel: pid {pid[0]} exists = {psutil.pid_exists(pid[0])}")
+
+
+def job_events(client: httpx.Client, action: str) -> list[Event]:
+    """Every event the journal holds for a settled job: its SSE stream from cursor 0 ends after the terminal one."""
+    headers = {"Accept": "text/event-stream"}
+    with client.stream("GET", f"/jobs/{action}/events", params={"cursor": 0}, headers=headers) as response:
+        return list(sse.events(sse.lines(response.iter_bytes())))
+
+
+def started_pids(events: list[Event]) -> list[int]:
+    """The pid of each worker that started on the job, from its started events."""
+    return [event["data"]["pid"] for event in events if event["event"] == "started"]
+
+
+def one_worker(ran: list[Event], repeated: list[Event]) -> bool:
+    """A job's events after its run and again after an exact repeat: still one started event, the same pid.
+
+    Not the outputs' equality: the demo crew is deterministic, so a second run would answer the same."""
+    return len(started_pids(repeated)) == 1 and started_pids(ran) == started_pids(repeated)
 
 
 if __name__ == "__main__":

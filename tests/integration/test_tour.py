@@ -2,19 +2,43 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from typing import Any
 
 from tests.conftest import ROOT
 
+sys.path.insert(0, str(ROOT / "scripts"))  # scripts/ is not a package
+import tour
+
 
 def test_the_tour_runs_streams_and_cancels_with_proof() -> None:
-    tour = subprocess.run([sys.executable, "scripts/tour.py"], cwd=ROOT, capture_output=True, text=True, timeout=240)
-    assert tour.returncode == 0, tour.stdout[-2000:] + tour.stderr[-2000:]
-    out = tour.stdout
+    done = subprocess.run([sys.executable, "scripts/tour.py"], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    out = done.stdout
     assert "without the token: HTTP 401" in out
-    assert "exact repeat returns the same job, no second worker: True" in out
+    # The evidence, not only the verdict: one started event, the same worker pid before and after the repeat.
+    assert re.search(
+        r"exact repeat returns the same job, no second worker: True"
+        r" \(started events' worker pids: \[(\d+)\] after the run, \[\1\] after the repeat\)",
+        out,
+    ), out
     assert "] completed" in out and "tick 3/" in out
     assert "status: cancelled; proof: stop_confirmed=True signal=SIGKILL" in out
     assert "exists = False" in out
     assert "done: the supervisor stopped" in out
+
+
+def _run(*pids: int) -> list[dict[str, Any]]:
+    """A completed demo job's events, with a started event per pid (equal outputs, as the demo always gives)."""
+    started = [{"event": "started", "data": {"pid": pid}} for pid in pids]
+    return [*started, {"event": "chunk", "data": {}}, {"event": "completed", "data": {"raw": "same"}}]
+
+
+def test_no_second_worker_is_judged_by_pids_and_started_events_not_by_outputs() -> None:
+    assert tour.one_worker(_run(4242), _run(4242))
+    assert not tour.one_worker(_run(4242), _run(4343))  # another worker answered the repeat
+    assert not tour.one_worker(_run(4242), _run(4242, 4343))  # a second worker started on the same job
+    assert not tour.one_worker(_run(4242, 4242), _run(4242, 4242))
+    assert not tour.one_worker(_run(), _run())  # no started event: no worker shown at all

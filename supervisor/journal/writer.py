@@ -12,12 +12,13 @@ writes whose patience ran out with ``JournalBusy``, takes in the writes queued m
 A write without a deadline waits until it commits, logged every ``LOG_EVERY_SECONDS``. Once ``close``
 is called, every write still waiting for the lock gets ``grace`` seconds more.
 
-A full disk (``SQLITE_FULL``) rolls the whole round back, so nothing commits out of order: writes with a
-deadline (admission, archive) fail at once, and the caller answers 507; the others (event groups, the
-terminal event, a worker's record: what they record has happened) are tried again every
-``FULL_RETRY_SECONDS`` until space is freed, a terminal event without the worker's streams if they
-had some. Their callers wait meanwhile, so a job's relay stops at its next checkpoint instead of
-dropping events.
+A full disk (``SQLITE_FULL`` with less room on the disk than the journal's page ceiling still allows;
+at the ceiling itself only archiving helps, and the write fails as any other) rolls the whole round
+back, so nothing commits out of order: writes with a deadline (admission, archive) fail at once, and
+the caller answers 507; the others (event groups, the terminal event, a worker's record: what they
+record has happened) are tried again every ``FULL_RETRY_SECONDS`` until space is freed, a terminal
+event without the worker's streams if they had some. Their callers wait meanwhile, so a job's relay
+stops at its next checkpoint instead of dropping events.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import math
+import os
 import queue
 import sqlite3
 import threading
@@ -76,6 +78,7 @@ class Writer:
         self._commit_seconds = commit_seconds  # called on the writer thread
         db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         self._synchronous = db.execute("PRAGMA synchronous").fetchone()[0]
+        self._directory = os.path.dirname(db.execute("PRAGMA database_list").fetchone()[2])
         self._queue: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()  # None: close
         self._closed = False
         self._grace = 0.0
@@ -162,7 +165,7 @@ class Writer:
             except _RolledBack:  # its fallback goes again, with the rest
                 return pending
             except (sqlite3.Error, JournalError) as exc:
-                if _full(exc):
+                if self._out_of_disk(exc):
                     return self._disk_full(pending, failures, exc)
                 failures.append((write, _journal_error(exc)))
                 if not self._db.in_transaction:  # SQLite rolled back the whole round: the rest go again
@@ -171,7 +174,7 @@ class Writer:
         try:
             self._db.execute("COMMIT")
         except sqlite3.Error as exc:
-            if _full(exc):
+            if self._out_of_disk(exc):
                 return self._disk_full(pending, failures, exc)
             if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
@@ -229,6 +232,17 @@ class Writer:
             )
         return waiting
 
+    def _out_of_disk(self, exc: Exception) -> bool:
+        """``SQLITE_FULL`` from the disk, not from the journal's own ceiling (``max_page_count``): the disk
+        has less room than the pages SQLite would still allow."""
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF != sqlite3.SQLITE_FULL:
+            return False
+        (count,), (ceiling,), (size,) = (
+            self._db.execute(f"PRAGMA {name}").fetchone() for name in ("page_count", "max_page_count", "page_size")
+        )
+        disk = os.statvfs(self._directory)
+        return disk.f_bavail * disk.f_frsize < (ceiling - count) * size
+
     def _disk_full(
         self, pending: list[_Write], failures: list[tuple[_Write, Exception]], exc: sqlite3.Error
     ) -> list[_Write]:
@@ -277,10 +291,6 @@ class _RolledBack(Exception):
 
 def _busy(exc: sqlite3.Error) -> bool:
     return getattr(exc, "sqlite_errorcode", 0) & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-
-
-def _full(exc: Exception) -> bool:
-    return getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_FULL
 
 
 def _journal_error(exc: Exception) -> JournalError:

@@ -131,6 +131,9 @@ def _run(
             with sup.client(timeout=30) as client:
                 check_restart(client, acked, before, state / "journal.db", record, findings)
             progress.update(task, advance=1, jobs=len(acked), violations=len(findings.violations))
+            if not console.is_terminal:  # no bar in a log: a line per iteration instead
+                done = int(progress.tasks[0].completed)
+                console.print(f"iteration {done}: {len(acked)} jobs, {len(findings.violations)} violations")
     with sup, sup.client(timeout=30) as client:
         check_restart(client, acked, [], state / "journal.db", record, findings, everything=True)
     return {

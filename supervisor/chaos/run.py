@@ -127,18 +127,23 @@ def _run(
                     sup.stop()
             for what, count in load.requests.items():
                 requests[what] = requests.get(what, 0) + count
-            sup = _start(state, args, log)
+            try:
+                sup = _start(state, args, log)
+            except testing.StartError as exc:  # a journal or fence the restart refused is a finding too
+                findings.add([f"the supervisor did not restart: {str(exc).splitlines()[0]} (log: {log})"])
+                break
             with sup.client(timeout=30) as client:
                 check_restart(client, acked, before, state / "journal.db", record, findings)
             progress.update(task, advance=1, jobs=len(acked), violations=len(findings.violations))
             if not console.is_terminal:  # no bar in a log: a line per iteration instead
                 done = int(progress.tasks[0].completed)
                 console.print(f"iteration {done}: {len(acked)} jobs, {len(findings.violations)} violations")
-    with sup, sup.client(timeout=30) as client:
-        check_restart(client, acked, [], state / "journal.db", record, findings, everything=True)
+        else:
+            with sup, sup.client(timeout=30) as client:
+                check_restart(client, acked, [], state / "journal.db", record, findings, everything=True)
     return {
         "seed": seed,
-        "iterations": args.iterations,
+        "iterations": int(progress.tasks[0].completed),
         "faults": chosen,
         "concurrency": args.concurrency,
         "duration_seconds": round(time.monotonic() - began, 1),

@@ -1,5 +1,5 @@
-"""``crew-supervisor``: ``serve`` (serve.py), and the operator commands (``jobs``, ``show``, ``events``,
-``cancel``, ``top``, ``run``; console.py). Only ``serve`` imports the server."""
+"""``crew-supervisor``: ``serve`` (serve.py), the operator commands (``jobs``, ``show``, ``events``,
+``cancel``, ``top``, ``run``; console/) and ``chaos`` (chaos/). Only ``serve`` imports the server."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from supervisor import config, logs
+from supervisor.chaos import run as chaos_run
 from supervisor.console import commands as console
 
 
@@ -20,7 +21,13 @@ def main(argv: list[str] | None = None) -> None:
     serve_parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     config.add_flags(serve_parser)
     console.add_commands(commands)
+    chaos_parser = commands.add_parser(
+        "chaos", help="inject faults under load and check every invariant", description=chaos_run.__doc__
+    )
+    chaos_run.add_arguments(chaos_parser)
     args = parser.parse_args(argv)
+    if args.command == "chaos":
+        sys.exit(chaos_run.run(args))
     if args.command != "serve":
         sys.exit(console.run_command(args))
     flags = {name: getattr(args, name) for name in config.SPEC}

@@ -98,6 +98,11 @@ SPEC: dict[str, tuple[Callable[[str], Any], str, str]] = {
     "MAX_EVENTS_PER_RUN": (_integer(2, 100000), "1000", "events per job, the last kept for the terminal one"),
     "MAX_EVENT_BYTES": (_integer(1024, 4 * MiB), "262144", "largest encoded event"),
     "MAX_STATE_BYTES": (_integer(MiB, 4096 * MiB), str(256 * MiB), "largest journal before admission answers 507"),
+    "MIN_FREE_DISK_MB": (
+        _integer(0, 1 << 20),
+        "64",
+        "free space kept on the journal's filesystem for the jobs already running: below it admission answers 507",
+    ),
     "STREAM_CHECKPOINT_EVENTS": (_integer(1, 10000), "128", "chunk events a crash may lose at most"),
     "TRAINING_DIR": (_text, "", "where train writes artifacts (required when train is allowed)"),
     "LAUNCHER": (
@@ -178,6 +183,7 @@ class Settings:
     max_events_per_run: int
     max_event_bytes: int
     max_state_bytes: int
+    min_free_disk_mb: int
     stream_checkpoint_events: int
     training_dir: str
     launcher: str

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from supervisor.config import Settings
+from supervisor.config import MiB, Settings
 from supervisor.journal.records import Job
 from supervisor.journal.store import Journal, JournalError
 from supervisor.journal.writer import JournalBusy
@@ -120,6 +120,11 @@ class Admission:
             raise JournalFull("journal holds the maximum number of retained runs; archive some")
         if self.journal.size_bytes() >= self.settings.max_state_bytes:
             raise JournalFull("journal has reached its byte limit; archive some runs")
+        if (free := self.journal.free_bytes()) < self.settings.min_free_disk_mb * MiB:
+            raise JournalFull(
+                f"the journal's filesystem has {free // MiB} MiB free, below the"
+                f" {self.settings.min_free_disk_mb} MiB kept for running jobs; free some space or archive runs"
+            )
         job = Job(body.action_id, body.crew_id, body.operation, digest, "running", 0)
         under_way = asyncio.get_running_loop().create_future()
         self._admitting[job.action_id] = under_way

@@ -228,6 +228,11 @@ class Journal:
             for p in (self.path, self.path.with_name(self.path.name + "-wal"))
         )
 
+    def free_bytes(self) -> int:
+        """Space left on the journal's filesystem for an unprivileged writer."""
+        info = os.statvfs(self.path.parent)
+        return info.f_bavail * info.f_frsize
+
     # Writes --------------------------------------------------------------------------------------
     #
     # Each is handed to the writer thread (``supervisor.journal.writer``) and returns at once: ``await``
@@ -280,7 +285,8 @@ class Journal:
 
     def flush(self) -> Written[None]:
         """Hand the pending events to the writer as one group. A group that fails is logged and lost:
-        readers never saw it, and the next events take its sequences."""
+        readers never saw it, and the next events take its sequences. (A full disk is not a failure:
+        the group waits for space.)"""
         if self._pending:
             group, self._pending = self._pending, []
             touched = {action_id for action_id, _, _ in group}

@@ -11,6 +11,14 @@ Another process holding the journal's write lock (a crew runs as our uid, a back
 writes whose patience ran out with ``JournalBusy``, takes in the writes queued meanwhile and tries again.
 A write without a deadline waits until it commits, logged every ``LOG_EVERY_SECONDS``. Once ``close``
 is called, every write still waiting for the lock gets ``grace`` seconds more.
+
+A full disk (``SQLITE_FULL`` with less room on the disk than the journal's page ceiling still allows;
+at the ceiling itself only archiving helps, and the write fails as any other) rolls the whole round
+back, so nothing commits out of order: writes with a deadline (admission, archive) fail at once, and
+the caller answers 507; the others (event groups, the terminal event, a worker's record: what they
+record has happened) are tried again every ``FULL_RETRY_SECONDS`` until space is freed, a terminal
+event without the worker's streams if they had some. Their callers wait meanwhile, so a job's relay
+stops at its next checkpoint instead of dropping events.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import math
+import os
 import queue
 import sqlite3
 import threading
@@ -32,6 +41,7 @@ from supervisor.journal.schema import JournalError
 log = logging.getLogger("crew_supervisor.journal")
 T = TypeVar("T")
 BUSY_TIMEOUT_MS = 50  # one wait for the lock inside SQLite, after which the thread looks at deadlines again
+FULL_RETRY_SECONDS = 0.25  # a full disk is tried again this often (new writes are taken in meanwhile)
 LOG_EVERY_SECONDS = 5.0
 
 
@@ -68,12 +78,15 @@ class Writer:
         self._commit_seconds = commit_seconds  # called on the writer thread
         db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         self._synchronous = db.execute("PRAGMA synchronous").fetchone()[0]
+        self._directory = os.path.dirname(db.execute("PRAGMA database_list").fetchone()[2])
         self._queue: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()  # None: close
         self._closed = False
         self._grace = 0.0
         self._give_up_at = math.inf  # set once the close is taken in
         self._busy_since: float | None = None
         self._busy_logged = 0.0
+        self._full_since: float | None = None
+        self._full_logged = 0.0
         self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
         self._thread.start()
 
@@ -110,7 +123,7 @@ class Writer:
         while True:
             if not pending and self._give_up_at < math.inf:
                 return
-            self._take(pending, block=not pending)
+            self._take(pending, wait=None if not pending else FULL_RETRY_SECONDS if self._full_since else 0)
             try:
                 pending = self._round(pending)
             except Exception as exc:  # a bug here must not leave a waiter hanging forever
@@ -118,10 +131,10 @@ class Writer:
                 _fail(pending, JournalError(f"journal write failed: {exc}"))
                 pending = []
 
-    def _take(self, pending: list[_Write], block: bool) -> None:
-        """Everything queued now (waiting for the first if ``block``)."""
+    def _take(self, pending: list[_Write], wait: float | None) -> None:
+        """Everything queued now, after waiting up to ``wait`` seconds for the first (None: until it comes)."""
         try:
-            item = self._queue.get(block)
+            item = self._queue.get(wait != 0, wait)
             while True:
                 if item is None:
                     self._give_up_at = time.monotonic() + self._grace
@@ -152,6 +165,8 @@ class Writer:
             except _RolledBack:  # its fallback goes again, with the rest
                 return pending
             except (sqlite3.Error, JournalError) as exc:
+                if self._out_of_disk(exc):
+                    return self._disk_full(pending, failures, exc)
                 failures.append((write, _journal_error(exc)))
                 if not self._db.in_transaction:  # SQLite rolled back the whole round: the rest go again
                     _resolve([], failures)
@@ -159,6 +174,8 @@ class Writer:
         try:
             self._db.execute("COMMIT")
         except sqlite3.Error as exc:
+            if self._out_of_disk(exc):
+                return self._disk_full(pending, failures, exc)
             if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
             _resolve([], failures)
@@ -168,6 +185,9 @@ class Writer:
             _fail(retry, JournalError(f"journal commit failed: {exc}"))
             return []
         self._commit_seconds(time.monotonic() - started)
+        if self._full_since is not None:
+            log.warning("journal disk writable again after %.1f s", time.monotonic() - self._full_since)
+            self._full_since = None
         _resolve(results, failures)
         return []
 
@@ -210,6 +230,46 @@ class Writer:
                 now - self._busy_since,
                 len(waiting),
             )
+        return waiting
+
+    def _out_of_disk(self, exc: Exception) -> bool:
+        """``SQLITE_FULL`` from the disk, not from the journal's own ceiling (``max_page_count``): the disk
+        has less room than the pages SQLite would still allow."""
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF != sqlite3.SQLITE_FULL:
+            return False
+        (count,), (ceiling,), (size,) = (
+            self._db.execute(f"PRAGMA {name}").fetchone() for name in ("page_count", "max_page_count", "page_size")
+        )
+        disk = os.statvfs(self._directory)
+        return disk.f_bavail * disk.f_frsize < (ceiling - count) * size
+
+    def _disk_full(
+        self, pending: list[_Write], failures: list[tuple[_Write, Exception]], exc: sqlite3.Error
+    ) -> list[_Write]:
+        """Roll the round back; fail the writes with a deadline (and those past the close's grace), keep
+        the rest, each in its smaller form if it has one, to try again once space may have been freed."""
+        if self._db.in_transaction:
+            self._db.execute("ROLLBACK")
+        _resolve([], failures)
+        failed = {id(write) for write, _ in failures}
+        error = JournalError(f"journal write failed: {exc}")
+        waiting = []
+        for write in pending:
+            if id(write) in failed:
+                continue
+            if write.deadline < math.inf or time.monotonic() >= self._give_up_at:
+                write.future.set_exception(error)
+                continue
+            if write.fallback is not None:
+                write.apply, write.fallback = write.fallback, None
+            waiting.append(write)
+        now = time.monotonic()
+        if self._full_since is None:
+            self._full_since = self._full_logged = now
+            log.error("journal disk full (%s); %d write(s) wait for space", exc, len(waiting))
+        elif now - self._full_logged >= LOG_EVERY_SECONDS:
+            self._full_logged = now
+            log.error("journal disk full for %.1f s; %d write(s) wait for space", now - self._full_since, len(waiting))
         return waiting
 
     def _lock_taken(self) -> None:

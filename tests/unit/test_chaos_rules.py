@@ -1,0 +1,103 @@
+"""The chaos harness's own rules must be able to fail: an answer that breaks idempotency, a kill that did
+not happen, a failure nobody caused."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from supervisor.chaos import faults
+from supervisor.chaos.checks import job_problems
+from supervisor.chaos.faults import Record
+from supervisor.chaos.load import cancel_problem, conflict_problem, repeat_problem, start_problem
+
+
+def test_an_exact_repeat_answers_only_its_own_job() -> None:
+    cancelled = {"detail": "run was cancelled", "action_id": "a", "status": "cancelled"}
+    assert repeat_problem("a", 409, cancelled, None) is None
+    assert repeat_problem("a", 200, {"raw": "x"}, "completed") is None
+    assert repeat_problem("a", 502, {**cancelled, "status": "failed"}, None) is None
+    assert repeat_problem("a", 504, {**cancelled, "status": "running"}, None) is None
+    # A 409 for conflicting material (a request-hash regression) is not the job cancelled.
+    assert repeat_problem("a", 409, {"detail": "action id was already admitted with different request material"}, None)
+    assert repeat_problem("a", 409, {**cancelled, "action_id": "b"}, None)  # another job's answer
+    assert repeat_problem("a", 409, {**cancelled, "status": "completed"}, None)
+    assert repeat_problem("a", 200, {"raw": "x"}, "running")  # an output for a job still running
+    assert repeat_problem("a", 500, {}, None)
+
+
+def test_a_conflicting_repeat_is_refused_not_answered_with_the_job() -> None:
+    assert (
+        conflict_problem("a", 409, {"detail": "action id was already admitted with different request material"}) is None
+    )
+    assert conflict_problem("a", 200, {"raw": "x"})
+    assert conflict_problem("a", 409, {"detail": "run was cancelled", "action_id": "a", "status": "cancelled"})
+
+
+def test_a_refused_start_is_right_only_when_the_disk_was_full() -> None:
+    assert start_problem("a", 200, False) is None
+    assert start_problem("a", 507, True) is None
+    assert start_problem("a", 507, False)
+    assert start_problem("a", 503, True)
+
+
+def test_a_cancel_answers_its_job_once_terminal() -> None:
+    assert cancel_problem("a", 200, {"action_id": "a", "status": "cancelled"}) is None
+    assert cancel_problem("a", 200, {"action_id": "a", "status": "running"})
+    assert cancel_problem("a", 200, {"action_id": "b", "status": "cancelled"})
+    assert cancel_problem("a", 404, {"detail": "run was not found"})
+
+
+def events(*names: str, **terminal: object) -> list[dict[str, object]]:
+    return [
+        {"event": name, "sequence": i, "data": terminal if i == len(names) - 1 else {}} for i, name in enumerate(names)
+    ]
+
+
+def test_a_job_read_back_must_be_whole_and_its_failure_ours() -> None:
+    record = Record(killed_pids={42})
+    job = {"status": "failed", "event_count": 3}
+    crashed = {"reason": "supervisor_restarted", "uncertain_outcome": True}
+    assert job_problems("a", job, events("started", "chunk", "failed", **crashed), record) == []
+    assert job_problems("a", job, events("started", "chunk", "failed", reason="worker_killed", pid=42), record) == []
+    assert job_problems("a", job, events("started", "chunk", "failed", reason="worker_killed", pid=7), record)
+    assert job_problems(
+        "a", job, events("started", "chunk", "failed", **{**crashed, "uncertain_outcome": False}), record
+    )
+    disk = {"reason": "operation_failed", "error_type": "DatabaseOperationError"}
+    assert job_problems("a", job, events("started", "chunk", "failed", **disk), record)  # the disk was never filled
+    assert job_problems("a", job, events("started", "chunk", "failed", **disk), Record(full=[(0.0, 1.0)])) == []
+    assert job_problems("a", job, events("started", "started", "failed", **crashed), record)  # a second worker
+    assert job_problems("a", job, events("started", "completed", "failed", **crashed), record)  # two terminals
+    assert job_problems("a", {**job, "event_count": 4}, events("started", "chunk", "failed", **crashed), record)
+    assert job_problems("a", {**job, "status": "running"}, events("started", "chunk", "failed", **crashed), record)
+
+
+def test_a_kill_counts_only_once_the_process_is_dead() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    process = psutil.Process(child.pid)
+    assert faults.kill(process)  # dead (a zombie until we reap it)
+    child.wait()
+    assert not faults.kill(process)  # gone: nothing was delivered, nothing counts
+
+
+def test_a_process_that_outlives_the_signal_is_not_confirmed_dead() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        assert not faults.dead(psutil.Process(child.pid), timeout=0.2)
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.parametrize("name", ["nope", "disk"])
+def test_faults_are_checked_before_anything_starts(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from supervisor import cli
+
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["chaos", "--faults", name])
+    assert exited.value.code == 2
+    assert ("unknown fault" if name == "nope" else "needs --small-disk") in capsys.readouterr().out

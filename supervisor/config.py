@@ -7,6 +7,7 @@ import dataclasses
 import ipaddress
 import os
 import pwd
+import shlex
 import stat
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -19,7 +20,12 @@ DEFAULT_PREFORK = 2  # idle pre-forked workers, at most MAX_CONCURRENCY
 
 
 class ConfigError(Exception):
-    """One line naming the setting and what is wrong with it."""
+    """One line naming the setting and what is wrong with it; ``fix``, where one command fixes it, says
+    which (``crew-supervisor doctor`` prints it)."""
+
+    def __init__(self, message: str, fix: str = "") -> None:
+        super().__init__(message)
+        self.fix = fix
 
 
 def _boolean(raw: str) -> bool:
@@ -282,16 +288,20 @@ def _token(s: Settings) -> str | None:
 
 def _read_token_file(path: str) -> str:
     name = f"{PREFIX}BEARER_TOKEN_FILE={path!r}"
+    regular = f"point {PREFIX}BEARER_TOKEN_FILE at a regular file (not a link), mode 0600"
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        raise ConfigError(f"{name}: cannot open without following links: {exc.strerror}") from None
+        raise ConfigError(f"{name}: cannot open without following links: {exc.strerror}", regular) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise ConfigError(f"{name}: not a regular file")
+            raise ConfigError(f"{name}: not a regular file", regular)
         if info.st_mode & 0o077:
-            raise ConfigError(f"{name}: mode {info.st_mode & 0o777:04o} lets others read it; use 0600")
+            raise ConfigError(
+                f"{name}: mode {info.st_mode & 0o777:04o} lets others read it; use 0600",
+                f"chmod 600 {shlex.quote(path)}",
+            )
         if info.st_size > MAX_TOKEN_BYTES + 2:
             raise ConfigError(f"{name}: larger than {MAX_TOKEN_BYTES} bytes")
         data = os.read(fd, MAX_TOKEN_BYTES + 2)
@@ -333,17 +343,19 @@ def _check_training_dir(path: str, worker_ids: tuple[int, int] | None) -> None:
     name = f"{PREFIX}TRAINING_DIR"
     if not path:
         raise ConfigError(f"{name} is required when train is an allowed operation")
+    quoted = shlex.quote(path)
     try:
         info = os.lstat(path)
     except OSError as exc:
-        raise ConfigError(f"{name}={path!r}: {exc.strerror}") from None
+        raise ConfigError(f"{name}={path!r}: {exc.strerror}", f"mkdir -m 700 {quoted}") from None
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise ConfigError(f"{name}={path!r}: must be a directory, not a symlink")
+        raise ConfigError(f"{name}={path!r}: must be a directory, not a symlink", f"point {name} at a directory")
     if info.st_mode & 0o077:
-        raise ConfigError(f"{name}={path!r}: mode {info.st_mode & 0o777:04o}; use 0700")
+        raise ConfigError(f"{name}={path!r}: mode {info.st_mode & 0o777:04o}; use 0700", f"chmod 700 {quoted}")
     # 0700, so only its owner can write there: the workers write the artifacts.
     if worker_ids is not None and info.st_uid != worker_ids[0]:
         raise ConfigError(
             f"{name}={path!r}: owned by uid {info.st_uid}; the workers' user ({PREFIX}WORKER_USER,"
-            f" uid {worker_ids[0]}) must own it"
+            f" uid {worker_ids[0]}) must own it",
+            f"chown {worker_ids[0]}:{worker_ids[1]} {quoted}",
         )

@@ -46,11 +46,14 @@ def prepare_file(path: Path) -> None:
     """Create the journal 0600 without following links, or check the one that is there."""
     fd = _open_private(path, "journal")
     try:
-        mode = os.fstat(fd).st_mode
-        if mode & 0o077:
-            raise JournalError(f"journal {path} has mode {mode & 0o777:04o}; it must be 0600")
+        _refuse_shared(path, "journal", os.fstat(fd).st_mode)
     finally:
         os.close(fd)
+
+
+def _refuse_shared(path: Path, what: str, mode: int) -> None:
+    if mode & 0o077:
+        raise JournalError(f"{what} {path} has mode {mode & 0o777:04o}; it must be 0600")
 
 
 def restrict(path: Path) -> None:
@@ -67,13 +70,20 @@ def prepare_directory(directory: Path, worker_ids: tuple[int, int] | None = None
     must let that user through without letting it write there (or only where the sticky bit holds).
     """
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = check_directory(directory, worker_ids)
+    if worker_ids is not None:
+        os.chmod(directory, mode | 0o011)
+
+
+def check_directory(directory: Path, worker_ids: tuple[int, int] | None = None) -> int:
+    """``prepare_directory``'s refusals for a directory that exists, changing nothing; its mode bits."""
     info = os.lstat(directory)
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
         raise JournalError(f"state directory {directory} must be a directory, not a symlink")
     if info.st_mode & 0o022:
         raise JournalError(f"state directory {directory} is group- or world-writable (mode {info.st_mode & 0o777:04o})")
     if worker_ids is None:
-        return
+        return stat.S_IMODE(info.st_mode)
     if info.st_uid == worker_ids[0]:
         raise JournalError(f"state directory {directory} is owned by the workers' user (uid {worker_ids[0]})")
     for above in directory.absolute().parents:
@@ -82,7 +92,7 @@ def prepare_directory(directory: Path, worker_ids: tuple[int, int] | None = None
             raise JournalError(f"the workers' user (uid {worker_ids[0]}) cannot traverse {above}, above the state")
         if _grants(where, worker_ids, 0o2) and not where.st_mode & stat.S_ISVTX:
             raise JournalError(f"the workers' user (uid {worker_ids[0]}) can write to {above}, above the state")
-    os.chmod(directory, stat.S_IMODE(info.st_mode) | 0o011)
+    return stat.S_IMODE(info.st_mode)
 
 
 def _grants(info: os.stat_result, ids: tuple[int, int], bits: int) -> bool:
@@ -115,6 +125,19 @@ def check_state_files(journal: Path) -> None:
             continue
         if not stat.S_ISREG(mode):
             raise JournalError(f"{what} {path} is {_kind(mode)}, not a regular file")
+
+
+def check_private_files(journal: Path) -> None:
+    """Refuse the journal or a companion that others may read or write (lstat: nothing is opened).
+
+    At start the journal is refused so, and the lock file, -wal and -shm are made 0600; between two
+    starts any of them others can read gives away the jobs' records."""
+    for path, what in journal_companions(journal):
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            continue
+        _refuse_shared(path, what, mode)
 
 
 def prepare_places(state: Path, names: tuple[str, ...], worker_ids: tuple[int, int] | None = None) -> None:

@@ -223,15 +223,10 @@ class Journal:
         return int(self._read.execute("SELECT count(*) FROM jobs").fetchone()[0])
 
     def size_bytes(self) -> int:
-        return sum(
-            os.stat(p).st_size if os.path.exists(p) else 0
-            for p in (self.path, self.path.with_name(self.path.name + "-wal"))
-        )
+        return size_bytes(self.path)
 
     def free_bytes(self) -> int:
-        """Space left on the journal's filesystem for an unprivileged writer."""
-        info = os.statvfs(self.path.parent)
-        return info.f_bavail * info.f_frsize
+        return free_bytes(self.path.parent)
 
     # Writes --------------------------------------------------------------------------------------
     #
@@ -361,6 +356,19 @@ class Journal:
         else:
             with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is left to wake
                 loop.call_soon_threadsafe(self.on_commit, touched)
+
+
+def size_bytes(journal: Path) -> int:
+    """The journal's size as admission counts it against MAX_STATE_BYTES: the file and its WAL."""
+    return sum(
+        os.stat(p).st_size if os.path.exists(p) else 0 for p in (journal, journal.with_name(journal.name + "-wal"))
+    )
+
+
+def free_bytes(directory: Path) -> int:
+    """Space left on ``directory``'s filesystem for an unprivileged writer."""
+    info = os.statvfs(directory)
+    return info.f_bavail * info.f_frsize
 
 
 def _insert_group(group: list[tuple[str, str, bytes]], db: sqlite3.Connection) -> None:

@@ -69,6 +69,16 @@ class Registry(Message):
     eval_llms: list[str]
 
 
+@dataclasses.dataclass(frozen=True)
+class Built(Message):
+    """A checking worker's word on one crew (``python -m worker check``, for ``crew-supervisor doctor``),
+    sent after its Registry: ``error`` is empty if the factory built a crew, else what went wrong."""
+
+    kind: ClassVar[str] = "built"
+    crew_id: str
+    error: str
+
+
 # Supervisor <-> fork server, over a Unix socket (the job's pipes travel beside Fork as SCM_RIGHTS).
 @dataclasses.dataclass(frozen=True)
 class Fork(Message):
@@ -125,7 +135,8 @@ class Failed(Message):
 
 TERMINAL = (Completed, Failed)
 _KINDS: dict[str, type[Message]] = {
-    cls.kind: cls for cls in (Start, Stop, Hello, Registry, Started, Chunk, Completed, Failed, Fork, Forked, Refused)
+    cls.kind: cls
+    for cls in (Start, Stop, Hello, Registry, Built, Started, Chunk, Completed, Failed, Fork, Forked, Refused)
 }
 _FIELDS = {kind: typing.get_type_hints(cls) for kind, cls in _KINDS.items()}
 _NAMES = {kind: [field.name for field in dataclasses.fields(cls)] for kind, cls in _KINDS.items()}

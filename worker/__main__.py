@@ -1,7 +1,7 @@
-"""``python -m worker job|describe|forkserver``: the processes the supervisor launches.
+"""``python -m worker job|describe|check|forkserver``: the processes the supervisor launches.
 
-A job or describing worker finds its control pipe on fd 3 and its event pipe on fd 4; the fork
-server finds its socket on fd 3.
+A job, describing or checking worker (``check``: ``crew-supervisor doctor`` builds every crew once)
+finds its control pipe on fd 3 and its event pipe on fd 4; the fork server finds its socket on fd 3.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ NICE = "AIP_CREWAI_WORKER_NICE"  # set by the supervisor from its settings
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m worker")
-    parser.add_argument("mode", choices=["job", "describe", "forkserver"])
+    parser.add_argument("mode", choices=["job", "describe", "check", "forkserver"])
     parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("--cwd", help="working directory (the job's scratch directory)")
     args = parser.parse_args(argv)
@@ -32,7 +32,7 @@ def main(argv: list[str]) -> None:
         os.chdir(args.cwd)
     if args.mode == "forkserver":
         forkserver.serve(CONTROL_FD)
-    job.run(EVENT_FD, CONTROL_FD, describe=args.mode == "describe")
+    job.run(EVENT_FD, CONTROL_FD, mode=args.mode)
 
 
 def _ids(raw: str) -> tuple[int, int] | None:

@@ -10,13 +10,16 @@ import os
 import sys
 from typing import Any, NoReturn
 
-from protocol import READ_ONLY_OPERATIONS, Completed, Failed, Hello, Registry, Start, Started
+from protocol import READ_ONLY_OPERATIONS, Built, Completed, Failed, Hello, Registry, Start, Started
 from worker import lifecycle, registry
 from worker.operations import OPERATIONS, OperationError, OutputTooLarge, Work, bounded
 
+MAX_CHECK_ERROR_CHARS = 1000  # one line of the doctor's report, not a traceback
 
-def run(event_fd: int, control_fd: int, crews: dict[str, Any] | None = None, describe: bool = False) -> NoReturn:
-    """Serve one job (or describe the registry); ``crews`` comes preloaded from a fork server."""
+
+def run(event_fd: int, control_fd: int, crews: dict[str, Any] | None = None, mode: str = "job") -> NoReturn:
+    """Serve one job, or (``mode``) describe the registry or also check that each crew builds; ``crews``
+    comes preloaded from a fork server."""
     launched = dict(os.environ)  # what it was started (or forked) with, before imports add to it
     out = lifecycle.FrameWriter(event_fd)
     control = lifecycle.Control(control_fd)
@@ -26,8 +29,10 @@ def run(event_fd: int, control_fd: int, crews: dict[str, Any] | None = None, des
         if crews is None:  # cold: watched while it imports; a forked worker reads its Start itself
             control.watch()
             crews = load(out)
-        if crews is not None and describe:
+        if crews is not None and mode != "job":
             out.send(describe_registry(crews))
+            if mode == "check":
+                check(crews, out)
         elif crews is not None:
             # Not asyncio.run: its teardown would wait on threads CrewAI may leave blocked.
             start = control.start()
@@ -54,6 +59,23 @@ def load(out: lifecycle.FrameWriter) -> dict[str, Any] | None:
 
 def describe_registry(crews: dict[str, Any]) -> Registry:
     return Registry(crews=sorted(crews), eval_llms=sorted(registry.eval_llms(os.environ.get(registry.ENV, ""))))
+
+
+def check(crews: dict[str, Any], out: lifecycle.FrameWriter) -> None:
+    """Build each crew once, as a job would, in the order the description lists them: one Built each.
+
+    The error's text is sent, not only its class as a job's failure has it: this is configuration,
+    read by the operator (``crew-supervisor doctor``), never stored with a job."""
+    for crew_id in sorted(crews):
+        try:
+            crew = registry.build(crews[crew_id])
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        else:
+            error = (
+                "" if hasattr(crew, "kickoff") else f"the factory gave a {type(crew).__name__}, which has no kickoff"
+            )
+        out.send(Built(crew_id=crew_id, error=error[:MAX_CHECK_ERROR_CHARS]))
 
 
 async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWriter) -> None:

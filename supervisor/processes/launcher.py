@@ -75,7 +75,7 @@ class SpawnLauncher:
 
     async def describe(self, env: Mapping[str, str], cwd: str) -> Registry:
         """Asked of a worker, so the supervisor never imports crewai."""
-        worker = await self._launch("describe", env, cwd)
+        worker = await self.launch("describe", env, cwd)
         try:
             async with asyncio.timeout(DESCRIBE_SECONDS):
                 answer = await expect_registry(worker)
@@ -89,7 +89,7 @@ class SpawnLauncher:
         pass
 
     async def spawn(self, env: Mapping[str, str], cwd: str) -> WorkerProcess:
-        return await self._launch("job", env, cwd)
+        return await self.launch("job", env, cwd)
 
     async def stop(self) -> None:
         pass
@@ -97,7 +97,8 @@ class SpawnLauncher:
     def health(self) -> dict[str, object]:
         return {}
 
-    async def _launch(self, mode: str, env: Mapping[str, str], cwd: str) -> WorkerProcess:
+    async def launch(self, mode: str, env: Mapping[str, str], cwd: str) -> WorkerProcess:
+        """``python -m worker <mode>`` (``job``, ``describe`` or ``check``), its pipes being read."""
         ours, theirs = make_pipes()
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         argv = [*self.argv, mode, "--parent-pid", str(os.getpid()), "--cwd", cwd]

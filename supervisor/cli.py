@@ -1,5 +1,6 @@
-"""``crew-supervisor``: ``serve`` (serve.py), the operator commands (``jobs``, ``show``, ``events``,
-``cancel``, ``top``, ``run``; console/) and ``chaos`` (chaos/). Only ``serve`` imports the server."""
+"""``crew-supervisor``: ``serve`` (serve.py), ``doctor`` (doctor/), the operator commands (``jobs``,
+``show``, ``events``, ``cancel``, ``top``, ``run``; console/) and ``chaos`` (chaos/). Only ``serve`` imports
+the server."""
 
 from __future__ import annotations
 
@@ -9,17 +10,23 @@ import sys
 from supervisor import config, logs
 from supervisor.chaos import run as chaos_run
 from supervisor.console import commands as console
+from supervisor.doctor import run as doctor
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="crew-supervisor", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     serve_parser = commands.add_parser("serve", help="run the supervisor")
-    serve_parser.add_argument(
-        "--demo", action="store_true", help=f"serve the offline demo crews ({config.DEMO_REGISTRY})"
-    )
     serve_parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    config.add_flags(serve_parser)
+    doctor_parser = commands.add_parser(
+        "doctor", help="check a deployment before it serves", description=doctor.__doc__
+    )
+    doctor.add_arguments(doctor_parser)
+    for parser_with_settings in (serve_parser, doctor_parser):
+        parser_with_settings.add_argument(
+            "--demo", action="store_true", help=f"the offline demo crews ({config.DEMO_REGISTRY})"
+        )
+        config.add_flags(parser_with_settings)
     console.add_commands(commands)
     chaos_parser = commands.add_parser(
         "chaos", help="inject faults under load and check every invariant", description=chaos_run.__doc__
@@ -28,11 +35,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.command == "chaos":
         sys.exit(chaos_run.run(args))
-    if args.command != "serve":
+    if args.command not in ("serve", "doctor"):
         sys.exit(console.run_command(args))
     flags = {name: getattr(args, name) for name in config.SPEC}
     if args.demo:
         flags["REGISTRY"] = flags["REGISTRY"] or config.DEMO_REGISTRY
+    if args.command == "doctor":
+        sys.exit(doctor.run(flags, args.json))
     try:
         settings = config.load(flags)
     except config.ConfigError as exc:

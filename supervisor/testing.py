@@ -32,7 +32,6 @@ from typing import Any
 import httpx
 import psutil
 
-from protocol import QUIET_CREWAI
 from supervisor.config import PREFIX, SPEC
 
 SOURCE = Path(__file__).resolve().parent.parent  # holds the supervisor package the child must import
@@ -186,6 +185,10 @@ def start(
     environment is this process's, CrewAI's telemetry off, then the server's own, then ``settings``
     (``max_concurrency=8``), then ``env``. With ``wait`` it returns once ``/health`` answers.
     """
+    # Here, not at the top: the console script imports this module (through chaos) and must start
+    # without the protocol package, so that ``doctor`` can report one another distribution shadows.
+    from protocol import QUIET_CREWAI
+
     port = port or free_port()
     token = secrets.token_urlsafe(16)
     log = log or state.parent / f"supervisor-{port}.log"

@@ -48,7 +48,8 @@ def test_the_check_sees_a_lazy_import(tmp_path: Path) -> None:
 
 # Inside supervisor/: which subpackages each may import. Lower layers never reach up: process control and
 # the journal know nothing of jobs, jobs nothing of HTTP, and the operator CLI (an HTTP client) only the
-# journal's event names; chaos none. (The journal names the pipes' Tail for typing only.)
+# journal's event names; chaos none; the doctor what serve checks with, never HTTP. (The journal names the
+# pipes' Tail for typing only.)
 LAYERS = {
     "processes": set(),
     "journal": {"processes"},
@@ -56,6 +57,7 @@ LAYERS = {
     "http": {"jobs", "journal", "processes"},
     "console": {"journal"},
     "chaos": set(),  # a client of the HTTP API and of the processes it can see, like any user's harness
+    "doctor": {"jobs", "journal", "processes"},
 }
 
 

@@ -1,0 +1,1 @@
+"""``crew-supervisor doctor``: a deployment checked before it serves, each problem with its fix."""

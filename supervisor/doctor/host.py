@@ -1,0 +1,77 @@
+"""Which kernel limits hold a job here: a pids and a memory cgroup per job, or sampling; the rlimits."""
+
+from __future__ import annotations
+
+import resource
+from pathlib import Path
+
+from supervisor.config import PREFIX, Settings
+from supervisor.doctor.findings import Finding, ok, warning
+from supervisor.processes.limits import CPU_BACKSTOP_SECONDS, Limits
+
+MiB = 1024 * 1024
+CAP_SYS_RESOURCE = 24
+
+
+def cgroups(settings: Settings) -> Finding:
+    """Found as ``serve`` finds them (``Limits``), and removed again: the probe leaves no cgroup behind."""
+    limits = Limits(settings)
+    try:
+        held = limits.health()
+    finally:
+        limits.stop()
+    detail = f"process_limit: {held['process_limit']}, memory_limit: {held['memory_limit']} (as /health says)"
+    caps = {"process_limit": "WORKER_MAX_PROCESSES", "memory_limit": "WORKER_MAX_MEMORY_MB"}
+    sampled = [PREFIX + setting for key, setting in caps.items() if held[key] == "sampled"]
+    if not sampled:
+        return ok("cgroups", f"{detail}: the kernel refuses a job's fork past its cap, and stops it at its memory cap")
+    fix = (
+        f"set {PREFIX}CGROUPS=auto"
+        if settings.cgroups == "off"
+        else "run the supervisor where it can write a pids and a memory cgroup (cgroup v1, or a delegated v2"
+        " subtree such as a container's own), or cap the whole container (--pids-limit, --memory)"
+    )
+    meaning = (
+        f"{' and '.join(sampled)} only sampled every {settings.limit_sample_ms} ms: a fork bomb or a fast"
+        " memory hog can pass its cap between two samples"
+    )
+    return warning("cgroups", f"{detail}; {meaning}", fix)
+
+
+def rlimits(settings: Settings) -> Finding:
+    """What ``prlimit`` gives each worker: the setting, or this environment's hard limit if lower (the
+    supervisor only lowers a limit)."""
+    parts = [
+        _rlimit("RLIMIT_NOFILE", resource.RLIMIT_NOFILE, settings.worker_max_open_files, "WORKER_MAX_OPEN_FILES"),
+        _rlimit(
+            "RLIMIT_AS", resource.RLIMIT_AS, settings.worker_max_address_space_mb * MiB, "WORKER_MAX_ADDRESS_SPACE_MB"
+        ),
+    ]
+    if settings.worker_max_cpu_seconds:
+        parts.append(f"RLIMIT_CPU {CPU_BACKSTOP_SECONDS} s past {PREFIX}WORKER_MAX_CPU_SECONDS, behind the sampler")
+    detail = "per worker: " + "; ".join(parts)
+    if settings.worker_ids is not None and not _capable(CAP_SYS_RESOURCE):
+        return warning(
+            "rlimits",
+            f"{detail}; but setting them on workers of another uid ({PREFIX}WORKER_USER) needs CAP_SYS_RESOURCE,"
+            " which this process lacks: the workers would run without them",
+            f"give the supervisor CAP_SYS_RESOURCE (--cap-add SYS_RESOURCE), or leave {PREFIX}WORKER_USER unset",
+        )
+    return ok("rlimits", detail)
+
+
+def _rlimit(name: str, kind: int, value: int, setting: str) -> str:
+    if not value:
+        return f"{name} off ({PREFIX}{setting}=0)"
+    hard = resource.getrlimit(kind)[1]
+    if hard != resource.RLIM_INFINITY and hard < value:
+        return f"{name} {hard} (this environment's hard limit, below {PREFIX}{setting})"
+    return f"{name} {value}"
+
+
+def _capable(capability: int) -> bool:
+    """Whether this process holds ``capability`` in its effective set."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> capability & 1)
+    return False

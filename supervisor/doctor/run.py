@@ -1,0 +1,64 @@
+"""``crew-supervisor doctor``: check a deployment before it serves; exit 1 if anything is a problem.
+
+It takes the settings exactly as ``serve`` does (the same flags, the same AIP_CREWAI_* environment), so
+run it as the user, in the environment and with the flags that serve. Each check prints one line, ok,
+warning or problem, and a problem's fix; ``--json`` prints them as a list of {check, status, detail, fix}.
+It changes nothing: a cgroup made to see whether the kernel allows one is removed at once, and the crews
+are built in a throw-away directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+
+import orjson
+
+from supervisor import config
+from supervisor.doctor import names
+from supervisor.doctor.findings import OK, PROBLEM, WARNING, Finding, ok, problem
+from supervisor.escaping import json_line, visible
+
+BLOCKING = ("names", "settings")  # a problem here stops the checks that need it
+SETTINGS_FIX = f"change that setting: its flag or {config.PREFIX} variable (crew-supervisor serve --help lists each)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the findings as a JSON list")
+
+
+def run(flags: Mapping[str, str | None], as_json: bool) -> int:
+    findings = names.check()
+    if all(finding.status != PROBLEM for finding in findings):  # else the rest would run someone else's code
+        findings += _deployment(flags)
+    print(json_line(orjson.dumps([vars(f) for f in findings])).decode() if as_json else _text(findings))
+    return 1 if any(finding.status == PROBLEM for finding in findings) else 0
+
+
+def _deployment(flags: Mapping[str, str | None]) -> list[Finding]:
+    # Imported only now that the names are known to be ours: these modules load protocol and the rest.
+    from supervisor.doctor import files, host, workers
+
+    try:
+        settings = config.load(flags)
+    except config.ConfigError as exc:
+        return [problem("settings", str(exc), exc.fix or SETTINGS_FIX), *workers.telemetry()]
+    where = settings.state_file or "a temporary directory"
+    found = [ok("settings", f"registry {settings.registry}, journal in {where}, on {settings.host}:{settings.port}")]
+    found += files.state(settings) + files.token_and_training(settings) + workers.crews(settings) + workers.telemetry()
+    return [*found, host.cgroups(settings), host.rlimits(settings), files.disk(settings)]
+
+
+def _text(findings: list[Finding]) -> str:
+    lines = [
+        f"{f.status:<8} {f.check:<10} {visible(f.detail)}" + (f"; fix: {visible(f.fix)}" if f.fix else "")
+        for f in findings
+    ]
+    counts = {status: sum(f.status == status for f in findings) for status in (PROBLEM, WARNING)}
+    said = [f"{n} {status}{'s' if n > 1 else ''}" for status, n in counts.items() if n]
+    verdict = "ready to serve" if not counts[PROBLEM] else "not ready"
+    lines.append(f"doctor: {verdict}" + (f" ({', '.join(said)})" if said else f" (every check {OK})"))
+    blocked = next((f.check for f in findings if f.status == PROBLEM and f.check in BLOCKING), None)
+    if blocked is not None:
+        lines.append(f"doctor: the checks that need the {blocked} did not run: fix it, then run the doctor again")
+    return "\n".join(lines)

@@ -1,0 +1,105 @@
+"""What the workers will meet: the registry and each crew's factory, and CrewAI's network switches.
+
+The registry is loaded and every crew built in a worker process (``python -m worker check``), as the
+supervisor learns its crews (``python -m worker describe``): the supervisor never imports CrewAI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from protocol import QUIET_CREWAI, Built
+from supervisor.config import PREFIX, Settings
+from supervisor.doctor.findings import Finding, ok, problem, warning
+from supervisor.jobs.runner import worker_env
+from supervisor.processes.launcher import LaunchError, SpawnLauncher, expect_registry
+from supervisor.processes.process import WorkerProcess
+from supervisor.processes.reaper import Reaper
+
+BUILD_SECONDS = 180.0  # importing CrewAI alone takes 5-7 s here, far longer on a loaded machine
+# What CrewAI 1.15 reads as "off" for each switch the supervisor sets (protocol.QUIET_CREWAI): telemetry
+# and the OpenTelemetry SDK take the usual yes-words; tracing is off only at an explicit "false" or "0"
+# (else a prompt or the user's stored consent decides); the version check is skipped only at "true" or "1".
+OFF = {
+    "CREWAI_DISABLE_TELEMETRY": ("true", "1", "yes", "on"),
+    "OTEL_SDK_DISABLED": ("true", "1", "yes", "on"),
+    "CREWAI_TRACING_ENABLED": ("false", "0"),
+    "CREWAI_DISABLE_VERSION_CHECK": ("true", "1"),
+}
+
+
+def telemetry(environ: Mapping[str, str] = os.environ) -> list[Finding]:
+    """Each switch as a worker sees it: the operator's value if set, else the supervisor's."""
+    found = [
+        problem(
+            "telemetry",
+            f"{name}={environ[name]!r} in the environment turns CrewAI's network calls on in every worker",
+            f"unset {name} (the supervisor then sets {name}={QUIET_CREWAI[name]}) or set it to {QUIET_CREWAI[name]}",
+        )
+        for name in QUIET_CREWAI
+        if environ.get(name, QUIET_CREWAI[name]).lower() not in OFF[name]
+    ]
+    return found or [ok("telemetry", f"off in the workers: {', '.join(QUIET_CREWAI)}")]
+
+
+def crews(settings: Settings) -> list[Finding]:
+    """Load the registry and build each crew once, offline and with telemetry off whatever the
+    environment says, in a worker of the workers' user, with a HOME and CrewAI storage thrown away after."""
+    with tempfile.TemporaryDirectory(prefix="crew-supervisor-doctor-") as place:
+        if settings.worker_ids is not None:
+            os.chown(place, *settings.worker_ids)
+        env = {**worker_env(settings, Path(place), ""), **QUIET_CREWAI}
+        return asyncio.run(_build(settings.registry, env, place))
+
+
+async def _build(spec: str, env: Mapping[str, str], cwd: str) -> list[Finding]:
+    worker: WorkerProcess | None = None
+    listed: list[str] = []
+    built: dict[str, str] = {}
+    try:
+        async with asyncio.timeout(BUILD_SECONDS):
+            worker = await SpawnLauncher(Reaper()).launch("check", env, cwd)
+            listed = (await expect_registry(worker)).crews
+            while len(built) < len(listed):
+                message = await worker.next_message()
+                if not isinstance(message, Built):  # it exited (None), or broke the protocol
+                    said = worker.stderr.text().strip().splitlines()[-1:] or [str(message)]
+                    raise LaunchError(f"the worker stopped while building it: {said[0]}")
+                built[message.crew_id] = message.error
+    except (LaunchError, TimeoutError) as exc:
+        error = str(exc) or f"no answer within {BUILD_SECONDS:.0f} s"
+        if listed:  # the registry loaded: the crew being built broke the worker, or hung
+            built[listed[len(built)]] = error
+        else:
+            return [problem("registry", f"the workers cannot load the registry: {error}", _fix_registry(spec))]
+    finally:
+        if worker is not None:
+            await worker.kill()
+    good = [crew_id for crew_id, error in built.items() if not error]
+    summary = f"{spec}: {len(good)} of {len(listed)} crews build ({', '.join(good) or 'none'})"
+    untried = listed[len(built) :]
+    if untried:
+        detail = f"{summary}; not tried after the one that stopped the worker: {', '.join(untried)}"
+        head = warning("registry", detail, "fix that crew, then run the doctor again")
+    else:
+        head = ok("registry", summary)
+    fix = f"correct its factory in {spec.partition(':')[0]}: every job of that crew fails until then"
+    return [
+        head,
+        *(
+            problem("crew", f"crew {crew_id!r} does not build: {error}", fix)
+            for crew_id, error in built.items()
+            if error
+        ),
+    ]
+
+
+def _fix_registry(spec: str) -> str:
+    return (
+        f"make {spec.partition(':')[0]} importable by the workers (installed in this environment, or on"
+        f" PYTHONPATH) and {PREFIX}REGISTRY name a non-empty mapping of crew id to crew factory"
+    )

@@ -1,0 +1,196 @@
+"""``crew-supervisor doctor`` as a subprocess, against real files, a real worker and the kernel's cgroups."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from protocol import QUIET_CREWAI
+from tests.conftest import ROOT
+
+DOCTOR_SECONDS = 300  # two crew-building workers may import CrewAI at once on a loaded machine
+# Imports no CrewAI, so the checks that are not about crews stay quick.
+LIGHT_REGISTRY = """
+class Plain:
+    def kickoff(self, inputs=None):
+        return None
+
+
+registry = {"plain": Plain}
+"""
+MiB = 1024 * 1024
+MAX_MIN_FREE_DISK_MB = 1 << 20  # the setting's bound
+
+
+@dataclasses.dataclass
+class Deployment:
+    state: Path
+    token: Path
+    env: dict[str, str]
+    cwd: Path
+
+
+@dataclasses.dataclass
+class Answer:
+    code: int
+    out: str
+    err: str
+    pid: int
+
+    def lines(self, status: str) -> list[str]:
+        return [line for line in self.out.splitlines() if line.split(" ", 1)[0] == status]
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Deployment:
+    """A state directory (0700), a token file (0600) and a registry of one crew, in a clean environment:
+    no AIP_CREWAI_* setting and no telemetry switch but what a test sets."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    token = tmp_path / "token"
+    token.write_text("a-token-for-the-doctor\n")
+    token.chmod(0o600)
+    (tmp_path / "light_crews.py").write_text(LIGHT_REGISTRY)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIP_CREWAI_") and k not in QUIET_CREWAI}
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]),
+        AIP_CREWAI_REGISTRY="light_crews:registry",
+        AIP_CREWAI_STATE_FILE=str(state / "journal.db"),
+        AIP_CREWAI_BEARER_TOKEN_FILE=str(token),
+    )
+    return Deployment(state, token, env, tmp_path)
+
+
+def doctor(deployment: Deployment, *args: str) -> Answer:
+    """Run from outside the checkout, so that only PYTHONPATH decides what ``supervisor`` and the rest are."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "supervisor", "doctor", *args],
+        env=deployment.env,
+        cwd=deployment.cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out, err = process.communicate(timeout=DOCTOR_SECONDS)
+    return Answer(process.returncode, out, err, process.pid)
+
+
+def findings(answer: Answer) -> list[dict[str, Any]]:
+    return list(orjson.loads(answer.out))
+
+
+def test_a_good_deployment_is_ready(deployment: Deployment) -> None:
+    answer = doctor(deployment, "--demo", "--json")
+    assert answer.code == 0, answer.out + answer.err
+    found = findings(answer)
+    assert {f["status"] for f in found} <= {"ok", "warning"}
+    checks = [f["check"] for f in found]
+    assert checks == [
+        "names", "settings", "state", "journal", "token", "registry", "telemetry", "cgroups", "rlimits", "disk"
+    ]  # fmt: skip
+    registry = next(f for f in found if f["check"] == "registry")
+    assert registry["detail"].startswith("worker.demo:registry: 3 of 3 crews build")
+    # The cgroups probe removed what it made: no directory of the doctor's pid is left under any hierarchy.
+    assert not list(Path("/sys/fs/cgroup").glob(f"**/crew-supervisor-{answer.pid}"))
+    assert not list(deployment.state.iterdir())  # nothing made in the state directory
+
+
+def test_the_text_report_has_a_line_per_check_and_a_verdict(deployment: Deployment) -> None:
+    answer = doctor(deployment)
+    assert answer.code == 0, answer.out + answer.err
+    lines = answer.out.splitlines()
+    assert lines[-1].startswith("doctor: ready to serve")
+    assert all(line.split(" ", 1)[0] in ("ok", "warning") for line in lines[:-1])
+    assert "light_crews:registry: 1 of 1 crews build (plain)" in answer.out
+
+
+def _free_mib(path: Path) -> int:
+    info = os.statvfs(path)
+    return info.f_bavail * info.f_frsize // MiB
+
+
+@pytest.mark.parametrize(
+    ("case", "check", "fix"),
+    [
+        ("state directory 0755", "state", "fix: chmod 700 "),
+        ("token file 0644", "settings", "fix: chmod 600 "),
+        ("registry that does not import", "registry", "fix: make no_such_crews importable by the workers"),
+        ("tracing switched on", "telemetry", "fix: unset CREWAI_TRACING_ENABLED"),
+        ("MIN_FREE_DISK_MB above the free space", "disk", "or lower AIP_CREWAI_MIN_FREE_DISK_MB"),
+    ],
+)
+def test_each_problem_is_one_line_with_its_fix(deployment: Deployment, case: str, check: str, fix: str) -> None:
+    args: list[str] = []
+    if case == "state directory 0755":
+        deployment.state.chmod(0o755)
+    elif case == "token file 0644":
+        deployment.token.chmod(0o644)
+    elif case == "registry that does not import":
+        deployment.env["AIP_CREWAI_REGISTRY"] = "no_such_crews:registry"
+    elif case == "tracing switched on":
+        deployment.env["CREWAI_TRACING_ENABLED"] = "true"
+    else:
+        if _free_mib(deployment.state) >= MAX_MIN_FREE_DISK_MB:
+            pytest.skip("more free space than MIN_FREE_DISK_MB can ask for")
+        args = ["--min-free-disk-mb", str(MAX_MIN_FREE_DISK_MB)]  # a flag, as serve takes it
+    answer = doctor(deployment, *args)
+    assert answer.code == 1, answer.out + answer.err
+    problems = answer.lines("problem")
+    assert len(problems) == 1, answer.out
+    assert problems[0].split()[1] == check
+    assert fix in problems[0]
+    assert "doctor: not ready (1 problem" in answer.out
+
+
+def test_a_crew_whose_factory_raises_is_named(deployment: Deployment) -> None:
+    deployment.env["AIP_CREWAI_REGISTRY"] = "tests.crews:registry"
+    answer = doctor(deployment, "--json")
+    assert answer.code == 1, answer.out + answer.err
+    problems = [f for f in findings(answer) if f["status"] == "problem"]
+    assert problems == [
+        {
+            "check": "crew",
+            "status": "problem",
+            "detail": "crew 'broken-factory' does not build: ValueError: factory cannot build this crew",
+            "fix": "correct its factory in tests.crews: every job of that crew fails until then",
+        }
+    ]
+    registry = next(f for f in findings(answer) if f["check"] == "registry")
+    assert registry["status"] == "ok" and "12 of 13 crews build" in registry["detail"]
+
+
+def test_a_shadowed_package_is_reported_before_anything_runs(deployment: Deployment) -> None:
+    """Another distribution's ``protocol`` first on the path: the doctor still starts (its console script
+    needs no protocol), says which package is whose, and runs nothing that would load the wrong code."""
+    shadow = deployment.cwd / "elsewhere"
+    (shadow / "protocol").mkdir(parents=True)
+    (shadow / "protocol" / "__init__.py").write_text('"""Some other project\'s protocol package."""\n')
+    deployment.env["PYTHONPATH"] = os.pathsep.join([str(shadow), deployment.env["PYTHONPATH"]])
+    answer = doctor(deployment, "--json")
+    assert answer.code == 1, answer.out + answer.err
+    [finding] = findings(answer)
+    assert finding["check"] == "names" and finding["status"] == "problem"
+    assert f"the package protocol resolves to {shadow / 'protocol'}, not to {ROOT / 'protocol'}" == finding["detail"]
+    assert "virtual environment of its own" in finding["fix"]
+
+
+def test_another_distribution_of_one_of_our_names_is_reported(deployment: Deployment) -> None:
+    """PyPI's supervisord installs a package named ``supervisor``: here its metadata, in a site directory
+    after ours (so ours is still the one imported), as pip would leave it in a shared environment."""
+    site = deployment.cwd / "site"
+    record = site / "supervisor-4.2.5.dist-info"
+    record.mkdir(parents=True)
+    (record / "METADATA").write_text("Metadata-Version: 2.1\nName: supervisor\nVersion: 4.2.5\n")
+    (record / "RECORD").write_text("supervisor/__init__.py,,\nsupervisor/supervisord.py,,\n")
+    deployment.env["PYTHONPATH"] = os.pathsep.join([deployment.env["PYTHONPATH"], str(site)])
+    answer = doctor(deployment)
+    assert answer.code == 1, answer.out + answer.err
+    [line] = answer.lines("problem")
+    assert "names      the distribution supervisor 4.2.5 also installs supervisor; fix: install" in line

@@ -3,8 +3,8 @@
 It takes the settings exactly as ``serve`` does (the same flags, the same AIP_CREWAI_* environment), so
 run it as the user, in the environment and with the flags that serve. Each check prints one line, ok,
 warning or problem, and a problem's fix; ``--json`` prints them as a list of {check, status, detail, fix}.
-It changes nothing: a cgroup made to see whether the kernel allows one is removed at once, and the crews
-are built in a throw-away directory.
+It changes nothing of the deployment: a cgroup made to see whether the kernel allows one is removed at once,
+and the crews are built in a throw-away directory.
 """
 
 from __future__ import annotations

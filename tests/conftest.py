@@ -6,7 +6,6 @@ import contextlib
 import os
 import sys
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from protocol import QUIET_CREWAI
 from supervisor import testing
 from supervisor.console import sse
 from supervisor.testing import Server
+from tests.helpers.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_REGISTRY = "tests.crews:registry"
@@ -48,15 +48,6 @@ def gone(pid: int, create_time: float | None = None) -> bool:
         return create_time is not None and process.create_time() != create_time
     except psutil.NoSuchProcess:
         return True
-
-
-def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 def start_server(

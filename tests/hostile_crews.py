@@ -30,6 +30,7 @@ from worker.demo import OfflineLLM
 PR_SET_PDEATHSIG = 1
 MiB = 1024 * 1024
 FLOOD_BYTES = 24 * MiB
+EXIT_REFUSED = "exit-refused.pids"  # in EVIDENCE_DIR: immortal workers that were told to exit and did not
 
 
 class SizedLLM(OfflineLLM):
@@ -52,7 +53,7 @@ class SizedLLM(OfflineLLM):
 
 
 def _leave_pid(name: str) -> None:
-    """Append this process's pid to a file in the test's evidence directory: the test checks it is gone."""
+    """Append this process's pid to a file in the test's evidence directory, for the test to check on."""
     with open(os.path.join(os.environ[EVIDENCE_DIR], name), "a") as pids:
         pids.write(f"{os.getpid()}\n")
 
@@ -187,13 +188,19 @@ def sized_output() -> Crew:
 
 
 def immortal() -> Crew:
-    """Disarms the worker's own ways of dying with its supervisor: only restart fencing stops it."""
+    """Disarms the worker's own ways of dying with its supervisor: only restart fencing stops it. Where its
+    control thread would exit (its pipe closed, or a Stop), it appends its pid to EXIT_REFUSED and blocks."""
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0)
     forever = threading.Event()
+
+    def refuse_exit(code: int) -> None:
+        _leave_pid(EXIT_REFUSED)
+        forever.wait()
+
     # The control thread looks up os._exit when its pipe closes: make that call block instead.
     patched = types.ModuleType("os")
     patched.__dict__.update(os.__dict__)
-    patched._exit = lambda code: forever.wait()  # type: ignore[attr-defined]
+    patched._exit = refuse_exit  # type: ignore[attr-defined]
     lifecycle.os = patched  # type: ignore[attr-defined]
     return stubborn()  # blocks in an LLM call, writing nothing that could fail on a dead pipe
 

@@ -20,23 +20,19 @@ from tests.conftest import (
     Server,
     gone,
     memory_stop_checked,
+    release_once_sampled,
     run_with_neighbour,
     start_body,
     start_hostile_server,
     wait_until,
 )
-from tests.hostile_crews import FLOOD_BYTES
+from tests.hostile_crews import DAEMON_SEEN, FLOOD_BYTES
 
 KEY = {"Idempotency-Key": "runaway"}
 MEMORY_MB = 400
 CPU_SECONDS = 2
 PROCESSES = 32
 OPEN_FILES = 256
-
-
-@pytest.fixture(scope="module")
-def evidence(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("evidence")
 
 
 @pytest.fixture(scope="module")
@@ -114,8 +110,10 @@ def test_a_descriptor_hoarder_hits_the_open_files_limit(server: Server, evidence
 
 
 def test_a_process_left_behind_fails_the_job_and_is_killed(server: Server, evidence: Path) -> None:
+    seen = release_once_sampled(server, "daemon", 2, evidence / DAEMON_SEEN)  # the worker and its daemon
     with server.client() as client:
         answer = client.post("/jobs", json=start_body("runaway-daemon", "daemon"), headers=KEY)
+    seen.result()  # the crew went on because a sample had counted its daemon
     assert answer.status_code == 502, answer.text
     terminal = answer.json()["terminal"]
     assert terminal["error_type"] == "stray_processes" and terminal["stop_confirmed"] is True

@@ -174,6 +174,7 @@ def start(
     ready_seconds: float = READY_SECONDS,
     pass_fds: Sequence[int] = (),
     python: str = sys.executable,
+    token: str | None = None,
     **settings: str | int | float | bool,
 ) -> Server:
     """Start ``python -m supervisor serve`` on ``registry`` (``module:attr``, importable from ``path``).
@@ -181,7 +182,8 @@ def start(
     ``state`` is the state directory (the supervisor creates it); ``log`` defaults to a file beside it;
     ``args`` are extra ``serve`` flags (``--log-level warning``); ``port`` 0 picks a free one; ``pass_fds``
     are left open in it, as a careless launcher would leave its descriptors; ``python`` is the interpreter it
-    runs on (and its workers: the supervisor launches them with its own). The
+    runs on (and its workers: the supervisor launches them with its own); ``token`` is its bearer token
+    (default: a fresh one; a restart that must keep its clients passes theirs). The
     environment is this process's, CrewAI's telemetry off, then the server's own, then ``settings``
     (``max_concurrency=8``), then ``env``. With ``wait`` it returns once ``/health`` answers.
     """
@@ -190,7 +192,7 @@ def start(
     from protocol import QUIET_CREWAI
 
     port = port or free_port()
-    token = secrets.token_urlsafe(16)
+    token = token or secrets.token_urlsafe(16)
     log = log or state.parent / f"supervisor-{port}.log"
     python_path = dict.fromkeys([str(SOURCE), *map(str, path), *os.environ.get("PYTHONPATH", "").split(os.pathsep)])
     full_env = {

@@ -6,8 +6,8 @@ import contextlib
 import os
 import sys
 import threading
-import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from protocol import QUIET_CREWAI
 from supervisor import testing
 from supervisor.console import sse
 from supervisor.testing import Server
+from tests.helpers.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_REGISTRY = "tests.crews:registry"
@@ -48,15 +49,6 @@ def gone(pid: int, create_time: float | None = None) -> bool:
         return create_time is not None and process.create_time() != create_time
     except psutil.NoSuchProcess:
         return True
-
-
-def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 def start_server(
@@ -109,6 +101,12 @@ def server(tmp_path_factory: pytest.TempPathFactory, launcher: str) -> Iterator[
     running.stop()
 
 
+@pytest.fixture(scope="module")
+def evidence(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where a module's crews leave their evidence (``EVIDENCE_DIR`` in ``tests/crews.py``)."""
+    return tmp_path_factory.mktemp("evidence")
+
+
 def start_hostile_server(state: Path, evidence: Path, **settings: str) -> Server:
     """A supervisor on the hostile registry (``tests/hostile_crews.py``), sampling limits every 50 ms,
     its crews leaving their evidence (pids, counts) in ``evidence``; ``settings`` are AIP_CREWAI_* names."""
@@ -155,6 +153,32 @@ def run_with_neighbour(server: Server, body: dict[str, Any], status: int = 502) 
     thread.join(60)
     assert neighbour["response"].status_code == 200, neighbour["response"].text
     return dict(terminal or {})
+
+
+def release_once_sampled(server: Server, action: str, processes: int, release: Path) -> Future[None]:
+    """Creates ``release`` once the supervisor's limit sampler has counted ``processes`` processes in the
+    tree of ``action``'s worker (``GET /workers``), from a thread: for a crew that waits for that word before
+    it goes on. The future fails if the job ended first, or neither happened within 60 s."""
+
+    def release_when_counted() -> None:
+        with server.client() as client:
+
+            def counted() -> bool:
+                workers = client.get("/workers").json()["workers"]
+                return any(w["action_id"] == action and (w["processes"] or 0) >= processes for w in workers)
+
+            def ended() -> bool:
+                job = client.get(f"/jobs/{action}")
+                return job.status_code == 200 and job.json()["terminal"] is not None
+
+            assert wait_until(lambda: counted() or ended(), timeout=60), f"{action} never ran"
+            assert not ended(), f"{action} ended before a sample counted {processes} of its processes"
+        release.touch()
+
+    pool = ThreadPoolExecutor(1)
+    released = pool.submit(release_when_counted)
+    pool.shutdown(wait=False)  # the thread runs on until it has released (or given up)
+    return released
 
 
 def memory_stop_checked(client: httpx.Client, terminal: dict[str, Any], limit_mb: int) -> str:

@@ -25,13 +25,20 @@ from worker.demo import eval_llms as demo_eval_llms
 HOUR = 3600
 CALL_LOG = "llm-calls.log"  # in EVIDENCE_DIR, or the worker's cwd
 HEARTBEAT = "heartbeat"
+BLOCKED = "blocked"  # in EVIDENCE_DIR, or the worker's cwd: the pids of MisbehavingLLM calls that block
 EVIDENCE_DIR = "CREW_TEST_EVIDENCE_DIR"  # lets a test outside the job see its files after the scratch dir is gone
 BEAT_SECONDS = 0.02
 
 
+def _evidence() -> Path:
+    """Where a crew leaves what a test reads: EVIDENCE_DIR if the test set it, else the worker's cwd."""
+    return Path(os.environ.get(EVIDENCE_DIR) or Path.cwd())
+
+
 class MisbehavingLLM(BaseLLM):
     """``sleep``: blocks in time.sleep; ``spawn``: starts a grandchild that leaves the group, then
-    blocks; ``raise``: fails with text that must never reach the journal; ``huge``: answers 5 MiB."""
+    blocks; ``raise``: fails with text that must never reach the journal; ``huge``: answers 5 MiB.
+    A call that blocks first appends its pid to BLOCKED, so a test can wait until it is inside the call."""
 
     mode: str
 
@@ -42,6 +49,8 @@ class MisbehavingLLM(BaseLLM):
             subprocess.Popen([sys.executable, "-c", "import os, time; os.setsid(); time.sleep(3600)"])
         if self.mode == "raise":
             raise RuntimeError("provider said: secret-token-123")
+        with open(_evidence() / BLOCKED, "a") as blocked:
+            blocked.write(f"{os.getpid()}\n")
         time.sleep(HOUR)
         return "Final Answer: unreachable"
 
@@ -115,7 +124,7 @@ class RecordingLLM(OfflineLLM):
         response_model: Any = None,
     ) -> Any:
         words = str(getattr(from_task, "description", "") or "-").split()
-        evidence = Path(os.environ.get(EVIDENCE_DIR) or Path.cwd())
+        evidence = _evidence()
         with open(evidence / CALL_LOG, "a") as log:
             log.write(f"{words[0] if words else '-'}\n")
         prompt = messages if isinstance(messages, str) else " ".join(str(m.get("content", "")) for m in messages)

@@ -13,8 +13,10 @@ import threading
 import time
 import types
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import psutil
 from crewai import Agent, Crew, Task
 from crewai.crews.crew_output import CrewOutput
 from crewai.events.types.llm_events import LLMCallType
@@ -24,12 +26,16 @@ from crewai.types.usage_metrics import UsageMetrics
 from protocol import EVENT_FD, PROTOCOL_VERSION, Completed, pack
 from tests.crews import EVIDENCE_DIR, HOUR, _single, stubborn
 from tests.crews import registry as base_registry
+from tests.helpers.waiting import wait_until
 from worker import lifecycle
 from worker.demo import OfflineLLM
 
 PR_SET_PDEATHSIG = 1
 MiB = 1024 * 1024
 FLOOD_BYTES = 24 * MiB
+DAEMON_SEEN = "daemon.seen"  # in EVIDENCE_DIR: the test's word that a sample counted runaway-daemon's daemon
+HOLD_SECONDS = 30  # the longest a crew here waits for something it needs before failing its job
+EXIT_REFUSED = "exit-refused.pids"  # in EVIDENCE_DIR: immortal workers that were told to exit and did not
 
 
 class SizedLLM(OfflineLLM):
@@ -52,9 +58,56 @@ class SizedLLM(OfflineLLM):
 
 
 def _leave_pid(name: str) -> None:
-    """Append this process's pid to a file in the test's evidence directory: the test checks it is gone."""
+    """Append this process's pid to a file in the test's evidence directory, for the test to check on."""
     with open(os.path.join(os.environ[EVIDENCE_DIR], name), "a") as pids:
         pids.write(f"{os.getpid()}\n")
+
+
+def _orphan_that_exits() -> None:
+    """A grandchild that is orphaned (adopted by the supervisor, a subreaper), then exits: a zombie until
+    its new parent reaps it. Returns once it has exited, so the job ends with nothing of it running."""
+    readable, writable = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        try:
+            middle_pid = os.getpid()
+            if os.fork() == 0 and wait_until(lambda: os.getppid() != middle_pid, timeout=HOLD_SECONDS):  # adopted
+                _leave_pid("orphan.pids")
+                os.write(writable, b"%d" % os.getpid())
+        finally:
+            os._exit(0)  # the middle at once; the grandchild once it has said who it is
+    os.close(writable)
+    os.waitpid(middle, 0)
+    # The pipe ends when the grandchild's descriptors close, as it exits; then it is a zombie, or reaped.
+    said = b"".join(iter(lambda: os.read(readable, 64), b""))
+    os.close(readable)
+    if not said:
+        raise RuntimeError("the grandchild never said who it is: not adopted, or its pid not left")
+    orphan = int(said)
+    if not wait_until(lambda: not _alive(orphan), timeout=HOLD_SECONDS):
+        raise RuntimeError(f"the orphan {orphan} did not exit")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _daemon_seen_by_a_sample() -> None:
+    """A child that leaves the job's group and session and runs on, seen by one of the supervisor's samples
+    while it is still this worker's child: once the worker exits, only the samples (or a cgroup) tie it to
+    the job. The test says a sample has counted it by creating DAEMON_SEEN, which this then consumes."""
+    evidence = Path(os.environ[EVIDENCE_DIR])
+    pids, seen = evidence / "daemon.pids", evidence / DAEMON_SEEN
+    code = "import os, sys, time; os.setsid(); open(sys.argv[1], 'a').write(f'{os.getpid()}\\n'); time.sleep(9999)"
+    daemon = subprocess.Popen([sys.executable, "-c", code, str(pids)])
+    if not wait_until(lambda: pids.exists() and str(daemon.pid) in pids.read_text().split(), HOLD_SECONDS):
+        raise RuntimeError("the daemon never left the session")
+    if not wait_until(seen.exists, timeout=HOLD_SECONDS):
+        raise RuntimeError("the test never said a sample counted the daemon")
+    seen.unlink()
 
 
 class RunawayLLM(OfflineLLM):
@@ -103,21 +156,10 @@ class RunawayLLM(OfflineLLM):
             os.write(2, b"flood done\n")
             return super().call(messages, *args, **kwargs)
         elif self.mode == "orphan":
-            child = os.fork()
-            if child == 0:
-                if os.fork() == 0:  # the grandchild: orphaned at once, adopted by the supervisor
-                    _leave_pid("orphan.pids")
-                    time.sleep(0.2)
-                os._exit(0)
-            os.waitpid(child, 0)
-            time.sleep(0.6)  # the grandchild exits meanwhile: a zombie until its new parent reaps it
+            _orphan_that_exits()
             return super().call(messages, *args, **kwargs)
         elif self.mode == "daemon":
-            code = (
-                "import os, sys, time; os.setsid(); open(sys.argv[1], 'a').write(f'{os.getpid()}\\n'); time.sleep(9999)"
-            )
-            subprocess.Popen([sys.executable, "-c", code, os.path.join(os.environ[EVIDENCE_DIR], "daemon.pids")])
-            time.sleep(0.5)  # long enough for a sample to see it
+            _daemon_seen_by_a_sample()
             return super().call(messages, *args, **kwargs)
         time.sleep(HOUR)
         return "Final Answer: unreachable"
@@ -187,13 +229,19 @@ def sized_output() -> Crew:
 
 
 def immortal() -> Crew:
-    """Disarms the worker's own ways of dying with its supervisor: only restart fencing stops it."""
+    """Disarms the worker's own ways of dying with its supervisor: only restart fencing stops it. Where its
+    control thread would exit (its pipe closed, or a Stop), it appends its pid to EXIT_REFUSED and blocks."""
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0)
     forever = threading.Event()
+
+    def refuse_exit(code: int) -> None:
+        _leave_pid(EXIT_REFUSED)
+        forever.wait()
+
     # The control thread looks up os._exit when its pipe closes: make that call block instead.
     patched = types.ModuleType("os")
     patched.__dict__.update(os.__dict__)
-    patched._exit = lambda code: forever.wait()  # type: ignore[attr-defined]
+    patched._exit = refuse_exit  # type: ignore[attr-defined]
     lifecycle.os = patched  # type: ignore[attr-defined]
     return stubborn()  # blocks in an LLM call, writing nothing that could fail on a dead pipe
 

@@ -7,12 +7,18 @@ import random
 import secrets
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
 from supervisor.chaos.faults import Record
-from supervisor.testing import Server
+
+
+class Reachable(Protocol):
+    """A supervisor the clients can reach: one chaos started, or a deployment at a URL."""
+
+    def client(self, token: str | None = None, *, timeout: float = 60) -> httpx.Client: ...
+
 
 REPEAT_SECONDS = 3.0  # a blocking repeat's wait: shorter than a slow job, so 504s and hang-ups happen too
 REFUSED_PAUSE_SECONDS = 0.1
@@ -61,7 +67,7 @@ class Load:
 
     def __init__(
         self,
-        sup: Server,
+        sup: Reachable,
         rng: random.Random,
         concurrency: int,
         record: Record,

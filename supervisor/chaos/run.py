@@ -14,15 +14,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from supervisor import testing
 from supervisor.chaos import faults
 from supervisor.chaos.checks import Findings, check_restart
+from supervisor.chaos.deployment import Deployment, RestartError
 from supervisor.chaos.disk import DiskUnavailable, SmallDisk
 from supervisor.chaos.faults import Record
 from supervisor.chaos.load import Load
+from supervisor.console.client import OperatorError, resolve_target
 from supervisor.testing import Server
 
 Fault = Callable[[Server, random.Random, Record], bool]
@@ -35,6 +38,8 @@ MID_RUN: dict[str, Fault] = {
     "freeze": faults.freeze,
 }
 ALL_FAULTS = ("supervisor", *RATES)
+# What chaos cannot see of a supervisor at --url, and so does not check.
+OUT_OF_SIGHT = ("workers from before a restart are gone", "the journal passes SQLite's integrity check")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +58,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MB",
         help="put the state on a tmpfs of MB mebibytes (root only), which the disk fault fills",
     )
+    parser.add_argument(
+        "--url", default=None, help="a running supervisor instead of one started here (needs --restart-cmd)"
+    )
+    parser.add_argument("--token", default=None, help="its bearer token (env AIP_CREWAI_BEARER_TOKEN)")
+    parser.add_argument("--token-file", default=None, help="a file holding it (env AIP_CREWAI_BEARER_TOKEN_FILE)")
+    parser.add_argument(
+        "--restart-cmd",
+        default=None,
+        help="a shell command that kills the supervisor at --url at once and brings it back on the same state",
+    )
+    parser.add_argument("--restart-seconds", type=float, default=300, help="how long it may take to be ready again")
     parser.add_argument("--registry", default="worker.demo:registry", help="the crews to run (module:attr)")
     parser.add_argument("--fast-crew", default="demo", help="a crew that completes at once")
     parser.add_argument("--slow-crew", default="demo-slow", help="a crew taking input {'seconds': n}")
@@ -62,25 +78,86 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     chosen = [name.strip() for name in args.faults.split(",") if name.strip()]
-    unknown = sorted(set(chosen) - set(ALL_FAULTS))
-    if unknown:
-        print(f"crew-supervisor chaos: unknown fault(s) {', '.join(unknown)}; choose from {', '.join(ALL_FAULTS)}")
-        return 2
-    if "disk" in chosen and not args.small_disk:
-        print("crew-supervisor chaos: the disk fault needs --small-disk MB (a tmpfs it can fill)")
+    problem = _refusal(args, chosen)
+    if problem:
+        print(f"crew-supervisor chaos: {problem}")
         return 2
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     root = args.state or Path(tempfile.mkdtemp(prefix="crew-chaos-"))
     try:
-        with _state(root, args.small_disk) as (state, disk):
-            report = _run(args, seed, chosen, state, disk, root / "supervisor.log")
-    except (DiskUnavailable, testing.StartError) as exc:
+        if args.url:
+            target = resolve_target(args.url, args.token, args.token_file)
+            deployment = Deployment(target.url, target.token, args.restart_cmd, args.restart_seconds)
+            report = _run(args, seed, chosen, deployment, {})
+        else:
+            with _state(root, args.small_disk) as (state, disk):
+                local = Local(state, args, root / "supervisor.log")
+                menu = {**MID_RUN, **({"disk": faults.fill_disk(disk)} if disk is not None else {})}
+                report = _run(args, seed, chosen, local, {name: menu[name] for name in chosen if name in RATES})
+    except (DiskUnavailable, testing.StartError, OperatorError) as exc:
         print(f"crew-supervisor chaos: {exc}")
         return 2
     _print(report)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 1 if report["violations"] else 0
+
+
+def _refusal(args: argparse.Namespace, chosen: list[str]) -> str | None:
+    """What is wrong with the flags, before anything starts."""
+    unknown = sorted(set(chosen) - set(ALL_FAULTS))
+    if unknown:
+        return f"unknown fault(s) {', '.join(unknown)}; choose from {', '.join(ALL_FAULTS)}"
+    if args.url:
+        if not args.restart_cmd:
+            return "--url needs --restart-cmd: the command that kills that supervisor and brings it back"
+        if chosen != ["supervisor"] or args.small_disk:
+            return "against --url only the supervisor fault runs (its processes and disk are out of sight)"
+    elif args.restart_cmd:
+        return "--restart-cmd is for a supervisor at --url; here chaos starts its own"
+    if "disk" in chosen and not args.small_disk:
+        return "the disk fault needs --small-disk MB (a tmpfs it can fill)"
+    return None
+
+
+class Local:
+    """A supervisor chaos starts itself on loopback, each start appending to one log off the small disk."""
+
+    def __init__(self, state: Path, args: argparse.Namespace, log: Path) -> None:
+        self.state, self.args, self.log = state, args, log
+        self.journal: Path | None = state / "journal.db"
+        self.server = self._start()
+
+    def client(self, token: str | None = None, *, timeout: float = 60, **kwargs: Any) -> httpx.Client:
+        return self.server.client(token, timeout=timeout, **kwargs)
+
+    def crash(self, crash: bool, record: Record) -> list[tuple[int, float]]:
+        """SIGKILL it (or stop it, without the supervisor fault) while the load runs; returns its processes
+        from before, which must all be gone after the restart."""
+        before = [(p.pid, p.create_time()) for p in self.server.processes()]
+        if not crash:
+            self.server.stop()
+        elif faults.kill_supervisor(self.server):
+            record.count("supervisor")
+        return before
+
+    def restart(self) -> None:
+        """Start it again on the same state, once the load has stopped: every job admitted is checked."""
+        self.server = self._start()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def _start(self) -> Server:
+        return testing.start(
+            self.state,
+            self.args.registry,
+            args=["--log-level", "warning"],
+            log=self.log,
+            max_concurrency=self.args.concurrency,
+            max_retained_runs=100000,
+            min_free_disk_mb=1,
+        )
 
 
 @contextlib.contextmanager
@@ -94,18 +171,16 @@ def _state(root: Path, small_disk: int) -> Iterator[tuple[Path, SmallDisk | None
 
 
 def _run(
-    args: argparse.Namespace, seed: int, chosen: list[str], state: Path, disk: SmallDisk | None, log: Path
+    args: argparse.Namespace, seed: int, chosen: list[str], target: Local | Deployment, mid_run: dict[str, Fault]
 ) -> dict[str, Any]:
     rng = random.Random(seed)
-    menu = {**MID_RUN, **({"disk": faults.fill_disk(disk)} if disk is not None else {})}
-    mid_run = {name: menu[name] for name in chosen if name in RATES}
     record, findings = Record(), Findings()
     acked: dict[str, dict[str, Any]] = {}
     requests: dict[str, int] = {}
     began = time.monotonic()
     console = Console(stderr=True)
-    console.print(f"chaos: seed {seed}, {args.iterations} iterations, faults {', '.join(chosen)}, state {state}")
-    sup = _start(state, args, log)
+    where = target.url if isinstance(target, Deployment) else f"state {target.state}"
+    console.print(f"chaos: seed {seed}, {args.iterations} iterations, faults {', '.join(chosen)}, {where}")
     with Progress(
         TextColumn("[bold]chaos"),
         BarColumn(),
@@ -117,32 +192,35 @@ def _run(
         task = progress.add_task("chaos", total=args.iterations, jobs=0, violations=0)
         for _ in range(args.iterations):
             crews = (args.fast_crew, args.slow_crew)
-            with Load(sup, rng, args.concurrency, record, acked, findings.violations, crews) as load:
-                _inject(sup, rng, record, mid_run, load)
-                before = [(p.pid, p.create_time()) for p in sup.processes()]
-                if "supervisor" in chosen:
-                    if faults.kill_supervisor(sup):
-                        record.count("supervisor")
-                else:
-                    sup.stop()
+            with Load(target, rng, args.concurrency, record, acked, findings.violations, crews) as load:
+                _inject(target, rng, record, mid_run, load)
+                # A local supervisor dies with requests in flight; a deployment's command both kills and
+                # restarts it, so it runs once the load has stopped (else jobs admitted after it would
+                # still run when the invariants are read).
+                before = target.crash("supervisor" in chosen, record) if isinstance(target, Local) else []
             for what, count in load.requests.items():
                 requests[what] = requests.get(what, 0) + count
             try:
-                sup = _start(state, args, log)
-            except testing.StartError as exc:  # a journal or fence the restart refused is a finding too
-                findings.add([f"the supervisor did not restart: {str(exc).splitlines()[0]} (log: {log})"])
+                target.restart()
+            except (testing.StartError, RestartError) as exc:  # a restart refused is a finding too
+                findings.add([f"the supervisor did not restart: {str(exc).splitlines()[0]}"])
                 break
-            with sup.client(timeout=30) as client:
-                check_restart(client, acked, before, state / "journal.db", record, findings)
+            if isinstance(target, Deployment):
+                record.count("supervisor")  # confirmed: another instance answers
+            with target.client(timeout=30) as client:
+                check_restart(client, acked, before, _journal(target), record, findings)
             progress.update(task, advance=1, jobs=len(acked), violations=len(findings.violations))
             if not console.is_terminal:  # no bar in a log: a line per iteration instead
                 done = int(progress.tasks[0].completed)
                 console.print(f"iteration {done}: {len(acked)} jobs, {len(findings.violations)} violations")
         else:
-            with sup, sup.client(timeout=30) as client:
-                check_restart(client, acked, [], state / "journal.db", record, findings, everything=True)
+            with target.client(timeout=30) as client:
+                check_restart(client, acked, [], _journal(target), record, findings, everything=True)
+    if isinstance(target, Local):
+        target.stop()
     return {
         "seed": seed,
+        "target": where,
         "iterations": int(progress.tasks[0].completed),
         "faults": chosen,
         "concurrency": args.concurrency,
@@ -152,8 +230,13 @@ def _run(
         "jobs_admitted": len(acked),
         "jobs_interrupted": len(findings.interrupted),
         "orphans_found_at_restart": len(findings.orphans),
+        "not_checked": [] if isinstance(target, Local) else list(OUT_OF_SIGHT),
         "violations": findings.violations,
     }
+
+
+def _journal(target: Local | Deployment) -> Path | None:
+    return target.journal if isinstance(target, Local) else None
 
 
 def _schedule(rng: random.Random, mid_run: dict[str, Fault]) -> tuple[float, list[tuple[float, str, float]]]:
@@ -164,27 +247,16 @@ def _schedule(rng: random.Random, mid_run: dict[str, Fault]) -> tuple[float, lis
     return length, [(at, name, rng.random()) for at in ticks for name in mid_run if rng.random() < RATES[name]]
 
 
-def _inject(sup: Server, rng: random.Random, record: Record, mid_run: dict[str, Fault], load: Load) -> None:
+def _inject(
+    target: Local | Deployment, rng: random.Random, record: Record, mid_run: dict[str, Fault], load: Load
+) -> None:
     length, schedule = _schedule(rng, mid_run)
     began = time.monotonic()
     for at, name, seed in schedule:
         load.stop.wait(max(0.0, began + at - time.monotonic()))  # a fault that ran long delays the next
-        if mid_run[name](sup, random.Random(seed), record):
+        if isinstance(target, Local) and mid_run[name](target.server, random.Random(seed), record):
             record.count(name)
     load.stop.wait(max(0.0, began + length - time.monotonic()))
-
-
-def _start(state: Path, args: argparse.Namespace, log: Path) -> Server:
-    """Every start (the first and each restart) appends to one log, off the small disk."""
-    return testing.start(
-        state,
-        args.registry,
-        args=["--log-level", "warning"],
-        log=log,
-        max_concurrency=args.concurrency,
-        max_retained_runs=100000,
-        min_free_disk_mb=1,
-    )
 
 
 def _print(report: dict[str, Any]) -> None:
@@ -200,5 +272,7 @@ def _print(report: dict[str, Any]) -> None:
         ("duration (s)", report["duration_seconds"]),
     ]
     print("\n".join(f"{name:<34}{value:>10}" for name, value in rows))
+    for skipped in report["not_checked"]:
+        print(f"not checked (out of sight): {skipped}")
     for violation in report["violations"][:50]:
         print(f"VIOLATION {violation}")

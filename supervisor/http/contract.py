@@ -63,6 +63,7 @@ async def health(sup: Sup) -> dict[str, Any]:
         "stream_checkpoint_events": settings.stream_checkpoint_events,
         "operations": sorted({*settings.allowed_operations, *CONTROL_OPERATIONS}),
         "training_directory": bool(settings.training_dir),
+        "instance": sup.instance,
         "launcher": sup.launcher.name,
         **sup.launcher.health(),
         **sup.limits.health(),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ class Supervisor:
         self.journal = journal
         self.launcher = launcher
         self.crews = crews
+        self.instance = secrets.token_hex(8)  # this life of the supervisor: a restart changes it
         self.live: dict[str, LiveJob] = {}  # jobs without a terminal event, shared by the parts below
         self.metrics = Metrics()
         self.limits = limits

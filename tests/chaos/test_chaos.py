@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from supervisor import testing
 from tests.conftest import ROOT
 
 ITERATIONS = 8
@@ -33,3 +36,36 @@ def test_chaos_eight_kills_every_fault_no_violation(tmp_path: Path) -> None:
     assert report["confirmed"]["supervisor"] == ITERATIONS
     assert all(report["confirmed"][name] > 0 for name in faults), report["confirmed"]
     assert report["jobs_admitted"] > 0 and report["jobs_interrupted"] > 0
+
+
+def deployment_chaos(tmp_path: Path, iterations: int, restart: list[str]) -> tuple[int, dict[str, Any], str]:
+    """Chaos against a supervisor it did not start (tests/helpers/deployment.py), by URL and restart command."""
+    place, port = tmp_path / "deployment", testing.free_port()
+    helper = [sys.executable, "-m", "tests.helpers.deployment"]
+    subprocess.run([*helper, "start", str(place), str(port)], cwd=ROOT, check=True, timeout=300)
+    try:
+        report_path = tmp_path / "report.json"
+        restart_cmd = shlex.join([*helper, "restart", str(place), str(port), *restart])
+        command = [sys.executable, "-m", "supervisor", "chaos", "--url", f"http://127.0.0.1:{port}"]
+        command += ["--token-file", str(place / "token"), "--restart-cmd", restart_cmd, "--faults", "supervisor"]
+        command += ["--iterations", str(iterations), "--seed", "1", "--json", str(report_path)]
+        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        return result.returncode, json.loads(report_path.read_text()), result.stdout + result.stderr
+    finally:
+        subprocess.run([*helper, "stop", str(place)], cwd=ROOT, check=True, timeout=60)
+
+
+@pytest.mark.timeout(900)
+def test_chaos_against_a_deployment_by_url_and_restart_command(tmp_path: Path) -> None:
+    code, report, output = deployment_chaos(tmp_path, 2, [])
+    assert code == 0, output[-4000:]
+    assert report["violations"] == [] and report["confirmed"] == {"supervisor": 2}
+    assert report["jobs_interrupted"] > 0  # the restarts really cut jobs short, and they were fenced
+    assert report["not_checked"]  # what it could not see is said, not passed over
+
+
+@pytest.mark.timeout(900)
+def test_chaos_catches_a_deployment_that_loses_its_journal(tmp_path: Path) -> None:
+    code, report, output = deployment_chaos(tmp_path, 1, ["--lose-journal"])
+    assert code == 1, output[-4000:]
+    assert any("is missing (404)" in violation for violation in report["violations"]), report["violations"]

@@ -7,8 +7,9 @@ A start that passes every bound names a crew that does not exist, so it ends at 
 from __future__ import annotations
 
 import socket
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -267,6 +268,7 @@ def test_a_key_of_spaces_is_missing(server: Server) -> None:
 SLOW_CLIENTS = 16
 TRICKLE_SECONDS = 3.0
 PROMPT_SECONDS = 2.0
+PROBE_SECONDS = 0.1  # between the prompt client's requests while the slow ones trickle
 
 
 def test_slowloris_clients_do_not_block_others(server: Server) -> None:
@@ -277,11 +279,16 @@ def test_slowloris_clients_do_not_block_others(server: Server) -> None:
     address = urlsplit(server.url)
     auth = {"Authorization": f"Bearer {server.token}"}
 
+    # Every slow client, and the prompt one, waits here until each slow one has connected and sent a byte.
+    trickling = threading.Barrier(SLOW_CLIENTS + 1, timeout=30)
+
     def trickle() -> bytes:
         with socket.create_connection((address.hostname, address.port), timeout=30) as sock:
-            for byte in request:
-                sock.sendall(bytes([byte]))
+            sock.sendall(request[:1])
+            trickling.wait()
+            for byte in request[1:]:
                 time.sleep(TRICKLE_SECONDS / len(request))
+                sock.sendall(bytes([byte]))
             return b"".join(iter(lambda: sock.recv(65536), b""))
 
     latencies: list[float] = []
@@ -290,12 +297,13 @@ def test_slowloris_clients_do_not_block_others(server: Server) -> None:
         httpx.Client(base_url=server.url, headers=auth, timeout=PROMPT_SECONDS * 2) as client,
     ):
         slow = [pool.submit(trickle) for _ in range(SLOW_CLIENTS)]
-        time.sleep(0.2)  # every slow client has connected and started trickling
-        while not all(future.done() for future in slow):
+        trickling.wait()
+        while True:
             began = time.monotonic()
             assert client.get("/health").status_code == 200
             latencies.append(time.monotonic() - began)
-            time.sleep(0.1)
+            if not wait(slow, timeout=PROBE_SECONDS).not_done:  # the next probe once this one's time is up
+                break
         answers = [future.result() for future in slow]
     assert len(latencies) >= 10, "the slow clients finished before they could get in the way"
     assert max(latencies) < PROMPT_SECONDS, latencies

@@ -18,6 +18,7 @@ from tests.conftest import (
     ROOT,
     Server,
     gone,
+    release_once_sampled,
     run_with_neighbour,
     sse_events,
     start_body,
@@ -25,13 +26,14 @@ from tests.conftest import (
     start_server,
     wait_until,
 )
+from tests.hostile_crews import DAEMON_SEEN
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(tmp_path_factory: pytest.TempPathFactory, evidence: Path) -> Iterator[Server]:
     running = start_hostile_server(
         tmp_path_factory.mktemp("state") / "s",
-        tmp_path_factory.mktemp("evidence"),
+        evidence,
         STOP_GRACE_MS="200",
         MAX_EVENTS_PER_RUN="50",
         WORKER_MAX_MEMORY_MB="400",
@@ -70,8 +72,12 @@ def test_reasons_are_distinct() -> None:
 
 
 @pytest.mark.parametrize(("crew", "reason"), CASES)
-def test_a_broken_worker_fails_only_its_own_job(server: Server, crew: str, reason: str) -> None:
+def test_a_broken_worker_fails_only_its_own_job(server: Server, evidence: Path, crew: str, reason: str) -> None:
+    # The daemon's worker waits until a sample has counted its daemon (hostile_crews: _daemon_seen_by_a_sample).
+    seen = release_once_sampled(server, crew, 2, evidence / DAEMON_SEEN) if crew == "runaway-daemon" else None
     terminal = run_with_neighbour(server, start_body(crew, crew))
+    if seen is not None:
+        seen.result()  # the crew went on because a sample had counted its daemon
     assert terminal["reason"] == reason, terminal
     pid = worker_pid(server, crew)
     assert pid is not None or crew == "broken-factory"  # a factory fails before `started`

@@ -3,9 +3,9 @@ Also the drop-in import of a reference journal on first start."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import subprocess
-import time
 from pathlib import Path
 
 import orjson
@@ -14,6 +14,8 @@ import pytest
 
 from supervisor.processes.reaper import become_subreaper
 from tests.conftest import gone, start_body, start_server, wait_until
+from tests.crews import EVIDENCE_DIR
+from tests.hostile_crews import EXIT_REFUSED
 
 pytestmark = pytest.mark.usefixtures("launcher")
 
@@ -29,7 +31,9 @@ def subreaper() -> None:
 @pytest.mark.both_launchers
 def test_an_orphan_that_survived_a_crash_is_killed_at_restart(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    env = {"AIP_CREWAI_REGISTRY": "tests.hostile_crews:registry"}
+    evidence = tmp_path / "evidence"
+    evidence.mkdir()
+    env = {"AIP_CREWAI_REGISTRY": "tests.hostile_crews:registry", EVIDENCE_DIR: str(evidence)}
     first = start_server(state, env=env)
     with (
         first.client() as client,
@@ -40,7 +44,15 @@ def test_an_orphan_that_survived_a_crash_is_killed_at_restart(tmp_path: Path) ->
                 break
         pid = client.get("/jobs/orphan-1/events").json()["events"][0]["data"]["pid"]
     first.kill()
-    time.sleep(1.0)
+
+    def outlived_its_supervisor() -> bool:
+        # Adopted by this test (a subreaper): the supervisor has exited, so its death signal, had the orphan
+        # kept it armed, was sent. Its exit refused: the control thread saw the pipe close and would have left.
+        refused = evidence / EXIT_REFUSED
+        adopted = psutil.Process(pid).ppid() == os.getpid()
+        return adopted and refused.exists() and str(pid) in refused.read_text().split()
+
+    assert wait_until(outlived_its_supervisor, timeout=30), "the orphan was never adopted, or never saw its pipe close"
     assert psutil.Process(pid).status() != psutil.STATUS_ZOMBIE, "the orphan should have survived"
 
     second = start_server(state, env=env)

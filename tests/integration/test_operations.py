@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pickle
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -169,10 +168,17 @@ def test_train_test_knowledge_and_memory_reset(ops_server: Server) -> None:
         assert reset.status_code == 502 and "not initialized" in reset.json()["terminal"]["message"]
 
 
+def beaters(heartbeat: Path) -> set[str]:
+    """The pids that wrote ``heartbeat`` (RecordingLLM blocked in a model call, one line per beat)."""
+    return set(heartbeat.read_text().split()) if heartbeat.exists() else set()
+
+
 def test_thread_backed_operations_are_stopped_for_real(ops_server: Server) -> None:
     block = {"mode": "block"}
+    heartbeat = ops_server.evidence / HEARTBEAT  # type: ignore[attr-defined]
     with ops_server.client() as client:
         # A cancel during training: the worker is killed, and no artifact appears.
+        heartbeat.unlink(missing_ok=True)
         train = {"n_iterations": 1, "artifact_name": "never.pkl", "feedback": "x", "inputs": block}
         with client.stream(
             "POST", "/jobs/stream", json=op("train", "train-stop", train, "recorder"), headers=KEY
@@ -180,14 +186,15 @@ def test_thread_backed_operations_are_stopped_for_real(ops_server: Server) -> No
             for line in response.iter_lines():
                 if line == "event: started":
                     break
-            time.sleep(0.5)  # inside the blocked model call, SIGTERM ignored
+            # SIGTERM is ignored since the factory ran (before `started`); the first beat says it is blocked.
+            assert wait_until(lambda: beaters(heartbeat), timeout=60), "the training never reached its model call"
             record = client.post("/jobs/train-stop/cancel", json={"crew_id": "recorder", "action_id": "train-stop"})
         proof = record.json()["terminal"]
         assert record.json()["status"] == "cancelled" and proof["stop_confirmed"] is True and gone(proof["pid"])
+        assert beaters(heartbeat) == {str(proof["pid"])}  # the worker it killed is the one that was blocked
         assert not (ops_server.training / "never.pkl").exists()  # type: ignore[attr-defined]
 
         # A timeout during test: the same kill, recorded as an uncertain failure; the heartbeat stops.
-        heartbeat = ops_server.evidence / HEARTBEAT  # type: ignore[attr-defined]
         heartbeat.unlink(missing_ok=True)
         slow = op("test", "test-timeout", {"n_iterations": 1, "eval_llm": "offline-eval", "inputs": block}, "recorder")
         timed_out = client.post("/jobs", json={**slow, "timeout_ms": 9000}, headers=KEY)
@@ -196,7 +203,6 @@ def test_thread_backed_operations_are_stopped_for_real(ops_server: Server) -> No
         terminal = client.get("/jobs/test-timeout").json()["terminal"]
         assert terminal["error_type"] == "TimeoutError" and terminal["reason"] == "timeout"
         assert terminal["uncertain_outcome"] is True and terminal["stop_confirmed"] is True and gone(terminal["pid"])
-        beats = heartbeat.stat().st_size
-        assert beats > 0  # it was beating while blocked
-        time.sleep(0.5)
-        assert heartbeat.stat().st_size == beats  # and nothing of the job runs on
+        # It was beating while blocked, and nothing of the job runs on: every beat came from the worker, which
+        # is gone (no process holds its pid, not even a zombie), so no process is left that could beat again.
+        assert beaters(heartbeat) == {str(terminal["pid"])}

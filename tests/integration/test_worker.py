@@ -31,6 +31,7 @@ from supervisor.processes.limits import JobTree
 from supervisor.processes.process import WorkerProcess
 from supervisor.processes.reaper import Reaper, become_subreaper
 from tests.conftest import ROOT, gone, reaped_orphan, wait_until, worker_env
+from tests.crews import BLOCKED
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -92,8 +93,13 @@ def test_stop_kills_the_worker_and_proves_it(tmp_path: Path, crew: str, grace: f
     async def scenario() -> tuple[Any, WorkerProcess]:
         worker = await start(tmp_path, crew, {"seconds": 600})
         await until(worker, lambda m: isinstance(m, Chunk if crew == "demo-slow" else Started))
-        if crew == "stubborn":
-            await asyncio.sleep(0.5)  # inside the blocking LLM call, SIGTERM ignored
+        if crew == "stubborn":  # its factory ignored SIGTERM before `started`; now wait until it blocks
+            blocked = tmp_path / BLOCKED  # the worker's cwd
+
+            def inside_the_call() -> bool:
+                return blocked.exists() and str(worker.pid) in blocked.read_text().split()
+
+            assert await asyncio.to_thread(wait_until, inside_the_call, 30), worker.stderr.text()
         return await worker.kill(grace), worker
 
     evidence, worker = run(scenario)

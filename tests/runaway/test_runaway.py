@@ -20,23 +20,19 @@ from tests.conftest import (
     Server,
     gone,
     memory_stop_checked,
+    release_once_sampled,
     run_with_neighbour,
     start_body,
     start_hostile_server,
     wait_until,
 )
-from tests.hostile_crews import FLOOD_BYTES
+from tests.hostile_crews import DAEMON_SEEN, FLOOD_BYTES
 
 KEY = {"Idempotency-Key": "runaway"}
 MEMORY_MB = 400
 CPU_SECONDS = 2
 PROCESSES = 32
 OPEN_FILES = 256
-
-
-@pytest.fixture(scope="module")
-def evidence(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("evidence")
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +50,26 @@ def server(tmp_path_factory: pytest.TempPathFactory, evidence: Path) -> Iterator
     running.stop()
 
 
+def kills(server: Server) -> dict[str, float]:
+    """``crew_supervisor_kills_total`` by reason, as the server's /metrics says now."""
+    with server.client() as client:
+        text = client.get("/metrics").text
+    return {
+        sample.labels["reason"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "crew_supervisor_kills_total"
+    }
+
+
 def run_beside_neighbour(server: Server, crew: str, action: str) -> dict[str, Any]:
+    """Runs a runaway the supervisor must kill; checks the kill is proven, and counted once under its reason."""
+    before = kills(server)
     terminal = run_with_neighbour(server, start_body(crew, action))
     assert terminal["stop_confirmed"] is True and gone(terminal["pid"])
+    reason = terminal["reason"]
+    assert wait_until(lambda: kills(server).get(reason, 0) > before.get(reason, 0), timeout=5), (reason, before)
+    assert kills(server) == {**before, reason: before.get(reason, 0) + 1}
     return terminal
 
 
@@ -100,6 +113,8 @@ def test_event_flood_ends_at_the_event_limit(server: Server) -> None:
 def test_fork_bomb_is_contained_and_every_process_killed(server: Server, evidence: Path) -> None:
     terminal = run_beside_neighbour(server, "runaway-forkbomb", "bomb")
     assert terminal["error_type"] == "process_limit_exceeded"
+    with server.client() as client:
+        assert client.get("/health").json()["process_limit"] in ("cgroup", "sampled")
     children = pids_left_in(evidence / "forkbomb.pids")
     assert 0 < len(children) < PROCESSES * 4  # the cap held (sampling alone may overshoot a little)
     assert terminal["descendants_killed"] >= len(children)
@@ -114,8 +129,10 @@ def test_a_descriptor_hoarder_hits_the_open_files_limit(server: Server, evidence
 
 
 def test_a_process_left_behind_fails_the_job_and_is_killed(server: Server, evidence: Path) -> None:
+    seen = release_once_sampled(server, "daemon", 2, evidence / DAEMON_SEEN)  # the worker and its daemon
     with server.client() as client:
         answer = client.post("/jobs", json=start_body("runaway-daemon", "daemon"), headers=KEY)
+    seen.result()  # the crew went on because a sample had counted its daemon
     assert answer.status_code == 502, answer.text
     terminal = answer.json()["terminal"]
     assert terminal["error_type"] == "stray_processes" and terminal["stop_confirmed"] is True
@@ -166,17 +183,3 @@ def test_endless_output_is_stopped_at_the_output_limit(server: Server) -> None:
     assert answer.status_code == 502
     terminal = answer.json()["terminal"]
     assert terminal["error_type"] == "output_limit_exceeded" and terminal["output_bytes"] > 32 * 1024 * 1024
-
-
-def test_kills_are_counted_by_reason_in_metrics(server: Server) -> None:
-    with server.client() as client:
-        text = client.get("/metrics").text
-        health = client.get("/health").json()
-    kills = {
-        sample.labels["reason"]: sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "crew_supervisor_kills_total"
-    }
-    assert kills.get("memory_limit_exceeded", 0) >= 1 and kills.get("cpu_limit_exceeded", 0) >= 1
-    assert health["process_limit"] in ("cgroup", "sampled")

@@ -10,14 +10,20 @@ from hypothesis import strategies as st
 
 from protocol import (
     PROTOCOL_VERSION,
+    Built,
     Chunk,
     Completed,
     Failed,
+    Fork,
+    Forked,
     FrameReader,
     FrameTooLarge,
     Hello,
     InvalidDocument,
+    Message,
     MessageReader,
+    Refused,
+    Registry,
     Start,
     Started,
     Stop,
@@ -28,6 +34,7 @@ from protocol import (
     pack,
 )
 from protocol.frames import FrameError
+from protocol.messages import _KINDS
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20),
@@ -35,15 +42,37 @@ json_values = st.recursive(
     max_leaves=12,
 )
 objects = st.dictionaries(st.text(max_size=8), json_values, max_size=5)
-messages = st.one_of(
-    st.builds(Start, st.text(max_size=10), st.text(max_size=10), st.just("run"), objects, st.integers(1, 3_600_000)),
-    st.just(Stop()),
-    st.builds(Hello, st.integers(1, 2**22)),
-    st.just(Started()),
-    st.builds(Chunk, st.sampled_from(["llm", "tools"]), objects),
-    st.builds(Completed, objects),
-    st.builds(Failed, st.text(max_size=10), st.text(max_size=10), st.text(max_size=30), st.booleans()),
-)
+names = st.text(max_size=10)
+environments = st.dictionaries(names, names, max_size=4)
+pids = st.integers(1, 2**22)
+# One strategy per message type: the round trips below require one for every type the protocol has.
+EXAMPLES: dict[type[Message], st.SearchStrategy[Message]] = {
+    Start: st.builds(
+        Start,
+        names,
+        names,
+        st.just("run"),
+        objects,
+        st.integers(1, 3_600_000),
+        st.none() | environments,
+        st.none() | names,
+    ),
+    Stop: st.just(Stop()),
+    Hello: st.builds(Hello, pids),
+    Registry: st.builds(Registry, st.lists(names, max_size=4), st.lists(names, max_size=4)),
+    Built: st.builds(Built, names, st.text(max_size=30)),
+    Fork: st.builds(Fork, environments, names),
+    Forked: st.builds(Forked, st.just(0) | pids),
+    Refused: st.builds(Refused, st.text(max_size=30)),
+    Started: st.just(Started()),
+    Chunk: st.builds(Chunk, st.sampled_from(["llm", "tools"]), objects),
+    Completed: st.builds(Completed, objects),
+    Failed: st.builds(Failed, names, names, st.text(max_size=30), st.booleans()),
+}
+messages = st.one_of(*EXAMPLES.values())
+# Every type the protocol reads (its registry of kinds) and every type it defines: one left out of the
+# registry cannot travel, and its round trip fails.
+MESSAGE_TYPES = sorted({*_KINDS.values(), *Message.__subclasses__()}, key=lambda cls: cls.__name__)
 
 
 def split(data: bytes, cuts: list[int]) -> list[bytes]:
@@ -53,12 +82,21 @@ def split(data: bytes, cuts: list[int]) -> list[bytes]:
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(messages, max_size=8), st.lists(st.integers(0, 10**6), max_size=20))
-def test_any_sequence_survives_any_chunking(sent: list, cuts: list[int]) -> None:
+def test_any_sequence_survives_any_chunking(sent: list[Message], cuts: list[int]) -> None:
     stream = b"".join(pack(m) for m in sent)
     reader = MessageReader()
     received = [m for piece in split(stream, cuts) for m in reader.feed(piece)]
     reader.close()
     assert received == sent
+
+
+@pytest.mark.parametrize("message_type", MESSAGE_TYPES, ids=lambda cls: cls.__name__)
+@settings(max_examples=50, deadline=None)
+@given(data=st.data())
+def test_every_message_type_round_trips(message_type: type[Message], data: st.DataObject) -> None:
+    assert message_type in EXAMPLES, f"no example strategy for {message_type.__name__}: add one to EXAMPLES"
+    message = data.draw(EXAMPLES[message_type])
+    assert MessageReader().feed(pack(message)) == [message]
 
 
 @settings(max_examples=300, deadline=None)

@@ -2,7 +2,7 @@
 there; nothing is `running` without a worker; a job the crash interrupted is `failed` and uncertain; no
 worker from before the restart lives; every job's events are contiguous from 0 and end with exactly one
 terminal event; no job started twice; every failure has a fault of ours to explain it; and the journal
-passes SQLite's integrity check."""
+passes SQLite's quick_check."""
 
 from __future__ import annotations
 
@@ -57,6 +57,8 @@ def job_problems(action: str, job: dict[str, Any], events: list[dict[str, Any]],
         problems.append(f"{action} has non-contiguous sequences")
     if sum(name in TERMINAL for name in names) != 1 or not names or names[-1] not in TERMINAL:
         problems.append(f"{action} does not end with exactly one terminal event: {names[-3:]}")
+    elif names[-1] != job["status"]:
+        problems.append(f"{action} ends with {names[-1]} but its status is {job['status']}")
     if names.count("started") > 1:
         problems.append(f"{action} started more than one worker")
     terminal = events[-1]["data"] if names and names[-1] == "failed" else None
@@ -91,8 +93,9 @@ def check_restart(
     them if ``everything``) reads back whole, the journal (if it is in sight) is intact."""
     for pid, started in before:
         try:
-            if psutil.Process(pid).create_time() == started:
-                findings.add([f"worker {pid} from before the restart is alive"])
+            process = psutil.Process(pid)
+            if process.create_time() == started and process.status() != psutil.STATUS_ZOMBIE:
+                findings.add([f"process {pid} from before the restart is alive"])
         except psutil.NoSuchProcess:
             pass
     for action in acked:
@@ -123,4 +126,4 @@ def integrity_problem(journal: Path) -> str | None:
         (result,) = db.execute("PRAGMA quick_check").fetchone()
     finally:
         db.close()
-    return None if result == "ok" else f"journal integrity check: {result}"
+    return None if result == "ok" else f"journal quick_check: {result}"

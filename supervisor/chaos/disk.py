@@ -55,13 +55,13 @@ class SmallDisk:
                     return True
         return False
 
-    def free(self) -> None:
+    def empty(self) -> None:
         """Remove the filler: the space it held is back at once."""
         (self.path / FILLER).unlink(missing_ok=True)
 
     def unmount(self) -> None:
         """Unmount (lazily if a process still holds a file there: it goes once they close)."""
-        self.free()
+        self.empty()
         with contextlib.suppress(subprocess.CalledProcessError):
             subprocess.run(["umount", str(self.path)], check=True, capture_output=True)
             return

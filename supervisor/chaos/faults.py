@@ -63,14 +63,6 @@ def kill(process: psutil.Process) -> bool:
     return dead(process)
 
 
-def kill_supervisor(sup: Server) -> bool:
-    """SIGKILL the supervisor and reap it (it is our child): confirmed by its exit status."""
-    if sup.process.poll() is not None:
-        return False
-    sup.process.send_signal(signal.SIGKILL)
-    return sup.process.wait(CONFIRM_SECONDS) == -signal.SIGKILL
-
-
 def kill_worker(sup: Server, rng: random.Random, record: Record) -> bool:
     workers = sup.forked_workers()
     if not workers:
@@ -78,7 +70,13 @@ def kill_worker(sup: Server, rng: random.Random, record: Record) -> bool:
     victim = rng.choice(workers)
     with record.lock:
         record.killed_pids.add(victim.pid)  # before the kill: its job may end before we confirm
-    return kill(victim)
+    try:
+        victim.send_signal(signal.SIGKILL)
+    except psutil.NoSuchProcess:  # it ended on its own: its job's outcome is not ours to excuse
+        with record.lock:
+            record.killed_pids.discard(victim.pid)
+        return False
+    return dead(victim)
 
 
 def kill_forkserver(sup: Server, rng: random.Random, record: Record) -> bool:
@@ -89,8 +87,11 @@ def kill_forkserver(sup: Server, rng: random.Random, record: Record) -> bool:
 def freeze(sup: Server, rng: random.Random, record: Record) -> bool:
     """SIGSTOP the supervisor, hold it, SIGCONT it: what it must survive is being frozen, say by a paused
     container or a stalled VM, and thawing to find its clients and workers moved on."""
-    process = psutil.Process(sup.pid)
-    process.send_signal(signal.SIGSTOP)
+    try:
+        process = psutil.Process(sup.pid)
+        process.send_signal(signal.SIGSTOP)
+    except psutil.NoSuchProcess:  # it died on its own: the kill that ends the iteration says so
+        return False
     try:
         stopped = _until(lambda: process.status() == psutil.STATUS_STOPPED)
         time.sleep(rng.uniform(*FREEZE_SECONDS))  # the fault itself: how long it stays frozen
@@ -108,7 +109,7 @@ def fill_disk(disk: SmallDisk) -> Callable[[Server, random.Random, Record], bool
             full = disk.fill()
             time.sleep(rng.uniform(*FULL_SECONDS))  # the fault itself: how long it stays full
         finally:
-            disk.free()
+            disk.empty()
             with record.lock:
                 record.full[index] = (record.full[index][0], time.monotonic())
         return full

@@ -14,17 +14,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from supervisor import testing
 from supervisor.chaos import faults
 from supervisor.chaos.checks import Findings, check_restart
-from supervisor.chaos.deployment import Deployment, RestartError
 from supervisor.chaos.disk import DiskUnavailable, SmallDisk
 from supervisor.chaos.faults import Record
 from supervisor.chaos.load import Load
+from supervisor.chaos.targets import Deployment, Local, RestartError
 from supervisor.console.client import OperatorError, resolve_target
 from supervisor.testing import Server
 
@@ -90,8 +89,10 @@ def run(args: argparse.Namespace) -> int:
             deployment = Deployment(target.url, target.token, args.restart_cmd, args.restart_seconds)
             report = _run(args, seed, chosen, deployment, {})
         else:
-            with _state(root, args.small_disk) as (state, disk):
-                local = Local(state, args, root / "supervisor.log")
+            with (
+                _state(root, args.small_disk) as (state, disk),
+                Local(state, args, root / "supervisor.log") as local,
+            ):
                 menu = {**MID_RUN, **({"disk": faults.fill_disk(disk)} if disk is not None else {})}
                 report = _run(args, seed, chosen, local, {name: menu[name] for name in chosen if name in RATES})
     except (DiskUnavailable, testing.StartError, OperatorError) as exc:
@@ -118,46 +119,6 @@ def _refusal(args: argparse.Namespace, chosen: list[str]) -> str | None:
     if "disk" in chosen and not args.small_disk:
         return "the disk fault needs --small-disk MB (a tmpfs it can fill)"
     return None
-
-
-class Local:
-    """A supervisor chaos starts itself on loopback, each start appending to one log off the small disk."""
-
-    def __init__(self, state: Path, args: argparse.Namespace, log: Path) -> None:
-        self.state, self.args, self.log = state, args, log
-        self.journal: Path | None = state / "journal.db"
-        self.server = self._start()
-
-    def client(self, token: str | None = None, *, timeout: float = 60, **kwargs: Any) -> httpx.Client:
-        return self.server.client(token, timeout=timeout, **kwargs)
-
-    def crash(self, crash: bool, record: Record) -> list[tuple[int, float]]:
-        """SIGKILL it (or stop it, without the supervisor fault) while the load runs; returns its processes
-        from before, which must all be gone after the restart."""
-        before = [(p.pid, p.create_time()) for p in self.server.processes()]
-        if not crash:
-            self.server.stop()
-        elif faults.kill_supervisor(self.server):
-            record.count("supervisor")
-        return before
-
-    def restart(self) -> None:
-        """Start it again on the same state, once the load has stopped: every job admitted is checked."""
-        self.server = self._start()
-
-    def stop(self) -> None:
-        self.server.stop()
-
-    def _start(self) -> Server:
-        return testing.start(
-            self.state,
-            self.args.registry,
-            args=["--log-level", "warning"],
-            log=self.log,
-            max_concurrency=self.args.concurrency,
-            max_retained_runs=100000,
-            min_free_disk_mb=1,
-        )
 
 
 @contextlib.contextmanager
@@ -192,15 +153,23 @@ def _run(
         task = progress.add_task("chaos", total=args.iterations, jobs=0, violations=0)
         for _ in range(args.iterations):
             crews = (args.fast_crew, args.slow_crew)
+            # A local supervisor is SIGKILLed with requests in flight. Stopping it gracefully (no supervisor
+            # fault), or a deployment's command that both kills and restarts it, waits for the load to
+            # stop: jobs admitted after it would still run when the invariants are read.
+            crash = isinstance(target, Local) and "supervisor" in chosen
+            before: list[tuple[int, float]] = []
             with Load(target, rng, args.concurrency, record, acked, findings.violations, crews) as load:
                 _inject(target, rng, record, mid_run, load)
-                # A local supervisor dies with requests in flight; a deployment's command both kills and
-                # restarts it, so it runs once the load has stopped (else jobs admitted after it would
-                # still run when the invariants are read).
-                before = target.crash("supervisor" in chosen, record) if isinstance(target, Local) else []
+                if crash and isinstance(target, Local):
+                    before, problem = target.kill(record)
+                    findings.add([problem] if problem else [])
             for what, count in load.requests.items():
                 requests[what] = requests.get(what, 0) + count
+            if load.stuck:
+                break
             try:
+                if isinstance(target, Local):
+                    before = before if crash else target.stop()
                 target.restart()
             except (testing.StartError, RestartError) as exc:  # a restart refused is a finding too
                 findings.add([f"the supervisor did not restart: {str(exc).splitlines()[0]}"])
@@ -216,8 +185,6 @@ def _run(
         else:
             with target.client(timeout=30) as client:
                 check_restart(client, acked, [], _journal(target), record, findings, everything=True)
-    if isinstance(target, Local):
-        target.stop()
     return {
         "seed": seed,
         "target": where,
@@ -253,10 +220,10 @@ def _inject(
     length, schedule = _schedule(rng, mid_run)
     began = time.monotonic()
     for at, name, seed in schedule:
-        load.stop.wait(max(0.0, began + at - time.monotonic()))  # a fault that ran long delays the next
+        load.stopping.wait(max(0.0, began + at - time.monotonic()))  # a fault that ran long delays the next
         if isinstance(target, Local) and mid_run[name](target.server, random.Random(seed), record):
             record.count(name)
-    load.stop.wait(max(0.0, began + length - time.monotonic()))
+    load.stopping.wait(max(0.0, began + length - time.monotonic()))
 
 
 def _print(report: dict[str, Any]) -> None:

@@ -120,10 +120,14 @@ class Admission:
             raise JournalFull("journal holds the maximum number of retained runs; archive some")
         if self.journal.size_bytes() >= self.settings.max_state_bytes:
             raise JournalFull("journal has reached its byte limit; archive some runs")
-        if (free := self.journal.free_bytes()) < self.settings.min_free_disk_mb * MiB:
+        try:
+            free = self.journal.free_bytes()
+        except OSError as exc:
+            raise JournalFull(f"the free space of the journal's filesystem cannot be read: {exc.strerror}") from None
+        if free < self.settings.min_free_disk_mb * MiB:
             raise JournalFull(
                 f"the journal's filesystem has {free // MiB} MiB free, below the"
-                f" {self.settings.min_free_disk_mb} MiB kept for running jobs; free some space or archive runs"
+                f" {self.settings.min_free_disk_mb} MiB kept for running jobs; free space on it"
             )
         job = Job(body.action_id, body.crew_id, body.operation, digest, "running", 0)
         under_way = asyncio.get_running_loop().create_future()

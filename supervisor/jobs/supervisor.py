@@ -103,6 +103,7 @@ class Supervisor:
         if self._stopped:
             return
         self._stopped = True
+        self.journal.stop_waiting()
         await self.admission.stop()
         await self.runner.stop()
         await self.housekeeping.stop()

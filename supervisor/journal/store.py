@@ -114,6 +114,11 @@ class Journal:
         """Whether events wait for their group commit."""
         return bool(self._pending)
 
+    def stop_waiting(self) -> None:
+        """The supervisor is stopping: writes still waiting for another process's lock or for disk space
+        get ``CLOSE_GRACE_SECONDS`` more, so that a stop ends even while the disk stays full."""
+        self._writer.stop_waiting(CLOSE_GRACE_SECONDS)
+
     def close(self) -> None:
         """Idempotent: what is queued is committed first (``CLOSE_GRACE_SECONDS`` at most for another
         process's lock); the lock goes last, so no other supervisor opens a journal still being written."""

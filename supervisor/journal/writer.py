@@ -3,16 +3,17 @@ SQLite, an fsync or another process's lock. Here is all of the retry policy.
 
 Writes are queued and taken in order; whatever has queued by the time the thread is free commits in one
 transaction (one fsync for several), each write in a savepoint of its own so that one failing write
-rolls back only itself. A write whose transaction SQLite rolled back whole (a full disk, an I/O error)
-fails; the others of its round commit in the next.
+rolls back only itself. A write whose transaction SQLite rolled back whole (an I/O error) fails; the
+others of its round commit in the next.
 
 Another process holding the journal's write lock (a crew runs as our uid, a backup, an operator's
 ``sqlite3``) makes ``BEGIN IMMEDIATE`` wait ``BUSY_TIMEOUT_MS`` inside SQLite; the thread then fails the
 writes whose patience ran out with ``JournalBusy``, takes in the writes queued meanwhile and tries again.
 A write without a deadline waits until it commits, logged every ``LOG_EVERY_SECONDS``. Once ``close``
-is called, every write still waiting for the lock gets ``grace`` seconds more.
+(or, earlier, ``stop_waiting``) is called, every write still waiting for the lock or for space gets
+``grace`` seconds more.
 
-A full disk (``SQLITE_FULL`` with less room on the disk than the journal's page ceiling still allows;
+A full disk (``SQLITE_FULL``, or an I/O error, with less room on the disk than the journal's page ceiling still allows;
 at the ceiling itself only archiving helps, and the write fails as any other) rolls the whole round
 back, so nothing commits out of order: writes with a deadline (admission, archive) fail at once, and
 the caller answers 507; the others (event groups, the terminal event, a worker's record: what they
@@ -83,6 +84,7 @@ class Writer:
         self._closed = False
         self._grace = 0.0
         self._give_up_at = math.inf  # set once the close is taken in
+        self._stop_waiting_at = math.inf  # set by ``stop_waiting``
         self._busy_since: float | None = None
         self._busy_logged = 0.0
         self._full_since: float | None = None
@@ -104,8 +106,16 @@ class Writer:
             raise JournalError("journal is closed")
         deadline = math.inf if patience is None else time.monotonic() + patience
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        # Running from now on, so that it cannot be cancelled: an awaiting task that is cancelled (a job's
+        # timeout while its group waits for space) must neither drop the write nor make its result fail.
+        future.set_running_or_notify_cancel()
         self._queue.put(_Write(apply, fallback, durable, deadline, future))
         return future
+
+    def stop_waiting(self, grace: float) -> None:
+        """Writes still waiting for another process's lock or for disk space ``grace`` seconds from now
+        fail then: the supervisor is stopping, and a restart fences what they would have recorded."""
+        self._stop_waiting_at = time.monotonic() + grace
 
     def close(self, grace: float) -> None:
         """Commit what is queued, then stop; a write still waiting for the lock after ``grace`` fails."""
@@ -128,6 +138,8 @@ class Writer:
                 pending = self._round(pending)
             except Exception as exc:  # a bug here must not leave a waiter hanging forever
                 log.exception("journal writer failed")
+                if self._db.in_transaction:  # or every later BEGIN would fail
+                    self._db.execute("ROLLBACK")
                 _fail(pending, JournalError(f"journal write failed: {exc}"))
                 pending = []
 
@@ -215,7 +227,7 @@ class Writer:
         now = time.monotonic()
         waiting = []
         for write in pending:
-            if now >= min(write.deadline, self._give_up_at):
+            if now >= min(write.deadline, self._give_up_at, self._stop_waiting_at):
                 write.future.set_exception(JournalBusy("the journal's write lock is held by another process"))
             else:
                 waiting.append(write)
@@ -235,12 +247,17 @@ class Writer:
     def _out_of_disk(self, exc: Exception) -> bool:
         """``SQLITE_FULL`` from the disk, not from the journal's own ceiling (``max_page_count``): the disk
         has less room than the pages SQLite would still allow."""
-        if getattr(exc, "sqlite_errorcode", 0) & 0xFF != sqlite3.SQLITE_FULL:
+        # ENOSPC surfaces as SQLITE_FULL, or as an I/O error where the kernel reports it late (at fsync,
+        # growing the shared-memory file): either counts when the disk is what lacks room.
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF not in (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR):
             return False
-        (count,), (ceiling,), (size,) = (
-            self._db.execute(f"PRAGMA {name}").fetchone() for name in ("page_count", "max_page_count", "page_size")
-        )
-        disk = os.statvfs(self._directory)
+        try:
+            (count,), (ceiling,), (size,) = (
+                self._db.execute(f"PRAGMA {name}").fetchone() for name in ("page_count", "max_page_count", "page_size")
+            )
+            disk = os.statvfs(self._directory)
+        except (OSError, sqlite3.Error):  # cannot tell: fail the writes as any other error would
+            return False
         return disk.f_bavail * disk.f_frsize < (ceiling - count) * size
 
     def _disk_full(
@@ -257,7 +274,7 @@ class Writer:
         for write in pending:
             if id(write) in failed:
                 continue
-            if write.deadline < math.inf or time.monotonic() >= self._give_up_at:
+            if write.deadline < math.inf or time.monotonic() >= min(self._give_up_at, self._stop_waiting_at):
                 write.future.set_exception(error)
                 continue
             if write.fallback is not None:

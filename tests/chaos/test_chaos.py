@@ -52,7 +52,7 @@ def deployment_chaos(tmp_path: Path, iterations: int, restart: list[str]) -> tup
         result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
         return result.returncode, json.loads(report_path.read_text()), result.stdout + result.stderr
     finally:
-        subprocess.run([*helper, "stop", str(place)], cwd=ROOT, check=True, timeout=60)
+        subprocess.run([*helper, "kill", str(place)], cwd=ROOT, check=True, timeout=60)
 
 
 @pytest.mark.timeout(900)

@@ -5,7 +5,7 @@ broken deployment that chaos must catch.
 
     python -m tests.helpers.deployment start DIR PORT        # writes DIR/token and DIR/pid
     python -m tests.helpers.deployment restart DIR PORT [--lose-journal]
-    python -m tests.helpers.deployment stop DIR
+    python -m tests.helpers.deployment kill DIR
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def kill(directory: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("action", choices=["start", "restart", "stop"])
+    parser.add_argument("action", choices=["start", "restart", "kill"])
     parser.add_argument("directory", type=Path)
     parser.add_argument("port", type=int, nargs="?", default=0)
     parser.add_argument("--lose-journal", action="store_true")

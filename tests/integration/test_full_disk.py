@@ -47,7 +47,7 @@ def test_a_full_disk_refuses_admission_and_loses_no_admitted_job(disk: SmallDisk
         assert client.get("/jobs/refused").status_code == 404  # refused means not admitted
         assert client.get("/jobs/big").json()["status"] == "running"  # its terminal waits for space
 
-        disk.free()
+        disk.empty()
         assert wait_until(lambda: client.get("/jobs/big").json()["status"] != "running", timeout=60)
         job = client.get("/jobs/big").json()
         events = all_events(client, "big", job["event_count"])
@@ -70,3 +70,4 @@ def test_a_full_disk_refuses_admission_and_loses_no_admitted_job(disk: SmallDisk
     with again.client() as client:
         assert client.get("/jobs/big").json()["status"] == job["status"]
         assert client.get("/jobs/after").json()["status"] == "completed"
+    again.stop()  # before the fixture unmounts the disk under it

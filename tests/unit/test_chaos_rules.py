@@ -17,14 +17,16 @@ from supervisor.chaos.load import cancel_problem, conflict_problem, repeat_probl
 
 def test_an_exact_repeat_answers_only_its_own_job() -> None:
     cancelled = {"detail": "run was cancelled", "action_id": "a", "status": "cancelled"}
-    assert repeat_problem("a", 409, cancelled, None) is None
+    assert repeat_problem("a", 409, cancelled, "cancelled") is None
     assert repeat_problem("a", 200, {"raw": "x"}, "completed") is None
-    assert repeat_problem("a", 502, {**cancelled, "status": "failed"}, None) is None
-    assert repeat_problem("a", 504, {**cancelled, "status": "running"}, None) is None
+    assert repeat_problem("a", 502, {**cancelled, "status": "failed"}, "failed") is None
+    assert repeat_problem("a", 504, {**cancelled, "status": "running"}, "completed") is None  # it ended since
     # A 409 for conflicting material (a request-hash regression) is not the job cancelled.
-    assert repeat_problem("a", 409, {"detail": "action id was already admitted with different request material"}, None)
-    assert repeat_problem("a", 409, {**cancelled, "action_id": "b"}, None)  # another job's answer
-    assert repeat_problem("a", 409, {**cancelled, "status": "completed"}, None)
+    conflict = {"detail": "action id was already admitted with different request material"}
+    assert repeat_problem("a", 409, conflict, "completed")
+    assert repeat_problem("a", 409, {**cancelled, "action_id": "b"}, "cancelled")  # another job's answer
+    assert repeat_problem("a", 409, {**cancelled, "status": "completed"}, "completed")
+    assert repeat_problem("a", 409, cancelled, "completed")  # the body says what the journal does not
     assert repeat_problem("a", 200, {"raw": "x"}, "running")  # an output for a job still running
     assert repeat_problem("a", 500, {}, None)
 

@@ -460,3 +460,41 @@ def test_readers_are_woken_on_the_event_loop_that_wrote(path: Path) -> None:
     asyncio.run(run())
     assert woken == [({"a"}, threading.get_ident())] * 2
     journal.close()
+
+
+def test_a_waiter_cancelled_while_its_write_waits_neither_drops_nor_fails_it(path: Path) -> None:
+    """A job's timeout cancels the relay awaiting its group: the group still commits, and so does every
+    write of its round (cancelling a queued future once made the round's results fail after committing)."""
+    journal = Journal(path, checkpoint_events=1)
+    journal.admit(job("a")).wait()
+
+    async def cancelled_waiter() -> Written[None]:
+        group = journal.append("a", "chunk", {"n": 0})
+        assert group is not None
+        waiter = asyncio.ensure_future(asyncio.wrap_future(group.future))
+        await asyncio.sleep(0)
+        waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
+        return group
+
+    with held_lock(path):
+        group = asyncio.run(cancelled_waiter())
+        terminal = journal.finish("a", "completed", {"raw": "a"}, {"raw": "a"})
+    group.wait()  # committed once the lock was free, not cancelled
+    assert terminal.wait().sequence == 1
+    assert [event.event for event in journal.events("a", 0)] == ["chunk", "completed"]
+    journal.close()
+
+
+def test_stop_waiting_ends_the_wait_of_writes_without_a_deadline(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stopping supervisor must end even while the journal stays locked (or its disk full)."""
+    monkeypatch.setattr(store, "CLOSE_GRACE_SECONDS", 0.2)
+    journal = Journal(path, checkpoint_events=100)
+    journal.admit(job("a")).wait()
+    with held_lock(path):
+        terminal = journal.finish("a", "completed", {})
+        journal.stop_waiting()
+        with pytest.raises(JournalBusy):
+            terminal.wait()
+    journal.close()

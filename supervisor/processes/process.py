@@ -136,12 +136,15 @@ class WorkerProcess:
 
 
 def kill_orphan(pid: int, start_time: float, pgid: int) -> bool:
-    """Kill a worker left by an earlier supervisor; True if it was found. A reused pid is never signalled."""
+    """Kill a worker left by an earlier supervisor; True if it was found alive. A reused pid is never
+    signalled. A zombie is dead already (only its new parent can reap it, and one that never does, as a
+    process above us that became a subreaper, would make a wait for it last until the deadline); its
+    group may still hold live descendants, so the group is killed all the same."""
     try:
         process = psutil.Process(pid)
         if process.create_time() != start_time:
             return False
-        tree = [process, *process.children(recursive=True)]
+        tree = [] if process.status() == psutil.STATUS_ZOMBIE else [process, *process.children(recursive=True)]
     except psutil.NoSuchProcess:
         return False
     if pgid == pid:
@@ -150,4 +153,4 @@ def kill_orphan(pid: int, start_time: float, pgid: int) -> bool:
         with contextlib.suppress(psutil.NoSuchProcess):
             member.kill()
     psutil.wait_procs(tree, timeout=CONFIRM_SECONDS)
-    return True
+    return bool(tree)

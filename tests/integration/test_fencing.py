@@ -4,14 +4,17 @@ Also the drop-in import of a reference journal on first start."""
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
 import subprocess
+import time
 from pathlib import Path
 
 import orjson
 import psutil
 import pytest
 
+from supervisor.processes.process import CONFIRM_SECONDS, kill_orphan
 from supervisor.processes.reaper import become_subreaper
 from tests.conftest import gone, start_body, start_server, wait_until
 from tests.crews import EVIDENCE_DIR
@@ -128,3 +131,19 @@ def test_a_reference_journal_is_imported_on_first_start(tmp_path: Path) -> None:
         server.stop()
     assert (state / "journal.db.reference.json").read_bytes() == orjson.dumps(records)
     assert wait_until(lambda: "imported the reference journal" in server.log.read_text())
+
+
+def test_a_worker_left_as_a_zombie_is_dead_not_an_orphan_and_costs_no_wait() -> None:
+    """Under a subreaper that does not reap (a test runner, a careless init), a worker the dead supervisor
+    left is a zombie with its pid and start time: fencing must neither report it killed nor wait for it."""
+    zombie = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        started = psutil.Process(zombie.pid).create_time()
+        os.kill(zombie.pid, signal.SIGKILL)
+        assert wait_until(lambda: psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE, timeout=10)
+        began = time.monotonic()
+        assert kill_orphan(zombie.pid, started, zombie.pid) is False
+        assert time.monotonic() - began < CONFIRM_SECONDS  # a wait for a reap that never comes would take all of it
+    finally:
+        zombie.kill()
+        zombie.wait()

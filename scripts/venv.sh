@@ -1,15 +1,22 @@
-# Sourced by the other scripts: make .venv once, reinstall when pyproject.toml changes.
-# Needs only python3 (3.11+) and pip; everything else comes from the package index.
+# Sourced by the other scripts: make .venv from requirements-dev.lock once, and again when the lock or pyproject.toml
+# changes. Needs only python3 (3.11+) and pip: pip installs uv from the lock's own entry (hash-checked), uv installs
+# exactly the locked set (hash-checked; whatever the lock no longer lists is removed), then the project itself,
+# editable, with no dependencies of its own. Nothing is resolved here: scripts/lock does that.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
-stamp="$VENV/.installed-$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+LOCK="$ROOT/requirements-dev.lock"
+stamp="$VENV/.installed-$(cat "$ROOT/pyproject.toml" "$LOCK" | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
-  echo "==> preparing $VENV (first run installs CrewAI and friends; about two minutes)" >&2
+  echo "==> preparing $VENV from requirements-dev.lock (first run installs CrewAI and friends; about a minute)" >&2
   [ -x "$PY" ] || python3 -m venv "$VENV"
-  "$PY" -m pip install -qq --upgrade pip
-  "$PY" -m pip install -qq -e "$ROOT[test]"
+  # uv's entry: its pin line and hash lines, up to the first line that does not continue.
+  "$PY" -m pip install -qq --disable-pip-version-check --require-hashes --no-deps \
+    -r <(awk '/^uv==/ { found = 1 } found { print } found && !/\\$/ { exit }' "$LOCK")
+  "$VENV/bin/uv" pip sync --quiet --python "$PY" --require-hashes "$LOCK"
+  # The build backend is the locked one just installed, so the editable install fetches nothing either.
+  "$VENV/bin/uv" pip install --quiet --python "$PY" --no-deps --no-build-isolation --editable "$ROOT"
   rm -f "$VENV"/.installed-*
   touch "$stamp"
 fi

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from supervisor import testing
+from tests.conftest import gone, wait_until
 
 
 def test_importing_the_harness_imports_neither_crewai_nor_the_worker() -> None:
@@ -21,3 +22,26 @@ def test_an_unknown_setting_is_refused_before_anything_starts(tmp_path: Path) ->
     with pytest.raises(TypeError, match="AIP_CREWAI_MAX_CONCURENCY"):
         testing.start(tmp_path / "state", "tests.crews:registry", max_concurency=2)
     assert list(tmp_path.iterdir()) == []
+
+
+def fake_server(tmp_path: Path, script: str) -> testing.Server:
+    """A shell in the supervisor's place, with a ``sleep`` as its only worker."""
+    process = subprocess.Popen(["sh", "-c", script])
+    server = testing.Server(process, "http://127.0.0.1:9", "token", tmp_path / "state", tmp_path / "log")
+    assert wait_until(server.processes)
+    return server
+
+
+def test_shut_down_names_and_kills_a_process_that_outlived_its_server(tmp_path: Path) -> None:
+    server = fake_server(tmp_path, "sleep 600 & wait")  # SIGTERM ends the shell, not its child
+    [worker] = server.processes()
+    left = server.shut_down(timeout=1)
+    assert left == [f"pid {worker.pid} 'sleep': sleep 600"]
+    assert wait_until(lambda: gone(worker.pid, worker.create_time()))  # killed: gone once its parent reaps it
+
+
+def test_shut_down_reports_nothing_when_the_server_stops_its_workers(tmp_path: Path) -> None:
+    server = fake_server(tmp_path, "sleep 600 & trap 'kill \"$!\"; exit' TERM; wait")
+    [worker] = server.processes()
+    assert server.shut_down(timeout=10) == []
+    assert wait_until(lambda: gone(worker.pid, worker.create_time()))

@@ -18,6 +18,14 @@ def test_importing_the_harness_imports_neither_crewai_nor_the_worker() -> None:
     assert imported.stdout.strip() == "[]"
 
 
+def test_loading_the_pytest_plugin_imports_neither_the_server_nor_the_harness() -> None:
+    # It loads in every pytest session of its user: nothing heavy until a fixture starts a supervisor.
+    heavy = ["crewai", "worker", "fastapi", "uvicorn", "httpx", "psutil", "supervisor.testing"]
+    code = f"import sys, supervisor.pytest_plugin; print([m for m in {heavy} if m in sys.modules])"
+    imported = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert imported.stdout.strip() == "[]"
+
+
 def test_an_unknown_setting_is_refused_before_anything_starts(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="AIP_CREWAI_MAX_CONCURENCY"):
         testing.start(tmp_path / "state", "tests.crews:registry", max_concurency=2)

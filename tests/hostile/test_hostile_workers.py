@@ -23,6 +23,7 @@ from tests.conftest import (
     start_body,
     start_hostile_server,
     start_server,
+    stop_server,
     wait_until,
 )
 
@@ -38,7 +39,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         WORKER_MAX_OUTPUT_BYTES=str(8 * 1024 * 1024),
     )
     yield running
-    running.stop()
+    stop_server(running)
 
 
 def worker_pid(server: Server, action_id: str) -> int | None:

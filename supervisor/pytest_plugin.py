@@ -67,7 +67,8 @@ class Supervisors:
 
         registry = options.pop("registry", None) or self.registry
         if not registry:
-            pytest.fail(f"no crew registry: give --crew-registry, the crew_registry ini option or {MARKER}(registry=)")
+            reason = f"no crew registry: give --crew-registry, the crew_registry ini option or {MARKER}(registry=)"
+            pytest.fail(reason, pytrace=False)
         state = state or self._states.mktemp("crew-supervisor") / "state"
         server = testing.start(state, registry, **{"path": self._path, **options})
         self.running.append(server)
@@ -87,7 +88,7 @@ class Supervisors:
 def crew_supervisor_settings() -> Mapping[str, Any]:
     """Options for every supervisor the ``crew_supervisor*`` fixtures start; override it in a conftest.
 
-    Each ``crew_supervisor`` marker of the fixture's test (or module) then wins, the closest last.
+    The ``crew_supervisor`` markers of the fixture's test, class or module win over it, the closest above all.
     """
     return {}
 
@@ -139,7 +140,7 @@ def _served(request: pytest.FixtureRequest, factory: Supervisors, settings: Mapp
     options = dict(settings)
     for marker in reversed(list(request.node.iter_markers(MARKER))):  # the closest comes first: it must win
         if marker.args:
-            pytest.fail(f"{MARKER} takes keywords only, not {marker.args!r}")
+            pytest.fail(f"{MARKER} takes keywords only, not {marker.args!r}", pytrace=False)
         options.update(marker.kwargs)
     server = factory.start(**options)
     yield server

@@ -7,7 +7,8 @@
 Each server gets a fresh bearer token, a state directory of its own (the journal inside it) and a log file.
 ``start`` waits until ``/health`` answers, within a deadline, and otherwise fails with the log's tail;
 ``stop`` sends SIGTERM, then SIGKILL after a deadline (``DRAIN_SECONDS`` is 0 here unless given, so running
-jobs are killed at once rather than waited for). Settings are keyword arguments named as the
+jobs are killed at once rather than waited for); ``shut_down`` stops it and also waits for its fork server and
+workers, naming (and killing) any that outlived it. Settings are keyword arguments named as the
 ``AIP_CREWAI_*`` variables without the prefix (``launcher="spawn"``); ``env`` is applied last and wins.
 
 Imports neither crewai nor the worker package (the supervisor never does): a test that only talks HTTP
@@ -20,6 +21,7 @@ import contextlib
 import dataclasses
 import os
 import secrets
+import shlex
 import signal
 import socket
 import subprocess
@@ -153,11 +155,46 @@ class Server:
             self.process.kill()
         self.process.wait()
 
+    def shut_down(self, *, kill: bool = False, timeout: float = STOP_SECONDS) -> list[str]:
+        """``stop`` it (``kill``: ``kill`` it) and wait up to ``timeout`` for every process it had to be gone.
+
+        Returns a line for each one that outlived it, each then SIGKILLed: empty when nothing was left behind.
+        """
+        tree = self.processes()  # now: once it has exited, its children are no longer found under it
+        if kill:
+            self.kill()
+        else:
+            self.stop(timeout)
+        left = []
+        for process in _survivors(tree, timeout):
+            with contextlib.suppress(psutil.NoSuchProcess):  # it went in the meantime: not left behind
+                left.append(f"pid {process.pid} {process.name()!r}: {shlex.join(process.cmdline())}")
+                process.kill()  # psutil checks the start time first: never a process that reused the pid
+        _survivors(tree, timeout)
+        return left
+
     def __enter__(self) -> Server:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _survivors(processes: Sequence[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Those of ``processes`` still running after ``timeout`` (or none, as soon as all are gone)."""
+    deadline = time.monotonic() + timeout
+    while (running := [process for process in processes if _running(process)]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return running
+
+
+def _running(process: psutil.Process) -> bool:
+    """A zombie is not: it is dead and waits only for its parent to reap it (this process, if it is ours)."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(process.pid, os.WNOHANG)
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    return False
 
 
 def start(

@@ -9,20 +9,26 @@ import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import psutil
 import pytest
 
 from protocol import QUIET_CREWAI
-from supervisor import testing
 from supervisor.console import sse
 from supervisor.testing import Server
 from tests.helpers.waiting import wait_until
 
+if TYPE_CHECKING:  # imported by pytest_plugins below, where pytest can rewrite its asserts
+    from supervisor.pytest_plugin import Supervisors
+
+pytest_plugins = ["supervisor.pytest_plugin"]  # the entry point registers it only once installed
+
 ROOT = Path(__file__).resolve().parent.parent
 TEST_REGISTRY = "tests.crews:registry"
+# Every supervisor of the suite: the test registry, heartbeats every 0.5 s, run from this tree, 90 s to be ready.
+SETTINGS: dict[str, Any] = {"registry": TEST_REGISTRY, "heartbeat_seconds": 0.5, "cwd": ROOT, "ready_seconds": 90}
 
 
 def worker_env(tmp: Path, registry: str = TEST_REGISTRY) -> dict[str, str]:
@@ -61,44 +67,46 @@ def start_server(
     python: str = sys.executable,
     path: Sequence[str] = (),
 ) -> Server:
-    """A supervisor on the test registry (``supervisor.testing``), heartbeats every 0.5 s; ``env`` wins.
-    ``python`` runs it (and its workers), with ``path`` after this tree on its import path."""
-    server = testing.start(
-        state,
-        registry,
-        env=env,
-        path=[ROOT, *path],
-        cwd=ROOT,
-        wait=False,
-        heartbeat_seconds=0.5,
-        pass_fds=pass_fds,
-        python=python,
-    )
-    _started.append(server)
-    if wait:
-        server.wait_ready(90)
-    return server
+    """A supervisor on the test registry, with ``SETTINGS``; ``env`` wins. ``python`` runs it (and its workers),
+    with ``path`` after this tree on its import path. Started by the plugin's factory: shut down, and its
+    processes checked gone, when the test that started it ends (``stop_server`` for a fixture's)."""
+    options = {**SETTINGS, "registry": registry, "path": [ROOT, *path]}
+    return _factory.start(state, env=env, wait=wait, pass_fds=pass_fds, python=python, **options)
 
 
-_started: list[Server] = []
+def stop_server(server: Server) -> None:
+    """Shut down a server ``start_server`` started, and check that nothing of it is left."""
+    _factory.stop(server)
+
+
+# The session's factory, kept for start_server: a plain function, called in tests and in fixtures of every scope.
+_factory: Supervisors
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _keep_the_factory(crew_supervisor_factory: Supervisors) -> None:
+    global _factory
+    _factory = crew_supervisor_factory
+
+
+@pytest.fixture(scope="session")
+def crew_supervisor_settings() -> dict[str, Any]:
+    return dict(SETTINGS)
 
 
 @pytest.fixture(autouse=True)
-def _stop_servers_a_test_started() -> Iterator[None]:
-    """A test that fails half-way must not leave its supervisor (and its workers) running."""
-    before = len(_started)
+def _stop_servers_a_test_started(crew_supervisor_factory: Supervisors) -> Iterator[None]:
+    """A test that fails half-way must not leave its supervisor (and its workers) running: those it started
+    are killed and checked gone. Those of wider fixtures were running before it; they stop with them."""
+    before = list(crew_supervisor_factory.running)
     yield
-    for server in _started[before:]:
-        server.kill()
-    del _started[before:]
+    crew_supervisor_factory.stop(*(s for s in crew_supervisor_factory.running if s not in before), kill=True)
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, launcher: str) -> Iterator[Server]:
-    state = tmp_path_factory.mktemp("state") / "s"
-    running = start_server(state)
-    yield running
-    running.stop()
+def server(crew_supervisor_module: Server) -> Server:
+    """The module's shared supervisor: the plugin's, with this suite's settings (and launcher, in integration)."""
+    return crew_supervisor_module
 
 
 @pytest.fixture(scope="module")

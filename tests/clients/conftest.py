@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import Server, start_server
+from tests.conftest import Server, start_server, stop_server
 
 # Enough operations that each one's input bounds are reached (disabled ones answer 403 before 422); train
 # stays off so that 403 has a row too.
@@ -20,4 +20,4 @@ OPERATIONS = "run,batch_run,test,knowledge_query,memory_reset"
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     running = start_server(tmp_path_factory.mktemp("clients") / "s", env={"AIP_CREWAI_ALLOWED_OPERATIONS": OPERATIONS})
     yield running
-    running.stop()
+    stop_server(running)

@@ -26,7 +26,7 @@ from tests.compat.aip_client import (
     Result,
     new_action_id,
 )
-from tests.conftest import ROOT, Server, start_server
+from tests.conftest import ROOT, Server, start_server, stop_server
 
 ALL = ("run", "batch_run", "replay", "train", "test", "knowledge_query", "memory_reset")
 SHAPES = ROOT / "tests" / "shapes.py"
@@ -75,7 +75,7 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
         offered = http.get("/health").json()["crews"]
     crews = CREWS + ((QUALIFICATION,) if QUALIFICATION in offered else ())
     yield Sidecar(server, registry, crews)
-    server.stop()
+    stop_server(server)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.conftest import Server, start_server, worker_env
+from tests.conftest import Server, start_server, stop_server, worker_env
 from tests.helpers.kickoff import comparable
 
 REGISTRY = "tests.shapes:registry"
@@ -94,7 +94,7 @@ def fidelity(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fidelity]:
         reference.kill()
         reference.wait()
     yield Fidelity(server, dict(zip(jobs, outputs, strict=True)))
-    server.stop()
+    stop_server(server)
 
 
 def start_reference(jobs: list[list[Any]], root: Path) -> subprocess.Popen[bytes]:

@@ -24,6 +24,7 @@ from tests.conftest import (
     start_body,
     start_hostile_server,
     start_server,
+    stop_server,
     wait_until,
 )
 from tests.hostile_crews import DAEMON_SEEN
@@ -40,7 +41,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, evidence: Path) -> Iterator
         WORKER_MAX_OUTPUT_BYTES=str(8 * 1024 * 1024),
     )
     yield running
-    running.stop()
+    stop_server(running)
 
 
 def worker_pid(server: Server, action_id: str) -> int | None:

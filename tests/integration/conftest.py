@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+
+from tests.conftest import SETTINGS
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -22,3 +25,9 @@ def launcher(request: pytest.FixtureRequest) -> Iterator[str]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(os.environ, "AIP_CREWAI_LAUNCHER", request.param)
         yield request.param
+
+
+@pytest.fixture(scope="module")
+def crew_supervisor_settings(launcher: str) -> dict[str, Any]:
+    """The shared ``server`` runs on the module's launcher (and starts once it is set)."""
+    return {**SETTINGS, "launcher": launcher}

@@ -8,24 +8,15 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
 
 from supervisor.testing import free_port
-from tests.conftest import ROOT, Server, gone, sse_events, start_server, wait_until
+from tests.conftest import ROOT, Server, gone, sse_events, wait_until
 
 EXIT_CANCELLED = 4
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    running = start_server(tmp_path_factory.mktemp("cli") / "s")
-    yield running
-    running.stop()
 
 
 def cli_env(server: Server, url: str | None = None) -> dict[str, str]:

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from supervisor.http.contract import PAGE_DATA_BYTES
-from tests.conftest import Server, sse_events, start_body, start_server
+from tests.conftest import Server, sse_events, start_body, start_server, stop_server
 
 pytestmark = pytest.mark.usefixtures("launcher")
 
@@ -25,7 +25,7 @@ def big_events(tmp_path_factory: pytest.TempPathFactory, launcher: str) -> Itera
     env = {"AIP_CREWAI_MAX_EVENT_BYTES": "4194304", "AIP_CREWAI_MAX_EVENTS_PER_RUN": "2000"}
     running = start_server(tmp_path_factory.mktemp("pages") / "state", env=env)
     yield running
-    running.stop()
+    stop_server(running)
 
 
 def run_sized(client: httpx.Client, action: str, sizes: list[int]) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Server, gone, start_body, start_server, wait_until
+from tests.conftest import Server, gone, start_body, start_server, stop_server, wait_until
 from tests.crews import EVIDENCE_DIR, HEARTBEAT
 
 pytestmark = pytest.mark.usefixtures("launcher")
@@ -30,7 +30,7 @@ def ops_server(tmp_path_factory: pytest.TempPathFactory, launcher: str) -> Itera
     running.training = training  # type: ignore[attr-defined]
     running.evidence = evidence  # type: ignore[attr-defined]
     yield running
-    running.stop()
+    stop_server(running)
 
 
 def op(operation: str, action: str, payload: Any, crew: str = "demo") -> dict[str, Any]:

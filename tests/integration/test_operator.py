@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import httpx
 import psutil
-import pytest
 
-from tests.conftest import Server, gone, sse_events, start_body, start_server, wait_until
+from tests.conftest import Server, gone, sse_events, start_body, wait_until
 
 MB = 1024 * 1024
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    running = start_server(tmp_path_factory.mktemp("operator") / "s")
-    yield running
-    running.stop()
 
 
 def start_and_detach(client: httpx.Client, body: dict[str, object], key: str = "key-1") -> int:

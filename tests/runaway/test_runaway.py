@@ -24,6 +24,7 @@ from tests.conftest import (
     run_with_neighbour,
     start_body,
     start_hostile_server,
+    stop_server,
     wait_until,
 )
 from tests.hostile_crews import DAEMON_SEEN, FLOOD_BYTES
@@ -47,7 +48,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, evidence: Path) -> Iterator
         WORKER_MAX_OUTPUT_BYTES=str(32 * 1024 * 1024),
     )
     yield running
-    running.stop()
+    stop_server(running)
 
 
 def kills(server: Server) -> dict[str, float]:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import Server, start_server
+from tests.conftest import Server, start_server, stop_server
 
 REGISTRY = "tests.security.crews:registry"
 
@@ -15,4 +15,4 @@ REGISTRY = "tests.security.crews:registry"
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     running = start_server(tmp_path_factory.mktemp("security") / "s", env={"AIP_CREWAI_REGISTRY": REGISTRY})
     yield running
-    running.stop()
+    stop_server(running)

@@ -22,6 +22,7 @@ from supervisor.chaos import faults
 from supervisor.chaos.checks import Findings, check_restart
 from supervisor.chaos.disk import DiskUnavailable, SmallDisk
 from supervisor.chaos.faults import Record
+from supervisor.chaos.flags import RATES, refusal
 from supervisor.chaos.load import Load
 from supervisor.chaos.targets import Deployment, Local, RestartError
 from supervisor.console.client import OperatorError, resolve_target
@@ -29,55 +30,18 @@ from supervisor.testing import Server
 
 Fault = Callable[[Server, random.Random, Record], bool]
 TICK_SECONDS = 0.1
-# Mid-run faults and their chance per tick of the load (the supervisor kill ends every iteration).
-RATES = {"worker": 0.05, "forkserver": 0.02, "freeze": 0.02, "disk": 0.02}
 MID_RUN: dict[str, Fault] = {
     "worker": faults.kill_worker,
     "forkserver": faults.kill_forkserver,
     "freeze": faults.freeze,
 }
-ALL_FAULTS = ("supervisor", *RATES)
 # What chaos cannot see of a supervisor at --url, and so does not check.
-OUT_OF_SIGHT = ("workers from before a restart are gone", "the journal passes SQLite's integrity check")
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--iterations", type=int, default=20, help="supervisor kills (one per iteration)")
-    parser.add_argument("--seed", type=int, default=None, help="repeat a run (default: a random seed, printed)")
-    parser.add_argument("--concurrency", type=int, default=4, help="client threads")
-    parser.add_argument(
-        "--faults",
-        default=",".join(ALL_FAULTS),
-        help=f"comma-separated, of {', '.join(ALL_FAULTS)} (disk needs --small-disk); default all",
-    )
-    parser.add_argument(
-        "--small-disk",
-        type=int,
-        default=0,
-        metavar="MB",
-        help="put the state on a tmpfs of MB mebibytes (root only), which the disk fault fills",
-    )
-    parser.add_argument(
-        "--url", default=None, help="a running supervisor instead of one started here (needs --restart-cmd)"
-    )
-    parser.add_argument("--token", default=None, help="its bearer token (env AIP_CREWAI_BEARER_TOKEN)")
-    parser.add_argument("--token-file", default=None, help="a file holding it (env AIP_CREWAI_BEARER_TOKEN_FILE)")
-    parser.add_argument(
-        "--restart-cmd",
-        default=None,
-        help="a shell command that kills the supervisor at --url at once and brings it back on the same state",
-    )
-    parser.add_argument("--restart-seconds", type=float, default=300, help="how long it may take to be ready again")
-    parser.add_argument("--registry", default="worker.demo:registry", help="the crews to run (module:attr)")
-    parser.add_argument("--fast-crew", default="demo", help="a crew that completes at once")
-    parser.add_argument("--slow-crew", default="demo-slow", help="a crew taking input {'seconds': n}")
-    parser.add_argument("--state", type=Path, default=None, help="a directory for the run (default: a temporary one)")
-    parser.add_argument("--json", type=Path, default=None, help="write the report here as JSON")
+OUT_OF_SIGHT = ("workers from before a restart are gone", "the journal passes SQLite's quick_check")
 
 
 def run(args: argparse.Namespace) -> int:
     chosen = [name.strip() for name in args.faults.split(",") if name.strip()]
-    problem = _refusal(args, chosen)
+    problem = refusal(args, chosen)
     if problem:
         print(f"crew-supervisor chaos: {problem}")
         return 2
@@ -102,23 +66,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 1 if report["violations"] else 0
-
-
-def _refusal(args: argparse.Namespace, chosen: list[str]) -> str | None:
-    """What is wrong with the flags, before anything starts."""
-    unknown = sorted(set(chosen) - set(ALL_FAULTS))
-    if unknown:
-        return f"unknown fault(s) {', '.join(unknown)}; choose from {', '.join(ALL_FAULTS)}"
-    if args.url:
-        if not args.restart_cmd:
-            return "--url needs --restart-cmd: the command that kills that supervisor and brings it back"
-        if chosen != ["supervisor"] or args.small_disk:
-            return "against --url only the supervisor fault runs (its processes and disk are out of sight)"
-    elif args.restart_cmd:
-        return "--restart-cmd is for a supervisor at --url; here chaos starts its own"
-    if "disk" in chosen and not args.small_disk:
-        return "the disk fault needs --small-disk MB (a tmpfs it can fill)"
-    return None
 
 
 @contextlib.contextmanager

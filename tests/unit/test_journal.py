@@ -21,7 +21,7 @@ from supervisor.journal.records import Job, Streams
 from supervisor.journal.statefiles import JournalLocked, prepare_directory
 from supervisor.journal.store import REFUSE_AFTER_SECONDS, Journal, JournalError
 from supervisor.journal.writer import JournalBusy, Written
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_until
 
 
 def job(action_id: str) -> Job:
@@ -406,7 +406,8 @@ def test_writes_queued_together_commit_together(path: Path) -> None:
         journal.append("a", "chunk", {"n": 0})
         journal.set_worker("b", 4242, 1.0, 4242)
         finished = [journal.finish(name, "completed", {"raw": name}) for name in "abc"]
-        time.sleep(0.2)  # a window: the writer retries the lock meanwhile, and takes in every queued write
+        # Until the writer, retrying the lock, has taken in every queued write: then they share its next round.
+        assert wait_until(journal._writer._queue.empty, timeout=10)
     assert [written.wait().sequence for written in finished] == [1, 0, 0]
     assert len(commits) == 1
     assert journal.get("b").worker_pid == 4242 and not journal.running()  # type: ignore[union-attr]

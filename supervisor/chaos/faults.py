@@ -43,15 +43,14 @@ class Record:
 
 def dead(process: psutil.Process, timeout: float = CONFIRM_SECONDS) -> bool:
     """Whether ``process`` died within ``timeout``: gone, or a zombie (dead, not yet reaped)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def gone_or_zombie() -> bool:
         try:
-            if process.status() == psutil.STATUS_ZOMBIE:
-                return True
+            return process.status() == psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             return True
-        time.sleep(0.01)
-    return False
+
+    return _until(gone_or_zombie, timeout)
 
 
 def kill(process: psutil.Process) -> bool:

@@ -164,6 +164,12 @@ SPEC: dict[str, tuple[Callable[[str], Any], str, str]] = {
         "auto: a pids and a memory cgroup per job where the kernel lets us write them (the kernel enforces"
         " WORKER_MAX_PROCESSES and WORKER_MAX_MEMORY_MB); off: sampling only",
     ),
+    "CONSOLE": (
+        _boolean,
+        "false",
+        "serve the operator console (a browser page) under /console; the page is public, every call it makes needs"
+        " the bearer token",
+    ),
     "WORKER_USER": (
         _text,
         "",
@@ -209,6 +215,7 @@ class Settings:
     worker_nice: int
     limit_sample_ms: int
     cgroups: str
+    console: bool
     worker_user: str
     token: str | None = None  # resolved from BEARER_TOKEN or BEARER_TOKEN_FILE
     worker_ids: tuple[int, int] | None = None  # (uid, gid) resolved from WORKER_USER; None: the supervisor's

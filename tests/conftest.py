@@ -66,11 +66,14 @@ def start_server(
     pass_fds: Sequence[int] = (),
     python: str = sys.executable,
     path: Sequence[str] = (),
+    port: int = 0,
+    token: str | None = None,
 ) -> Server:
     """A supervisor on the test registry, with ``SETTINGS``; ``env`` wins. ``python`` runs it (and its workers),
-    with ``path`` after this tree on its import path. Started by the plugin's factory: shut down, and its
-    processes checked gone, when the test that started it ends (``stop_server`` for a fixture's)."""
-    options = {**SETTINGS, "registry": registry, "path": [ROOT, *path]}
+    with ``path`` after this tree on its import path; a restart passes the ``port`` and ``token`` its clients
+    know. Started by the plugin's factory: shut down, and its processes checked gone, when the test that
+    started it ends (``stop_server`` for a fixture's)."""
+    options = {**SETTINGS, "registry": registry, "path": [ROOT, *path], "port": port, "token": token}
     return _factory.start(state, env=env, wait=wait, pass_fds=pass_fds, python=python, **options)
 
 

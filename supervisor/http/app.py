@@ -1,4 +1,4 @@
-"""The HTTP app: bearer middleware, the three routers (contract, operator, metrics), the lifespan."""
+"""The HTTP app: bearer middleware, the routers (contract, operator, metrics; the console's when on), the lifespan."""
 
 from __future__ import annotations
 
@@ -57,7 +57,14 @@ def create_app(sup: Supervisor) -> FastAPI:
     )
     app.state.supervisor = sup
     app.state.metrics = sup.metrics
-    app.add_middleware(BearerAuth, token=sup.settings.token)
+    public = None
+    if sup.settings.console:
+        # Imported only when on: off, the console adds nothing to the supervisor, not even its files' bytes.
+        from supervisor.http import webconsole
+
+        app.include_router(webconsole.router())
+        public = webconsole.PATH
+    app.add_middleware(BearerAuth, token=sup.settings.token, public=public)
     app.add_exception_handler(admission.Refused, refused)  # type: ignore[arg-type]
     app.include_router(contract.router)
     # The operator routes answer 404 (unknown job) and 422 with a sentence (bad page cursor, path id).

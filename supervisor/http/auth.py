@@ -12,14 +12,28 @@ JSON = (b"content-type", b"application/json")
 
 
 class BearerAuth:
-    """The whole Authorization header (exactly one), compared in constant time, on every route."""
+    """The whole Authorization header (exactly one), compared in constant time, on every route but ``public``.
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
+    ``public`` is a path and everything under it, read with GET or HEAD: the console's static files, which hold
+    no data (a browser cannot send a header when it loads a page; the page sends the token on each call).
+    """
+
+    def __init__(self, app: ASGIApp, token: str | None, public: str | None = None) -> None:
         self.app = app
         self.expected = f"Bearer {token}".encode() if token else None
+        self.public = public
+
+    def _is_public(self, scope: Scope) -> bool:
+        path: str = scope["path"]
+        public = self.public
+        return (
+            public is not None
+            and scope["method"] in ("GET", "HEAD")
+            and (path == public or path.startswith(public + "/"))
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.expected is not None:
+        if scope["type"] == "http" and self.expected is not None and not self._is_public(scope):
             given = [value for name, value in scope["headers"] if name == b"authorization"]
             # Two headers are ambiguous (proxies and frameworks disagree on which one counts): neither is.
             if len(given) > 1:

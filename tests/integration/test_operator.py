@@ -132,3 +132,11 @@ def test_an_idle_supervisor_uses_no_cpu(server: Server) -> None:
     # Before: ~1 % of a core and ~28 wake-ups a second. Generous bounds for a shared machine.
     assert used <= 0.02 * elapsed, f"{used * 1000:.0f} ms of CPU in {elapsed:.1f} s idle"
     assert woken <= 2 * elapsed, f"{woken} wake-ups in {elapsed:.1f} s idle"
+
+
+def test_the_console_is_not_served_unless_turned_on(server: Server) -> None:
+    """Off by default: /console is one more unknown path, behind the token like every other."""
+    with server.client() as client:
+        assert client.get("/console/").status_code == 404
+    with server.client(token="wrong") as client:
+        assert client.get("/console/").status_code == 401

@@ -1,0 +1,55 @@
+"""The operator console: a browser page under ``/console``, served only when ``AIP_CREWAI_CONSOLE`` is on.
+
+Three files shipped in the package (``static/``), read once when the app is made and nothing fetched from
+elsewhere, so the page works offline. The files are public (a browser loads a page without headers); they
+hold no data: the page asks for the bearer token and sends it with each call to the API, as any client does.
+Every answer carries a strict Content-Security-Policy (scripts and styles from these files only, no inline
+script, calls to this origin only) and refuses to be framed.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from fastapi import APIRouter, HTTPException
+from fastapi.responses import RedirectResponse, Response
+
+PATH = "/console"
+# Served name -> (file in static/, media type). A fixed set: nothing else under /console is a file.
+FILES = {
+    "": ("console.html", "text/html; charset=utf-8"),
+    "console.js": ("console.js", "text/javascript; charset=utf-8"),
+    "console.css": ("console.css", "text/css; charset=utf-8"),
+}
+HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self';"
+        " base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+
+
+def router() -> APIRouter:
+    """The console's routes, its files read now (a missing file fails the start, not a page load)."""
+    static = resources.files("supervisor.http") / "static"
+    pages = {name: (static.joinpath(file).read_bytes(), media) for name, (file, media) in FILES.items()}
+    routes = APIRouter(include_in_schema=False)
+
+    @routes.api_route(PATH, methods=["GET", "HEAD"])
+    async def console_root() -> Response:
+        # The page's relative links (console.js) resolve against /console/, not /.
+        return RedirectResponse(PATH + "/", 308, headers=HEADERS)
+
+    @routes.api_route(PATH + "/{name}", methods=["GET", "HEAD"])
+    @routes.api_route(PATH + "/", methods=["GET", "HEAD"])
+    async def console_file(name: str = "") -> Response:
+        if name not in pages:
+            raise HTTPException(404, "no such console file")
+        body, media = pages[name]
+        return Response(body, media_type=media, headers=HEADERS)
+
+    return routes

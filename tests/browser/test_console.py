@@ -1,0 +1,184 @@
+"""The operator console in a real browser: sign in, watch workers, cancel with evidence, follow a job,
+page through jobs, and keep working while the supervisor restarts under the page."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from playwright.sync_api import expect
+
+from supervisor.testing import Server
+from tests.conftest import gone, sse_events, start_body, start_server, stop_server
+from tests.helpers.waiting import wait_until
+
+DEMO = "worker.demo:registry"
+CONSOLE = {"AIP_CREWAI_CONSOLE": "true"}
+# The screenshot for the README, written here when set (scripts/test leaves it unset).
+SCREENSHOT = os.environ.get("CONSOLE_SCREENSHOT")
+
+
+@pytest.fixture(scope="module")
+def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = start_server(tmp_path_factory.mktemp("console") / "state", registry=DEMO, env=CONSOLE)
+    yield server
+    stop_server(server)
+
+
+def start_job(server: Server, action: str, crew: str = "demo-slow", **inputs: Any) -> int:
+    """Starts a job and returns its worker's pid once it has started (a stream dropped does not cancel it)."""
+    body = start_body(crew, action, input={"topic": "the console", **inputs})
+    with (
+        server.client() as client,
+        client.stream("POST", "/jobs/stream", json=body, headers={"Idempotency-Key": action}) as response,
+    ):
+        assert response.status_code == 200, response.read()
+        for event in sse_events(response):
+            if event["event"] == "started":
+                return int(event["data"]["pid"])
+    raise AssertionError(f"{action} never started")
+
+
+def sign_in(page: Any, server: Server, token: str | None = None) -> None:
+    page.goto(f"{server.url}/console")
+    page.fill("#token", token or server.token)
+    page.click("#login-form button")
+
+
+def test_a_wrong_token_shows_a_message_and_no_data_then_the_right_one_signs_in(console: Server, page: Any) -> None:
+    start_job(console, "signin-running", seconds=20)
+    sign_in(page, console, token="not-the-token")
+    expect(page.locator("#login-error")).to_contain_text("refused that token (401)")
+    for view in ("#workers-view", "#jobs-view", "#job-view", "#health"):
+        expect(page.locator(view)).to_be_hidden()
+    assert page.locator("#workers tbody tr").count() == 0
+    assert page.evaluate("sessionStorage.length") == 0
+
+    page.fill("#token", console.token)
+    page.click("#login-form button")
+    expect(page.locator("#health-status")).to_have_text("ready")
+    expect(page.locator('#workers tr[data-action-id="signin-running"]')).to_be_visible()
+    expect(page.locator("#login")).to_be_hidden()
+    # The token is kept for this tab: a reload stays signed in.
+    page.reload()
+    expect(page.locator("#health-status")).to_have_text("ready")
+
+
+def test_the_page_is_served_with_a_strict_policy_and_without_a_token(console: Server) -> None:
+    with console.client(token="wrong") as client:
+        page = client.get("/console/")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        policy = page.headers["content-security-policy"]
+        assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy and "unsafe" not in policy
+        assert page.headers["x-frame-options"] == "DENY"
+        assert "<script>" not in page.text and "http" not in page.text  # no inline script, nothing fetched
+        assert client.get("/console", follow_redirects=False).headers["location"] == "/console/"
+        assert client.get("/console/console.js").headers["content-type"].startswith("text/javascript")
+        assert client.get("/console/nothing-here").status_code == 404
+        # Only the files are public: the API behind them is not, however the path is spelt.
+        for path in ("/workers", "/jobs", "/console/../jobs", "/console/%2e%2e/workers"):
+            assert client.get(path).status_code in (401, 404), path
+        assert client.post("/console/").status_code == 401
+
+
+def test_a_running_job_appears_in_the_worker_view_and_its_cancel_shows_the_evidence(
+    console: Server, page: Any, tmp_path: Path
+) -> None:
+    pid = start_job(console, "runaway-in-the-page", seconds=60)
+    sign_in(page, console)
+    row = page.locator('#workers tr[data-action-id="runaway-in-the-page"]')
+    expect(row.locator("td.pid")).to_have_text(str(pid))
+    expect(row.locator("td.phase")).to_have_text("running")
+    expect(row.locator("td.rss")).to_contain_text("MiB")
+    # Refreshed every second: the sparkline gains a point each time (eight here, for the README's picture).
+    expect(row.locator("td.rss polyline")).to_have_attribute("points", re.compile(r"^(\S+ ){7}\S+"), timeout=20_000)
+    picture = tmp_path / "console-workers.png"
+    page.set_viewport_size({"width": 1400, "height": 330})
+    page.screenshot(path=picture, full_page=True)
+    if SCREENSHOT:
+        shutil.copyfile(picture, SCREENSHOT)
+
+    row.locator("button", has_text="Cancel").click()
+    evidence = page.locator("#evidence")
+    expect(evidence).to_contain_text("runaway-in-the-page cancelled: stop confirmed")
+    expect(evidence).to_contain_text(f"worker pid {pid}")
+    expect(evidence).to_contain_text("SIGKILL")
+    assert gone(pid), f"the page said stopped, but pid {pid} runs: {psutil.Process(pid)}"
+    expect(row).to_have_count(0)  # it leaves the worker view
+
+
+def test_a_streamed_job_is_followed_live_to_its_terminal_event(console: Server, page: Any) -> None:
+    start_job(console, "followed", seconds=3)
+    sign_in(page, console)
+    page.goto(f"{console.url}/console/#/job/followed")
+    expect(page.locator("#job-id")).to_have_text("followed")
+    events = page.locator("#events li")
+    expect(events.first).to_have_attribute("data-event", "started")
+    expect(page.locator("#events-state")).to_have_text("ended: completed", timeout=60_000)
+    expect(events.last).to_have_attribute("data-event", "completed")
+    count = events.count()
+    with console.client() as client:
+        assert count == client.get("/jobs/followed").json()["event_count"]
+    sequences = [int(text) for text in page.locator("#events li .seq").all_inner_texts()]
+    assert sequences == list(range(count)), "every event once, in order"
+    expect(page.locator("#job-record")).to_contain_text("completed")
+    expect(page.locator("#job-cancel")).to_be_hidden()
+
+
+def test_the_job_list_filters_and_pages(console: Server, page: Any) -> None:
+    for n in range(3):
+        start_job(console, f"listed-{n}", crew="demo", mode="quick")
+    with console.client() as client:
+
+        def completed() -> int:
+            return len(client.get("/jobs", params={"crew_id": "demo", "status": "completed"}).json()["jobs"])
+
+        assert wait_until(lambda: completed() >= 3, timeout=60)
+    sign_in(page, console)
+    page.goto(f"{console.url}/console/#/jobs?crew_id=demo&limit=2")
+    rows = page.locator("#jobs tbody tr")
+    expect(rows).to_have_count(2)
+    first_page = rows.all_inner_texts()
+    expect(page.locator("#jobs-newer")).to_be_disabled()
+    page.click("#jobs-older")
+    expect(page.locator("#jobs-page")).to_have_text("page 2")
+    expect(rows.first).not_to_have_text(first_page[0])
+    assert all("demo" in text for text in rows.all_inner_texts())
+    page.click("#jobs-newer")
+    expect(page.locator("#jobs-page")).to_have_text("page 1")
+
+    page.select_option('#filters select[name="status"]', "cancelled")
+    page.click("#filters button")
+    expect(page).to_have_url(re.compile(r"status=cancelled"))
+    expect(page.locator("#jobs-empty")).to_be_visible()  # no demo job was cancelled
+
+
+def test_the_page_keeps_working_when_the_supervisor_restarts_under_it(tmp_path: Path, page: Any) -> None:
+    state = tmp_path / "state"
+    first = start_server(state, registry=DEMO, env=CONSOLE)
+    pid = start_job(first, "interrupted", seconds=120)
+    sign_in(page, first)
+    page.goto(f"{first.url}/console/#/job/interrupted")
+    expect(page.locator("#events li").first).to_have_attribute("data-event", "started")
+
+    first.shut_down(kill=True)  # SIGKILL, as a crash: the worker dies with it
+    assert wait_until(lambda: gone(pid), timeout=10)
+    expect(page.locator("#banner")).to_contain_text("Cannot reach the supervisor")
+
+    # The same address and token: the page keeps what it was given.
+    second = start_server(state, registry=DEMO, env=CONSOLE, port=first.port, token=first.token)
+    expect(page.locator("#banner")).to_contain_text("restarted")
+    # The interrupted job was fenced at start-up; the page resumes its events and reads the terminal one.
+    expect(page.locator("#events-state")).to_have_text("ended: failed", timeout=60_000)
+    expect(page.locator("#events li").last).to_have_attribute("data-event", "failed")
+    sequences = [int(text) for text in page.locator("#events li .seq").all_inner_texts()]
+    assert sequences == list(range(len(sequences))), "resumed after the last event shown: none twice, none lost"
+    page.click('nav a[href="#/workers"]')
+    expect(page.locator("#workers-empty")).to_be_visible()
+    stop_server(second)

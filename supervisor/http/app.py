@@ -57,13 +57,13 @@ def create_app(sup: Supervisor) -> FastAPI:
     )
     app.state.supervisor = sup
     app.state.metrics = sup.metrics
-    public = None
+    public: frozenset[str] = frozenset()
     if sup.settings.console:
         # Imported only when on: off, the console adds nothing to the supervisor, not even its files' bytes.
         from supervisor.http import webconsole
 
         app.include_router(webconsole.router())
-        public = webconsole.PATH
+        public = webconsole.PUBLIC_PATHS
     app.add_middleware(BearerAuth, token=sup.settings.token, public=public)
     app.add_exception_handler(admission.Refused, refused)  # type: ignore[arg-type]
     app.include_router(contract.router)

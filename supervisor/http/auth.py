@@ -14,23 +14,17 @@ JSON = (b"content-type", b"application/json")
 class BearerAuth:
     """The whole Authorization header (exactly one), compared in constant time, on every route but ``public``.
 
-    ``public`` is a path and everything under it, read with GET or HEAD: the console's static files, which hold
-    no data (a browser cannot send a header when it loads a page; the page sends the token on each call).
+    ``public`` are exact paths read with GET or HEAD: the console's files, which hold no data (a browser
+    cannot send a header when it loads a page; the page sends the token on each call it makes).
     """
 
-    def __init__(self, app: ASGIApp, token: str | None, public: str | None = None) -> None:
+    def __init__(self, app: ASGIApp, token: str | None, public: frozenset[str] = frozenset()) -> None:
         self.app = app
         self.expected = f"Bearer {token}".encode() if token else None
         self.public = public
 
     def _is_public(self, scope: Scope) -> bool:
-        path: str = scope["path"]
-        public = self.public
-        return (
-            public is not None
-            and scope["method"] in ("GET", "HEAD")
-            and (path == public or path.startswith(public + "/"))
-        )
+        return scope["path"] in self.public and scope["method"] in ("GET", "HEAD")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.expected is not None and not self._is_public(scope):

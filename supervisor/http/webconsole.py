@@ -21,6 +21,8 @@ FILES = {
     "console.js": ("console.js", "text/javascript; charset=utf-8"),
     "console.css": ("console.css", "text/css; charset=utf-8"),
 }
+# Served without the token (supervisor/http/auth.py), exactly these: not a prefix a crafted path could extend.
+PUBLIC_PATHS = frozenset({PATH, *(f"{PATH}/{name}" for name in FILES)})
 HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self';"

@@ -3,6 +3,7 @@ page through jobs, and keep working while the supervisor restarts under the page
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
 import shutil
@@ -70,6 +71,16 @@ def test_a_wrong_token_shows_a_message_and_no_data_then_the_right_one_signs_in(c
     expect(page.locator("#health-status")).to_have_text("ready")
 
 
+def raw_get(server: Server, path: str, method: str = "GET", token: str | None = None) -> int:
+    """The status of ``path`` sent exactly as written (httpx would resolve ``..`` before sending)."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        connection.request(method, path, headers={"Authorization": f"Bearer {token}"} if token else {})
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
 def test_the_page_is_served_with_a_strict_policy_and_without_a_token(console: Server) -> None:
     with console.client(token="wrong") as client:
         page = client.get("/console/")
@@ -77,14 +88,26 @@ def test_the_page_is_served_with_a_strict_policy_and_without_a_token(console: Se
         policy = page.headers["content-security-policy"]
         assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy and "unsafe" not in policy
         assert page.headers["x-frame-options"] == "DENY"
-        assert "<script>" not in page.text and "http" not in page.text  # no inline script, nothing fetched
+        scripts = re.findall(r"<script[^>]*>", page.text)
+        assert scripts and all(" src=" in tag for tag in scripts), "no inline script"
+        assert "http" not in page.text.replace("http-equiv", ""), "nothing fetched from elsewhere"
         assert client.get("/console", follow_redirects=False).headers["location"] == "/console/"
         assert client.get("/console/console.js").headers["content-type"].startswith("text/javascript")
-        assert client.get("/console/nothing-here").status_code == 404
-        # Only the files are public: the API behind them is not, however the path is spelt.
-        for path in ("/workers", "/jobs", "/console/../jobs", "/console/%2e%2e/workers"):
-            assert client.get(path).status_code in (401, 404), path
-        assert client.post("/console/").status_code == 401
+    # Only the page's own files are public, read: nothing else, however the path is spelt or the method.
+    for path in (
+        "/console/nothing-here",
+        "/console/../jobs",
+        "/console/%2e%2e/workers",
+        "/console//workers",
+        "/console/console.js/../../jobs",
+        "/consolex",
+        "/workers",
+        "/jobs",
+        "/metrics",
+    ):
+        assert raw_get(console, path) == 401, path
+    assert raw_get(console, "/console/", method="POST") == 401
+    assert raw_get(console, "/console/nothing-here", token=console.token) == 404
 
 
 def test_a_running_job_appears_in_the_worker_view_and_its_cancel_shows_the_evidence(
@@ -114,12 +137,17 @@ def test_a_running_job_appears_in_the_worker_view_and_its_cancel_shows_the_evide
 
 
 def test_a_streamed_job_is_followed_live_to_its_terminal_event(console: Server, page: Any) -> None:
-    start_job(console, "followed", seconds=3)
+    start_job(console, "followed", seconds=10)
     sign_in(page, console)
     page.goto(f"{console.url}/console/#/job/followed")
     expect(page.locator("#job-id")).to_have_text("followed")
     events = page.locator("#events li")
     expect(events.first).to_have_attribute("data-event", "started")
+    # Live: events arrive while the job still runs, not only replayed once it has ended.
+    expect(page.locator("#job-record")).to_contain_text("running")
+    expect(page.locator('#events li[data-event="chunk"]').first).to_be_visible()
+    with console.client() as client:
+        assert client.get("/jobs/followed").json()["status"] == "running"
     expect(page.locator("#events-state")).to_have_text("ended: completed", timeout=60_000)
     expect(events.last).to_have_attribute("data-event", "completed")
     count = events.count()
@@ -129,6 +157,24 @@ def test_a_streamed_job_is_followed_live_to_its_terminal_event(console: Server, 
     assert sequences == list(range(count)), "every event once, in order"
     expect(page.locator("#job-record")).to_contain_text("completed")
     expect(page.locator("#job-cancel")).to_be_hidden()
+
+
+def test_leaving_a_job_aborts_its_calls_so_a_late_answer_never_lands_in_the_next_page(
+    console: Server, page: Any
+) -> None:
+    start_job(console, "answered-late", crew="demo", mode="quick")
+    sign_in(page, console)
+    held: list[Any] = []
+    page.route("**/jobs/answered-late", lambda route: held.append(route))  # asked for, never answered
+    with page.expect_request("**/jobs/answered-late"):
+        page.goto(f"{console.url}/console/#/job/answered-late")
+    with page.expect_event("requestfailed", lambda request: request.url.endswith("/jobs/answered-late")):
+        page.evaluate("location.hash = '#/job/no-such-job'")
+    expect(page.locator("#job-id")).to_have_text("no-such-job")
+    expect(page.locator("#view-error")).to_contain_text("404")
+    assert page.locator("#job-record").inner_text() == ""
+    page.evaluate("location.hash = '#/job/%E0'")  # not percent-encoding of anything
+    expect(page.locator("#view-error")).to_contain_text("names no job")
 
 
 def test_the_job_list_filters_and_pages(console: Server, page: Any) -> None:

@@ -3,7 +3,10 @@
 // cancel reasons are chosen by clients and crews.
 
 const TOKEN_KEY = "crew-supervisor.token"; // sessionStorage: this tab only, gone when it closes
-const REFRESH_MS = 1000; // /health and the open view
+const REFRESH_MS = 1000; // /health and the open view, fetched together
+const CALL_MS = 5000; // a call unanswered this long: the supervisor is "not answering" (the next tick retries)
+const CANCEL_MS = 120000; // a cancel answers once the kill is confirmed: after STOP_GRACE_MS (at most 60 s)
+const SILENCE_MS = 60000; // a followed stream with no byte this long is reconnected (keep-alives: every 15 s)
 const HISTORY = 30; // samples per sparkline: half a minute at REFRESH_MS
 const JOBS_PER_PAGE = 25; // #/jobs?limit=N asks for another (1 to 500, the API's bound)
 const EVENTS_SHOWN = 2000; // the oldest leave the page beyond this
@@ -29,21 +32,33 @@ const session = {
   signedIn: false,
   instance: null,
   restartNoticeUntil: 0,
-  refresh: null, // the open view's refresh, called on every tick
-  close: null, // the open view's clean-up (an event stream to abort)
+  // The open view: its refresh (called on every tick) and the signal that ends it. Leaving a view aborts its
+  // calls and streams, and whatever of them still answers is dropped: a slow answer for one job never lands in
+  // the next one's page.
+  view: { refresh: null, controller: new AbortController() },
   busy: false,
 };
 
 // The API -------------------------------------------------------------------------------------------------------
 
-async function call(path, init = {}) {
+// `signal` ends the call with its view; `timeout` (ms, or null for a stream) bounds the whole answer, body too.
+async function call(path, { signal, timeout = CALL_MS, ...init } = {}) {
   const headers = new Headers(init.headers);
   if (session.token) headers.set("Authorization", `Bearer ${session.token}`);
+  const deadline = timeout === null ? null : AbortSignal.timeout(timeout);
+  const signals = [signal, deadline].filter(Boolean);
   let response;
   try {
-    response = await fetch(path, { ...init, headers, cache: "no-store", credentials: "omit" });
+    response = await fetch(path, {
+      ...init,
+      headers,
+      signal: signals.length ? AbortSignal.any(signals) : undefined,
+      cache: "no-store",
+      credentials: "omit",
+    });
   } catch (error) {
-    if (error.name === "AbortError") throw error;
+    if (signal?.aborted) throw error;
+    if (deadline?.aborted) throw new Unreachable(`the supervisor did not answer within ${timeout / 1000} s`);
     throw new Unreachable("the supervisor is not answering");
   }
   if (response.status === 401) throw new Unauthorized("the supervisor refused the token");
@@ -59,21 +74,40 @@ async function call(path, init = {}) {
   return response;
 }
 
-const getJSON = async (path, init) => (await call(path, init)).json();
+async function getJSON(path, options) {
+  try {
+    return await (await call(path, options)).json();
+  } catch (error) {
+    if (error instanceof SyntaxError) throw new Error(`${path} answered something other than JSON`);
+    if (error.name === "TimeoutError") throw new Unreachable("the supervisor stopped answering mid-way");
+    throw error;
+  }
+}
+
 const jobPath = (id) => `/jobs/${encodeURIComponent(id)}`;
 
 // Server-sent events, read from a fetch body (EventSource cannot send the Authorization header). Lines end at
 // CRLF, CR or LF; a field's value loses one leading space; data lines join with LF; comments and other fields are
-// skipped; a frame without data is nothing; a partial frame at the end of a dropped stream is discarded.
+// skipped; a frame without data is nothing; a partial frame at the end of a dropped stream is discarded. A stream
+// silent for SILENCE_MS (the server sends a keep-alive comment while idle) counts as dropped.
 async function* readEvents(body) {
   const reader = body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
   let data = [];
   try {
     for (;;) {
-      const { value, done } = await reader.read();
-      if (done) return;
-      buffer += value;
+      let timer;
+      const silence = new Promise((_, reject) => {
+        timer = setTimeout(() => reject(new Unreachable(`no byte for ${SILENCE_MS / 1000} s`)), SILENCE_MS);
+      });
+      let chunk;
+      try {
+        chunk = await Promise.race([reader.read(), silence]);
+      } finally {
+        clearTimeout(timer);
+      }
+      if (chunk.done) return;
+      buffer += chunk.value;
       let end;
       while ((end = /\r\n|\r|\n/.exec(buffer)) !== null) {
         if (end[0] === "\r" && end.index === buffer.length - 1) break; // maybe the first half of a CRLF
@@ -82,10 +116,10 @@ async function* readEvents(body) {
         if (line === "") {
           if (data.length) yield JSON.parse(data.join("\n"));
           data = [];
-        } else if (line.startsWith("data")) {
-          const colon = line.indexOf(":");
-          if (colon === 4) data.push(line.slice(line[5] === " " ? 6 : 5));
-          else if (line === "data") data.push("");
+        } else if (line === "data") {
+          data.push("");
+        } else if (line.startsWith("data:")) {
+          data.push(line.slice(line[5] === " " ? 6 : 5));
         }
       }
       if (buffer.length + data.reduce((sum, part) => sum + part.length, 0) > MAX_FRAME_CHARS) {
@@ -103,7 +137,9 @@ function showLogin(message) {
   session.signedIn = false;
   closeView();
   clearData();
-  for (const id of ["health", "nav", "banner", "workers-view", "jobs-view", "job-view"]) $(id).hidden = true;
+  for (const id of ["health", "nav", "banner", "view-error", "workers-view", "jobs-view", "job-view"]) {
+    $(id).hidden = true;
+  }
   $("login").hidden = false;
   $("login-error").textContent = message ?? "";
   $("token").value = "";
@@ -124,40 +160,48 @@ async function signIn(token) {
     forget("That is not a token: it holds characters a header cannot carry.");
     return;
   }
+  let health;
   try {
-    renderHealth(await getJSON("/health"));
+    health = await getJSON("/health");
   } catch (error) {
     if (error instanceof Unauthorized) forget("The supervisor refused that token (401). Check it and try again.");
     else showLogin(`Cannot sign in: ${error.message}.`);
     return;
   }
   sessionStorage.setItem(TOKEN_KEY, token);
-  enter();
+  enter(health);
 }
 
-function enter() {
+function enter(health) {
   session.signedIn = true;
   $("login").hidden = true;
   $("login-error").textContent = "";
   $("health").hidden = false;
   $("nav").hidden = false;
+  renderHealth(health);
   route();
 }
 
-// Errors of a refresh: a refused token ends the session, an unanswered call says so and the next tick retries.
+// Errors of a tick: a refused token ends the session; an unanswered call says so, and the next tick retries.
 function handle(error) {
   if (error instanceof Unauthorized) {
     forget("The supervisor refused the token (401): it may have restarted with another. Sign in again.");
   } else if (error instanceof Unreachable) {
-    banner("Cannot reach the supervisor; retrying every second…");
+    banner(`Cannot reach the supervisor (${error.message}); retrying every second…`);
   } else if (error.name !== "AbortError") {
-    banner(`Error: ${error.message}`);
+    viewError(error.message);
   }
 }
 
 function banner(text) {
   $("banner").textContent = text;
   $("banner").hidden = false;
+}
+
+// What the open view could not do (a 404, a refused cancel), until it next succeeds.
+function viewError(text) {
+  $("view-error").textContent = text ?? "";
+  $("view-error").hidden = !text;
 }
 
 // The header: /health -------------------------------------------------------------------------------------------
@@ -183,14 +227,18 @@ function renderHealth(health) {
     `${health.active_runs} active · ${health.retained_runs} / ${health.max_retained_runs} retained`;
 }
 
+// Every REFRESH_MS: /health and the open view's refresh side by side. A tick still waiting (at most CALL_MS)
+// makes the next one wait its turn rather than pile calls onto a slow supervisor.
 async function tick() {
   if (session.busy || !session.signedIn) return;
   session.busy = true;
+  const view = session.view;
+  const signal = view.controller.signal;
   try {
-    renderHealth(await getJSON("/health"));
-    if (session.refresh) await session.refresh();
+    const [health] = await Promise.all([getJSON("/health", { signal }), view.refresh?.(signal)]);
+    if (!signal.aborted) renderHealth(health);
   } catch (error) {
-    handle(error);
+    if (!signal.aborted) handle(error);
   } finally {
     session.busy = false;
   }
@@ -199,15 +247,20 @@ async function tick() {
 // Views ---------------------------------------------------------------------------------------------------------
 
 function closeView() {
-  session.close?.();
-  session.close = null;
-  session.refresh = null;
+  session.view.controller.abort();
+  session.view = { refresh: null, controller: new AbortController() };
 }
 
 function clearData() {
   for (const id of ["workers", "jobs"]) $(id).tBodies[0].replaceChildren();
   for (const id of ["job-record", "events", "stdout", "stderr", "evidence", "job-evidence"]) {
     $(id).replaceChildren();
+  }
+  for (const id of ["health-status", "health-forkserver", "health-limits", "health-jobs", "job-id"]) {
+    $(id).textContent = "";
+  }
+  for (const id of ["stdout-total", "stderr-total", "events-state", "jobs-page", "workers-updated", "view-error"]) {
+    $(id).textContent = "";
   }
   workerRows.clear();
   samples.clear();
@@ -216,14 +269,33 @@ function clearData() {
 function route() {
   if (!session.signedIn) return;
   closeView();
+  viewError(null);
   const [path, query] = location.hash.slice(1).split("?");
   for (const id of ["workers-view", "jobs-view", "job-view"]) $(id).hidden = true;
-  for (const link of $("nav").querySelectorAll("a")) {
-    link.classList.toggle("current", path.startsWith(link.getAttribute("href").slice(1)));
+  const signal = session.view.controller.signal;
+  let current = "/workers";
+  if (path.startsWith("/job/")) {
+    current = null;
+    let id;
+    try {
+      id = decodeURIComponent(path.slice("/job/".length));
+    } catch {
+      viewError("This address names no job: its id is not valid percent-encoding.");
+      return;
+    }
+    openJob(id, signal);
+  } else if (path === "/jobs") {
+    current = "/jobs";
+    openJobs(new URLSearchParams(query ?? ""), signal);
+  } else {
+    openWorkers();
   }
-  if (path.startsWith("/job/")) openJob(decodeURIComponent(path.slice("/job/".length)));
-  else if (path === "/jobs") openJobs(new URLSearchParams(query ?? ""));
-  else openWorkers();
+  for (const link of $("nav").querySelectorAll("a")) {
+    const here = link.getAttribute("href") === `#${current}`;
+    link.classList.toggle("current", here);
+    if (here) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
   tick();
 }
 
@@ -280,11 +352,13 @@ const samples = new Map(); // action_id -> {rss: [], cpu: []}
 
 function openWorkers() {
   $("workers-view").hidden = false;
-  session.refresh = refreshWorkers;
+  $("evidence").hidden = true;
+  session.view.refresh = refreshWorkers;
 }
 
-async function refreshWorkers() {
-  const { workers } = await getJSON("/workers");
+async function refreshWorkers(signal) {
+  const { workers } = await getJSON("/workers", { signal });
+  if (signal.aborted) return;
   const body = $("workers").tBodies[0];
   const present = new Set();
   for (const worker of workers) {
@@ -305,7 +379,8 @@ async function refreshWorkers() {
     phase.className = `phase status-${worker.phase}`;
     pid.textContent = worker.pid ?? "–";
     rss.replaceChildren(megabytes(worker.rss_bytes), sparkline(history.rss));
-    cpu.replaceChildren(worker.cpu_percent == null ? "–" : `${worker.cpu_percent.toFixed(0)} %`, sparkline(history.cpu, 0));
+    const percent = worker.cpu_percent == null ? "–" : `${worker.cpu_percent.toFixed(0)} %`;
+    cpu.replaceChildren(percent, sparkline(history.cpu, 0));
     processes.textContent = worker.processes ?? "–";
     age.textContent = duration(worker.age_seconds);
     events.textContent = worker.event_count;
@@ -327,12 +402,9 @@ function workerRow(worker) {
   const link = cell("", "id");
   link.replaceChildren(jobLink(worker.action_id));
   const cells = ["phase", "pid", "rss", "cpu", "processes", "age", "events"].map((name) => cell("", name));
-  const button = document.createElement("button");
-  button.type = "button";
-  button.className = "danger";
-  button.textContent = "Cancel";
+  const button = cancelButton(worker.action_id);
   const entry = { row, cells, button, worker };
-  button.addEventListener("click", () => cancel(entry.worker, button, $("evidence")));
+  button.addEventListener("click", () => cancel(entry.worker, button, $("evidence"), session.view.controller.signal));
   const action = cell("");
   action.append(button);
   row.append(link, cell(worker.crew_id), cell(worker.operation), ...cells, action);
@@ -341,18 +413,31 @@ function workerRow(worker) {
 
 // Cancel, and the evidence that the work stopped -----------------------------------------------------------------
 
-async function cancel(job, button, box) {
+function cancelButton(id) {
+  const button = document.createElement("button");
+  button.type = "button";
+  button.className = "danger";
+  button.textContent = "Cancel";
+  button.setAttribute("aria-label", `Cancel ${id}`);
+  return button;
+}
+
+// The call is not aborted with its view (the kill goes on whatever the page shows next), but its answer is shown
+// only in the view that asked.
+async function cancel(job, button, box, signal) {
   if (!window.confirm(`Cancel ${job.action_id}? Its worker and every process it started are killed.`)) return;
   button.disabled = true;
   button.textContent = "Cancelling…";
   try {
     const record = await getJSON(`${jobPath(job.action_id)}/cancel`, {
       method: "POST",
+      timeout: CANCEL_MS,
       headers: { "Content-Type": "application/json" },
       body: JSON.stringify({ action_id: job.action_id, crew_id: job.crew_id, reason: "cancelled from the console" }),
     });
-    showEvidence(box, record);
+    if (!signal.aborted) showEvidence(box, record);
   } catch (error) {
+    if (signal.aborted) return;
     if (error instanceof Refused) showEvidence(box, null, `Cancel of ${job.action_id} refused: ${error.message}`);
     else handle(error);
   } finally {
@@ -372,7 +457,8 @@ function showEvidence(box, record, failure) {
   } else if (terminal.launched === false) {
     title.textContent = `${record.action_id} cancelled before it started: no process ran`;
   } else {
-    title.textContent = `${record.action_id} cancelled: ${terminal.stop_confirmed ? "stop confirmed" : "stop NOT confirmed"}`;
+    const confirmed = terminal.stop_confirmed ? "stop confirmed" : "stop NOT confirmed";
+    title.textContent = `${record.action_id} cancelled: ${confirmed}`;
     detail.textContent =
       `worker pid ${terminal.pid} (process group ${terminal.pgid}) sent ${terminal.signal}; ` +
       `exit status ${terminal.exit_status}; ${terminal.descendants_killed} other process(es) killed; ` +
@@ -384,7 +470,7 @@ function showEvidence(box, record, failure) {
 
 // Jobs: GET /jobs with its filters and keyset pages ---------------------------------------------------------------
 
-function openJobs(params) {
+function openJobs(params, signal) {
   $("jobs-view").hidden = false;
   const form = $("filters");
   for (const name of ["status", "crew_id", "operation"]) form.elements[name].value = params.get(name) ?? "";
@@ -393,13 +479,17 @@ function openJobs(params) {
   let page = 0;
   let next = null;
   let ticks = 0;
+  let latest = 0; // only the newest load is shown: a reload from a tick may answer after a page turn
   async function load() {
+    const mine = ++latest;
     const query = new URLSearchParams();
     for (const name of ["status", "crew_id", "operation"]) if (params.get(name)) query.set(name, params.get(name));
     query.set("limit", limit);
     if (cursors[page]) query.set("cursor", cursors[page]);
-    const { jobs, next_cursor } = await getJSON(`/jobs?${query}`);
+    const { jobs, next_cursor } = await getJSON(`/jobs?${query}`, { signal });
+    if (signal.aborted || mine !== latest) return;
     next = next_cursor;
+    viewError(null);
     $("jobs").tBodies[0].replaceChildren(...jobs.map(jobRow));
     $("jobs-empty").hidden = jobs.length > 0;
     $("jobs-older").disabled = !next;
@@ -409,7 +499,7 @@ function openJobs(params) {
   const turn = (by) => {
     if (by > 0) cursors[page + 1] = next;
     page += by;
-    load().catch(handle);
+    load().catch((error) => signal.aborted || handle(error));
   };
   $("jobs-older").onclick = () => turn(1);
   $("jobs-newer").onclick = () => turn(-1);
@@ -420,7 +510,7 @@ function openJobs(params) {
     if (params.get("limit")) query.set("limit", limit);
     location.hash = `#/jobs${query.size ? `?${query}` : ""}`;
   };
-  session.refresh = async () => {
+  session.view.refresh = async () => {
     if (ticks++ % 3 === 0) await load(); // every third tick: a list being read should not jump every second
   };
 }
@@ -437,46 +527,53 @@ function jobRow(job) {
 
 // One job: its record, its events followed live, its output tails ------------------------------------------------
 
-function openJob(id) {
+function openJob(id, signal) {
   $("job-view").hidden = false;
   $("job-id").textContent = id;
   for (const box of ["job-record", "events", "stdout", "stderr", "job-evidence"]) $(box).replaceChildren();
+  for (const text of ["stdout-total", "stderr-total", "events-state"]) $(text).textContent = "";
   $("job-evidence").hidden = true;
   $("events-dropped").hidden = true;
-  $("job-cancel").hidden = true;
-  const stream = new AbortController();
-  session.close = () => stream.abort();
+  const cancelJob = $("job-cancel");
+  cancelJob.hidden = true;
+  cancelJob.setAttribute("aria-label", `Cancel ${id}`);
   let record = null;
   let live = true;
+  let known = true;
   let ticks = 0;
-  $("job-cancel").onclick = () => record && cancel(record, $("job-cancel"), $("job-evidence"));
+  cancelJob.onclick = () => record && cancel(record, cancelJob, $("job-evidence"), signal);
 
   async function refresh() {
-    record = await getJSON(jobPath(id));
+    const answer = await getJSON(jobPath(id), { signal });
+    if (signal.aborted) return;
+    record = answer;
     renderRecord(record);
     if (live) {
-      const output = await getJSON(`${jobPath(id)}/output`);
+      const output = await getJSON(`${jobPath(id)}/output`, { signal });
+      if (signal.aborted) return;
       renderTail("stdout", output.stdout);
       renderTail("stderr", output.stderr);
       live = output.live; // once settled the journal's copy is final: read no more
     }
   }
-  session.refresh = async () => {
-    if (ticks++ % 2 === 0) {
-      try {
-        await refresh();
-      } catch (error) {
-        if (!(error instanceof Refused)) throw error;
-        $("events-state").textContent = error.message;
-      }
+  session.view.refresh = async () => {
+    if (!known || ticks++ % 2) return;
+    try {
+      await refresh();
+    } catch (error) {
+      if (!(error instanceof Refused)) throw error;
+      viewError(error.message);
+      known = error.status !== 404 && error.status !== 422; // no such job: asking again will not make one
     }
   };
-  follow(id, stream.signal, () => {
+  follow(id, signal, () => {
     live = true; // read the final tails once more
     ticks = 0;
   });
 }
 
+// Follows a job's events to its terminal one. Only a supervisor that cannot be reached is retried (resuming
+// after the last event shown); anything else it answers is shown and ends the following.
 async function follow(id, signal, ended) {
   const state = $("events-state");
   let last = null;
@@ -485,10 +582,11 @@ async function follow(id, signal, ended) {
     let terminal = null;
     try {
       const headers = { Accept: "text/event-stream" };
-      if (last !== null) headers["Last-Event-ID"] = String(last); // resume after the last event shown
+      if (last !== null) headers["Last-Event-ID"] = String(last);
       state.textContent = last === null ? "following…" : `following (resumed after event ${last})…`;
-      const response = await call(`${jobPath(id)}/events`, { headers, signal });
+      const response = await call(`${jobPath(id)}/events`, { headers, signal, timeout: null });
       for await (const event of readEvents(response.body)) {
+        if (signal.aborted) return;
         dropped += addEvent(event);
         last = event.sequence;
         if (TERMINAL.has(event.event)) terminal = event.event;
@@ -496,8 +594,8 @@ async function follow(id, signal, ended) {
     } catch (error) {
       if (signal.aborted) return;
       if (error instanceof Unauthorized) return handle(error);
-      if (error instanceof Refused) {
-        state.textContent = error.message;
+      if (!(error instanceof Unreachable) && error.name !== "TypeError") {
+        state.textContent = `stopped following: ${error.message}`;
         return;
       }
     }
@@ -510,7 +608,6 @@ async function follow(id, signal, ended) {
       ended();
       return;
     }
-    if (signal.aborted) return;
     state.textContent = `connection lost after event ${last ?? "none"}; reconnecting…`;
     await new Promise((resume) => setTimeout(resume, RECONNECT_MS));
   }
@@ -578,8 +675,7 @@ setInterval(tick, REFRESH_MS);
 // A token kept in this tab, or none where the supervisor asks for none (a loopback dev server).
 (async function start() {
   try {
-    renderHealth(await getJSON("/health"));
-    enter();
+    enter(await getJSON("/health"));
   } catch (error) {
     if (error instanceof Unauthorized) {
       showLogin(session.token ? "The saved token was refused (401). Sign in again." : "");

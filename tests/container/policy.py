@@ -25,6 +25,11 @@ DURABLE = ("HOME", "CREWAI_STORAGE_DIR", "AIP_CREWAI_STATE_FILE", "AIP_CREWAI_TR
 DEFAULT_DRAIN_SECONDS = 20.0  # AIP_CREWAI_DRAIN_SECONDS' default: running jobs may finish this long after SIGTERM
 # After the drain: the jobs left are killed and confirmed, uvicorn gives connections up to 5 s, the journal closes.
 STOP_SECONDS = 10
+# The build arguments the Dockerfile checks against the wheelhouse (build/wheelhouse/<NAME>): a build command that
+# leaves one out builds with the Dockerfile's default, and fails as soon as the wheelhouse says otherwise.
+WHEELHOUSE_ARGS = ("SOURCE_REVISION", "CREWAI_VERSION")
+# A build of container/Dockerfile written out (docs, scripts, the Dockerfile's own header), with its continuations.
+BUILD_COMMAND = re.compile(r"\b(?:docker|podman) build\b(?:[^\n]*\\\n)*[^\n]*")
 
 
 # --- Dockerfile --------------------------------------------------------------------------------------------------
@@ -83,6 +88,7 @@ def dockerfile_problems(path: Path) -> list[str]:
     if not stages:
         return [*problems, "no FROM"]
     final = stages[-1]
+    problems += _venv_problems([item for stage in stages[:-1] for item in stage])
 
     def last(instruction: str) -> dict[str, Any] | None:
         found = [item for item in final if item["instruction"] == instruction]
@@ -131,6 +137,33 @@ def dockerfile_problems(path: Path) -> list[str]:
         if not labels.get(label):
             problems.append(f"LABEL {label} missing")
     return problems
+
+
+def _venv_problems(build: list[dict[str, Any]]) -> list[str]:
+    """The build stages' RUNs: pip and uv must leave the venv the runtime copies, and only after `pip check`
+    (crewai-cli requires uv: checked without it, the set would not be consistent)."""
+    commands = " && ".join(item["value"] for item in build if item["instruction"] == "RUN")
+    uninstall = re.search(r"\bpip uninstall\b([^&;|]*)", commands)
+    if uninstall is None or not {"pip", "uv"} <= set(uninstall.group(1).split()):
+        return ["the build stage must uninstall pip and uv from the venv: the runtime runs neither"]
+    check = commands.find("pip check")
+    if check < 0 or check > uninstall.start():
+        return ["pip uninstall before pip check: check the whole locked set first"]
+    return []
+
+
+def build_commands(text: str) -> list[str]:
+    return [command for command in BUILD_COMMAND.findall(text) if "container/Dockerfile" in command]
+
+
+def build_command_problems(path: Path) -> list[str]:
+    """Each build command written out in ``path`` passes every wheelhouse build argument."""
+    return [
+        f"{path.name}: {command.splitlines()[0].strip()} ... lacks --build-arg {name}="
+        for command in build_commands(path.read_text())
+        for name in WHEELHOUSE_ARGS
+        if f"--build-arg {name}=" not in command
+    ]
 
 
 # --- Kubernetes --------------------------------------------------------------------------------------------------

@@ -17,11 +17,18 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.container.policy import compose_problems, dockerfile_problems, kubernetes_problems
+from tests.container.policy import (
+    build_command_problems,
+    build_commands,
+    compose_problems,
+    dockerfile_problems,
+    kubernetes_problems,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTAINER = ROOT / "container"
 DOCKERFILE = CONTAINER / "Dockerfile"
+README = CONTAINER / "README.md"
 COMPOSE = CONTAINER / "compose.yaml"
 KUBERNETES = CONTAINER / "kubernetes"
 BIN = Path(sys.executable).parent  # the linters are test dependencies, installed beside this Python
@@ -102,6 +109,13 @@ DOCKERFILE_BREAKAGES = {
     "journal off volume": ("STATE_FILE=/var/lib/crew-supervisor/", "STATE_FILE=/srv/", "STATE_FILE must be under"),
     "loopback": ("AIP_CREWAI_HOST=0.0.0.0", "AIP_CREWAI_HOST=127.0.0.1", "AIP_CREWAI_HOST=0.0.0.0 missing"),
     "no label": (' \\\n      io.crewai.version="${CREWAI_VERSION}"', "", "LABEL io.crewai.version missing"),
+    "pip kept": (" uv setuptools pip \\\n", " uv setuptools \\\n", "uninstall pip and uv"),
+    "uv kept": (" uv setuptools pip \\\n", " setuptools pip \\\n", "uninstall pip and uv"),
+    "uninstall before check": (
+        "    && /opt/crew-supervisor/bin/pip check \\\n",
+        "    && /opt/crew-supervisor/bin/pip uninstall --yes uv pip \\\n    && /opt/crew-supervisor/bin/pip check \\\n",
+        "before pip check",
+    ),
 }
 
 
@@ -119,6 +133,48 @@ def test_files_the_dockerfile_copies_are_in_the_build_context() -> None:
         assert os.access(ROOT / source, os.X_OK), source
         assert source in allowed, source
     assert "build/wheelhouse" in allowed
+
+
+# Every place a build of container/Dockerfile is written out for someone to run.
+BUILD_COMMAND_FILES = (README, DOCKERFILE, ROOT / "scripts" / "smoke-container", ROOT / "scripts" / "wheelhouse")
+
+
+def test_written_out_builds_pass_every_wheelhouse_build_arg() -> None:
+    for path in BUILD_COMMAND_FILES:
+        assert build_commands(path.read_text()), path  # the check looks at a build command in each
+        assert build_command_problems(path) == [], path
+    assert len(build_commands(README.read_text())) == 2  # docker build and the podman smoke test's
+
+
+BUILD_COMMAND_BREAKAGES = {
+    "podman line without CREWAI_VERSION": (
+        README,
+        ' \\\n  --build-arg CREWAI_VERSION="$(cat build/wheelhouse/CREWAI_VERSION)" -t localhost/',
+        " -t localhost/",
+        "podman build --layers=false",
+    ),
+    "docker line without SOURCE_REVISION": (
+        README,
+        '  --build-arg SOURCE_REVISION="$(cat build/wheelhouse/SOURCE_REVISION)" \\\n  --build-arg CREWAI_VERSION',
+        "  --build-arg CREWAI_VERSION",
+        "docker build -f container/Dockerfile -t crew-supervisor:0.1.0 \\ ... lacks --build-arg SOURCE_REVISION=",
+    ),
+    "Dockerfile header without CREWAI_VERSION": (
+        DOCKERFILE,
+        '#     --build-arg CREWAI_VERSION="$(cat build/wheelhouse/CREWAI_VERSION)" -t',
+        "#     -t",
+        "lacks --build-arg CREWAI_VERSION=",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BUILD_COMMAND_BREAKAGES)
+def test_build_command_policy_catches(case: str, tmp_path: Path) -> None:
+    path, old, new, expected = BUILD_COMMAND_BREAKAGES[case]
+    copy = tmp_path / path.name
+    copy.write_text(mutate(path.read_text(), old, new))
+    problems = build_command_problems(copy)
+    assert any(expected in problem for problem in problems), problems
 
 
 # --- YAML: compose and Kubernetes --------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ if [ ! -f "$stamp" ]; then
   # uv's entry: its pin line and hash lines, up to the first line that does not continue.
   "$PY" -m pip install -qq --disable-pip-version-check --require-hashes --no-deps \
     -r <(awk '/^uv==/ { found = 1 } found { print } found && !/\\$/ { exit }' "$LOCK")
-  # --compile-bytecode: uv writes no .pyc by default, and where PYTHONDONTWRITEBYTECODE is set (CI sets it) no
+  # --compile-bytecode: uv writes no .pyc by default, and where PYTHONDONTWRITEBYTECODE is set (these VMs set it) no
   # import writes one either, so every process importing CrewAI (each supervisor's fork server, each spawned
   # worker) compiled it from source again: `import crewai` took 12.3-13.0 s of user CPU against 6.8-8.0 s with
   # the bytecode (two runs each, a busy 2-core VM).

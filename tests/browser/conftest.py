@@ -34,8 +34,9 @@ def browser() -> Iterator[Any]:
     executable = chromium_path()
     if executable is None:
         pytest.skip("no Chromium here: apt-get install chromium (or set CHROMIUM); README 'The console'")
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
+    expect.set_options(timeout=30_000)  # a deadline for a busy machine, not a pace: each waits for its condition
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         yield chromium

@@ -120,7 +120,7 @@ def test_a_running_job_appears_in_the_worker_view_and_its_cancel_shows_the_evide
     expect(row.locator("td.phase")).to_have_text("running")
     expect(row.locator("td.rss")).to_contain_text("MiB")
     # Refreshed every second: the sparkline gains a point each time (eight here, for the README's picture).
-    expect(row.locator("td.rss polyline")).to_have_attribute("points", re.compile(r"^(\S+ ){7}\S+"), timeout=20_000)
+    expect(row.locator("td.rss polyline")).to_have_attribute("points", re.compile(r"^(\S+ ){7}\S+"))
     picture = tmp_path / "console-workers.png"
     page.set_viewport_size({"width": 1400, "height": 330})
     page.screenshot(path=picture, full_page=True)

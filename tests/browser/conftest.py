@@ -29,7 +29,9 @@ def chromium_path() -> str | None:
     return os.environ.get("CHROMIUM") or next(filter(None, map(shutil.which, CHROMIUM_NAMES)), None)
 
 
-@pytest.fixture(scope="session")
+# Module, not session: Playwright's sync API keeps an event loop running in this thread while it is open, and
+# every later test's asyncio.run() would then refuse to start ("cannot be called from a running event loop").
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     executable = chromium_path()
     if executable is None:

@@ -17,6 +17,7 @@ import pytest
 
 from protocol import QUIET_CREWAI
 from supervisor.console import sse
+from supervisor.processes.reaper import become_subreaper, stop_being_subreaper
 from supervisor.testing import Server
 from tests.helpers.waiting import wait_until
 
@@ -29,6 +30,16 @@ ROOT = Path(__file__).resolve().parent.parent
 TEST_REGISTRY = "tests.crews:registry"
 # Every supervisor of the suite: the test registry, heartbeats every 0.5 s, run from this tree, 90 s to be ready.
 SETTINGS: dict[str, Any] = {"registry": TEST_REGISTRY, "heartbeat_seconds": 0.5, "cwd": ROOT, "ready_seconds": 90}
+
+
+@pytest.fixture(scope="module")
+def subreaper() -> Iterator[None]:
+    """The test process adopts the orphans of this module's workers and supervisors, as the supervisor adopts a
+    job's, until the module ends: then later modules' orphans go to init again, not to a pytest process that
+    never reaps them (a zombie left with us looks alive to a check that does not reap it)."""
+    become_subreaper()
+    yield
+    stop_being_subreaper()
 
 
 def worker_env(tmp: Path, registry: str = TEST_REGISTRY) -> dict[str, str]:

@@ -30,8 +30,17 @@ PR_SET_CHILD_SUBREAPER = 36
 
 def become_subreaper() -> None:
     """Adopt orphaned descendants, so a killed worker's grandchildren are ours to reap."""
+    _subreaper(1)
+
+
+def stop_being_subreaper() -> None:
+    """Leave orphans to init again (for tests, which become one for a while)."""
+    _subreaper(0)
+
+
+def _subreaper(flag: int) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, flag, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
 
 

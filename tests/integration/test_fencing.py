@@ -15,7 +15,6 @@ import psutil
 import pytest
 
 from supervisor.processes.process import CONFIRM_SECONDS, kill_orphan
-from supervisor.processes.reaper import become_subreaper
 from tests.conftest import gone, start_body, start_server, wait_until
 from tests.crews import EVIDENCE_DIR
 from tests.hostile_crews import EXIT_REFUSED
@@ -25,10 +24,7 @@ pytestmark = pytest.mark.usefixtures("launcher")
 KEY = {"Idempotency-Key": "key-1"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def subreaper() -> None:
-    # Orphans of a killed supervisor come to us, not to init, so "gone" can mean reaped.
-    become_subreaper()
+pytestmark = pytest.mark.usefixtures("subreaper")  # tests/conftest.py: orphans come to us, so gone means reaped
 
 
 @pytest.mark.both_launchers

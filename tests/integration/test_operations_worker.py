@@ -20,16 +20,14 @@ from protocol import Chunk, Completed, Failed, FrameError, Start, Started, parti
 from supervisor.processes.launcher import SpawnLauncher
 from supervisor.processes.limits import JobTree
 from supervisor.processes.process import StopEvidence, WorkerProcess
-from supervisor.processes.reaper import Reaper, become_subreaper
+from supervisor.processes.reaper import Reaper
 from tests.conftest import gone, worker_env
 from tests.crews import CALL_LOG, HEARTBEAT
 
 TRAINING_DIR_ENV = "AIP_CREWAI_TRAINING_DIR"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def subreaper() -> None:
-    become_subreaper()
+pytestmark = pytest.mark.usefixtures("subreaper")  # tests/conftest.py: orphans come to us, so gone means reaped
 
 
 def env(tmp: Path) -> dict[str, str]:

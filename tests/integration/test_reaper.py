@@ -10,13 +10,10 @@ import psutil
 import pytest
 
 from supervisor.processes.launcher import spawn_process
-from supervisor.processes.reaper import Reaper, become_subreaper
+from supervisor.processes.reaper import Reaper
 from tests.conftest import wait_until
 
-
-@pytest.fixture(scope="module", autouse=True)
-def subreaper() -> None:
-    become_subreaper()
+pytestmark = pytest.mark.usefixtures("subreaper")  # tests/conftest.py: orphans come to us, so gone means reaped
 
 
 def zombie(pid: int) -> bool:

@@ -29,15 +29,11 @@ from protocol import (
 from supervisor.processes.launcher import SpawnLauncher
 from supervisor.processes.limits import JobTree
 from supervisor.processes.process import WorkerProcess
-from supervisor.processes.reaper import Reaper, become_subreaper
+from supervisor.processes.reaper import Reaper
 from tests.conftest import ROOT, gone, reaped_orphan, wait_until, worker_env
 from tests.crews import BLOCKED
 
-
-@pytest.fixture(scope="module", autouse=True)
-def subreaper() -> None:
-    # As the supervisor does: orphaned grandchildren come to us, so none may be left a zombie.
-    become_subreaper()
+pytestmark = pytest.mark.usefixtures("subreaper")  # tests/conftest.py: orphans come to us, so gone means reaped
 
 
 def run(coro: Callable[[], Awaitable[Any]]) -> Any:

@@ -32,7 +32,6 @@ from protocol import WORKER_IDS
 from supervisor.config import ConfigError, load
 from supervisor.journal.schema import JournalError
 from supervisor.journal.statefiles import prepare_directory, prepare_places
-from supervisor.processes.reaper import become_subreaper
 from tests.conftest import (
     ROOT,
     gone,
@@ -177,11 +176,11 @@ def _memory_hog_is_measured_and_killed(client: httpx.Client) -> None:
 
 
 @root_only
+@pytest.mark.usefixtures("subreaper")  # the orphaned worker comes to us: its exit status says what ended it
 def test_a_worker_that_changed_uid_still_dies_with_its_parent(
     base: Path, ids: tuple[int, int], runtime: tuple[str, list[str]]
 ) -> None:
     """The uid change clears PR_SET_PDEATHSIG: armed before it, this worker would not die by it."""
-    become_subreaper()  # the orphaned worker comes to us: its exit status says what ended it
     python, packages = runtime
     place = base / "worker"
     place.mkdir()

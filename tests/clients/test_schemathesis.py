@@ -8,6 +8,7 @@ failure found once is found every time.
 from __future__ import annotations
 
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.errors import Unsatisfiable
 from schemathesis.core.failures import Failure, FailureGroup
 from schemathesis.generation.case import Case
 from schemathesis.generation.modes import GenerationMode
@@ -29,6 +30,10 @@ SKIPPED_CHECKS = [positive_data_acceptance]
 def test_every_served_route_survives_generated_requests(server: Server) -> None:
     auth = {"Authorization": f"Bearer {server.token}"}
     schema = from_url(f"{server.url}/openapi.json", headers=auth)
+    # Every call carries the token (call_and_validate below): a negative case "without Authorization" would be
+    # sent with it, accepted, and reported as accepted negative data. The 401 is tested where it is meant
+    # (tests/security); here the schema's security requirement is left out of generation.
+    schema.raw_schema.pop("security", None)
     operations = [result.ok() for result in schema.get_all_operations()]
     assert {"GET /health", "POST /jobs", "GET /jobs/{action_id}/events", "DELETE /jobs/{action_id}"} <= {
         operation.label for operation in operations
@@ -40,6 +45,11 @@ def test_every_served_route_survives_generated_requests(server: Server) -> None:
                 exercise(operation, mode, auth)
             except (Failure, FailureGroup) as exc:
                 failures.append(f"{operation.label} ({mode}): {exc}")
+            except Unsatisfiable:
+                # Without the token to leave out, a route whose parameters take any string, or that has none
+                # (GET /health, GET /jobs/{action_id}, /metrics, ...), has no negative data.
+                if mode is not GenerationMode.NEGATIVE:
+                    raise
     assert not failures, "\n\n".join(failures)
 
 

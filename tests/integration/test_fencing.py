@@ -19,12 +19,10 @@ from tests.conftest import gone, start_body, start_server, wait_until
 from tests.crews import EVIDENCE_DIR
 from tests.hostile_crews import EXIT_REFUSED
 
-pytestmark = pytest.mark.usefixtures("launcher")
+# subreaper (tests/conftest.py): orphans of a killed supervisor come to us, so gone means reaped.
+pytestmark = pytest.mark.usefixtures("launcher", "subreaper")
 
 KEY = {"Idempotency-Key": "key-1"}
-
-
-pytestmark = pytest.mark.usefixtures("subreaper")  # tests/conftest.py: orphans come to us, so gone means reaped
 
 
 @pytest.mark.both_launchers

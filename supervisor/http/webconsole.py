@@ -1,10 +1,10 @@
 """The operator console: a browser page under ``/console``, served only when ``AIP_CREWAI_CONSOLE`` is on.
 
-Three files shipped in the package (``static/``), read once when the app is made and nothing fetched from
-elsewhere, so the page works offline. The files are public (a browser loads a page without headers); they
-hold no data: the page asks for the bearer token and sends it with each call to the API, as any client does.
-Every answer carries a strict Content-Security-Policy (scripts and styles from these files only, no inline
-script, calls to this origin only) and refuses to be framed.
+The files shipped in the package (``static/``: the page, its style and its script's modules) are read once
+when the app is made, and nothing is fetched from elsewhere, so the page works offline. The files are public
+(a browser loads a page without headers); they hold no data: the page asks for the bearer token and sends it
+with each call to the API, as any client does. Every answer carries a strict Content-Security-Policy (scripts
+and styles from these files only, no inline script, calls to this origin only) and refuses to be framed.
 """
 
 from __future__ import annotations
@@ -18,8 +18,11 @@ PATH = "/console"
 # Served name -> (file in static/, media type). A fixed set: nothing else under /console is a file.
 FILES = {
     "": ("console.html", "text/html; charset=utf-8"),
-    "console.js": ("console.js", "text/javascript; charset=utf-8"),
     "console.css": ("console.css", "text/css; charset=utf-8"),
+    **{
+        name: (name, "text/javascript; charset=utf-8")
+        for name in ("console.js", "api.js", "page.js", "workers.js", "jobs.js")
+    },
 }
 # Served without the token (supervisor/http/auth.py), exactly these: not a prefix a crafted path could extend.
 PUBLIC_PATHS = frozenset({PATH, *(f"{PATH}/{name}" for name in FILES)})

@@ -1,0 +1,80 @@
+// What the views share: finding and making elements, the page's two message lines, and how an error is shown.
+
+import { Unauthorized, Unreachable } from "./api.js";
+
+export const HISTORY = 30; // samples per sparkline: half a minute at one refresh a second
+const SVG = "http://www.w3.org/2000/svg";
+
+export const $ = (id) => document.getElementById(id);
+
+// What a refused token does (console.js: forget it and ask again), set once at start.
+export const hooks = { unauthorized: () => {} };
+
+// Errors of a refresh: a refused token ends the session; an unanswered call says so, and the next tick retries.
+export function handle(error) {
+  if (error instanceof Unauthorized) {
+    hooks.unauthorized();
+  } else if (error instanceof Unreachable) {
+    banner(`Cannot reach the supervisor (${error.message}); retrying every second…`);
+  } else if (error.name !== "AbortError") {
+    viewError(error.message);
+  }
+}
+
+export function banner(text) {
+  $("banner").textContent = text;
+  $("banner").hidden = false;
+}
+
+// What the open view could not do (a 404, a refused cancel), until it next succeeds.
+export function viewError(text) {
+  $("view-error").textContent = text ?? "";
+  $("view-error").hidden = !text;
+}
+
+export function cell(text, className) {
+  const td = document.createElement("td");
+  td.textContent = text ?? "–";
+  if (className) td.className = className;
+  return td;
+}
+
+export function jobLink(id) {
+  const a = document.createElement("a");
+  a.href = `#/job/${encodeURIComponent(id)}`;
+  a.textContent = id;
+  return a;
+}
+
+export function megabytes(bytes) {
+  return bytes == null ? "–" : `${(bytes / 1048576).toFixed(1)} MiB`;
+}
+
+export function duration(seconds) {
+  if (seconds == null) return "–";
+  if (seconds < 60) return `${seconds.toFixed(1)} s`;
+  if (seconds < 3600) return `${Math.floor(seconds / 60)} min ${Math.floor(seconds % 60)} s`;
+  return `${Math.floor(seconds / 3600)} h ${Math.floor((seconds % 3600) / 60)} min`;
+}
+
+// The last HISTORY samples, the newest at the right edge, scaled from `low` (or the samples' least) to their most.
+export function sparkline(values, low) {
+  const width = 90;
+  const height = 18;
+  const svg = document.createElementNS(SVG, "svg");
+  svg.setAttribute("class", "spark");
+  svg.setAttribute("width", width);
+  svg.setAttribute("height", height);
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  svg.setAttribute("aria-hidden", "true");
+  const bottom = low ?? Math.min(...values);
+  const range = Math.max(...values) - bottom;
+  const step = width / (HISTORY - 1);
+  const start = HISTORY - values.length;
+  const y = (v) => (range > 0 ? height - 2 - ((v - bottom) / range) * (height - 4) : height / 2);
+  const line = document.createElementNS(SVG, "polyline");
+  line.setAttribute("points", values.map((v, i) => `${((start + i) * step).toFixed(1)},${y(v).toFixed(1)}`).join(" "));
+  svg.append(line);
+  return svg;
+}
+

@@ -10,19 +10,22 @@ and styles from these files only, no inline script, calls to this origin only) a
 from __future__ import annotations
 
 from importlib import resources
+from pathlib import Path
 
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import RedirectResponse, Response
 
 PATH = "/console"
-# Served name -> (file in static/, media type). A fixed set: nothing else under /console is a file.
-FILES = {
-    "": ("console.html", "text/html; charset=utf-8"),
-    "console.css": ("console.css", "text/css; charset=utf-8"),
-    **{
-        name: (name, "text/javascript; charset=utf-8")
-        for name in ("console.js", "api.js", "page.js", "workers.js", "jobs.js")
-    },
+STATIC = resources.files("supervisor.http") / "static"
+MEDIA = {
+    ".html": "text/html; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+}
+# Served name -> file in static/: each file there by its own name, and the page at /console/. Nothing else under
+# /console is a file.
+FILES = {"": "console.html"} | {
+    entry.name: entry.name for entry in STATIC.iterdir() if entry.is_file() and Path(entry.name).suffix in MEDIA
 }
 # Served without the token (supervisor/http/auth.py), exactly these: not a prefix a crafted path could extend.
 PUBLIC_PATHS = frozenset({PATH, *(f"{PATH}/{name}" for name in FILES)})
@@ -40,8 +43,7 @@ HEADERS = {
 
 def router() -> APIRouter:
     """The console's routes, its files read now (a missing file fails the start, not a page load)."""
-    static = resources.files("supervisor.http") / "static"
-    pages = {name: (static.joinpath(file).read_bytes(), media) for name, (file, media) in FILES.items()}
+    pages = {name: (STATIC.joinpath(file).read_bytes(), MEDIA[Path(file).suffix]) for name, file in FILES.items()}
     routes = APIRouter(include_in_schema=False)
 
     @routes.api_route(PATH, methods=["GET", "HEAD"])

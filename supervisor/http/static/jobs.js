@@ -9,8 +9,6 @@ const JOBS_PER_PAGE = 25; // #/jobs?limit=N asks for another (1 to 500, the API'
 const EVENTS_SHOWN = 2000; // the oldest leave the page beyond this
 const TERMINAL = new Set(["completed", "failed", "cancelled"]);
 
-// Jobs: GET /jobs with its filters and keyset pages ---------------------------------------------------------------
-
 // Shows the view; returns its refresh.
 export function openJobs(params, signal) {
   $("jobs-view").hidden = false;

@@ -3,8 +3,6 @@
 import { CANCEL_MS, Refused, getJSON, jobPath } from "./api.js";
 import { $, HISTORY, cell, duration, handle, jobLink, megabytes, sparkline } from "./page.js";
 
-// Workers: GET /workers every tick ------------------------------------------------------------------------------
-
 const workerRows = new Map(); // action_id -> {row, cells, button, worker}
 const samples = new Map(); // action_id -> {rss: [], cpu: []}
 

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 from protocol.frames import MAX_FRAME_BYTES, FrameError, FrameReader, encode
 
 # Bump on any change a peer could misread; a mismatched worker is rejected at hello.
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 # Operations without external effects: when one fails, its outcome is certain (as the reference says).
 READ_ONLY_OPERATIONS = frozenset({"knowledge_query"})
 # The reason of the ``Failed`` a fork server sends instead of its registry when it cannot warm CrewAI.
@@ -62,11 +62,12 @@ class Hello(Message):
 @dataclasses.dataclass(frozen=True)
 class Registry(Message):
     """What a registry offers: crew ids and named evaluation models. A describing worker's answer,
-    and the fork server's first word."""
+    and the fork server's first word, which also says what its warm-up warmed (``worker.warmup.Warmth``)."""
 
     kind: ClassVar[str] = "registry"
     crews: list[str]
     eval_llms: list[str]
+    warmed: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +86,7 @@ class Fork(Message):
     kind: ClassVar[str] = "fork"
     env: dict[str, str]
     cwd: str
+    prefault: bool  # copy ahead the pages a job writes (an idle worker, off a start's path)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,16 +18,17 @@ from typing import Any
 
 from crewai import Agent, Crew, Task
 from crewai.events.types.llm_events import LLMCallType
-from crewai.llms.base_llm import llm_call_context
+from crewai.llms.base_llm import BaseLLM, llm_call_context
 
 from protocol import EVENT_FD, Chunk, pack
-from worker.demo import OfflineLLM, demo, demo_slow, notes_and_report, prompt_text
+from worker.demo import OfflineLLM, demo, demo_llm, demo_slow, notes_and_report, prompt_text, provider_llm
 
 MARKER_DIR = "BENCH_MARKER_DIR"
 BLOCK_SECONDS = 3600.0  # the job's timeout_ms or a cancel ends it long before
 DEFAULT_CHUNKS = 1000
 MAX_CHUNKS = 99_000  # MAX_EVENTS_PER_RUN tops out at 100,000, started and terminal included
 _CHUNKS = re.compile(r"(?:Emit|Relay) ([0-9]+) chunks")
+SLOW_CALL_MS = 1500
 RELAY_BATCH = 256  # frames per write: the relay worker's cost per chunk stays far below the supervisor's
 
 
@@ -39,7 +40,7 @@ def block() -> None:
     time.sleep(BLOCK_SECONDS)
 
 
-def _single(llm: OfflineLLM, description: str = "Answer briefly.", **crew_options: Any) -> Crew:
+def _single(llm: BaseLLM, description: str = "Answer briefly.", **crew_options: Any) -> Crew:
     agent = Agent(role="Bencher", goal="Answer", backstory="Quick.", llm=llm, allow_delegation=False)
     task = Task(description=description, expected_output="One line.", agent=agent)
     return Crew(agents=[agent], tasks=[task], **crew_options)
@@ -48,6 +49,11 @@ def _single(llm: OfflineLLM, description: str = "Answer briefly.", **crew_option
 def fast() -> Crew:
     """One agent, one task, the offline model: what a job costs when CrewAI does the least it can."""
     return _single(OfflineLLM(model="offline-bench"))
+
+
+def slow_llm() -> Crew:
+    """One agent on CrewAI's own ``LLM`` class whose one provider call takes 1.5 s (the loopback provider)."""
+    return _single(provider_llm(f"slow-{SLOW_CALL_MS}"))
 
 
 class FloodLLM(OfflineLLM):
@@ -147,4 +153,6 @@ registry: dict[str, Callable[[], Crew]] = {
     "relay": relay,
     "stubborn": stubborn,
     "replayable": replayable,
+    "llm": demo_llm,
+    "llm-slow": slow_llm,
 }

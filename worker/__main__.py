@@ -13,8 +13,6 @@ import sys
 from protocol import CONTROL_FD, EVENT_FD, WORKER_IDS
 from worker import forkserver, job, lifecycle
 
-NICE = "AIP_CREWAI_WORKER_NICE"  # set by the supervisor from its settings
-
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m worker")
@@ -26,12 +24,11 @@ def main(argv: list[str]) -> None:
     lifecycle.confine(_ids(os.environ.get(WORKER_IDS, "")))
     # After: a uid change clears the death signal. A parent that died before it was armed is caught here.
     lifecycle.bind_to_parent(args.parent_pid)
-    # Before any thread exists, so all inherit it; a fork server's workers inherit it from the fork server.
-    os.nice(int(os.environ.get(NICE, "0")))
     if args.cwd:
         os.chdir(args.cwd)
     if args.mode == "forkserver":
-        forkserver.serve(CONTROL_FD)
+        forkserver.serve(CONTROL_FD)  # at the supervisor's priority: its forks are on every start's path
+    lifecycle.lower_priority()
     job.run(EVENT_FD, CONTROL_FD, mode=args.mode)
 
 

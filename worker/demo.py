@@ -1,12 +1,15 @@
 """Offline demo crews: a deterministic model, no network, no API key.
 
-Choose them explicitly with ``AIP_CREWAI_REGISTRY=worker.demo:registry`` (or ``serve --demo``).
+Choose them explicitly with ``AIP_CREWAI_REGISTRY=worker.demo:registry`` (or ``serve --demo``). The
+``demo-llm`` crews run on CrewAI's own ``LLM`` class, as production crews do, against the loopback
+provider at ``$CREW_PROVIDER_URL`` (``python -m worker.provider --port 8091`` serves the default).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import re
 import time
 import types
@@ -17,12 +20,14 @@ from typing import Any
 
 import numpy as np
 from chromadb import EmbeddingFunction
-from crewai import Agent, Crew, Process, Task
+from crewai import LLM, Agent, Crew, Process, Task
 from crewai.events.types.llm_events import LLMCallType
 from crewai.knowledge.source.string_knowledge_source import StringKnowledgeSource
 from crewai.llms.base_llm import BaseLLM, llm_call_context
 from crewai.rag.embeddings.providers.custom.embedding_callable import CustomEmbeddingFunction
 from pydantic import BaseModel
+
+from worker import provider
 
 DEFAULT_SLOW_SECONDS = 30.0
 MAX_SLOW_SECONDS = 3600.0
@@ -153,7 +158,14 @@ class OfflineLLM(BaseLLM):
         )
 
 
-def _two_step_crew(llm: OfflineLLM, **crew_options: Any) -> Crew:
+def provider_llm(script: str = "answer", **options: Any) -> LLM:
+    """CrewAI's own ``LLM`` on the loopback provider (``worker/provider.py``) at ``$CREW_PROVIDER_URL``:
+    the openai SDK over HTTP, as in production; ``script`` is the provider's script (``hang``, ``slow-1500``)."""
+    url = os.environ.get(provider.URL_ENV, provider.DEFAULT_URL)
+    return LLM(model=f"openai/{script}", base_url=url, api_key="demo", **options)
+
+
+def _two_step_crew(llm: BaseLLM, **crew_options: Any) -> Crew:
     researcher = Agent(role="Researcher", goal="Find facts about {topic}", backstory="Careful.", llm=llm)
     writer = Agent(role="Writer", goal="Summarise findings on {topic}", backstory="Concise.", llm=llm)
     return Crew(
@@ -191,6 +203,19 @@ def _with_topic(inputs: dict[str, Any] | None) -> dict[str, Any]:
 def demo() -> Crew:
     """Two agents, two sequential tasks, a streamed deterministic answer."""
     return _two_step_crew(OfflineLLM(model="offline-demo"), before_kickoff_callbacks=[_with_topic])
+
+
+def demo_llm() -> Crew:
+    """``demo`` on CrewAI's own ``LLM`` class and the loopback provider."""
+    return _two_step_crew(provider_llm(), before_kickoff_callbacks=[_with_topic])
+
+
+def demo_llm_hang() -> Crew:
+    """One agent whose provider never answers: its job runs until it is cancelled or times out, and the
+    provider sees the connection close when the worker is killed."""
+    agent = Agent(role="Waiter", goal="Wait on {topic}", backstory="Patient.", llm=provider_llm("hang"))
+    task = Task(description="Answer on {topic}.", expected_output="An answer.", agent=agent)
+    return Crew(agents=[agent], tasks=[task], before_kickoff_callbacks=[_with_topic])
 
 
 def _with_seconds(inputs: dict[str, Any] | None) -> dict[str, Any]:
@@ -278,6 +303,12 @@ def _with_question(inputs: dict[str, Any] | None) -> dict[str, Any]:
     return merged
 
 
-registry: dict[str, Callable[[], Crew]] = {"demo": demo, "demo-slow": demo_slow, "demo-knowledge": demo_knowledge}
+registry: dict[str, Callable[[], Crew]] = {
+    "demo": demo,
+    "demo-slow": demo_slow,
+    "demo-knowledge": demo_knowledge,
+    "demo-llm": demo_llm,
+    "demo-llm-hang": demo_llm_hang,
+}
 # Evaluator models ``test`` can name (eval_llm) without a network or an API key.
 eval_llms: dict[str, Callable[[], BaseLLM]] = {"offline-eval": lambda: OfflineLLM(model="offline-eval")}

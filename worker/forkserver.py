@@ -1,18 +1,20 @@
 """The fork server: imports CrewAI and the registry once, warms CrewAI, forks a worker per job.
 
-Warming (``warmup.py``) runs one offline kickoff of our own crew so no child repeats CrewAI's
-first-use work, then stops the event-bus threads that kickoff started: forking with them alive hangs
-the child. If that cannot be done the fork server refuses to start, saying why in one line, and the
-supervisor spawns workers cold. It must stay single-threaded: it checks before every fork and
-refuses, then exits, if not.
+Warming (``warmup.py``) runs kickoffs of our own crews, offline and on each installed provider against
+a provider of its own on loopback, so no child repeats CrewAI's first-use work, and parses the TLS
+contexts a job's HTTP clients will take (``tls.py``); then it stops the event-bus threads the kickoffs
+started: forking with them alive hangs the child. If that cannot be done the fork server refuses to
+start, saying why in one line, and the supervisor spawns workers cold. It must stay single-threaded: it
+checks before every fork and refuses, then exits, if not.
 Each worker is forked through a middle process that leaves at once, so the worker is the supervisor's
 own child (the supervisor is a subreaper): the supervisor reaps it and reads its exit status, and the
-fork server's death takes no worker with it. A worker leads a new session, ties its death signal to
+fork server's death takes no worker with it. A worker leads a process group, ties its death signal to
 the supervisor once adopted, and carries the name ``crew-worker`` (``ps``, ``top``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import gc
 import os
@@ -52,15 +54,19 @@ def serve(socket_fd: int) -> NoReturn:
     if crews is None:
         os._exit(1)
     try:
-        warmup.warm()
+        warmth = warmup.warm()
     except warmup.WarmupError as exc:
         line = " ".join(str(exc).split())[:1000]  # one line for the supervisor's log
         out.send(job.failed(WARMUP_FAILED, WARMUP_FAILED, line, False))
         os._exit(EXIT_NOT_WARMED)
     gc.collect()  # the warm-up's garbage, so it is not frozen with the rest
     gc.freeze()  # what is imported and warmed now stays shared with every child
-    written = prefault.probe(warmup.rehearse)  # learned from a child forked as workers are
-    out.send(job.describe_registry(crews))
+    written = prefault.probe(
+        warmup.rehearse
+        if os.environ.get("XPROBE") == "full"
+        else (lambda: warmup._kickoff(warmup.operations.run, warmup._crew(), True))
+    )  # learned from a child forked as workers are
+    out.send(job.describe_registry(crews, dataclasses.asdict(warmth)))
     supervisor = os.getppid()
     while True:
         _fork_one(channel, out, crews, written, supervisor)
@@ -126,8 +132,11 @@ def _become_worker(
 ) -> NoReturn:
     for fd in close:
         os.close(fd)
-    os.setsid()
+    # A process group of its own, to be killed whole; our session, so that its nice value counts against
+    # the supervisor's (where the kernel groups scheduling by session, a new one would weigh as much).
+    os.setpgid(0, 0)
     lifecycle.name_worker()
+    lifecycle.lower_priority()
     _await_adoption(supervisor)
     lifecycle.bind_to_parent(supervisor)
     # Move the received descriptors clear of 0-4 first, so placing one never clobbers another.
@@ -141,7 +150,10 @@ def _become_worker(
     os.chdir(request.cwd)
     os.environ.clear()
     os.environ.update(request.env)
-    prefault.populate(written)  # before it says hello: a pre-forked worker is idle now, not yet started
+    if (
+        request.prefault or os.environ.get("XPOP") == "always"
+    ):  # before it says hello: a pre-forked worker is idle now, not yet started
+        prefault.populate(written)
     job.run(EVENT_FD, CONTROL_FD, crews=crews)
 
 

@@ -57,8 +57,9 @@ def load(out: lifecycle.FrameWriter) -> dict[str, Any] | None:
         return None
 
 
-def describe_registry(crews: dict[str, Any]) -> Registry:
-    return Registry(crews=sorted(crews), eval_llms=sorted(registry.eval_llms(os.environ.get(registry.ENV, ""))))
+def describe_registry(crews: dict[str, Any], warmed: dict[str, Any] | None = None) -> Registry:
+    eval_llms = sorted(registry.eval_llms(os.environ.get(registry.ENV, "")))
+    return Registry(crews=sorted(crews), eval_llms=eval_llms, warmed=warmed or {})
 
 
 def check(crews: dict[str, Any], out: lifecycle.FrameWriter) -> None:

@@ -10,6 +10,7 @@ import threading
 
 from protocol import QUIET_CREWAI, FrameError, Message, MessageReader, Start, Stop, pack
 
+NICE = "AIP_CREWAI_WORKER_NICE"  # set by the supervisor from its settings
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 PR_SET_DUMPABLE = 4
@@ -26,6 +27,15 @@ EXIT_PROTOCOL = 78
 def name_worker() -> None:
     """``crew-worker`` in ``ps`` and ``top`` (the command line stays the fork server's it was forked from)."""
     ctypes.CDLL(None).prctl(PR_SET_NAME, b"crew-worker", 0, 0, 0)
+
+
+def lower_priority() -> None:
+    """The workers' niceness (``AIP_CREWAI_WORKER_NICE``), before any thread exists so all inherit it.
+
+    It counts against the supervisor's because a worker stays in its session: where the kernel groups
+    scheduling by session (autogroup, on in most distributions' kernels), a session of its own would
+    weigh as much as the supervisor's whatever its nice value."""
+    os.nice(int(os.environ.get(NICE, "0")))
 
 
 def bind_to_parent(parent_pid: int) -> None:

@@ -35,7 +35,7 @@ PROBE_SECONDS = 60.0
 Runs = array.array  # of unsigned 64-bit (address, length) pairs
 
 
-def probe(kickoff: Callable[[], None]) -> Runs:
+def probe(kickoff: Callable[[], object]) -> Runs:
     """The pages ``kickoff`` writes in a forked child, as runs; empty if they cannot be learned.
 
     Called in the fork server while it is single-threaded, as for any fork.

@@ -1,22 +1,30 @@
 """Warming the fork server: run CrewAI's first-use paths once, then make it single-threaded again.
 
 Every forked worker would otherwise repeat CrewAI's first-kickoff work (pydantic's first validations,
-lazy imports, the event bus's first emit). The fork server does that work once, on a small offline
-crew of our own (never a registry crew, never a network call), in a throwaway storage directory, so
-no crew's replay storage is touched. Then it quiesces what the kickoff started: CrewAI's event bus
-keeps a loop thread and a handler pool alive after a kickoff, and a fork with those threads alive can
-hang the child. We stop them and mark the bus uninitialised, so CrewAI starts them afresh, lazily, in
-each child on its first emit.
+lazy imports, the event bus's first emit) and, for a crew on CrewAI's own ``LLM`` class, its provider's
+first use (the openai SDK's lazily built resources and response models, the httpx transport, SSE
+parsing: ~450-600 ms a job measured before this). The fork server does that work once, on small crews
+of our own (never a registry crew): offline, then for each provider CrewAI routes to natively whose
+package is installed, streamed, blocking and with a tool call, against a provider it serves itself on
+loopback (``worker/provider.py``) and stops before it checks it is single-threaded. Never a network
+call beyond loopback; a throwaway storage directory, so no crew's replay storage is touched. Then it
+quiesces what the kickoffs started: CrewAI's event bus keeps a loop thread and a handler pool alive after
+a kickoff, and a fork with those threads alive can hang the child. We stop them and mark the bus
+uninitialised, so CrewAI starts them afresh, lazily, in each child on its first emit.
 
 What quiescing relies on is read from crewai 1.15's ``CrewAIEventsBus`` (``events/event_bus.py``):
 ``flush``, ``_loop``, ``_loop_thread``, ``_sync_executor``, ``_executor_initialized``,
-``_has_pending_events``. If a release changes them, or anything leaves a thread running,
-``WarmupError`` says so in one line and the fork server refuses to start.
+``_has_pending_events``. If a release changes them, or anything leaves a thread running or a
+connection open, ``WarmupError`` says so in one line and the fork server refuses to start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import importlib.util
+import logging
 import os
 import shutil
 import tempfile
@@ -24,7 +32,7 @@ import threading
 import time
 from typing import Any
 
-from worker import operations
+from worker import operations, provider, tls
 
 STORAGE_ENV = "CREWAI_STORAGE_DIR"
 # The event bus's attributes quiescing needs (crewai 1.15's CrewAIEventsBus).
@@ -34,18 +42,39 @@ KICKOFF_SECONDS = 60.0  # a kickoff that hangs leaves its thread: the check belo
 JOIN_SECONDS = 5.0  # how long a CrewAI thread may take to stop once told to
 SETTLE_SECONDS = 5.0  # how long threads that were asked to end (kickoff, stream) may take to be gone
 FLUSH_SECONDS = 10.0
+# Native providers that speak OpenAI's chat completions (so the warm-up's provider serves them): the package
+# that must be installed, and a model CrewAI routes to that provider with a custom base URL.
+PROVIDERS = {"openai": ("openai", "openai/warm-up"), "openai-compatible": ("openai", "hosted_vllm/warm-up")}
+# Native providers (and LiteLLM) whose APIs it does not speak: reported, when installed, as not warmed.
+OTHER_PROVIDERS = {
+    "anthropic": "anthropic",
+    "gemini": "google.genai",
+    "bedrock": "boto3",
+    "azure": "azure.ai.inference",
+    "litellm": "litellm",
+}
 
 
 class WarmupError(Exception):
     """Warming or quiescing failed; the message is one line the supervisor logs."""
 
 
-def warm() -> None:
-    """Run streamed kickoffs of our own offline crew, then quiesce CrewAI; raises WarmupError."""
+@dataclasses.dataclass
+class Warmth:
+    """What the warm-up warmed: provider paths by name, and the ones it could not (name -> why)."""
+
+    paths: list[str] = dataclasses.field(default_factory=list)
+    not_warmed: dict[str, str] = dataclasses.field(default_factory=dict)
+    tls_contexts: int = 0
+
+
+def warm() -> Warmth:
+    """Run our own crews on every first-use path, then quiesce CrewAI; raises WarmupError."""
     native = _kernel_threads()  # what importing left (numpy's OpenBLAS pool): forks already live with it
+    sockets = _sockets()  # the supervisor's channel: any other socket left open would be every worker's
     try:
         for _ in range(KICKOFFS):
-            rehearse()
+            warmth = rehearse()
     except WarmupError:
         raise
     except Exception as exc:  # a timeout included
@@ -56,15 +85,20 @@ def warm() -> None:
         raise
     except Exception as exc:  # CrewAI's internals changed shape
         raise WarmupError(f"cannot quiesce CrewAI: {type(exc).__name__}: {exc}") from None
+    if _sockets() != sockets:
+        raise WarmupError("the warm-up left a connection open: forked workers would share it")
+    warmth.tls_contexts = tls.prepare()  # after the rehearsals, so none of theirs comes from the pool
+    return warmth
 
 
-def rehearse() -> None:
-    """One kickoff of our own crew, in throwaway storage (also what the prefault probe runs)."""
+def rehearse() -> Warmth:
+    """Our own crews on every path, in throwaway storage (also what the prefault probe runs)."""
     storage = tempfile.mkdtemp(prefix="crew-warmup-")
     saved = os.environ.get(STORAGE_ENV)
     os.environ[STORAGE_ENV] = storage
     try:
-        _kickoff()
+        _kickoff(operations.run, _crew(), streamed=True)
+        return _rehearse_providers()
     finally:
         if saved is None:
             os.environ.pop(STORAGE_ENV, None)
@@ -73,29 +107,94 @@ def rehearse() -> None:
         shutil.rmtree(storage, ignore_errors=True)
 
 
-def _crew() -> Any:
+def _rehearse_providers() -> Warmth:
+    """Each installed native provider that speaks OpenAI's API, streamed (a ``run``) and blocking (a
+    ``batch_run``), a tool call in each, against a provider of our own on loopback, stopped after."""
+    other = "not warmed: it speaks another API than the warm-up's provider"
+    warmth = Warmth(not_warmed={name: other for name, package in OTHER_PROVIDERS.items() if _installed(package)})
+    # CrewAI warns at every call that a compatible server's model has no native token count: not the log's news.
+    counting = logging.getLogger("crewai.llms.base_llm")
+    level = counting.level
+    counting.setLevel(logging.ERROR)
+    try:
+        _rehearse_each(warmth)
+    finally:
+        counting.setLevel(level)
+    return warmth
+
+
+def _rehearse_each(warmth: Warmth) -> None:
+    with provider.Provider() as stub:
+        for name, (package, model) in PROVIDERS.items():
+            if not _installed(package):
+                warmth.not_warmed[name] = f"not installed ({package})"
+                continue
+            try:
+                for operation, streamed in ((operations.run, True), (operations.batch_run, False)):
+                    _kickoff(operation, _crew(_provider_llm(model, stub.url), tool=True), streamed)
+            except Exception as exc:  # CrewAI or the SDK changed: jobs pay the first use, nothing worse
+                warmth.not_warmed[name] = " ".join(f"not warmed: {type(exc).__name__}: {exc}".split())[:300]
+            else:
+                warmth.paths.append(name)
+
+
+def _installed(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except ImportError:  # a parent package missing
+        return False
+
+
+def _provider_llm(model: str, url: str) -> Any:
+    from crewai import LLM
+
+    return LLM(model=model, base_url=url, api_key="warm-up", max_retries=0)
+
+
+def _crew(llm: Any = None, tool: bool = False) -> Any:
+    """One agent and task on the offline model; or two on ``llm``, the first with a tool to call."""
     from crewai import Agent, Crew, Task
 
     from worker.demo import OfflineLLM
 
-    agent = Agent(
-        role="Warmer", goal="Answer", backstory="Quick.", llm=OfflineLLM(model="offline-warmup"), allow_delegation=False
-    )
-    task = Task(description="Answer briefly.", expected_output="One line.", agent=agent)
-    return Crew(agents=[agent], tasks=[task])
+    llm = llm or OfflineLLM(model="offline-warmup")
+    agents = [Agent(role="Warmer", goal="Answer", backstory="Quick.", llm=llm, allow_delegation=False)]
+    if tool:
+        agents[0].tools = [_lookup()]
+        agents.append(Agent(role="Writer", goal="Write", backstory="Quick.", llm=llm, allow_delegation=False))
+    tasks = [Task(description="Answer briefly.", expected_output="One line.", agent=agent) for agent in agents]
+    return Crew(agents=agents, tasks=tasks)
 
 
-def _kickoff() -> None:
-    """What a `run` job does: a fresh crew, a streamed ``kickoff_async``, chunks and the output converted."""
+def _lookup() -> Any:
+    from crewai.tools import tool
+
+    @tool("lookup")
+    def lookup(query: str) -> str:
+        """Look a word up."""
+        return f"{query}: found"
+
+    return lookup
+
+
+def _kickoff(operation: operations.Operation, crew: Any, streamed: bool) -> None:
+    """What a job of ``operation`` does on a fresh crew: streamed or not, the output converted; then the
+    crew's HTTP clients are closed, so no connection outlives the warm-up."""
     chunks: list[Any] = []
+    job_input = {} if streamed else {"inputs": [{}]}
     loop = asyncio.new_event_loop()
     try:
-        work = operations.Work(_crew(), {}, chunks.append, _crew, "warm-up")
-        output = loop.run_until_complete(asyncio.wait_for(operations.run(work), KICKOFF_SECONDS))
+        work = operations.Work(crew, job_input, chunks.append, lambda: crew, "warm-up")
+        output = loop.run_until_complete(asyncio.wait_for(operation(work), KICKOFF_SECONDS))
         loop.run_until_complete(loop.shutdown_default_executor())  # the thread kickoff_async ran in
     finally:
         loop.close()
-    if not chunks or not output.get("raw"):
+        for agent in crew.agents:
+            client = getattr(agent.llm, "_client", None)
+            if hasattr(client, "close"):
+                client.close()
+    raw = output.get("raw") if streamed else output["results"][0].get("raw")
+    if not raw or (streamed and not chunks):
         raise WarmupError("the warm-up kickoff streamed no chunks or gave no output")
 
 
@@ -137,6 +236,16 @@ def _other_threads(native: int) -> list[str]:
         if time.monotonic() > deadline:
             return names or [f"{extra} thread(s) unknown to Python"]
         time.sleep(0.005)
+
+
+def _sockets() -> set[str]:
+    """This process's open sockets, by descriptor."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                found.add(fd)
+    return found
 
 
 def _kernel_threads() -> int:

@@ -107,7 +107,7 @@ class ForkServerLauncher:
         server = self._server
         if server is not None and server.alive:
             try:
-                return await server.fork(env, cwd)
+                return await server.fork(env, cwd, prefault=False)
             except _Unavailable as exc:
                 log.warning("fork server unavailable (%s); spawning cold while it is replaced", exc)
         self._replace()
@@ -115,7 +115,8 @@ class ForkServerLauncher:
 
     def health(self) -> dict[str, object]:
         forkserver = {"alive": self.alive, "restarts": self.restarts, "idle_workers": self.idle_workers}
-        return {"forkserver": {**forkserver, "refused": self.refused}}
+        warmed = self._server.registry.warmed if self._server is not None else {}
+        return {"forkserver": {**forkserver, "refused": self.refused, "warmed": warmed}}
 
     async def stop(self) -> None:
         self._stopping = True
@@ -159,7 +160,7 @@ class ForkServerLauncher:
             if server is None or not server.alive:
                 return  # a replacement refills once it is up
             try:
-                worker = await server.fork(self._env, self._cwd)
+                worker = await server.fork(self._env, self._cwd, prefault=True)
             except (_Unavailable, LaunchError) as exc:
                 log.warning("could not fork an idle worker: %s", exc)
                 return
@@ -262,7 +263,7 @@ class _ForkServer:
             raise LaunchError(failed.message if failed is not None else "it exited")
         return cls(reaper, pid, ours, answer[0])
 
-    async def fork(self, env: Mapping[str, str], cwd: str) -> WorkerProcess:
+    async def fork(self, env: Mapping[str, str], cwd: str, prefault: bool) -> WorkerProcess:
         self.attach()
         async with self._lock:  # one request in flight: replies come in order
             if not self.alive:
@@ -272,7 +273,7 @@ class _ForkServer:
             # Our child from the moment its middle process leaves, before the reply: not an orphan to reap.
             self.reaper.adopting = True
             try:
-                worker = await self._exchange(ours, theirs, pending, Fork(env=dict(env), cwd=cwd))
+                worker = await self._exchange(ours, theirs, pending, Fork(env=dict(env), cwd=cwd, prefault=prefault))
             except BaseException:
                 ours.close()  # a worker forked anyway sees EOF on its control pipe and leaves
                 raise

@@ -1,6 +1,6 @@
 """How workers come to exist: cold spawning here, a fork server in ``forkserver.py``.
 
-Either way a worker starts in a new session (it leads its own process group), with its control pipe
+Either way a worker starts leading its own process group (in our session), with its control pipe
 on fd 3, its event pipe on fd 4 and its stdout/stderr on pipes of their own.
 """
 
@@ -46,15 +46,18 @@ class Launcher(Interface):
 
 
 def spawn_process(reaper: Reaper, argv: list[str], env: Mapping[str, str], fds: Mapping[int, int]) -> int:
-    """posix_spawn ``argv`` in a new session with exactly ``fds`` (target: source) open; ``reaper`` reaps it.
+    """posix_spawn ``argv`` leading a new process group, with exactly ``fds`` (target: source) open; ``reaper``
+    reaps it.
 
-    Called from the loop's thread: PDEATHSIG follows the creating thread, which lives as long as we do.
+    In our session, not a new one: where the kernel groups scheduling by session (autogroup), a session of
+    its own would weigh as much as ours whatever its nice value, so ``WORKER_NICE`` would not hold. Called
+    from the loop's thread: PDEATHSIG follows the creating thread, which lives as long as we do.
     """
     # Move sources clear of the targets first, so placing one never clobbers another.
     moved = {target: fcntl.fcntl(source, fcntl.F_DUPFD_CLOEXEC, 10) for target, source in fds.items()}
     try:
         actions = [(os.POSIX_SPAWN_DUP2, source, target) for target, source in moved.items()]
-        pid = os.posix_spawn(argv[0], argv, dict(env), file_actions=actions, setsid=True)
+        pid = os.posix_spawn(argv[0], argv, dict(env), file_actions=actions, setpgroup=0)
         reaper.register(pid)
         return pid
     except OSError as exc:

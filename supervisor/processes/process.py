@@ -45,7 +45,7 @@ class WorkerProcess:
     ) -> None:
         self.pid = pid
         self.launched_by = launched_by
-        self.pgid = pid  # the worker called setsid: it leads its group
+        self.pgid = pid  # the worker leads its own process group
         self.create_time = psutil.Process(pid).create_time()
         self.stdout = Tail()
         self.stderr = Tail()

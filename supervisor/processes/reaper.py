@@ -9,8 +9,8 @@ Two kinds of process end here:
   ``reap`` (called every second) or by ``confirm_gone`` when a kill waits for them. Registered
   children are never reaped this way: their status belongs to whoever watches them.
 
-Every process we watch leads its own process group (a worker calls setsid; ``spawn_process`` starts
-the fork server in a session of its own). When one exits, what it left in its group is killed.
+Every process we watch leads its own process group (a forked worker calls setpgid; ``spawn_process``
+starts the others in a group of their own). When one exits, what it left in its group is killed.
 """
 
 from __future__ import annotations

@@ -1,0 +1,380 @@
+"""An OpenAI-compatible chat-completions server on loopback: a provider for crews on CrewAI's own ``LLM``.
+
+``LLM(model="openai/<script>", base_url=provider.url, api_key="...")`` reaches it through CrewAI's native
+OpenAI provider, the ``openai`` SDK and httpx, exactly as a production crew reaches its provider: real HTTP,
+nothing of CrewAI or the SDK replaced. The fork server warms that path against one of these
+(``warmup.py``), and the tests, the bench and the demo serve their real-``LLM`` crews from one.
+
+The model name is the script, directives joined by ``+``: ``answer`` (anything else: answer at once),
+``slow-<ms>`` (answer after that long), ``hang`` (never answer: until the client hangs up or the server
+stops), ``fail-<status>`` (an OpenAI error answer, 429 or 500 say), ``loop`` (call a tool on every turn,
+never answer). A request that offers tools and has no tool result yet gets a call of its first tool; one
+with ``response_format`` gets JSON that fits the schema. Answers are derived from the prompt, so the same
+crew gets the same answers in-process and through the sidecar, blocking (``Content-Length``) or streamed
+(``stream: true``: SSE over chunked encoding, with a usage chunk when ``stream_options.include_usage``).
+
+Every request is recorded (``calls``), with when its client hung up if it did so before the answer was
+whole; ``wait`` blocks until a condition on the calls holds. Standard library only: it imports in
+milliseconds, and the fork server can stop it and be single-threaded again (``stop`` closes every
+connection and joins every thread).
+
+``python -m worker.provider [--port N]`` serves one until SIGTERM or SIGINT, printing its URL first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import http.server
+import json
+import os
+import re
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+URL_ENV = "CREW_PROVIDER_URL"  # where the demo's and the tests' real-LLM crews find one (worker.demo.provider_llm)
+DEFAULT_URL = "http://127.0.0.1:8091/v1"
+MAX_BODY_BYTES = 16 * 1024 * 1024  # a request larger than this is answered 413 unread
+HOST = "127.0.0.1"
+_SLOW = re.compile(r"slow-([0-9]{1,7})$")
+_FAIL = re.compile(r"fail-([45][0-9][0-9])$")
+_WORD = re.compile(r"\S+")
+CREATED = 1_767_225_600  # a fixed `created`: answers are the same in every run
+
+
+@dataclasses.dataclass
+class Call:
+    """One request as the provider saw it."""
+
+    index: int
+    model: str
+    stream: bool
+    messages: list[dict[str, Any]]
+    tools: list[str]  # the offered functions' names
+    started: float  # time.monotonic() when the request was read
+    answered: float | None = None  # when the whole answer was written
+    hung_up: float | None = None  # when the client closed the connection before that
+    status: int = 200
+
+
+class Provider:
+    """The server: ``start()`` it, point crews at ``url``, ``stop()`` it (or use it as a context manager)."""
+
+    def __init__(self, host: str = HOST, port: int = 0) -> None:
+        self._server = _Server((host, port), _Handler)
+        self._server.provider = self
+        self._thread: threading.Thread | None = None
+        self._changed = threading.Condition()
+        self.calls: list[Call] = []
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def start(self) -> Provider:
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="provider")
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, close every connection (a hanging call's included) and join every thread."""
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join()
+            self._thread = None
+        self._server.close_connections()
+        self._server.server_close()  # joins the connections' threads
+
+    def __enter__(self) -> Provider:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def wait(self, condition: Callable[[list[Call]], bool], timeout: float) -> list[Call]:
+        """The calls once ``condition(calls)`` holds; TimeoutError past ``timeout`` seconds."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: condition(self.calls), timeout):
+                raise TimeoutError(f"the provider's calls did not reach the condition in {timeout:.0f} s")
+            return list(self.calls)
+
+    def _record(self, call: Call) -> None:
+        with self._changed:
+            call.index = len(self.calls)
+            self.calls.append(call)
+            self._changed.notify_all()
+
+    def _update(self, call: Call, **changes: Any) -> None:
+        with self._changed:
+            for name, value in changes.items():
+                setattr(call, name, value)
+            self._changed.notify_all()
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = False  # joined by server_close: a stopped provider leaves no thread behind
+    block_on_close = True
+    provider: Provider
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.open: set[socket.socket] = set()
+        self.lock = threading.Lock()
+        self.closing = threading.Event()
+        self.wake_read, self.wake_write = os.pipe()  # written once when closing: wakes every waiting call
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.lock:
+            self.open.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self.lock:
+            self.open.discard(request)
+        super().shutdown_request(request)
+
+    def close_connections(self) -> None:
+        self.closing.set()
+        os.write(self.wake_write, b"x")
+        with self.lock:
+            for connection in self.open:
+                with contextlib.suppress(OSError):  # a handler waiting for its next request wakes
+                    connection.shutdown(socket.SHUT_RDWR)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], OSError):  # a client that reset its connection is no error
+            super().handle_error(request, client_address)
+
+    def server_close(self) -> None:
+        super().server_close()
+        os.close(self.wake_read)
+        os.close(self.wake_write)
+
+
+class _HungUp(Exception):
+    """The client closed the connection before the answer was whole."""
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as httpx uses it
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # a test's output stays the test's
+
+    def do_POST(self) -> None:
+        if self.path.partition("?")[0].rstrip("/") != "/v1/chat/completions":
+            self._send_json(404, _error("not_found", f"no route {self.path}"))
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True
+            self._send_json(413, _error("request_too_large", f"a body of {length} bytes"))
+            return
+        try:
+            body = json.loads(self.rfile.read(length))
+            model, messages = str(body["model"]), list(body["messages"])
+        except (ValueError, KeyError, TypeError):
+            self._send_json(400, _error("invalid_request_error", "a body with model and messages is required"))
+            return
+        tools = [t.get("function", {}).get("name", "") for t in body.get("tools") or [] if isinstance(t, dict)]
+        call = Call(0, model, bool(body.get("stream")), messages, tools, time.monotonic())
+        self.server.provider._record(call)
+        try:
+            self._answer(call, body)
+        except _HungUp:
+            self.close_connection = True
+            self.server.provider._update(call, hung_up=time.monotonic())
+        else:
+            self.server.provider._update(call, answered=time.monotonic())
+
+    def _answer(self, call: Call, body: dict[str, Any]) -> None:
+        directives = call.model.split("+")
+        for directive in directives:
+            if directive == "hang":
+                self._wait(None)
+            elif match := _SLOW.match(directive):
+                self._wait(int(match.group(1)) / 1000)
+            elif match := _FAIL.match(directive):
+                call.status = int(match.group(1))
+                self._send_json(call.status, _error("provider_error", f"the provider answered {call.status}"))
+                return
+        message = _reply(call, body, loop="loop" in directives)
+        usage = _usage(call.messages, message)
+        if not call.stream:
+            choice = {"index": 0, "message": message, "finish_reason": _finish(message), "logprobs": None}
+            self._send_json(200, {**_head(call, body, "chat.completion"), "choices": [choice], "usage": usage})
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        head = _head(call, body, "chat.completion.chunk")
+        for delta in _deltas(message):
+            self._event({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+        self._event({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": _finish(message)}]})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            self._event({**head, "choices": [], "usage": usage})
+        self._write(b"data: [DONE]\n\n")
+        self._write(b"")  # the last chunk of the chunked encoding
+
+    def _wait(self, seconds: float | None) -> None:
+        """Wait ``seconds`` (None: for ever), or until the client hangs up (``_HungUp``) or we stop."""
+        deadline = None if seconds is None else time.monotonic() + seconds
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return
+            readable, _, _ = select.select([self.connection, self.server.wake_read], [], [], remaining)
+            if self.server.closing.is_set():
+                raise _HungUp  # stopping: the call ends unanswered
+            if self.connection in readable and not _peek(self.connection):
+                raise _HungUp
+
+    def _event(self, data: dict[str, Any]) -> None:
+        self._write(b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n")
+
+    def _write(self, data: bytes) -> None:
+        try:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+        except OSError:
+            raise _HungUp from None
+
+    def _send_json(self, status: int, data: dict[str, Any]) -> None:
+        payload = json.dumps(data, separators=(",", ":")).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+            self.wfile.flush()
+        except OSError:
+            raise _HungUp from None
+
+
+def _peek(connection: socket.socket) -> bytes:
+    """What waits to be read; b'' once the client has closed its side (or reset it)."""
+    try:
+        return connection.recv(1, socket.MSG_PEEK)
+    except OSError:
+        return b""
+
+
+def _text(messages: list[dict[str, Any]]) -> str:
+    parts = []
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):  # content parts
+            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        parts.append(str(content or ""))
+    return "\n".join(parts)
+
+
+def _reply(call: Call, body: dict[str, Any], loop: bool) -> dict[str, Any]:
+    """The assistant's message: a call of the first offered tool (once, or every turn with ``loop``), JSON for
+    a ``response_format`` schema, else a final answer naming a digest of the prompt."""
+    digest = hashlib.sha256(_text(call.messages).encode()).hexdigest()[:12]
+    tools = [t["function"] for t in body.get("tools") or [] if isinstance(t, dict) and "function" in t]
+    answered_tool = any(isinstance(m, dict) and m.get("role") == "tool" for m in call.messages)
+    if tools and (loop or not answered_tool):
+        arguments = json.dumps(_sample(tools[0].get("parameters") or {}, digest), separators=(",", ":"))
+        tool_call = {
+            "id": f"call_{digest}",
+            "type": "function",
+            "function": {"name": tools[0]["name"], "arguments": arguments},
+        }
+        return {"role": "assistant", "content": None, "tool_calls": [tool_call]}
+    schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema")
+    if schema is not None:
+        return {"role": "assistant", "content": json.dumps(_sample(schema, f"finding {digest}"))}
+    return {
+        "role": "assistant",
+        "content": f"Thought: I know the answer.\nFinal Answer: the provider reports finding {digest}.",
+    }
+
+
+def _sample(schema: dict[str, Any], text: str, defs: dict[str, Any] | None = None) -> Any:
+    """A value fitting a JSON schema: strings say ``text``, numbers are 8, arrays hold one item."""
+    defs = schema.get("$defs", defs or {})
+    if "$ref" in schema:
+        return _sample(defs.get(schema["$ref"].rpartition("/")[2], {}), text, defs)
+    for union in ("anyOf", "oneOf", "allOf"):
+        options = [s for s in schema.get(union, []) if s.get("type") != "null"]
+        if options:
+            return _sample(options[0], text, defs)
+    if "enum" in schema:
+        return schema["enum"][0]
+    kind = schema.get("type", "object" if "properties" in schema else "string")
+    if kind == "object":
+        return {name: _sample(sub, text, defs) for name, sub in (schema.get("properties") or {}).items()}
+    if kind == "array":
+        return [_sample(schema.get("items") or {}, text, defs)]
+    return {"integer": 8, "number": 8.0, "boolean": True, "null": None}.get(kind, text)
+
+
+def _head(call: Call, body: dict[str, Any], kind: str) -> dict[str, Any]:
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:24]
+    return {"id": f"chatcmpl-{digest}", "object": kind, "created": CREATED, "model": call.model}
+
+
+def _finish(message: dict[str, Any]) -> str:
+    return "tool_calls" if message.get("tool_calls") else "stop"
+
+
+def _deltas(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """The message as a stream sends it: the role, then a word at a time (or the tool call in two parts)."""
+    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+    for index, tool_call in enumerate(message.get("tool_calls") or []):
+        function = tool_call["function"]
+        head = {
+            "index": index,
+            "id": tool_call["id"],
+            "type": "function",
+            "function": {"name": function["name"], "arguments": ""},
+        }
+        deltas += [
+            {"tool_calls": [head]},
+            {"tool_calls": [{"index": index, "function": {"arguments": function["arguments"]}}]},
+        ]
+    deltas += [{"content": word} for word in re.findall(r"\S+\s*", message.get("content") or "")]
+    return deltas
+
+
+def _usage(messages: list[dict[str, Any]], message: dict[str, Any]) -> dict[str, int]:
+    prompt = len(_WORD.findall(_text(messages)))
+    completion = len(
+        _WORD.findall(json.dumps(message.get("tool_calls")) if message.get("tool_calls") else message["content"])
+    )
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _error(kind: str, message: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": kind}}
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m worker.provider", description=__doc__.split("\n")[0])
+    parser.add_argument("--host", default=HOST)
+    parser.add_argument("--port", type=int, default=0, help="0: a free port (the URL printed says which)")
+    args = parser.parse_args(argv)
+    stopped = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopped.set())
+    with Provider(args.host, args.port) as provider:
+        print(provider.url, flush=True)
+        stopped.wait()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -20,6 +20,7 @@ from supervisor.console import sse
 from supervisor.processes.reaper import become_subreaper, stop_being_subreaper
 from supervisor.testing import Server
 from tests.helpers.waiting import wait_until
+from worker.provider import Provider
 
 if TYPE_CHECKING:  # imported by pytest_plugins below, where pytest can rewrite its asserts
     from supervisor.pytest_plugin import Supervisors
@@ -121,6 +122,14 @@ def _stop_servers_a_test_started(crew_supervisor_factory: Supervisors) -> Iterat
 def server(crew_supervisor_module: Server) -> Server:
     """The module's shared supervisor: the plugin's, with this suite's settings (and launcher, in integration)."""
     return crew_supervisor_module
+
+
+@pytest.fixture(scope="module")
+def provider() -> Iterator[Provider]:
+    """The module's loopback OpenAI-compatible provider, for crews on CrewAI's own ``LLM`` class: give its
+    ``url`` to a supervisor as ``CREW_PROVIDER_URL`` (``worker.demo.provider_llm``)."""
+    with Provider() as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -19,7 +20,18 @@ from typing import Any
 from crewai import Agent, Crew, Task
 from crewai.llms.base_llm import BaseLLM, llm_call_context
 
-from worker.demo import OfflineLLM, demo, demo_knowledge, demo_slow, notes_and_report, prompt_text
+from tests.helpers.waiting import wait_until
+from worker.demo import (
+    OfflineLLM,
+    demo,
+    demo_knowledge,
+    demo_llm,
+    demo_llm_hang,
+    demo_slow,
+    notes_and_report,
+    prompt_text,
+    provider_llm,
+)
 from worker.demo import eval_llms as demo_eval_llms
 
 HOUR = 3600
@@ -28,6 +40,8 @@ HEARTBEAT = "heartbeat"
 BLOCKED = "blocked"  # in EVIDENCE_DIR, or the worker's cwd: the pids of MisbehavingLLM calls that block
 EVIDENCE_DIR = "CREW_TEST_EVIDENCE_DIR"  # lets a test outside the job see its files after the scratch dir is gone
 BEAT_SECONDS = 0.02
+HOG_RELEASE = "hog-release"  # in EVIDENCE_DIR: created by a test once the provider holds the job's call
+HOG_STEP = 32 * 1024 * 1024
 
 
 def _evidence() -> Path:
@@ -165,6 +179,31 @@ def recorder() -> Crew:
     return notes_and_report(RecordingLLM(model="recorder"), "Writes everything down.")
 
 
+def _provider_failing(status: int) -> Crew:
+    """A provider that answers ``status`` every time; no retries by the SDK nor by the agent, so that it fails
+    fast (CrewAI's executor may still call again on its own)."""
+    agent = Agent(role="Tester", goal="Test", backstory="A test.", llm=provider_llm(f"fail-{status}", max_retries=0))
+    agent.max_retry_limit = 0
+    return Crew(agents=[agent], tasks=[Task(description="Test.", expected_output="Nothing.", agent=agent)])
+
+
+def hang_then_hog() -> Crew:
+    """``demo-llm-hang``, and a thread that, once a test creates HOG_RELEASE (when the provider holds the
+    call), allocates memory until the job is stopped: a limit broken while the provider call is in flight."""
+
+    def hog() -> None:
+        release = _evidence() / HOG_RELEASE
+        if not wait_until(release.exists, timeout=HOUR, interval=0.01):
+            return
+        held = []
+        while True:
+            held.append(bytearray(HOG_STEP))  # zero-filled: every page is touched
+            time.sleep(0.01)
+
+    threading.Thread(target=hog, name="hog", daemon=True).start()
+    return demo_llm_hang()
+
+
 registry: dict[str, Callable[[], Crew]] = {
     "demo": demo,
     "demo-slow": demo_slow,
@@ -179,6 +218,11 @@ registry: dict[str, Callable[[], Crew]] = {
     "demo-knowledge": demo_knowledge,
     "recorder": recorder,
     "sized": sized,
+    "llm": demo_llm,
+    "llm-hang": demo_llm_hang,
+    "llm-hang-hog": hang_then_hog,
+    "llm-fail-429": lambda: _provider_failing(429),
+    "llm-fail-500": lambda: _provider_failing(500),
 }
 # What ``test`` may name as eval_llm here (read from this module by worker.registry.eval_llms).
 eval_llms = dict(demo_eval_llms)

@@ -1,5 +1,7 @@
 """Deterministic offline crews with the shapes real crews have: tools, context, a manager, structured
-outputs, async tasks, knowledge, and the AIP client's qualification crew.
+outputs, async tasks, knowledge, and the AIP client's qualification crew; and the same on CrewAI's own
+``LLM`` class, over HTTP to the loopback provider at ``$CREW_PROVIDER_URL`` (native tool calls, context,
+structured outputs: ``shape-llm-*``).
 
 Loaded by real workers as ``AIP_CREWAI_REGISTRY=tests.shapes:registry`` (the crews of ``tests.crews``
 included). Every factory builds a fresh Crew with fresh models, and every answer is a pure function of
@@ -23,7 +25,7 @@ from pydantic import BaseModel, Field
 
 from tests import crews
 from tests.helpers import kickoff
-from worker.demo import OFFLINE_EMBEDDER, OfflineLLM, _words, prompt_text
+from worker.demo import OFFLINE_EMBEDDER, OfflineLLM, _words, prompt_text, provider_llm
 
 _OBSERVATION = re.compile(r"\nObservation:\s*(.*)\Z", re.S)
 _CONTEXT = re.compile(r"This is the context you're working with:\n(.*?)(?:\n\n(?:Provide|Begin)|\Z)", re.S)
@@ -296,6 +298,32 @@ def aip_qualification() -> Crew:
     return Crew(agents=[agent], tasks=[task])
 
 
+def shape_llm_tools() -> Crew:
+    """Two agents on CrewAI's own LLM, each with its own: the first calls two tools natively (the provider
+    answers with tool calls), the second writes from the first's output as context."""
+    analyst = Agent(
+        role="Analyst",
+        goal="Measure texts about {topic}",
+        backstory="Trusts tools.",
+        tools=[WordStats(), initials],
+        llm=provider_llm(),
+    )
+    writer = Agent(role="Writer", goal="Write about {topic}", backstory="Concise.", llm=provider_llm())
+    measure = Task(description="Measure the text about {topic}.", expected_output="Counts.", agent=analyst)
+    write = Task(description="Write up {topic}.", expected_output="A summary.", agent=writer, context=[measure])
+    return Crew(agents=[analyst, writer], tasks=[measure, write], before_kickoff_callbacks=[_with_topic])
+
+
+def shape_llm_structured() -> Crew:
+    """``output_json`` then ``output_pydantic`` on CrewAI's own LLM: the provider answers the JSON schema."""
+    judge = Agent(role="Judge", goal="Judge {topic}", backstory="Fair.", llm=provider_llm())
+    notes = Task(
+        description="Note the evidence on {topic}.", expected_output="Notes.", agent=judge, output_json=Verdict
+    )
+    verdict = Task(description="Judge {topic}.", expected_output="A verdict.", agent=judge, output_pydantic=Verdict)
+    return Crew(agents=[judge], tasks=[notes, verdict], before_kickoff_callbacks=[_with_topic])
+
+
 def _with_topic(inputs: dict[str, Any] | None) -> dict[str, Any]:
     return {"topic": "process supervision", **(inputs or {})}
 
@@ -312,6 +340,8 @@ SHAPES: dict[str, Callable[[], Crew]] = {
     "shape-async": shape_async,
     "shape-knowledge": shape_knowledge,
     "aip-qualification": aip_qualification,
+    "shape-llm-tools": shape_llm_tools,
+    "shape-llm-structured": shape_llm_structured,
 }
 registry: dict[str, Callable[[], Crew]] = {**crews.registry, **SHAPES}
 eval_llms = dict(crews.eval_llms)

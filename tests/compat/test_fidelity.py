@@ -1,5 +1,6 @@
 """The sidecar gives what plain CrewAI gives: for every crew shape of ``tests/shapes.py`` (tools, context,
-a manager, structured outputs, async tasks, knowledge, the AIP qualification crew), the output of ``run``,
+a manager, structured outputs, async tasks, knowledge, the AIP qualification crew, and crews on CrewAI's own
+``LLM`` class over HTTP to the loopback provider), the output of ``run``,
 ``batch_run`` and ``replay`` through a real supervisor equals, field for field (``comparable``), what
 ``crew.kickoff()`` / a fresh crew per input / ``crew.replay()`` give in a fresh interpreter
 (``tests/helpers/kickoff.py``). This process never imports CrewAI.
@@ -22,6 +23,7 @@ import pytest
 
 from tests.conftest import Server, start_server, stop_server, worker_env
 from tests.helpers.kickoff import comparable
+from worker.provider import URL_ENV, Provider
 
 REGISTRY = "tests.shapes:registry"
 REFERENCE_TIMEOUT = 180.0
@@ -49,6 +51,8 @@ CASES: dict[str, Case] = {
         [{"question": "Where does every job run?"}, {"question": "Where is the journal kept?"}],
     ),
     "aip-qualification": Case({"case_id": "AIP-QUALIFICATION"}, [{"case_id": "AIP-1"}, {"case_id": "AIP-2"}]),
+    "shape-llm-tools": _topics("native tool calls"),
+    "shape-llm-structured": _topics("provider verdicts"),
 }
 SHAPES = list(CASES)
 
@@ -82,12 +86,18 @@ class Fidelity:
 
 
 @pytest.fixture(scope="module")
-def fidelity(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fidelity]:
+def fidelity(tmp_path_factory: pytest.TempPathFactory, provider: Provider) -> Iterator[Fidelity]:
+    """The sidecar and the in-process references, the crews on CrewAI's own LLM served by one provider."""
     root = tmp_path_factory.mktemp("fidelity")
     jobs = _jobs()
-    reference = start_reference([[REGISTRY, s, op, payload] for (s, _), (op, payload) in jobs.items()], root)
+    provided = {URL_ENV: provider.url}
+    reference = start_reference([[REGISTRY, s, op, payload] for (s, _), (op, payload) in jobs.items()], root, provided)
     try:
-        settings = {"AIP_CREWAI_REGISTRY": REGISTRY, "AIP_CREWAI_ALLOWED_OPERATIONS": "run,batch_run,replay"}
+        settings = {
+            "AIP_CREWAI_REGISTRY": REGISTRY,
+            "AIP_CREWAI_ALLOWED_OPERATIONS": "run,batch_run,replay",
+            **provided,
+        }
         server = start_server(root / "state", env=settings)  # starts while the references are computed
         outputs = finish_reference(reference, root)
     finally:
@@ -97,10 +107,11 @@ def fidelity(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fidelity]:
     stop_server(server)
 
 
-def start_reference(jobs: list[list[Any]], root: Path) -> subprocess.Popen[bytes]:
-    """``tests.helpers.kickoff --each`` on ``jobs``, answering into ``root/reference.jsonl``."""
+def start_reference(jobs: list[list[Any]], root: Path, extra: dict[str, str]) -> subprocess.Popen[bytes]:
+    """``tests.helpers.kickoff --each`` on ``jobs`` (``extra`` in its environment), answering into
+    ``root/reference.jsonl``."""
     (root / "tmp").mkdir()
-    env = {**worker_env(root), "TMPDIR": str(root / "tmp")}
+    env = {**worker_env(root), "TMPDIR": str(root / "tmp"), **extra}
     env.pop("CREWAI_STORAGE_DIR")  # a fresh CrewAI store per reference job
     (root / "jobs.json").write_bytes(orjson.dumps(jobs))
     with (

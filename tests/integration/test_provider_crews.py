@@ -1,0 +1,196 @@
+"""Crews on CrewAI's own ``LLM`` class, over HTTP to a loopback OpenAI-compatible provider (the openai SDK and
+httpx, as in production): a job streams the provider's answer; a cancel, a timeout or a broken limit while the
+provider holds the call kills the worker, and the provider sees the connection close; a provider that answers
+429 or 500 fails the job with the error CrewAI itself raises in-process. The fork server says it warmed the path.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psutil
+import pytest
+
+from supervisor.testing import Server
+from tests.conftest import (
+    ROOT,
+    TEST_REGISTRY,
+    gone,
+    memory_stop_checked,
+    sse_events,
+    start_body,
+    start_server,
+    stop_server,
+    worker_env,
+)
+from tests.crews import HOG_RELEASE
+from tests.integration.test_api import started_pid
+from worker.provider import URL_ENV, Call, Provider
+
+MEMORY_LIMIT_MB = 400  # a forked worker's RSS counts the fork server's pages (~200 MB); its PSS is far below
+KEY = {"Idempotency-Key": "key"}
+
+
+@pytest.fixture(scope="module")
+def llm_server(provider: Provider, evidence: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    env = {
+        URL_ENV: provider.url,
+        "CREW_TEST_EVIDENCE_DIR": str(evidence),
+        "AIP_CREWAI_WORKER_MAX_MEMORY_MB": str(MEMORY_LIMIT_MB),
+        "AIP_CREWAI_LIMIT_SAMPLE_MS": "50",
+    }
+    server = start_server(tmp_path_factory.mktemp("llm") / "state", env=env)
+    yield server
+    stop_server(server)
+
+
+def calls_after(provider: Provider, before: int) -> list[Call]:
+    return provider.calls[before:]
+
+
+def held_call(provider: Provider, before: int) -> Call:
+    """The job's provider call, once the provider holds it (read, not answered)."""
+    calls = provider.wait(lambda calls: len(calls) > before, 60)
+    return calls[before]
+
+
+def live_worker(server: Server, client: Any, action: str) -> int:
+    """The pid of ``action``'s worker (its ``started`` event), checked alive and the supervisor's own child
+    before anything kills it."""
+    pid = started_pid(client, action)
+    assert psutil.Process(pid).ppid() == server.pid
+    return pid
+
+
+def test_the_fork_server_warmed_the_openai_provider_path(llm_server: Server) -> None:
+    with llm_server.client() as client:
+        forkserver = client.get("/health").json()["forkserver"]
+    assert forkserver["refused"] is None
+    assert {"openai", "openai-compatible"} <= set(forkserver["warmed"]["paths"])
+    assert forkserver["warmed"]["tls_contexts"] > 0
+
+
+def test_a_job_streams_the_provider_s_answer(llm_server: Server, provider: Provider) -> None:
+    before = len(provider.calls)
+    with (
+        llm_server.client() as client,
+        client.stream("POST", "/jobs/stream", json=start_body("llm", "llm-run"), headers=KEY) as response,
+    ):
+        events = list(sse_events(response))
+    assert [e["event"] for e in events][:1] == ["started"] and events[-1]["event"] == "completed"
+    output = events[-1]["data"]
+    assert output["raw"].startswith("the provider reports finding ")
+    calls = calls_after(provider, before)
+    assert len(calls) == 2 and all(call.stream and call.answered for call in calls)  # a run streams: two tasks
+    text = "".join(e["data"]["content"] for e in events if e["event"] == "chunk")
+    assert output["raw"] in text and "Final Answer:" in text  # the provider's words, as CrewAI streamed them
+    usage = output["token_usage"]  # as CrewAI counts: each agent reports the LLM it shares with the other
+    assert usage["successful_requests"] == 4
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] > 0
+
+
+def test_a_cancel_while_the_provider_holds_the_call_closes_its_connection(
+    llm_server: Server, provider: Provider
+) -> None:
+    before = len(provider.calls)
+    body = start_body("llm-hang", "llm-cancel")
+    with ThreadPoolExecutor(1) as pool, llm_server.client() as client:
+        follower = pool.submit(_follow, llm_server, body)
+        call = held_call(provider, before)
+        pid = live_worker(llm_server, client, "llm-cancel")
+        cancelled_at = time.monotonic()
+        response = client.post("/jobs/llm-cancel/cancel", json={**body, "reason": "runaway provider call"})
+        events = follower.result(60)
+    record = response.json()
+    assert response.status_code == 200 and record["status"] == "cancelled"
+    assert record["terminal"]["stop_confirmed"] is True and record["terminal"]["pid"] == pid
+    assert events[-1]["event"] == "cancelled"
+    (seen,) = provider.wait(lambda calls: calls[before].hung_up is not None, 30)[before:]
+    assert seen is call and call.answered is None and call.hung_up >= cancelled_at  # type: ignore[operator]
+    assert gone(pid)
+
+
+def test_a_timeout_while_the_provider_holds_the_call_closes_its_connection(
+    llm_server: Server, provider: Provider
+) -> None:
+    before = len(provider.calls)
+    body = start_body("llm-hang", "llm-timeout", timeout_ms=3000)
+    events = _follow(llm_server, body)
+    terminal = events[-1]
+    assert terminal["event"] == "failed" and terminal["data"]["reason"] == "timeout"
+    assert terminal["data"]["stop_confirmed"] is True
+    (call,) = calls_after(provider, before)
+    assert call.hung_up is not None and call.answered is None
+    assert call.hung_up - call.started < 3.0 + 30  # closed by the kill, not left open
+    assert gone(terminal["data"]["pid"])
+
+
+def test_a_limit_broken_while_the_provider_holds_the_call_closes_its_connection(
+    llm_server: Server, provider: Provider, evidence: Path
+) -> None:
+    before = len(provider.calls)
+    body = start_body("llm-hang-hog", "llm-hog")
+    try:
+        with ThreadPoolExecutor(1) as pool, llm_server.client() as client:
+            follower = pool.submit(_follow, llm_server, body)
+            call = held_call(provider, before)
+            pid = live_worker(llm_server, client, "llm-hog")
+            released_at = time.monotonic()
+            (evidence / HOG_RELEASE).touch()  # only now does the crew start to allocate
+            events = follower.result(120)
+            terminal = events[-1]
+            assert terminal["event"] == "failed"
+            memory_stop_checked(client, terminal["data"], MEMORY_LIMIT_MB)
+    finally:
+        (evidence / HOG_RELEASE).unlink(missing_ok=True)
+    provider.wait(lambda calls: calls[before].hung_up is not None, 30)
+    assert call.answered is None and call.hung_up >= released_at  # type: ignore[operator]
+    assert gone(pid)
+
+
+def test_a_provider_that_fails_fails_the_job_with_crewai_s_own_error(
+    llm_server: Server, provider: Provider, tmp_path: Path
+) -> None:
+    crews = ["llm-fail-429", "llm-fail-500"]
+    before = len(provider.calls)
+    expected = _in_process(crews, provider, tmp_path)
+    in_process_calls = len(provider.calls) - before
+    assert [line["error"].split(":")[0] for line in expected] == ["RateLimitError", "InternalServerError"]
+    with llm_server.client() as client:
+        for crew, reference in zip(crews, expected, strict=True):
+            answer = client.post("/jobs", json=start_body(crew, crew), headers=KEY)
+            assert answer.status_code == 502, answer.text
+            terminal = client.get(f"/jobs/{crew}").json()["terminal"]
+            assert terminal["error_type"] == reference["error"].split(":")[0]
+            assert terminal["reason"] == "operation_failed"
+    statuses = [call.status for call in provider.calls[before + in_process_calls :]]
+    assert len(statuses) == in_process_calls  # the same calls, retries included, as in-process
+    assert set(statuses) == {429, 500}
+
+
+def _follow(server: Server, body: dict[str, Any]) -> list[dict[str, Any]]:
+    with server.client() as client, client.stream("POST", "/jobs/stream", json=body, headers=KEY) as response:
+        return list(sse_events(response))
+
+
+def _in_process(crews: list[str], provider: Provider, tmp_path: Path) -> list[dict[str, Any]]:
+    """Each crew's ``kickoff()`` in a fresh interpreter (``tests.helpers.kickoff``): its output or its error."""
+    jobs = orjson.dumps([[TEST_REGISTRY, crew, "run", {}] for crew in crews])
+    env = {**worker_env(tmp_path), URL_ENV: provider.url}
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.helpers.kickoff", "--each"],
+        input=jobs,
+        capture_output=True,
+        env=env,
+        cwd=ROOT,
+        timeout=180,
+        check=True,
+    )
+    return [orjson.loads(line) for line in done.stdout.splitlines()]

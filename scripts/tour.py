@@ -1,7 +1,8 @@
 """A scripted tour of crew-supervisor with the offline demo crews: run, stream, cancel with proof.
 
-Starts ``crew-supervisor serve --demo`` on loopback with a fresh token, walks through the API with
-httpx, then stops it. ``--serve`` keeps the supervisor running afterwards for your own requests.
+Starts ``crew-supervisor serve --demo`` on loopback with a fresh token, and a loopback OpenAI-compatible
+provider for the demo's crews on CrewAI's own ``LLM`` class; walks through the API with httpx, then stops
+both. ``--serve`` keeps them running afterwards for your own requests.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import psutil
 from supervisor import testing
 from supervisor.config import DEMO_REGISTRY
 from supervisor.console import sse
+from worker.provider import URL_ENV, Provider
 
 Event = dict[str, Any]
 
@@ -37,15 +39,26 @@ def main() -> int:
     port = args.port or testing.free_port()
     root = Path(tempfile.mkdtemp(prefix="crew-supervisor-demo-"))
     log = root / "supervisor.log"
+    provider = Provider().start()
     say(f"starting: crew-supervisor serve --demo --port {port}   (state in {root / 'state'}, log in {log})")
+    print(f"the demo-llm crews' provider (OpenAI's chat completions, on loopback): {URL_ENV}={provider.url}")
     try:
-        server = testing.start(root / "state", DEMO_REGISTRY, args=["--log-level", "warning"], log=log, port=port)
+        server = testing.start(
+            root / "state",
+            DEMO_REGISTRY,
+            args=["--log-level", "warning"],
+            log=log,
+            port=port,
+            env={URL_ENV: provider.url},
+        )
     except testing.StartError as exc:
+        provider.stop()
         sys.exit(str(exc))
     try:
         with server.client() as client:
             greet(server, client)
             tour(client)
+            provider_tour(client, provider)
         if args.serve:
             say(f"serving on {server.url} — press Ctrl-C to stop")
             print(f"  export TOKEN={server.token}")
@@ -57,7 +70,8 @@ def main() -> int:
         sys.exit(f"tour: {exc}")
     finally:
         server.stop()
-    say("done: the supervisor stopped")
+        provider.stop()
+    say("done: the supervisor and the provider stopped")
     return 0
 
 
@@ -127,6 +141,38 @@ def tour(client: httpx.Client) -> None:
         f"elapsed_ms={proof['elapsed_ms']}"
     )
     print(f"psutil after cancel: pid {pid[0]} exists = {psutil.pid_exists(pid[0])}")
+
+
+def provider_tour(client: httpx.Client, provider: Provider) -> None:
+    say("4. a crew on CrewAI's own LLM class: the openai SDK over HTTP, as production crews call their provider")
+    before = len(provider.calls)
+    body = {"crew_id": "demo-llm", "action_id": "tour-llm", "input": {"topic": "real providers"}}
+    started = time.monotonic()
+    output = client.post("/jobs", json=body, headers={"Idempotency-Key": "tour-4"}).json()
+    calls = provider.calls[before:]
+    print(
+        f"raw: {output['raw']!r} ({time.monotonic() - started:.2f} s); the provider answered {len(calls)} "
+        f"call(s), streamed: {[call.stream for call in calls]}"
+    )
+
+    say("5. cancel a job while its provider holds the call (demo-llm-hang: the provider never answers)")
+    before = len(provider.calls)
+    body = {"crew_id": "demo-llm-hang", "action_id": "tour-llm-cancel", "input": {}}
+    follower = threading.Thread(target=lambda: client.post("/jobs", json=body, headers={"Idempotency-Key": "tour-5"}))
+    follower.start()
+    (call,) = provider.wait(lambda calls: len(calls) > before, 120)[before:]
+    print("the provider holds the call: nothing will answer it")
+    cancelled = time.monotonic()
+    cancel = {"crew_id": "demo-llm-hang", "action_id": "tour-llm-cancel", "reason": "a runaway provider call"}
+    record = client.post("/jobs/tour-llm-cancel/cancel", json=cancel).json()
+    follower.join(30)
+    provider.wait(lambda calls: calls[before].hung_up is not None, 30)
+    proof = record["terminal"]
+    print(f"status: {record['status']}; stop_confirmed={proof['stop_confirmed']} pid {proof['pid']} {proof['signal']}")
+    print(
+        f"the provider saw its connection closed {1000 * (call.hung_up - cancelled):.0f} ms after the cancel "  # type: ignore[operator]
+        "(an in-process sidecar's thread would keep it open until the provider answered)"
+    )
 
 
 def job_events(client: httpx.Client, action: str) -> list[Event]:

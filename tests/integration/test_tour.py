@@ -27,7 +27,10 @@ def test_the_tour_runs_streams_and_cancels_with_proof() -> None:
     assert "] completed" in out and "tick 3/" in out
     assert "status: cancelled; proof: stop_confirmed=True signal=SIGKILL" in out
     assert "exists = False" in out
-    assert "done: the supervisor stopped" in out
+    assert re.search(r"the provider answered 2 call\(s\), streamed: \[True, True\]", out), out
+    assert "status: cancelled; stop_confirmed=True" in out
+    assert re.search(r"the provider saw its connection closed \d+ ms after the cancel", out), out
+    assert "done: the supervisor and the provider stopped" in out
 
 
 def _run(*pids: int) -> list[dict[str, Any]]:

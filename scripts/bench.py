@@ -1,12 +1,14 @@
-"""Benchmarks: start, cancel, throughput, events, journal cost and memory, warm and cold, in one run.
+"""Benchmarks: start, cancel, throughput, events, journal cost and memory, warm and cold, offline crews and
+crews on CrewAI's own LLM class, in one run.
 
     scripts/bench [--quick] [--json bench.json] [--plot docs/bench-latency.png] [--keep]
 
 Starts real supervisors on loopback (registry ``bench_crews:registry``, temporary state, fork server and
-spawn launchers side by side), drives them over HTTP with httpx, prints a table and writes every figure to
-JSON. Each supervisor is stopped with SIGTERM at the end, whatever happened. ``--quick`` takes few samples
-(well under a minute); the full run takes a few minutes. Figures are measured, never asserted: the targets
-are printed beside them.
+spawn launchers side by side) and a loopback OpenAI-compatible provider in a process of its own (for the
+crews on CrewAI's own ``LLM``: the openai SDK over HTTP), drives them over HTTP with httpx, runs the same
+crews in this process (the in-process reference), prints a table and writes every figure to JSON. Each
+supervisor and the provider are stopped at the end, whatever happened. ``--quick`` takes few samples; the
+full run takes a few minutes. Figures are measured, never asserted: the targets are printed beside them.
 """
 
 from __future__ import annotations
@@ -39,16 +41,19 @@ from bench_harness import (
     Stop,
     memory,
     populate,
+    start_provider,
     start_supervisor,
     wait_ready,
 )
 from bench_measure import (
     api_throughput,
+    api_wave,
     cancel_replay,
     cancel_run,
     cancel_stubborn,
     inprocess_kickoffs,
     inprocess_stream,
+    inprocess_wave,
     journal_latency,
     start_latency,
     stream_chunks,
@@ -58,6 +63,7 @@ from bench_report import Count, figure_names, latency_figures, median_of, percen
 from protocol import QUIET_CREWAI
 from supervisor.console.sse import StreamError
 from supervisor.testing import Server
+from worker.provider import URL_ENV
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,17 +83,21 @@ class Plan:
     relay_chunks: int  # the raw relay flood (chunk frames written straight to the event pipe)
     relay_runs: int
     journal: int
+    llm_jobs: int  # a two-agent crew on CrewAI's own LLM, blocking, one at a time; as many kickoffs here
+    wave: int  # jobs at once, each one 1.5 s provider call (bench_crews.slow_llm); as many threads here
     warmup: int = 2
     overlap_cold: bool = False  # quick: the cold job runs beside the warm phases (both noisier, ~10 s saved)
 
 
 QUICK = Plan(
     start_warm=10, cold=1, cancel_run=4, cancel_replay=3, cancel_stubborn=3, jobs_c1=8, jobs_c4=8, inproc=8,
-    flood_chunks=2000, flood_runs=1, relay_chunks=20_000, relay_runs=1, journal=3, warmup=1, overlap_cold=True,
+    flood_chunks=2000, flood_runs=1, relay_chunks=20_000, relay_runs=1, journal=3, llm_jobs=8, wave=16, warmup=1,
+    overlap_cold=True,
 )  # fmt: skip
 FULL = Plan(
     start_warm=100, cold=5, cancel_run=100, cancel_replay=100, cancel_stubborn=100, jobs_c1=40, jobs_c4=80,
-    inproc=40, flood_chunks=20_000, flood_runs=3, relay_chunks=50_000, relay_runs=3, journal=30, warmup=3,
+    inproc=40, flood_chunks=20_000, flood_runs=3, relay_chunks=50_000, relay_runs=3, journal=30, llm_jobs=40,
+    wave=64, warmup=3,
 )  # fmt: skip
 
 
@@ -130,13 +140,18 @@ def _flat(n: Count) -> list[int]:
 
 
 def boot(plan: Plan, root: Path, markers: Path, supervisors: list[Server]) -> list[Server]:
-    """Every supervisor at once (their CrewAI imports overlap), and crewai here for the in-process ceiling."""
+    """Every supervisor at once (their CrewAI imports overlap), and crewai here for the in-process ceiling.
+    ``wide`` admits the whole wave at once."""
     for size in JOURNAL_SIZES[1:]:
         populate(root / f"journal-{size}", size)
-    for name, launcher in [("warm", "forkserver"), ("cold", "spawn")] + [
-        (f"journal-{size}", "forkserver") for size in JOURNAL_SIZES[1:]
-    ]:
-        supervisors.append(start_supervisor(name, root, launcher, markers))  # listed at once: stopped whatever happens
+    wide = {"AIP_CREWAI_MAX_CONCURRENCY": str(plan.wave)}
+    for name, launcher, settings in [
+        ("warm", "forkserver", {}),
+        ("cold", "spawn", {}),
+        ("wide", "forkserver", wide),
+    ] + [(f"journal-{size}", "forkserver", {}) for size in JOURNAL_SIZES[1:]]:
+        # Listed at once: stopped whatever happens.
+        supervisors.append(start_supervisor(name, root, launcher, markers, settings))
     say("importing crewai here too (the in-process ceiling) while the supervisors start")
     import bench_crews  # noqa: F401 - the import is the point: crewai, once, with telemetry off
 
@@ -187,6 +202,14 @@ def measure_warm(plan: Plan, warm: Server, markers: Path, out: Results) -> None:
         out.put("worker_pss_warm_mb", median_of(memories, "pss"), len(memories))
         measure_floods(plan, client, meter, out)
 
+    say(f"crews on CrewAI's own LLM: {plan.llm_jobs} blocking jobs of a two-agent crew over HTTP to the provider")
+    api_throughput(warm, plan.warmup, 1, "llm")
+    before = meter.read()
+    llm = api_throughput(warm, plan.llm_jobs, 1, "llm")
+    cpu = meter.per(before, llm.completed, 1e3)
+    out.cpu("llm_job_cpu", "ms", cpu, llm.completed, ("worker", "supervisor", "forkserver"))
+    out.latencies("llm_job_blocking", llm.latencies)
+
     say("throughput: fast jobs through the API at concurrency 1 and 4")
     api_throughput(warm, plan.warmup, 1)
     before = meter.read()
@@ -203,6 +226,19 @@ def measure_warm(plan: Plan, warm: Server, markers: Path, out: Results) -> None:
     out.put("forkserver_pss_mb", forkserver["pss"], 1)
 
 
+def measure_wave(plan: Plan, wide: Server, out: Results) -> None:
+    say(f"{plan.wave} jobs at once, each one 1.5 s provider call, through the API (MAX_CONCURRENCY={plan.wave})")
+    api_throughput(wide, plan.warmup, 1, "llm-slow")
+    wave = api_wave(wide, "llm-slow", plan.wave)
+    wide.stop()  # a quieter machine for what follows
+    out.put("llm_wave_jobs", wave.jobs, wave.jobs)
+    out.put("llm_wave_incomplete", wave.jobs - wave.completed, wave.jobs)
+    out.put("llm_wave_seconds", wave.seconds, wave.completed)
+    out.put("llm_wave_peak_pss_mb", wave.peak_pss_mb, wave.samples)
+    out.put("llm_wave_workers_max", wave.most_workers, wave.samples)
+    out.put("llm_wave_worker_pss_mb", wave.worker_pss_mb, wave.most_workers)
+
+
 def measure_inprocess(plan: Plan, out: Results) -> None:
     """The same crews in this process (nothing else of the bench running): the ceilings the API is held to."""
     say(f"in this process: {plan.inproc} fast kickoffs in a loop, then the flood crew streamed {plan.flood_runs} x")
@@ -210,6 +246,13 @@ def measure_inprocess(plan: Plan, out: Results) -> None:
     out.latencies("inproc_kickoff", kickoffs.kickoffs)
     out.put("jobs_per_s_inproc", kickoffs.per_second, len(kickoffs.kickoffs))
     out.put("inproc_cpu_ms", kickoffs.cpu_seconds / len(kickoffs.kickoffs) * 1e3, len(kickoffs.kickoffs))
+    say(f"in this process: {plan.llm_jobs} kickoffs of the crew on CrewAI's own LLM, then {plan.wave} in threads")
+    llm = inprocess_kickoffs(plan.llm_jobs, plan.warmup, "llm")
+    out.latencies("inproc_llm_kickoff", llm.kickoffs)
+    out.put("inproc_llm_cpu_ms", llm.cpu_seconds / len(llm.kickoffs) * 1e3, len(llm.kickoffs))
+    wave = inprocess_wave("llm-slow", plan.wave)
+    out.put("inproc_wave_seconds", wave.seconds, wave.completed)
+    out.put("inproc_wave_peak_pss_mb", wave.peak_pss_mb, wave.samples)
     inprocess_stream(min(plan.flood_chunks, 1000))  # as through the API: a first flood here is not counted
     streams = [inprocess_stream(plan.flood_chunks) for _ in range(plan.flood_runs)]
     received = sum(s.chunks for s in streams)
@@ -231,12 +274,13 @@ def measure_cold(plan: Plan, cold: Server, out: Results) -> None:
 def run(plan: Plan, root: Path, supervisors: list[Server]) -> Results:
     markers = root / "markers"
     markers.mkdir()
-    warm, cold, *filled = boot(plan, root, markers, supervisors)
+    warm, cold, wide, *filled = boot(plan, root, markers, supervisors)
     out = Results()
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         beside = pool.submit(measure_cold, plan, cold, out) if plan.overlap_cold else None
         measure_journal(plan, [warm, *filled], out)
         measure_warm(plan, warm, markers, out)
+        measure_wave(plan, wide, out)
         if beside is None:
             measure_cold(plan, cold, out)
         else:
@@ -247,6 +291,9 @@ def run(plan: Plan, root: Path, supervisors: list[Server]) -> Results:
             out.put(figure, value, len(values))
     out.median_ratio("start_cold_over_warm", "start_cold", "start_warm")
     out.median_ratio("job_blocking_over_inproc", "job_blocking", "inproc_kickoff")
+    out.median_ratio("llm_job_blocking_over_inproc", "llm_job_blocking", "inproc_llm_kickoff")
+    out.ratio("llm_job_cpu_worker_over_inproc", "llm_job_cpu_worker_ms", "inproc_llm_cpu_ms")
+    out.ratio("llm_wave_over_inproc", "llm_wave_seconds", "inproc_wave_seconds")
     out.median_ratio("journal_last_over_first", f"journal_{JOURNAL_SIZES[-1]}", f"journal_{JOURNAL_SIZES[0]}")
     out.ratio("c4_over_inproc", "jobs_per_s_c4", "jobs_per_s_inproc")
     out.ratio("job_cpu_worker_over_inproc", "job_cpu_worker_ms", "inproc_cpu_ms")
@@ -304,8 +351,11 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     began, loadavg = time.monotonic(), os.getloadavg()
     root = Path(tempfile.mkdtemp(prefix="crew-bench-"))
-    # Before crewai is imported here: telemetry off, and its files under the temporary directory.
+    provider, url = start_provider(root / "provider.log")
+    # Before crewai is imported here: telemetry off, and its files under the temporary directory. The provider's
+    # URL reaches the supervisors' workers through their environment, as the in-process crews' through this one.
     os.environ.update(QUIET_CREWAI, HOME=str(root / "home"), CREWAI_STORAGE_DIR=str(root / "inproc-storage"))
+    os.environ[URL_ENV] = url
     (root / "home").mkdir()
     supervisors: list[Server] = []
     try:
@@ -314,6 +364,8 @@ def main() -> int:
         finally:
             for sup in supervisors:
                 sup.stop()
+            provider.terminate()
+            provider.wait(30)
         report(args, results, meta(plan, began, loadavg))  # before the cleanup: matplotlib caches in HOME
     except (BenchError, StreamError) as exc:  # a stream that is not this server's events, too
         print(f"bench: {exc}", file=sys.stderr)

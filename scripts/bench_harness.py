@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import sqlite3
+import subprocess
 import sys
 import time
 import uuid
@@ -34,6 +35,21 @@ JOURNAL_SIZES = (0, 1000, 10_000)  # retained jobs
 
 class BenchError(Exception):
     pass
+
+
+def start_provider(log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The loopback OpenAI-compatible provider in a process of its own (its CPU is neither the sidecar's nor
+    the in-process crews'), and its URL."""
+    with open(log, "wb") as errors:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "worker.provider"], stdout=subprocess.PIPE, stderr=errors, cwd=ROOT
+        )
+    assert process.stdout is not None
+    url = process.stdout.readline().decode().strip()
+    if not url.startswith("http://"):
+        process.kill()
+        raise BenchError(f"the provider did not start: {log.read_text()[-500:]}")
+    return process, url
 
 
 def start_supervisor(

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 from bench_harness import (
     TERMINAL,
     BenchError,
+    MiB,
     Stop,
     cancel,
     drain,
@@ -25,7 +28,9 @@ from bench_harness import (
     wait_blocked,
 )
 
-from supervisor.testing import Server
+from supervisor.testing import FORKED_WORKER, Server
+
+MEMORY_PERIOD = 0.5  # seconds between memory samples of a wave (each walks every process's smaps_rollup)
 
 
 def start_latency(client: httpx.Client, samples: int, warmup: int) -> list[float]:
@@ -130,8 +135,8 @@ class JobRun:
         return self.completed / self.seconds
 
 
-def api_throughput(sup: Server, jobs: int, concurrency: int) -> JobRun:
-    """fast jobs through blocking POST /jobs, ``concurrency`` clients at once; counts what completed."""
+def api_throughput(sup: Server, jobs: int, concurrency: int, crew: str = "fast") -> JobRun:
+    """``crew``'s jobs through blocking POST /jobs, ``concurrency`` clients at once; counts what completed."""
     errors: list[BaseException] = []
     latencies: list[float] = []  # list.append is atomic: the clients share it
     barrier = threading.Barrier(concurrency + 1)
@@ -142,7 +147,7 @@ def api_throughput(sup: Server, jobs: int, concurrency: int) -> JobRun:
             try:
                 for _ in range(count):
                     began = time.perf_counter()
-                    post_job(client, start_body("fast", new_id("tput")))  # answers 200 only when completed
+                    post_job(client, start_body(crew, new_id("tput")))  # answers 200 only when completed
                     latencies.append(time.perf_counter() - began)
             except BaseException as exc:
                 errors.append(exc)
@@ -173,19 +178,137 @@ class InProcess:
         return len(self.kickoffs) / sum(self.kickoffs)
 
 
-def inprocess_kickoffs(jobs: int, warmup: int) -> InProcess:
-    """The fast crew kicked off in a plain loop in this process (a fresh crew per job, as a worker builds)."""
+def inprocess_kickoffs(jobs: int, warmup: int, crew: str = "fast") -> InProcess:
+    """``crew`` kicked off in a plain loop in this process (a fresh crew per job, as a worker builds)."""
     import bench_crews  # crewai: imported at start, with telemetry off
 
+    factory = bench_crews.registry[crew]
     for _ in range(warmup):
-        bench_crews.fast().kickoff()
+        factory().kickoff()
     kickoffs = []
     cpu = time.process_time()
     for _ in range(jobs):
         began = time.perf_counter()
-        bench_crews.fast().kickoff()
+        factory().kickoff()
         kickoffs.append(time.perf_counter() - began)
     return InProcess(kickoffs, time.process_time() - cpu)
+
+
+@dataclasses.dataclass(frozen=True)
+class Wave:
+    """Many jobs started at once: how long until the last ended, and the memory it took at its peak."""
+
+    jobs: int
+    completed: int
+    seconds: float
+    peak_pss_mb: float  # the whole tree (supervisor, fork server, workers), or this process
+    most_workers: int  # workers alive at once, at most (0 in-process)
+    worker_pss_mb: float  # per worker, at the sample with the most workers (0 in-process)
+    samples: int  # memory samples taken
+
+
+def api_wave(sup: Server, crew: str, jobs: int) -> Wave:
+    """``jobs`` blocking POST /jobs of ``crew`` from as many clients at once (the supervisor's MAX_CONCURRENCY
+    must admit them all), the tree's PSS sampled meanwhile."""
+    errors: list[BaseException] = []
+    completed: list[float] = []
+    barrier = threading.Barrier(jobs + 1)
+
+    def client() -> None:
+        with sup.client(timeout=600) as http:
+            barrier.wait()
+            try:
+                post_job(http, start_body(crew, new_id("wave")))
+                completed.append(time.perf_counter())
+            except BaseException as exc:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=client) for _ in range(jobs)]
+    for thread in threads:
+        thread.start()
+    with TreeMemory(sup.pid) as tree:
+        barrier.wait(60)
+        began = time.perf_counter()
+        for thread in threads:
+            thread.join(600)
+        seconds = time.perf_counter() - began
+    if errors:
+        raise BenchError(f"{jobs} {crew} jobs at once: {errors[0]}")
+    return Wave(jobs, len(completed), seconds, tree.peak_mb, tree.most_workers, tree.worker_mb, tree.samples)
+
+
+def inprocess_wave(crew: str, jobs: int) -> Wave:
+    """What the reference sidecar does with ``jobs`` at once: a kickoff of ``crew`` per thread, in this process."""
+    import bench_crews
+
+    factory = bench_crews.registry[crew]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(jobs + 1)
+
+    def kickoff() -> None:
+        barrier.wait()
+        try:
+            factory().kickoff()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=kickoff) for _ in range(jobs)]
+    for thread in threads:
+        thread.start()
+    with TreeMemory(os.getpid(), tree=False) as memory:
+        barrier.wait(60)
+        began = time.perf_counter()
+        for thread in threads:
+            thread.join(600)
+        seconds = time.perf_counter() - began
+    if errors:
+        raise BenchError(f"{jobs} in-process kickoffs of {crew}: {errors[0]}")
+    return Wave(jobs, jobs - len(errors), seconds, memory.peak_mb, 0, 0.0, memory.samples)
+
+
+class TreeMemory:
+    """A thread sampling the PSS of a process (and, with ``tree``, of its descendants) every
+    ``MEMORY_PERIOD``: the peak, and the workers' share at the sample with the most workers."""
+
+    def __init__(self, pid: int, tree: bool = True) -> None:
+        self.root = psutil.Process(pid)
+        self.tree = tree
+        self.peak_mb = 0.0
+        self.most_workers = 0
+        self.worker_mb = 0.0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tree-memory")
+
+    def __enter__(self) -> TreeMemory:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(MEMORY_PERIOD):
+            self._sample()
+
+    def _sample(self) -> None:
+        processes = [self.root, *(self.root.children(recursive=True) if self.tree else [])]
+        total, workers, worker_pss = 0.0, 0, 0.0
+        for process in processes:
+            try:
+                pss = process.memory_full_info().pss / MiB
+                forked = process.name() == FORKED_WORKER
+            except psutil.Error:
+                continue
+            total += pss
+            workers += forked
+            worker_pss += pss if forked else 0.0
+        self.samples += 1
+        self.peak_mb = max(self.peak_mb, total)
+        if workers > self.most_workers:
+            self.most_workers, self.worker_mb = workers, worker_pss / workers
 
 
 @dataclasses.dataclass(frozen=True)

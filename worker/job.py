@@ -6,12 +6,13 @@ Frames go only to the event fd; stdout and stderr belong to CrewAI's panels and 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sys
 from typing import Any, NoReturn
 
 from protocol import READ_ONLY_OPERATIONS, Built, Completed, Failed, Hello, Registry, Start, Started
-from worker import lifecycle, registry
+from worker import lifecycle, registry, warmup
 from worker.operations import OPERATIONS, OperationError, OutputTooLarge, Work, bounded
 
 MAX_CHECK_ERROR_CHARS = 1000  # one line of the doctor's report, not a traceback
@@ -30,7 +31,7 @@ def run(event_fd: int, control_fd: int, crews: dict[str, Any] | None = None, mod
             control.watch()
             crews = load(out)
         if crews is not None and mode != "job":
-            out.send(describe_registry(crews))
+            out.send(describe_registry(crews, rehearse_warmup() if mode == "check" else None))
             if mode == "check":
                 check(crews, out)
         elif crews is not None:
@@ -60,6 +61,14 @@ def load(out: lifecycle.FrameWriter) -> dict[str, Any] | None:
 def describe_registry(crews: dict[str, Any], warmed: dict[str, Any] | None = None) -> Registry:
     eval_llms = sorted(registry.eval_llms(os.environ.get(registry.ENV, "")))
     return Registry(crews=sorted(crews), eval_llms=eval_llms, warmed=warmed or {})
+
+
+def rehearse_warmup() -> dict[str, Any]:
+    """What a fork server's warm-up would warm here (``warmup.Warmth``), or ``refused``: why it would refuse."""
+    try:
+        return dataclasses.asdict(warmup.warm())
+    except warmup.WarmupError as exc:
+        return {"refused": " ".join(str(exc).split())[:1000]}
 
 
 def check(crews: dict[str, Any], out: lifecycle.FrameWriter) -> None:

@@ -70,7 +70,9 @@ class Warmth:
 
 def warm() -> Warmth:
     """Run our own crews on every first-use path, then quiesce CrewAI; raises WarmupError."""
-    native = _kernel_threads()  # what importing left (numpy's OpenBLAS pool): forks already live with it
+    # What was running before: importing left native threads (numpy's OpenBLAS pool), which forks already live
+    # with; a doctor's check worker has its control thread. The fork server has no other Python thread.
+    native = Threads.now()
     sockets = _sockets()  # the supervisor's channel: any other socket left open would be every worker's
     try:
         for _ in range(KICKOFFS):
@@ -198,9 +200,21 @@ def _kickoff(operation: operations.Operation, crew: Any, streamed: bool) -> None
         raise WarmupError("the warm-up kickoff streamed no chunks or gave no output")
 
 
-def quiesce(native: int | None = None) -> None:
-    """Stop CrewAI's event-bus threads and leave the bus to start again lazily; check that only the main
-    thread is left, besides the ``native`` kernel threads that were there before the warm-up."""
+@dataclasses.dataclass(frozen=True)
+class Threads:
+    """A process's threads at one moment: Python's, and how many the kernel counts (native ones too)."""
+
+    python: frozenset[threading.Thread]
+    kernel: int
+
+    @classmethod
+    def now(cls) -> Threads:
+        return cls(frozenset(threading.enumerate()), len(os.listdir("/proc/self/task")))
+
+
+def quiesce(native: Threads) -> None:
+    """Stop CrewAI's event-bus threads and leave the bus to start again lazily; check that no thread is left
+    besides those that were there before the warm-up (``native``)."""
     try:
         from crewai.events.event_bus import crewai_event_bus as bus
     except ImportError as exc:
@@ -220,17 +234,18 @@ def quiesce(native: int | None = None) -> None:
         bus._sync_executor.shutdown(wait=True)
         bus._executor_initialized = False
         bus._has_pending_events = False
-    others = _other_threads(_kernel_threads() if native is None else native)
+    others = _other_threads(native)
     if others:
         raise WarmupError(f"cannot quiesce CrewAI: threads still running after warm-up: {', '.join(others)}")
 
 
-def _other_threads(native: int) -> list[str]:
-    """Python threads besides this one, and kernel threads beyond ``native``; waits a little for those ending."""
+def _other_threads(native: Threads) -> list[str]:
+    """Threads beyond ``native``, by name where Python knows them; waits a little for those ending."""
     deadline = time.monotonic() + SETTLE_SECONDS
     while True:
-        names = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
-        extra = _kernel_threads() - native
+        now = Threads.now()
+        names = [thread.name for thread in now.python - native.python]
+        extra = now.kernel - native.kernel
         if not names and extra <= 0:
             return []
         if time.monotonic() > deadline:
@@ -246,8 +261,3 @@ def _sockets() -> set[str]:
             if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
                 found.add(fd)
     return found
-
-
-def _kernel_threads() -> int:
-    """This process's threads as the kernel counts them (Python's and native ones)."""
-    return len(os.listdir("/proc/self/task"))

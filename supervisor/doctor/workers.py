@@ -1,7 +1,10 @@
-"""What the workers will meet: the registry and each crew's factory, and CrewAI's network switches.
+"""What the workers will meet: the registry and each crew's factory, the fork server's warm-up, and CrewAI's
+network switches.
 
-The registry is loaded and every crew built in a worker process (``python -m worker check``), as the
-supervisor learns its crews (``python -m worker describe``): the supervisor never imports CrewAI.
+The registry is loaded, the fork server's warm-up rehearsed (our own crews, offline and on each installed
+provider against a provider of its own on loopback) and every crew built in a worker process (``python -m
+worker check``), as the supervisor learns its crews (``python -m worker describe``): the supervisor never
+imports CrewAI.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from protocol import QUIET_CREWAI, Built
 from supervisor.config import PREFIX, Settings
@@ -47,23 +51,41 @@ def telemetry(environ: Mapping[str, str] = os.environ) -> list[Finding]:
 
 
 def crews(settings: Settings) -> list[Finding]:
-    """Load the registry and build each crew once, offline and with telemetry off whatever the
-    environment says, in a worker of the workers' user, with a HOME and CrewAI storage thrown away after."""
+    """Load the registry, rehearse the warm-up and build each crew once, offline and with telemetry off
+    whatever the environment says, in a worker of the workers' user, with a HOME and CrewAI storage thrown
+    away after."""
     with tempfile.TemporaryDirectory(prefix="crew-supervisor-doctor-") as place:
         if settings.worker_ids is not None:
             os.chown(place, *settings.worker_ids)
         env = {**worker_env(settings, Path(place), ""), **QUIET_CREWAI}
-        return asyncio.run(_build(settings.registry, env, place))
+        return asyncio.run(_build(settings, env, place))
 
 
-async def _build(spec: str, env: Mapping[str, str], cwd: str) -> list[Finding]:
+def warmed(settings: Settings, warmth: Mapping[str, Any]) -> Finding:
+    """What the fork server's warm-up warms (``worker.warmup.Warmth``), as the check worker rehearsed it."""
+    if settings.launcher != "forkserver":
+        return ok("warm-up", f"not used: {PREFIX}LAUNCHER={settings.launcher} starts a fresh interpreter per job")
+    if "refused" in warmth:
+        fix = "report it with your CrewAI version: jobs still run, each in a fresh interpreter (seconds to start)"
+        return warning("warm-up", f"the fork server would refuse to start: {warmth['refused']}", fix)
+    paths = ", ".join(["CrewAI offline", *warmth["paths"]])
+    skipped = "; ".join(f"{name}: {why}" for name, why in warmth["not_warmed"].items())
+    contexts = f"{warmth['tls_contexts']} TLS contexts parsed before the fork"
+    return ok("warm-up", f"warms {paths}; {contexts}" + (f"; not warmed: {skipped}" if skipped else ""))
+
+
+async def _build(settings: Settings, env: Mapping[str, str], cwd: str) -> list[Finding]:
+    spec = settings.registry
     worker: WorkerProcess | None = None
     listed: list[str] = []
     built: dict[str, str] = {}
+    rehearsed: list[Finding] = []
     try:
         async with asyncio.timeout(BUILD_SECONDS):
             worker = await SpawnLauncher(Reaper()).launch("check", env, cwd)
-            listed = (await expect_registry(worker)).crews
+            described = await expect_registry(worker)
+            listed = described.crews
+            rehearsed.append(warmed(settings, described.warmed))
             while len(built) < len(listed):
                 message = await worker.next_message()
                 if not isinstance(message, Built):  # it exited (None), or broke the protocol
@@ -95,6 +117,7 @@ async def _build(spec: str, env: Mapping[str, str], cwd: str) -> list[Finding]:
             for crew_id, error in built.items()
             if error
         ),
+        *rehearsed,
     ]
 
 

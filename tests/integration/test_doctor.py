@@ -93,10 +93,13 @@ def test_a_good_deployment_is_ready(deployment: Deployment) -> None:
     assert {f["status"] for f in found} <= {"ok", "warning"}
     checks = [f["check"] for f in found]
     assert checks == [
-        "names", "settings", "state", "journal", "token", "registry", "telemetry", "cgroups", "rlimits", "disk"
+        "names", "settings", "state", "journal", "token", "registry", "warm-up", "telemetry", "cgroups", "rlimits",
+        "disk",
     ]  # fmt: skip
     registry = next(f for f in found if f["check"] == "registry")
-    assert registry["detail"].startswith("worker.demo:registry: 3 of 3 crews build")
+    assert registry["detail"].startswith("worker.demo:registry: 5 of 5 crews build")
+    warm = next(f for f in found if f["check"] == "warm-up")
+    assert warm["status"] == "ok" and warm["detail"].startswith("warms CrewAI offline, openai, openai-compatible; ")
     # The cgroups probe removed what it made: no directory of the doctor's pid is left under any hierarchy.
     assert not list(Path("/sys/fs/cgroup").glob(f"**/crew-supervisor-{answer.pid}"))
     assert not list(deployment.state.iterdir())  # nothing made in the state directory
@@ -163,7 +166,21 @@ def test_a_crew_whose_factory_raises_is_named(deployment: Deployment) -> None:
         }
     ]
     registry = next(f for f in findings(answer) if f["check"] == "registry")
-    assert registry["status"] == "ok" and "12 of 13 crews build" in registry["detail"]
+    assert registry["status"] == "ok" and "17 of 18 crews build" in registry["detail"]
+
+
+REFUSES = "the fork server would refuse to start: "
+
+
+@pytest.mark.parametrize(("kind", "says"), [("forkserver", REFUSES), ("spawn", "not used: ")])
+def test_the_warm_up_says_whether_the_fork_server_would_refuse(deployment: Deployment, kind: str, says: str) -> None:
+    deployment.env.update(AIP_CREWAI_REGISTRY="tests.unwarmable_crews:registry", AIP_CREWAI_LAUNCHER=kind)
+    answer = doctor(deployment, "--json")
+    warm = next(f for f in findings(answer) if f["check"] == "warm-up")
+    assert warm["detail"].startswith(says), warm
+    assert warm["status"] == ("warning" if kind == "forkserver" else "ok")
+    if kind == "forkserver":
+        assert "its event bus has no _loop_thread" in warm["detail"] and "fresh interpreter" in warm["fix"]
 
 
 def test_a_shadowed_package_is_reported_before_anything_runs(deployment: Deployment) -> None:

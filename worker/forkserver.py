@@ -61,11 +61,7 @@ def serve(socket_fd: int) -> NoReturn:
         os._exit(EXIT_NOT_WARMED)
     gc.collect()  # the warm-up's garbage, so it is not frozen with the rest
     gc.freeze()  # what is imported and warmed now stays shared with every child
-    written = prefault.probe(
-        warmup.rehearse
-        if os.environ.get("XPROBE") == "full"
-        else (lambda: warmup._kickoff(warmup.operations.run, warmup._crew(), True))
-    )  # learned from a child forked as workers are
+    written = prefault.probe(lambda: warmup.rehearse(providers=False))  # learned from a child forked as workers are
     out.send(job.describe_registry(crews, dataclasses.asdict(warmth)))
     supervisor = os.getppid()
     while True:
@@ -150,9 +146,9 @@ def _become_worker(
     os.chdir(request.cwd)
     os.environ.clear()
     os.environ.update(request.env)
-    if (
-        request.prefault or os.environ.get("XPOP") == "always"
-    ):  # before it says hello: a pre-forked worker is idle now, not yet started
+    # Before it says hello: a worker forked ahead of demand is idle now, not yet started. One forked for a job
+    # waiting faults in only the pages it writes, on the CPU it would spend copying them all ahead.
+    if request.prefault:
         prefault.populate(written)
     job.run(EVENT_FD, CONTROL_FD, crews=crews)
 

@@ -93,14 +93,18 @@ def warm() -> Warmth:
     return warmth
 
 
-def rehearse() -> Warmth:
-    """Our own crews on every path, in throwaway storage (also what the prefault probe runs)."""
+def rehearse(providers: bool = True) -> Warmth:
+    """Our own crews on every path (or, without ``providers``, the offline one), in throwaway storage.
+
+    The prefault probe learns the pages an idle worker copies ahead from the offline path alone: those
+    every job writes. Copying a provider job's pages ahead too (twice as many) cost every idle worker
+    ~20 ms of CPU and ~20 MB more, and a wave of 64 provider jobs ran slower (docs/benchmarks.md)."""
     storage = tempfile.mkdtemp(prefix="crew-warmup-")
     saved = os.environ.get(STORAGE_ENV)
     os.environ[STORAGE_ENV] = storage
     try:
         _kickoff(operations.run, _crew(), streamed=True)
-        return _rehearse_providers()
+        return _rehearse_providers() if providers else Warmth()
     finally:
         if saved is None:
             os.environ.pop(STORAGE_ENV, None)

@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import os
 import sys
+import threading
 from typing import Any, NoReturn
 
 from protocol import READ_ONLY_OPERATIONS, Built, Completed, Failed, Hello, Registry, Start, Started
@@ -31,7 +32,7 @@ def run(event_fd: int, control_fd: int, crews: dict[str, Any] | None = None, mod
             control.watch()
             crews = load(out)
         if crews is not None and mode != "job":
-            out.send(describe_registry(crews, rehearse_warmup() if mode == "check" else None))
+            out.send(describe_registry(crews, rehearse_warmup(control.thread) if mode == "check" else None))
             if mode == "check":
                 check(crews, out)
         elif crews is not None:
@@ -63,10 +64,11 @@ def describe_registry(crews: dict[str, Any], warmed: dict[str, Any] | None = Non
     return Registry(crews=sorted(crews), eval_llms=eval_llms, warmed=warmed or {})
 
 
-def rehearse_warmup() -> dict[str, Any]:
-    """What a fork server's warm-up would warm here (``warmup.Warmth``), or ``refused``: why it would refuse."""
+def rehearse_warmup(control: threading.Thread) -> dict[str, Any]:
+    """What a fork server's warm-up would warm here (``warmup.Warmth``), or ``refused``: why it would refuse.
+    ``control`` is this worker's own thread, which a fork server does not have."""
     try:
-        return dataclasses.asdict(warmup.warm())
+        return dataclasses.asdict(warmup.warm(ours=[control]))
     except warmup.WarmupError as exc:
         return {"refused": " ".join(str(exc).split())[:1000]}
 

@@ -133,7 +133,8 @@ class Control:
         self._read_ahead: list[Message] = []  # messages that came in the same read as an earlier one
         self._starts: queue.Queue[Start] = queue.Queue(maxsize=1)
         self._handed_over = threading.Event()
-        threading.Thread(target=self._watch, name="control", daemon=True).start()
+        self.thread = threading.Thread(target=self._watch, name="control", daemon=True)
+        self.thread.start()
 
     def watch(self) -> None:
         """The thread reads from now on (a cold worker, before it imports)."""

@@ -30,6 +30,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from worker import operations, provider, tls
@@ -68,11 +69,12 @@ class Warmth:
     tls_contexts: int = 0
 
 
-def warm() -> Warmth:
-    """Run our own crews on every first-use path, then quiesce CrewAI; raises WarmupError."""
-    # What was running before: importing left native threads (numpy's OpenBLAS pool), which forks already live
-    # with; a doctor's check worker has its control thread. The fork server has no other Python thread.
-    native = Threads.now()
+def warm(ours: Iterable[threading.Thread] = ()) -> Warmth:
+    """Run our own crews on every first-use path, then quiesce CrewAI; raises WarmupError. No Python thread may
+    be left but this one and ``ours`` (a doctor's check worker has its control thread; a fork server none): a
+    thread the registry started when imported is refused like one the warm-up left."""
+    # Native threads importing started (numpy's OpenBLAS pool) stay: forks already live with them.
+    native = Threads(frozenset([threading.current_thread(), *ours]), Threads.now().kernel)
     sockets = _sockets()  # the supervisor's channel: any other socket left open would be every worker's
     try:
         for _ in range(KICKOFFS):

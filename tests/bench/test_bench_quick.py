@@ -21,6 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))  # scripts/ is not a package
 from bench_report import LATENCIES, TARGETS, figure_names  # noqa: E402 - every figure the report promises
 
+COUNTS_OF_FAILURES = {"llm_wave_incomplete"}  # a count of what went wrong: 0 is the good value
+
 
 def left_behind(root: Path) -> list[int]:
     """Processes (supervisors, fork servers, workers) whose state lies under ``root``."""
@@ -53,7 +55,8 @@ def test_quick_bench_reports_every_figure(tmp_path: Path) -> None:
     assert list(figures) == names
     for name in names:
         value = figures[name]
-        assert isinstance(value, int | float) and math.isfinite(value) and value > 0, (name, value)
+        positive = value > 0 or (name in COUNTS_OF_FAILURES and value == 0)
+        assert isinstance(value, int | float) and math.isfinite(value) and positive, (name, value)
         n = counts[name]  # every figure says how many samples, jobs or events it comes from
         assert all(isinstance(part, int) and part > 0 for part in (n if isinstance(n, list) else [n])), (name, n)
     # Honest statistics: a p99 only from 100 samples or more, else the maximum ("max of n"); quick has fewer.
@@ -64,6 +67,7 @@ def test_quick_bench_reports_every_figure(tmp_path: Path) -> None:
     assert figures["relay_chunks"] == plan["relay_chunks"] * plan["relay_runs"]
     assert figures["flood_chunks"] == figures["inproc_stream_chunks"] == plan["flood_chunks"] * plan["flood_runs"]
     assert counts["jobs_per_s_c4"] == plan["jobs_c4"]
+    assert figures["llm_wave_jobs"] == plan["wave"] and counts["llm_job_blocking_p50_ms"] == plan["llm_jobs"]
     assert len(report["targets"]) == len(TARGETS)
     assert {t["figure"] for t in report["targets"]} <= set(figures)
     assert report["meta"]["quick"] is True

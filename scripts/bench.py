@@ -52,9 +52,11 @@ from bench_measure import (
     cancel_run,
     cancel_stubborn,
     inprocess_kickoffs,
+    inprocess_llm_builds,
     inprocess_stream,
     inprocess_wave,
     journal_latency,
+    llm_builds,
     start_latency,
     stream_chunks,
 )
@@ -209,6 +211,9 @@ def measure_warm(plan: Plan, warm: Server, markers: Path, out: Results) -> None:
     cpu = meter.per(before, llm.completed, 1e3)
     out.cpu("llm_job_cpu", "ms", cpu, llm.completed, ("worker", "supervisor", "forkserver"))
     out.latencies("llm_job_blocking", llm.latencies)
+    builds = llm_builds(llm.outputs)
+    out.put("llm_build_worker_ms", percentile([wall for wall, _ in builds], 50), len(builds))
+    out.put("llm_build_worker_cpu_ms", percentile([cpu for _, cpu in builds], 50), len(builds))
 
     say("throughput: fast jobs through the API at concurrency 1 and 4")
     api_throughput(warm, plan.warmup, 1)
@@ -229,14 +234,19 @@ def measure_warm(plan: Plan, warm: Server, markers: Path, out: Results) -> None:
 def measure_wave(plan: Plan, wide: Server, out: Results) -> None:
     say(f"{plan.wave} jobs at once, each one 1.5 s provider call, through the API (MAX_CONCURRENCY={plan.wave})")
     api_throughput(wide, plan.warmup, 1, "llm-slow")
-    wave = api_wave(wide, "llm-slow", plan.wave)
+    first = api_wave(wide, "llm-slow", plan.wave, sampled=False)  # the first burst finds everything cold
+    say("the same wave twice more: timed, then its memory sampled")
+    timed = api_wave(wide, "llm-slow", plan.wave, sampled=False)
+    sampled = api_wave(wide, "llm-slow", plan.wave, sampled=True)
     wide.stop()  # a quieter machine for what follows
-    out.put("llm_wave_jobs", wave.jobs, wave.jobs)
-    out.put("llm_wave_incomplete", wave.jobs - wave.completed, wave.jobs)
-    out.put("llm_wave_seconds", wave.seconds, wave.completed)
-    out.put("llm_wave_peak_pss_mb", wave.peak_pss_mb, wave.samples)
-    out.put("llm_wave_workers_max", wave.most_workers, wave.samples)
-    out.put("llm_wave_worker_pss_mb", wave.worker_pss_mb, wave.most_workers)
+    out.put("llm_wave_jobs", timed.jobs, timed.jobs)
+    failed = sum(wave.jobs - wave.completed for wave in (first, timed, sampled))
+    out.put("llm_wave_incomplete", failed, 3 * timed.jobs)
+    out.put("llm_wave_first_seconds", first.seconds, first.completed)
+    out.put("llm_wave_seconds", timed.seconds, timed.completed)
+    out.put("llm_wave_peak_pss_mb", sampled.peak_pss_mb, sampled.samples)
+    out.put("llm_wave_workers_max", sampled.most_workers, sampled.samples)
+    out.put("llm_wave_worker_pss_mb", sampled.worker_pss_mb, sampled.most_workers)
 
 
 def measure_inprocess(plan: Plan, out: Results) -> None:
@@ -247,12 +257,18 @@ def measure_inprocess(plan: Plan, out: Results) -> None:
     out.put("jobs_per_s_inproc", kickoffs.per_second, len(kickoffs.kickoffs))
     out.put("inproc_cpu_ms", kickoffs.cpu_seconds / len(kickoffs.kickoffs) * 1e3, len(kickoffs.kickoffs))
     say(f"in this process: {plan.llm_jobs} kickoffs of the crew on CrewAI's own LLM, then {plan.wave} in threads")
+    builds = inprocess_llm_builds(plan.llm_jobs)
+    out.put("inproc_llm_build_ms", percentile([wall for wall, _ in builds], 50), len(builds))
+    out.put("inproc_llm_build_cpu_ms", percentile([cpu for _, cpu in builds], 50), len(builds))
     llm = inprocess_kickoffs(plan.llm_jobs, plan.warmup, "llm")
     out.latencies("inproc_llm_kickoff", llm.kickoffs)
     out.put("inproc_llm_cpu_ms", llm.cpu_seconds / len(llm.kickoffs) * 1e3, len(llm.kickoffs))
-    wave = inprocess_wave("llm-slow", plan.wave)
-    out.put("inproc_wave_seconds", wave.seconds, wave.completed)
-    out.put("inproc_wave_peak_pss_mb", wave.peak_pss_mb, wave.samples)
+    first = inprocess_wave("llm-slow", plan.wave, sampled=False)  # as through the API: the first is not counted
+    timed = inprocess_wave("llm-slow", plan.wave, sampled=False)
+    sampled = inprocess_wave("llm-slow", plan.wave, sampled=True)
+    out.put("inproc_wave_first_seconds", first.seconds, first.completed)
+    out.put("inproc_wave_seconds", timed.seconds, timed.completed)
+    out.put("inproc_wave_peak_pss_mb", sampled.peak_pss_mb, sampled.samples)
     inprocess_stream(min(plan.flood_chunks, 1000))  # as through the API: a first flood here is not counted
     streams = [inprocess_stream(plan.flood_chunks) for _ in range(plan.flood_runs)]
     received = sum(s.chunks for s in streams)

@@ -129,6 +129,7 @@ class JobRun:
     completed: int
     seconds: float
     latencies: list[float]  # seconds, each POST /jobs as its client saw it
+    outputs: list[dict[str, Any]]  # what each answered
 
     @property
     def per_second(self) -> float:
@@ -139,6 +140,7 @@ def api_throughput(sup: Server, jobs: int, concurrency: int, crew: str = "fast")
     """``crew``'s jobs through blocking POST /jobs, ``concurrency`` clients at once; counts what completed."""
     errors: list[BaseException] = []
     latencies: list[float] = []  # list.append is atomic: the clients share it
+    outputs: list[dict[str, Any]] = []
     barrier = threading.Barrier(concurrency + 1)
 
     def client_loop(count: int) -> None:
@@ -147,7 +149,7 @@ def api_throughput(sup: Server, jobs: int, concurrency: int, crew: str = "fast")
             try:
                 for _ in range(count):
                     began = time.perf_counter()
-                    post_job(client, start_body(crew, new_id("tput")))  # answers 200 only when completed
+                    outputs.append(post_job(client, start_body(crew, new_id("tput"))))  # 200 only when completed
                     latencies.append(time.perf_counter() - began)
             except BaseException as exc:
                 errors.append(exc)
@@ -163,7 +165,32 @@ def api_throughput(sup: Server, jobs: int, concurrency: int, crew: str = "fast")
     elapsed = time.perf_counter() - began
     if errors:
         raise BenchError(f"throughput at concurrency {concurrency}: {errors[0]}")
-    return JobRun(len(latencies), elapsed, latencies)
+    return JobRun(len(latencies), elapsed, latencies, outputs)
+
+
+def llm_builds(outputs: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """What building each job's LLM took in its worker, (wall, CPU) ms, as ``bench_crews.timed_llm`` said."""
+    import bench_crews
+
+    builds = []
+    for output in outputs:
+        said = bench_crews.BUILT.search(output["tasks_output"][0]["description"])
+        if said is None:
+            raise BenchError("an llm job did not say what building its LLM took")
+        builds.append((float(said.group(1)), float(said.group(2))))
+    return builds
+
+
+def inprocess_llm_builds(count: int) -> list[tuple[float, float]]:
+    """What building the same LLM takes in this process, (wall, CPU) ms each."""
+    import bench_crews
+
+    builds = []
+    for _ in range(count):
+        wall, cpu = time.perf_counter(), time.process_time()
+        bench_crews.provider_llm()
+        builds.append(((time.perf_counter() - wall) * 1000, (time.process_time() - cpu) * 1000))
+    return builds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,7 +223,8 @@ def inprocess_kickoffs(jobs: int, warmup: int, crew: str = "fast") -> InProcess:
 
 @dataclasses.dataclass(frozen=True)
 class Wave:
-    """Many jobs started at once: how long until the last ended, and the memory it took at its peak."""
+    """Many jobs started at once: how long until the last ended, and (if sampled) the memory it took at its
+    peak. Sampling reads every process's smaps_rollup, ~2 ms each for a CrewAI process: measured apart."""
 
     jobs: int
     completed: int
@@ -204,12 +232,12 @@ class Wave:
     peak_pss_mb: float  # the whole tree (supervisor, fork server, workers), or this process
     most_workers: int  # workers alive at once, at most (0 in-process)
     worker_pss_mb: float  # per worker, at the sample with the most workers (0 in-process)
-    samples: int  # memory samples taken
+    samples: int  # memory samples taken (0: not sampled)
 
 
-def api_wave(sup: Server, crew: str, jobs: int) -> Wave:
+def api_wave(sup: Server, crew: str, jobs: int, sampled: bool) -> Wave:
     """``jobs`` blocking POST /jobs of ``crew`` from as many clients at once (the supervisor's MAX_CONCURRENCY
-    must admit them all), the tree's PSS sampled meanwhile."""
+    must admit them all), the tree's PSS sampled meanwhile if ``sampled``."""
     errors: list[BaseException] = []
     completed: list[float] = []
     barrier = threading.Barrier(jobs + 1)
@@ -226,7 +254,7 @@ def api_wave(sup: Server, crew: str, jobs: int) -> Wave:
     threads = [threading.Thread(target=client) for _ in range(jobs)]
     for thread in threads:
         thread.start()
-    with TreeMemory(sup.pid) as tree:
+    with TreeMemory(sup.pid, sampled=sampled) as tree:
         barrier.wait(60)
         began = time.perf_counter()
         for thread in threads:
@@ -237,8 +265,9 @@ def api_wave(sup: Server, crew: str, jobs: int) -> Wave:
     return Wave(jobs, len(completed), seconds, tree.peak_mb, tree.most_workers, tree.worker_mb, tree.samples)
 
 
-def inprocess_wave(crew: str, jobs: int) -> Wave:
-    """What the reference sidecar does with ``jobs`` at once: a kickoff of ``crew`` per thread, in this process."""
+def inprocess_wave(crew: str, jobs: int, sampled: bool) -> Wave:
+    """What the reference sidecar does with ``jobs`` at once: a kickoff of ``crew`` per thread, in this process
+    (its PSS sampled meanwhile if ``sampled``)."""
     import bench_crews
 
     factory = bench_crews.registry[crew]
@@ -255,7 +284,7 @@ def inprocess_wave(crew: str, jobs: int) -> Wave:
     threads = [threading.Thread(target=kickoff) for _ in range(jobs)]
     for thread in threads:
         thread.start()
-    with TreeMemory(os.getpid(), tree=False) as memory:
+    with TreeMemory(os.getpid(), tree=False, sampled=sampled) as memory:
         barrier.wait(60)
         began = time.perf_counter()
         for thread in threads:
@@ -268,11 +297,13 @@ def inprocess_wave(crew: str, jobs: int) -> Wave:
 
 class TreeMemory:
     """A thread sampling the PSS of a process (and, with ``tree``, of its descendants) every
-    ``MEMORY_PERIOD``: the peak, and the workers' share at the sample with the most workers."""
+    ``MEMORY_PERIOD``: the peak, and the workers' share at the sample with the most workers. Without
+    ``sampled`` it does nothing."""
 
-    def __init__(self, pid: int, tree: bool = True) -> None:
+    def __init__(self, pid: int, tree: bool = True, sampled: bool = True) -> None:
         self.root = psutil.Process(pid)
         self.tree = tree
+        self.sampled = sampled
         self.peak_mb = 0.0
         self.most_workers = 0
         self.worker_mb = 0.0
@@ -281,13 +312,15 @@ class TreeMemory:
         self._thread = threading.Thread(target=self._run, name="tree-memory")
 
     def __enter__(self) -> TreeMemory:
-        self._sample()
-        self._thread.start()
+        if self.sampled:
+            self._sample()
+            self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        if self.sampled:
+            self._stop.set()
+            self._thread.join()
 
     def _run(self) -> None:
         while not self._stop.wait(MEMORY_PERIOD):

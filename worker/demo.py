@@ -205,9 +205,9 @@ def demo() -> Crew:
     return _two_step_crew(OfflineLLM(model="offline-demo"), before_kickoff_callbacks=[_with_topic])
 
 
-def demo_llm() -> Crew:
-    """``demo`` on CrewAI's own ``LLM`` class and the loopback provider."""
-    return _two_step_crew(provider_llm(), before_kickoff_callbacks=[_with_topic])
+def demo_llm(llm: BaseLLM | None = None) -> Crew:
+    """``demo`` on CrewAI's own ``LLM`` class (``llm``, or a new one on the loopback provider)."""
+    return _two_step_crew(llm or provider_llm(), before_kickoff_callbacks=[_with_topic])
 
 
 def demo_llm_hang() -> Crew:

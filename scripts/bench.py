@@ -266,6 +266,8 @@ def measure_inprocess(plan: Plan, out: Results) -> None:
     first = inprocess_wave("llm-slow", plan.wave, sampled=False)  # as through the API: the first is not counted
     timed = inprocess_wave("llm-slow", plan.wave, sampled=False)
     sampled = inprocess_wave("llm-slow", plan.wave, sampled=True)
+    if any(wave.completed < wave.jobs for wave in (first, timed, sampled)):
+        raise BenchError(f"in-process kickoffs of {plan.wave} at once failed: the wave's figures would mean nothing")
     out.put("inproc_wave_first_seconds", first.seconds, first.completed)
     out.put("inproc_wave_seconds", timed.seconds, timed.completed)
     out.put("inproc_wave_peak_pss_mb", sampled.peak_pss_mb, sampled.samples)

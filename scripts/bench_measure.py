@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from bench_harness import (
 
 from supervisor.testing import FORKED_WORKER, Server
 
+Setup = Callable[[], contextlib.AbstractContextManager[Any]]
 MEMORY_PERIOD = 0.5  # seconds between memory samples of a wave (each walks every process's smaps_rollup)
 
 
@@ -136,33 +139,50 @@ class JobRun:
         return self.completed / self.seconds
 
 
-def api_throughput(sup: Server, jobs: int, concurrency: int, crew: str = "fast") -> JobRun:
-    """``crew``'s jobs through blocking POST /jobs, ``concurrency`` clients at once; counts what completed."""
+def together(
+    count: int,
+    work: Callable[[int, Any], None],
+    setup: Setup = contextlib.nullcontext,
+    during: contextlib.AbstractContextManager[Any] | None = None,
+) -> tuple[float, list[BaseException]]:
+    """``work(index, setup())`` in ``count`` threads released at once (each ``setup`` made before, outside the
+    clock): the seconds until the last one ended, ``during`` held meanwhile, and what each that failed raised."""
     errors: list[BaseException] = []
-    latencies: list[float] = []  # list.append is atomic: the clients share it
-    outputs: list[dict[str, Any]] = []
-    barrier = threading.Barrier(concurrency + 1)
+    barrier = threading.Barrier(count + 1)
 
-    def client_loop(count: int) -> None:
-        with sup.client() as client:
+    def run(index: int) -> None:
+        with setup() as resource:
             barrier.wait()
             try:
-                for _ in range(count):
-                    began = time.perf_counter()
-                    outputs.append(post_job(client, start_body(crew, new_id("tput"))))  # 200 only when completed
-                    latencies.append(time.perf_counter() - began)
+                work(index, resource)
             except BaseException as exc:
                 errors.append(exc)
 
-    shares = [jobs // concurrency + (1 if i < jobs % concurrency else 0) for i in range(concurrency)]
-    threads = [threading.Thread(target=client_loop, args=(share,)) for share in shares]
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(count)]
     for thread in threads:
         thread.start()
-    barrier.wait(30)
-    began = time.perf_counter()
-    for thread in threads:
-        thread.join(600)
-    elapsed = time.perf_counter() - began
+    with during or contextlib.nullcontext():
+        barrier.wait(60)
+        began = time.perf_counter()
+        for thread in threads:
+            thread.join(600)
+        seconds = time.perf_counter() - began
+    return seconds, errors
+
+
+def api_throughput(sup: Server, jobs: int, concurrency: int, crew: str = "fast") -> JobRun:
+    """``crew``'s jobs through blocking POST /jobs, ``concurrency`` clients at once; counts what completed."""
+    latencies: list[float] = []  # list.append is atomic: the clients share it
+    outputs: list[dict[str, Any]] = []
+    shares = [jobs // concurrency + (1 if i < jobs % concurrency else 0) for i in range(concurrency)]
+
+    def client_loop(index: int, client: httpx.Client) -> None:
+        for _ in range(shares[index]):
+            began = time.perf_counter()
+            outputs.append(post_job(client, start_body(crew, new_id("tput"))))  # 200 only when completed
+            latencies.append(time.perf_counter() - began)
+
+    elapsed, errors = together(concurrency, client_loop, sup.client)
     if errors:
         raise BenchError(f"throughput at concurrency {concurrency}: {errors[0]}")
     return JobRun(len(latencies), elapsed, latencies, outputs)
@@ -238,31 +258,14 @@ class Wave:
 def api_wave(sup: Server, crew: str, jobs: int, sampled: bool) -> Wave:
     """``jobs`` blocking POST /jobs of ``crew`` from as many clients at once (the supervisor's MAX_CONCURRENCY
     must admit them all), the tree's PSS sampled meanwhile if ``sampled``."""
-    errors: list[BaseException] = []
-    completed: list[float] = []
-    barrier = threading.Barrier(jobs + 1)
+    memory = TreeMemory(sup.pid, sampled=sampled)
 
-    def client() -> None:
-        with sup.client(timeout=600) as http:
-            barrier.wait()
-            try:
-                post_job(http, start_body(crew, new_id("wave")))
-                completed.append(time.perf_counter())
-            except BaseException as exc:
-                errors.append(exc)
+    def job(index: int, client: httpx.Client) -> None:
+        post_job(client, start_body(crew, new_id("wave")))
 
-    threads = [threading.Thread(target=client) for _ in range(jobs)]
-    for thread in threads:
-        thread.start()
-    with TreeMemory(sup.pid, sampled=sampled) as tree:
-        barrier.wait(60)
-        began = time.perf_counter()
-        for thread in threads:
-            thread.join(600)
-        seconds = time.perf_counter() - began
-    if errors:
-        raise BenchError(f"{jobs} {crew} jobs at once: {errors[0]}")
-    return Wave(jobs, len(completed), seconds, tree.peak_mb, tree.most_workers, tree.worker_mb, tree.samples)
+    seconds, failed = together(jobs, job, lambda: sup.client(timeout=600), memory)
+    done = jobs - len(failed)
+    return Wave(jobs, done, seconds, memory.peak_mb, memory.most_workers, memory.worker_mb, memory.samples)
 
 
 def inprocess_wave(crew: str, jobs: int, sampled: bool) -> Wave:
@@ -271,28 +274,9 @@ def inprocess_wave(crew: str, jobs: int, sampled: bool) -> Wave:
     import bench_crews
 
     factory = bench_crews.registry[crew]
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(jobs + 1)
-
-    def kickoff() -> None:
-        barrier.wait()
-        try:
-            factory().kickoff()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=kickoff) for _ in range(jobs)]
-    for thread in threads:
-        thread.start()
-    with TreeMemory(os.getpid(), tree=False, sampled=sampled) as memory:
-        barrier.wait(60)
-        began = time.perf_counter()
-        for thread in threads:
-            thread.join(600)
-        seconds = time.perf_counter() - began
-    if errors:
-        raise BenchError(f"{jobs} in-process kickoffs of {crew}: {errors[0]}")
-    return Wave(jobs, jobs - len(errors), seconds, memory.peak_mb, 0, 0.0, memory.samples)
+    memory = TreeMemory(os.getpid(), tree=False, sampled=sampled)
+    seconds, failed = together(jobs, lambda index, _: factory().kickoff(), during=memory)
+    return Wave(jobs, jobs - len(failed), seconds, memory.peak_mb, 0, 0.0, memory.samples)
 
 
 class TreeMemory:

@@ -201,9 +201,9 @@ class Verdict(BaseModel):
     tags: list[str]
 
 
-def shape_structured() -> Crew:
+def shape_structured(llm: BaseLLM | None = None) -> Crew:
     """A task with ``output_json`` (its json_dict is filled), then one with ``output_pydantic`` (the crew's)."""
-    judge = Agent(role="Judge", goal="Judge {topic}", backstory="Fair.", llm=_llm())
+    judge = Agent(role="Judge", goal="Judge {topic}", backstory="Fair.", llm=llm or _llm())
     notes = Task(
         description="Note the evidence on {topic}.", expected_output="Notes.", agent=judge, output_json=Verdict
     )
@@ -315,13 +315,8 @@ def shape_llm_tools() -> Crew:
 
 
 def shape_llm_structured() -> Crew:
-    """``output_json`` then ``output_pydantic`` on CrewAI's own LLM: the provider answers the JSON schema."""
-    judge = Agent(role="Judge", goal="Judge {topic}", backstory="Fair.", llm=provider_llm())
-    notes = Task(
-        description="Note the evidence on {topic}.", expected_output="Notes.", agent=judge, output_json=Verdict
-    )
-    verdict = Task(description="Judge {topic}.", expected_output="A verdict.", agent=judge, output_pydantic=Verdict)
-    return Crew(agents=[judge], tasks=[notes, verdict], before_kickoff_callbacks=[_with_topic])
+    """``shape-structured`` on CrewAI's own LLM: the provider answers the JSON schema CrewAI sends."""
+    return shape_structured(provider_llm())
 
 
 def _with_topic(inputs: dict[str, Any] | None) -> dict[str, Any]:

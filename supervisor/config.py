@@ -136,6 +136,22 @@ SPEC: dict[str, tuple[Callable[[str], Any], str, str]] = {
         "a connection that has not sent a request's headers this long after connecting (or after its last"
         " response) is closed",
     ),
+    "MAX_HEADER_BYTES": (
+        _integer(1024, MiB),
+        "32768",
+        "a request's line and headers together (one header line: 8 KiB, at most 100 headers); beyond, 431",
+    ),
+    "BODY_TIMEOUT_SECONDS": (
+        _number(0.1, 3600),
+        "30",
+        "a request's body must have arrived this long after its headers, else 408 and the connection closed",
+    ),
+    "SEND_TIMEOUT_SECONDS": (
+        _number(0.1, 3600),
+        "30",
+        "a client that reads nothing of an answer waiting to be sent (a stream it stopped reading) for this"
+        " long is disconnected",
+    ),
     "MAX_CONNECTIONS": (
         _integer(1, 1 << 20),
         "4096",
@@ -205,6 +221,9 @@ class Settings:
     drain_seconds: float
     heartbeat_seconds: float
     header_timeout_seconds: float
+    max_header_bytes: int
+    body_timeout_seconds: float
+    send_timeout_seconds: float
     max_connections: int
     worker_max_memory_mb: int
     worker_max_cpu_seconds: int

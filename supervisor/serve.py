@@ -25,7 +25,7 @@ from uvicorn.server import HANDLED_SIGNALS
 
 from supervisor import config, hardening
 from supervisor.http.app import create_app
-from supervisor.http.connections import budget, guarded_protocol
+from supervisor.http.connections import Bounds, budget, guarded_protocol
 from supervisor.jobs.fencing import fence_restored
 from supervisor.jobs.leftovers import remove_stale_partials
 from supervisor.jobs.runner import worker_env
@@ -60,7 +60,16 @@ def serve(settings: config.Settings, log_level: str) -> None:
         _Dated(create_app(sup)),
         host=settings.host,
         port=settings.port,
-        http=guarded_protocol(max_connections, settings.header_timeout_seconds),
+        http=guarded_protocol(
+            Bounds(
+                max_connections,
+                settings.header_timeout_seconds,
+                settings.max_header_bytes,
+                settings.body_timeout_seconds,
+                settings.send_timeout_seconds,
+            )
+        ),
+        ws="none",  # no websocket route: an upgrade is answered as plain HTTP, behind the token like the rest
         backlog=backlog,
         proxy_headers=False,
         server_header=False,

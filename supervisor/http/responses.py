@@ -27,6 +27,7 @@ def _error(description: str, model: type[BaseModel] = Problem, **more_content: A
     return {"description": description, "content": content}
 
 
+_PLAIN = {"text/plain": {"schema": {"type": "string"}}}
 # What the served schema declares beside each route's 200, so that it tells the truth about every answer.
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: _error("Non-run start on a legacy route, bad Idempotency-Key or Last-Event-ID, or cancel ids differ"),
@@ -44,6 +45,9 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     504: _error("Wait expired; the job continues"),
     507: _error("Journal full, or the write could not be made durable"),
 }
+# Answered by the connection's bounds (``http/connections.py``) before any route or the token is seen, in plain text.
+ERRORS[408] = {"description": "The request's body did not arrive within BODY_TIMEOUT_SECONDS", "content": _PLAIN}
+ERRORS[431] = {"description": "Request headers over MAX_HEADER_BYTES, 8 KiB a line or 100 of them", "content": _PLAIN}
 BEARER_SCHEME = {"bearer": {"type": "http", "scheme": "bearer"}}
 
 

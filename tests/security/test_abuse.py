@@ -1,0 +1,237 @@
+"""Held under abuse, before auth and after: what an attacker sends costs the supervisor bounded memory, never
+the event loop, and its connection is closed within its bound, while a fresh authorised ``/health`` answers
+in under a second and a job admitted meanwhile completes.
+
+Each attack (no token unless said): one huge header value; megabytes of tiny headers; megabytes of pipelined
+requests whose answers are never read; a request body trickling a byte a second (with the token); a server
+stream whose client stops reading. Each was measured failing before its bound existed (seconds of a busy loop,
+hundreds of MB held, connections held for minutes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import pytest
+
+from supervisor.testing import Server
+from tests.conftest import start_body, start_server, stop_server
+
+MIB = 1024 * 1024
+RSS_GROWTH = 64 * MIB  # the most an attack of rows 1-3 may add to the supervisor's RSS
+BODY_TIMEOUT = 2.0
+SEND_TIMEOUT = 2.0
+SETTINGS = {
+    "AIP_CREWAI_BODY_TIMEOUT_SECONDS": str(BODY_TIMEOUT),
+    "AIP_CREWAI_SEND_TIMEOUT_SECONDS": str(SEND_TIMEOUT),
+    "AIP_CREWAI_MAX_CONNECTIONS": "64",
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    running = start_server(tmp_path_factory.mktemp("abuse") / "state", env=SETTINGS)
+    yield running
+    stop_server(running)
+
+
+@dataclass
+class Watch:
+    """The supervisor's RSS, sampled every 50 ms while an attack runs: how far it grew."""
+
+    pid: int
+    before: int = 0
+    peak: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.before = self.peak = psutil.Process(self.pid).memory_info().rss
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.05):
+            self.peak = max(self.peak, psutil.Process(self.pid).memory_info().rss)
+
+    def grown(self) -> int:
+        self.stop.set()
+        self.thread.join()
+        return self.peak - self.before
+
+
+def raw(server: Server) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=30)
+
+
+def answer_of(sock: socket.socket, seconds: float = 30) -> bytes:
+    """Everything the server sends until it closes the connection (or ``seconds`` pass: then None marks it)."""
+    sock.settimeout(seconds)
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except (ConnectionResetError, BrokenPipeError):
+        pass
+    return received
+
+
+def send_quietly(sock: socket.socket, data: bytes) -> None:
+    """Send all of ``data`` unless the server closes first (which is what a bound should do)."""
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        sock.sendall(data)
+
+
+def still_serves(server: Server, action: str) -> float:
+    """A fresh authorised /health's latency, after a job admitted now completed."""
+    with server.client(timeout=30) as client:
+        began = time.monotonic()
+        assert client.get("/health").status_code == 200
+        latency = time.monotonic() - began
+        answer = client.post("/jobs", json=start_body("demo", action), headers={"Idempotency-Key": action})
+        assert answer.status_code == 200, answer.text
+    return latency
+
+
+def under_attack(server: Server, action: str, attack: Callable[[], None], attackers: int = 2) -> tuple[float, int]:
+    """Run ``attackers`` copies of ``attack`` while a client checks the supervisor still serves; the /health
+    latency and how far the supervisor's RSS grew."""
+    watch = Watch(server.pid)
+    with ThreadPoolExecutor(attackers) as pool:
+        running = [pool.submit(attack) for _ in range(attackers)]
+        latency = still_serves(server, action)
+        for done in running:
+            done.result(60)
+    return latency, watch.grown()
+
+
+def test_one_huge_header_value_is_431_after_the_bound_and_costs_nothing(server: Server) -> None:
+    def attack() -> None:
+        with raw(server) as sock:
+            send_quietly(sock, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (64 * MIB))
+            assert answer_of(sock).startswith(b"HTTP/1.1 431 ")
+
+    latency, grown = under_attack(server, "huge-header", attack)
+    assert latency < 1.0 and grown < RSS_GROWTH, (latency, grown)
+
+
+def test_megabytes_of_tiny_headers_are_431_after_100_headers(server: Server) -> None:
+    def attack() -> None:
+        with raw(server) as sock:
+            send_quietly(sock, b"GET /health HTTP/1.1\r\n" + b"a:b\r\n" * (4 * MIB))
+            assert answer_of(sock).startswith(b"HTTP/1.1 431 ")
+
+    latency, grown = under_attack(server, "tiny-headers", attack)
+    assert latency < 1.0 and grown < RSS_GROWTH, (latency, grown)
+
+
+@pytest.mark.parametrize("size", [1000, 8190])
+def test_a_header_line_over_8_kib_is_refused_alone(server: Server, size: int) -> None:
+    with raw(server) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nConnection: close\r\nX-Line: " + b"v" * size + b"\r\n\r\n")
+        head = answer_of(sock, 10).split(b"\r\n", 1)[0]
+    assert head == (b"HTTP/1.1 401 Unauthorized" if size == 1000 else b"HTTP/1.1 431 Request Header Fields Too Large")
+    with raw(server) as sock:
+        sock.sendall(b"GET /" + b"p" * 40_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")  # the target counts in the total
+        assert answer_of(sock, 10).startswith(b"HTTP/1.1 431 ")
+
+
+def test_pipelined_requests_whose_answers_are_never_read_are_bounded(server: Server) -> None:
+    request = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    closed: list[bool] = []
+
+    def attack() -> None:
+        with raw(server) as sock:
+            send_quietly(sock, request * (MIB // len(request)))  # 1 MiB of them, no answer read
+            closed.append(answer_of(sock, 30).count(b"HTTP/1.1 401 ") <= 17)  # then closed: at most 16 queued
+
+    latency, grown = under_attack(server, "pipelined", attack, attackers=16)
+    assert latency < 1.0 and grown < RSS_GROWTH, (latency, grown)
+    assert closed == [True] * 16
+
+
+def test_a_few_pipelined_requests_are_all_answered_in_order(server: Server) -> None:
+    with raw(server) as sock:
+        sock.sendall(b"".join(b"GET /nowhere-%d HTTP/1.1\r\nHost: x\r\n\r\n" % i for i in range(8)))
+        answers = b""
+        deadline = time.monotonic() + 30
+        while answers.count(b"HTTP/1.1 401 ") < 8 and time.monotonic() < deadline:
+            answers += sock.recv(65536)
+    assert answers.count(b"HTTP/1.1 401 ") == 8
+
+
+def test_a_trickling_body_is_cut_off_at_the_body_timeout(server: Server) -> None:
+    """With the token, as many trickling bodies as MAX_CONNECTIONS: each gets 408 in time, and then fresh
+    clients are served again."""
+    head = (
+        f"POST /jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.token}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    ).encode()
+    held: list[float] = []
+
+    def trickle() -> None:
+        with raw(server) as sock:
+            sock.sendall(head)
+            began = time.monotonic()
+            sock.settimeout(0.5)
+            answer = b""
+            while not answer and time.monotonic() - began < BODY_TIMEOUT + 30:
+                send_quietly(sock, b"{")
+                try:
+                    answer = sock.recv(65536)
+                except TimeoutError:
+                    continue
+            held.append(time.monotonic() - began)
+            assert answer.startswith(b"HTTP/1.1 408 "), answer[:100]
+
+    with ThreadPoolExecutor(64) as pool:
+        for done in [pool.submit(trickle) for _ in range(64)]:
+            done.result(60)
+    assert len(held) == 64 and min(held) >= BODY_TIMEOUT - 0.2 and max(held) < BODY_TIMEOUT + 5, held
+    assert still_serves(server, "after-trickle") < 1.0
+
+
+def test_a_stream_whose_client_stops_reading_is_dropped_at_the_send_timeout(server: Server, tmp_path: Path) -> None:
+    """A blocking job's events streamed to a client that never reads: the answer backs up in the socket, and
+    SEND_TIMEOUT_SECONDS after it stalls the server drops the connection (the job runs on)."""
+    body = start_body("sized", "stall", input={"sizes": " ".join(["200000"] * 40)})
+    with server.client() as client:
+        assert client.post("/jobs", json=body, headers={"Idempotency-Key": "stall"}).status_code == 200
+    with raw(server) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(
+            f"GET /jobs/stall/events HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n"
+            f"Authorization: Bearer {server.token}\r\n\r\n".encode()
+        )
+        stalled = time.monotonic()
+        connection = _server_side(server, sock)
+        assert connection is not None
+        dropped = _until(lambda: _server_side(server, sock) is None, SEND_TIMEOUT + 30)
+        assert dropped is not None and SEND_TIMEOUT - 0.2 <= dropped - stalled < SEND_TIMEOUT + 10
+    assert still_serves(server, "after-stall") < 1.0
+
+
+def _server_side(server: Server, sock: socket.socket) -> psutil._common.pconn | None:
+    """The supervisor's end of ``sock``, while it has one."""
+    mine = sock.getsockname()
+    for connection in psutil.Process(server.pid).net_connections(kind="tcp"):
+        if connection.raddr and tuple(connection.raddr) == tuple(mine) and connection.status == "ESTABLISHED":
+            return connection
+    return None
+
+
+def _until(condition: Callable[[], bool], seconds: float) -> float | None:
+    """When ``condition`` first held (monotonic), polled every 50 ms; None past ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return time.monotonic()
+        time.sleep(0.05)
+    return None

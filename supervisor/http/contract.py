@@ -226,12 +226,16 @@ def check_cursor(cursor: int, event_count: int) -> None:
 
 
 async def sse_frames(batches: AsyncIterator[list[StoredEvent] | None]) -> AsyncIterator[bytes]:
-    """``event:`` and ``data:`` first, as the reference writes them, then ``id:`` for resuming."""
+    """``event:`` and ``data:`` first, as the reference writes them, then ``id:`` for resuming.
+
+    After each batch the loop serves the others: a write the socket takes at once never suspends the
+    stream, so a follower catching up on many events would otherwise hold the loop until its socket fills."""
     async for batch in batches:
         if batch is None:
             yield b": keep-alive\n\n"
         else:
             yield b"".join(_frame(event) for event in batch)
+            await asyncio.sleep(0)
 
 
 def _frame(event: StoredEvent) -> bytes:

@@ -20,6 +20,9 @@ from supervisor.processes.process import WorkerProcess
 
 log = logging.getLogger("crew_supervisor.jobs")
 EVENTS_PER_READ = 256
+# A stream's batch is written whole: bounded in bytes too, so a follower that stops reading holds one batch
+# (and the connection's send timeout drops it), not 256 events of up to MAX_EVENT_BYTES each.
+BATCH_BYTES = 256 * 1024
 
 
 class Recorder:
@@ -73,11 +76,12 @@ class Recorder:
 
     async def follow(self, action_id: str, cursor: int, heartbeat: float) -> AsyncIterator[list[StoredEvent] | None]:
         """Events from ``cursor`` through the terminal one, in batches as they commit (one write per
-        batch, not per event), their data as stored; None whenever ``heartbeat`` passes idle."""
+        batch, not per event; at most EVENTS_PER_READ events and BATCH_BYTES of data, or one event larger
+        than that), their data as stored; None whenever ``heartbeat`` passes idle."""
         while True:
             job = self.live.get(action_id)
             changed = job.changed if job is not None else None  # taken before reading: no lost wake-up
-            events = self.journal.stored_events(action_id, cursor, EVENTS_PER_READ)
+            events = self.journal.stored_events(action_id, cursor, EVENTS_PER_READ, BATCH_BYTES)
             terminal = next((i for i, event in enumerate(events) if event.terminal), None)
             if terminal is not None:
                 yield events[: terminal + 1]

@@ -235,3 +235,36 @@ def _until(condition: Callable[[], bool], seconds: float) -> float | None:
             return time.monotonic()
         time.sleep(0.05)
     return None
+
+
+FOLLOWERS = 12
+FOLLOWER_GROWTH = 20 * MIB  # the most a follower that never reads may add to the supervisor's RSS
+
+
+def test_followers_that_never_read_large_events_hold_a_batch_each_and_are_dropped(server: Server) -> None:
+    """12 streams of a finished job's 40 events of ~200 KB, none ever read: the supervisor holds a bounded
+    batch per stream (never the 8 MB of events), drops each at the send timeout, and serves meanwhile."""
+    body = start_body("sized", "followed", input={"sizes": " ".join(["200000"] * 40)})
+    with server.client() as client:
+        assert client.post("/jobs", json=body, headers={"Idempotency-Key": "followed"}).status_code == 200
+    request = (
+        f"GET /jobs/followed/events HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n"
+        f"Authorization: Bearer {server.token}\r\n\r\n"
+    ).encode()
+    watch = Watch(server.pid)
+    socks = []
+    for _ in range(FOLLOWERS):
+        sock = raw(server)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(request)
+        socks.append(sock)
+    try:
+        latency = still_serves(server, "while-followed")
+        dropped = _until(lambda: all(_server_side(server, sock) is None for sock in socks), SEND_TIMEOUT + 30)
+        grown = watch.grown()
+    finally:
+        for sock in socks:
+            sock.close()
+    print(f"\n{FOLLOWERS} followers that never read: /health {latency * 1000:.0f} ms, RSS +{grown / MIB:.0f} MiB")
+    assert latency < 1.0 and dropped is not None
+    assert grown < FOLLOWERS * FOLLOWER_GROWTH, grown

@@ -253,14 +253,26 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+# Settings that must not come as a flag: a command line is readable by every local user (/proc/<pid>/cmdline).
+NOT_FLAGS = {"BEARER_TOKEN": f"--bearer-token-file FILE (0600) or {PREFIX}BEARER_TOKEN"}
+
+
 def add_flags(parser: argparse.ArgumentParser) -> None:
     for name, (_, default, help_text) in SPEC.items():
         flag = "--" + name.lower().replace("_", "-")
+        if name in NOT_FLAGS:  # kept, so that using it is refused with the way to do it instead
+            help_text = f"refused (every local user could read it in the command line): use {NOT_FLAGS[name]}"
+            parser.add_argument(flag, dest=name, default=None, help=help_text)
+            continue
         parser.add_argument(flag, dest=name, default=None, help=f"{help_text} [{PREFIX}{name}, default {default!r}]")
 
 
 def load(flags: Mapping[str, str | None], environ: Mapping[str, str] = os.environ) -> Settings:
     """Flags win over the environment, which wins over defaults. Raises ConfigError."""
+    for name, instead in NOT_FLAGS.items():
+        if flags.get(name) is not None:
+            flag = "--" + name.lower().replace("_", "-")
+            raise ConfigError(f"{flag} would put the token where every local user can read it: use {instead}", instead)
     values: dict[str, Any] = {}
     for name, (parse, default, _) in SPEC.items():
         raw = flags.get(name)

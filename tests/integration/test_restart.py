@@ -98,9 +98,10 @@ def test_bad_startup_fails_with_one_clear_line(tmp_path: Path) -> None:
         ),
         ({"AIP_CREWAI_REGISTRY": "no_such_module:registry", "AIP_CREWAI_BEARER_TOKEN": "t"}, "no_such_module"),
     ]
-    for env, named in cases:
+    flagged = [({"AIP_CREWAI_REGISTRY": "tests.crews:registry"}, ["--bearer-token", "t"], "--bearer-token-file")]
+    for env, flags, named in [(env, [], named) for env, named in cases] + flagged:
         result = subprocess.run(
-            [sys.executable, "-m", "supervisor", "serve"],
+            [sys.executable, "-m", "supervisor", "serve", *flags],
             env={**base, **env},
             capture_output=True,
             text=True,

@@ -85,3 +85,13 @@ def test_token_file_must_be_private_regular_and_not_a_link(tmp_path: Path) -> No
         load({}, {**env, "AIP_CREWAI_BEARER_TOKEN_FILE": str(link)})
     with pytest.raises(ConfigError, match="only one"):
         load({}, {**env, "AIP_CREWAI_BEARER_TOKEN": "other"})
+
+
+def test_a_token_on_the_command_line_is_refused_with_the_way_instead() -> None:
+    with pytest.raises(ConfigError) as refused:
+        load({"BEARER_TOKEN": "s3cret"}, {"AIP_CREWAI_REGISTRY": "m:r", "AIP_CREWAI_STATE_FILE": "/tmp/j.db"})
+    assert str(refused.value) == (
+        "--bearer-token would put the token where every local user can read it: use --bearer-token-file FILE"
+        " (0600) or AIP_CREWAI_BEARER_TOKEN"
+    )
+    assert "s3cret" not in str(refused.value)

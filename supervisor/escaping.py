@@ -24,19 +24,22 @@ def _escape(match: re.Match[bytes]) -> bytes:
     return b"\\u%04x" % ord(match.group().decode())
 
 
-CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")  # C0, DEL and C1: what drives a terminal
-CONTROLS_BUT_LAYOUT = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # the same, keeping tab and newline
-LINE_BREAKERS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # and what some readers end a line at
+# Bidirectional controls reorder what a terminal shows ("rtl\u202egnp.exe" reads as "...exe.png"), and
+# U+2028/U+2029 end a line for some readers: written out wherever the controls are.
+_INVISIBLE = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029"
+CONTROLS = re.compile(f"[\x00-\x1f\x7f-\x9f{_INVISIBLE}]")  # C0, DEL, C1: what drives a terminal
+CONTROLS_BUT_LAYOUT = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_INVISIBLE}]")  # keeping tab and newline
+LINE_BREAKERS = CONTROLS  # a log line: the same, so that no reader splits it nor any terminal reorders it
 
 
 def visible(value: object, layout: bool = False) -> str:
-    """``value`` as text with every control character written out (``\\x1b``, ``\\u009b``); with ``layout``,
-    tabs and newlines of multi-line text (chunks, an output) stay as they are."""
+    """``value`` as text with every control character written out (``\\x1b``, ``\\u009b``, ``\\u202e``); with
+    ``layout``, tabs and newlines of multi-line text (chunks, an output) stay as they are."""
     return (CONTROLS_BUT_LAYOUT if layout else CONTROLS).sub(_written_out, str(value))
 
 
 def one_line(value: object) -> str:
-    """``visible``, and U+2028 and U+2029 written out too: a log line that no reader splits."""
+    """``visible``, the layout characters too: a log line that no reader splits."""
     return LINE_BREAKERS.sub(_written_out, str(value))
 
 

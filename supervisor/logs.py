@@ -6,6 +6,7 @@ Exceptions are reduced to their class: provider exception text may carry governe
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 import orjson
@@ -50,10 +51,22 @@ class TextFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        context = " ".join(f"{name}={getattr(record, name)}" for name in FIELDS if hasattr(record, name))
+        context = " ".join(f"{name}={_value(getattr(record, name))}" for name in FIELDS if hasattr(record, name))
         record = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None})
         # One line whatever job-chosen text it quotes: no newline, terminal escape or line separator.
         return one_line(f"{super().format(record)} {context}".rstrip())
+
+
+def _value(value: object) -> str:
+    """A field's value as logfmt writes it: quoted when it holds a space, ``=`` or ``"`` (or is empty), so
+    that job-chosen text (an action id ``job7 outcome=completed``) cannot forge another field."""
+    text = str(value)
+    if text and not _NEEDS_QUOTES.search(text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+_NEEDS_QUOTES = re.compile(r'[\s="\\]')
 
 
 def configure(level: str, style: str) -> None:

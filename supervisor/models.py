@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -65,19 +66,32 @@ class CancelRequest(BaseModel):
 def strict_json(body: bytes) -> Any:
     """A request body as RFC 8259 JSON that orjson (hash, journal, worker frames) can encode.
 
-    Python's parser alone answers 400 for invalid UTF-8 or deep nesting, and takes NaN, Infinity, lone
-    surrogates and integers beyond 64 bits, which then fail as a 500 where they are first encoded. Raising
-    JSONDecodeError makes each of them the 422 that malformed JSON gets, with the reason in the detail.
+    Python's parser alone answers 400 for invalid UTF-8, deep nesting or an integer of more than 4,300
+    digits, takes NaN, Infinity, lone surrogates and integers beyond 64 bits, which then fail as a 500 where
+    they are first encoded, and reads ``1e400`` as infinity, which orjson writes as null (a different
+    request then hashes the same). Raising JSONDecodeError makes each of them the 422 that malformed JSON
+    gets, with the reason in the detail.
     """
     try:
-        value = json.loads(body.decode(), parse_constant=_no_constant)
+        value = json.loads(body.decode(), parse_constant=_no_constant, parse_float=_finite)
         orjson.dumps(value)
+    except json.JSONDecodeError:
+        raise
     except UnicodeDecodeError as exc:
         raise json.JSONDecodeError(f"body is not UTF-8: {exc.reason}", "", exc.start) from None
     except RecursionError:
         raise json.JSONDecodeError("nested too deeply", "", 0) from None
     except orjson.JSONEncodeError as exc:
         raise json.JSONDecodeError(f"value cannot be carried: {exc}", "", 0) from None
+    except ValueError as exc:  # an integer past Python's digit limit for conversion
+        raise json.JSONDecodeError(f"a number cannot be read: {str(exc).split(';')[0]}", "", 0) from None
+    return value
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise json.JSONDecodeError(f"{text[:32]} is out of range for a number", "", 0)
     return value
 
 

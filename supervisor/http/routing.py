@@ -37,10 +37,3 @@ class StrictJSONRoute(APIRoute):
             return await handler(StrictJSONRequest(request.scope, request.receive))
 
         return strict
-
-
-def supervisor(request: Request) -> Supervisor:
-    return request.app.state.supervisor  # type: ignore[no-any-return]
-
-
-Sup = Annotated[Supervisor, Depends(supervisor)]

@@ -53,7 +53,7 @@ def create_app(sup: Supervisor) -> FastAPI:
         # FastAPI's /docs and /redoc pages load their scripts from a CDN; /openapi.json stays.
         docs_url=None,
         redoc_url=None,
-        responses=errors(401, 408, 431),  # the middleware and the connection's bounds answer them on every route
+        responses=errors(400, 401, 408, 431),  # the middleware and the connection's bounds answer them anywhere
     )
     app.state.supervisor = sup
     app.state.metrics = sup.metrics

@@ -30,7 +30,10 @@ def _error(description: str, model: type[BaseModel] = Problem, **more_content: A
 _PLAIN = {"text/plain": {"schema": {"type": "string"}}}
 # What the served schema declares beside each route's 200, so that it tells the truth about every answer.
 ERRORS: dict[int | str, dict[str, Any]] = {
-    400: _error("Non-run start on a legacy route, bad Idempotency-Key or Last-Event-ID, or cancel ids differ"),
+    400: _error(
+        "Non-run start on a legacy route, bad Idempotency-Key or Last-Event-ID, cancel ids differ, or a header or"
+        " query parameter that decides something given twice (any route)"
+    ),
     401: _error("Missing or invalid bearer token (every route)"),
     403: _error("Operation disabled by policy"),
     404: _error("Crew or job not found"),

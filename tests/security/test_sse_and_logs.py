@@ -114,4 +114,4 @@ def test_text_log_lines_write_controls_and_separators_out() -> None:
     line = TextFormatter().format(record)
     assert "\n" not in line and not LINE_BREAKERS.search(line)
     assert "job\\u2028forged\\x0aline\\x1b]0;PWNED\\x07\\u0085\\u009b2K finished" in line
-    assert line.endswith("action_id=job\\u2028forged\\x0aline\\x1b]0;PWNED\\x07\\u0085\\u009b2K")
+    assert line.endswith('action_id="job\\u2028forged\\x0aline\\x1b]0;PWNED\\x07\\u0085\\u009b2K"')

@@ -7,6 +7,7 @@ import dataclasses
 import ipaddress
 import os
 import pwd
+import re
 import shlex
 import stat
 from collections.abc import Callable, Mapping
@@ -55,6 +56,14 @@ def _number(low: float, high: float) -> Callable[[str], float]:
         return value
 
     return parse
+
+
+def _names(raw: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in raw.split(",") if name.strip())
+    for name in names:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\*?", name):
+            raise ValueError(f"{name!r} is not an environment variable's name (a trailing * matches a prefix)")
+    return names
 
 
 def _operations(raw: str) -> tuple[str, ...]:
@@ -186,6 +195,12 @@ SPEC: dict[str, tuple[Callable[[str], Any], str, str]] = {
         "serve the operator console (a browser page) under /console; the page is public, every call it makes needs"
         " the bearer token",
     ),
+    "WORKER_ENV": (
+        _names,
+        "",
+        "the supervisor's environment variables the workers get, comma-separated names (a trailing * matches a"
+        " prefix: OPENAI_*); PATH and PYTHONPATH always; empty: all of them but the bearer token's",
+    ),
     "WORKER_USER": (
         _text,
         "",
@@ -235,6 +250,7 @@ class Settings:
     limit_sample_ms: int
     cgroups: str
     console: bool
+    worker_env: tuple[str, ...]
     worker_user: str
     token: str | None = None  # resolved from BEARER_TOKEN or BEARER_TOKEN_FILE
     worker_ids: tuple[int, int] | None = None  # (uid, gid) resolved from WORKER_USER; None: the supervisor's

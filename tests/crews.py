@@ -122,6 +122,12 @@ def placer() -> Crew:
     return _single(OfflineLLM(model="offline-demo"))
 
 
+def environ() -> Crew:
+    """Completes like demo after saying on stdout the names of the environment variables its worker got."""
+    print("environ " + " ".join(sorted(os.environ)), flush=True)
+    return _single(OfflineLLM(model="offline-demo"))
+
+
 class RecordingLLM(OfflineLLM):
     """The offline model, leaving evidence in the worker's cwd: one line per call in CALL_LOG (the first word
     of the calling task, or "-"). A prompt saying "block mode" never returns: it appends a HEARTBEAT line
@@ -215,6 +221,7 @@ registry: dict[str, Callable[[], Crew]] = {
     "chatty": chatty,
     "talker": talker,
     "placer": placer,
+    "environ": environ,
     "demo-knowledge": demo_knowledge,
     "recorder": recorder,
     "sized": sized,

@@ -317,13 +317,22 @@ class Runner:
         return failure("supervisor_stopped", "the supervisor stopped before the job started", False, **proof)
 
 
+ALWAYS_PASSED = ("PATH", "PYTHONPATH")  # what finds the interpreter's tools and the crews' code
+
+
 def worker_env(settings: Settings, state: Path, crew_id: str) -> dict[str, str]:
-    """The supervisor's environment without its secrets, plus the worker's own places.
+    """The supervisor's environment without its secrets (or only what ``WORKER_ENV`` names), plus the
+    worker's own places.
 
     Each crew gets its own CrewAI storage, so a replay finds that crew's latest kickoff, and its own HOME,
     so crews share no file CrewAI keeps there (its ``secret.key``, caches). The worker creates both, 0700.
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith(PREFIX + "BEARER_TOKEN")}
+    allowed = (*settings.worker_env, *ALWAYS_PASSED) if settings.worker_env else ()
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(PREFIX + "BEARER_TOKEN") and (not allowed or _named(name, allowed))
+    }
     place = hashlib.sha256(crew_id.encode()).hexdigest()[:24]
     env.update(
         AIP_CREWAI_REGISTRY=settings.registry,
@@ -338,6 +347,10 @@ def worker_env(settings: Settings, state: Path, crew_id: str) -> dict[str, str]:
     if settings.training_dir:
         env[PREFIX + "TRAINING_DIR"] = str(Path(settings.training_dir).absolute())
     return env
+
+
+def _named(name: str, allowed: tuple[str, ...]) -> bool:
+    return any(name.startswith(pattern[:-1]) if pattern.endswith("*") else name == pattern for pattern in allowed)
 
 
 def _uncancel() -> None:

@@ -1,0 +1,37 @@
+"""What of the supervisor's environment reaches a crew: all of it but the bearer token's variables by default,
+or only what ``WORKER_ENV`` names (with PATH and PYTHONPATH, and the worker's own places), as process
+supervisors' environment allow-lists do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import start_body, start_server
+
+PLANTED = {"KEEP_ONE": "1", "KEEP_TWO": "2", "ALSO": "3", "DROP": "4", "AIP_CREWAI_BEARER_TOKEN_HINT": "5"}
+
+
+def names_a_crew_sees(tmp_path: Path, **settings: str) -> set[str]:
+    server = start_server(tmp_path / "state", env={**PLANTED, **settings})
+    with server.client() as client:
+        answer = client.post("/jobs", json=start_body("environ", "env-1"), headers={"Idempotency-Key": "env"})
+        assert answer.status_code == 200, answer.text
+        stdout = client.get("/jobs/env-1/output").json()["stdout"]["text"]
+    (line,) = [line for line in stdout.splitlines() if line.startswith("environ ")]
+    return set(line.split()[1:])
+
+
+def test_by_default_every_variable_but_the_token_s_reaches_a_crew(tmp_path: Path) -> None:
+    names = names_a_crew_sees(tmp_path)
+    assert {"KEEP_ONE", "KEEP_TWO", "ALSO", "DROP", "PATH"} <= names
+    assert not any(name.startswith("AIP_CREWAI_BEARER_TOKEN") for name in names)
+
+
+@pytest.mark.parametrize("listed", ["KEEP_*,ALSO", " KEEP_* , ALSO "])
+def test_worker_env_passes_only_what_it_names(tmp_path: Path, listed: str) -> None:
+    names = names_a_crew_sees(tmp_path, AIP_CREWAI_WORKER_ENV=listed)
+    assert {"KEEP_ONE", "KEEP_TWO", "ALSO", "PATH", "PYTHONPATH"} <= names
+    assert {"HOME", "CREWAI_STORAGE_DIR", "AIP_CREWAI_REGISTRY"} <= names  # the worker's own, set for it
+    assert "DROP" not in names and "AIP_CREWAI_BEARER_TOKEN_HINT" not in names

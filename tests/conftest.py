@@ -69,6 +69,20 @@ def gone(pid: int, create_time: float | None = None) -> bool:
         return True
 
 
+def ours(server: Server, pid: int) -> psutil.Process:
+    """``pid``, checked alive (not a zombie) and a descendant of ``server``'s supervisor: what a later
+    ``gone`` is about (a pid that never existed, or another's, is gone as well). Its start time is kept."""
+    process = psutil.Process(pid)
+    assert process.status() != psutil.STATUS_ZOMBIE, f"{pid} has already exited"
+    assert any(parent.pid == server.pid for parent in process.parents()), f"{pid} is not the supervisor's"
+    return process
+
+
+def gone_for_good(process: psutil.Process, timeout: float = 10) -> bool:
+    """``process`` (from ``ours``) no longer exists, not even as a zombie, within ``timeout``."""
+    return wait_until(lambda: gone(process.pid, process.create_time()), timeout=timeout)
+
+
 def start_server(
     state: Path,
     *,

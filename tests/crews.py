@@ -51,7 +51,9 @@ def _evidence() -> Path:
 
 class MisbehavingLLM(BaseLLM):
     """``sleep``: blocks in time.sleep; ``spawn``: starts a grandchild that leaves the group, then
-    blocks; ``raise``: fails with text that must never reach the journal; ``huge``: answers 5 MiB.
+    blocks; ``tree``: starts a child that starts a grandchild which leaves the group (``setsid``), the child
+    saying ``tree <child pid> <grandchild pid>`` on the job's stdout, then blocks; ``raise``: fails with text
+    that must never reach the journal; ``huge``: answers 5 MiB.
     A call that blocks first appends its pid to BLOCKED, so a test can wait until it is inside the call."""
 
     mode: str
@@ -61,6 +63,8 @@ class MisbehavingLLM(BaseLLM):
             return "Final Answer: " + "x" * (5 * 1024 * 1024)
         if self.mode == "spawn":
             subprocess.Popen([sys.executable, "-c", "import os, time; os.setsid(); time.sleep(3600)"])
+        if self.mode == "tree":
+            subprocess.Popen([sys.executable, "-c", TREE_CHILD])
         if self.mode == "raise":
             raise RuntimeError("provider said: secret-token-123")
         with open(_evidence() / BLOCKED, "a") as blocked:
@@ -87,6 +91,19 @@ def stubborn() -> Crew:
 
 def spawner() -> Crew:
     return _single(MisbehavingLLM(model="spawner", mode="spawn"))
+
+
+# The child of a ``tree`` crew's worker: it stays in the worker's group; its own child leaves it.
+TREE_CHILD = (
+    "import os, subprocess, sys, time\n"
+    "left = subprocess.Popen([sys.executable, '-c', 'import os, time; os.setsid(); time.sleep(3600)'])\n"
+    "print(f'tree {os.getpid()} {left.pid}', flush=True)\n"
+    "time.sleep(3600)\n"
+)
+
+
+def tree() -> Crew:
+    return _single(MisbehavingLLM(model="tree", mode="tree"))
 
 
 def boom() -> Crew:
@@ -215,6 +232,7 @@ registry: dict[str, Callable[[], Crew]] = {
     "demo-slow": demo_slow,
     "stubborn": stubborn,
     "spawner": spawner,
+    "tree": tree,
     "boom": boom,
     "broken-factory": broken_factory,
     "huge": huge,

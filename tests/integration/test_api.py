@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,7 +13,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Server, gone, sse_events, start_body, start_server, wait_until
+from tests.conftest import Server, gone, gone_for_good, ours, sse_events, start_body, start_server, wait_until
 
 pytestmark = pytest.mark.usefixtures("launcher")
 
@@ -245,6 +246,7 @@ def test_cancel_mid_stream_kills_the_worker_and_proves_it(server: Server) -> Non
         follower = pool.submit(follow)
         assert two_chunks.wait(90)
         pid = started_pid(client, "cancel-1")
+        worker = ours(server, pid)
         cancel = {"crew_id": "demo-slow", "action_id": "cancel-1", "reason": "operator stop"}
         response = client.post("/jobs/cancel-1/cancel", json=cancel)
         follower.result(30)
@@ -253,7 +255,7 @@ def test_cancel_mid_stream_kills_the_worker_and_proves_it(server: Server) -> Non
         proof = record["terminal"]
         assert proof["stop_confirmed"] is True and proof["pid"] == pid and proof["reason"] == "operator stop"
         assert proof["signal"] == "SIGKILL" and proof["exit_status"] == -9 and proof["elapsed_ms"] >= 0
-        assert gone(pid)
+        assert gone_for_good(worker)
         assert seen[-1] == {"event": "cancelled", "sequence": len(seen) - 1, "data": proof}
         assert_contiguous(seen)
         assert client.get("/jobs/cancel-1").json() == record
@@ -262,6 +264,32 @@ def test_cancel_mid_stream_kills_the_worker_and_proves_it(server: Server) -> Non
         assert client.post("/jobs/cancel-1/cancel", json={**cancel, "crew_id": "demo"}).status_code == 404
         assert client.post("/jobs/none/cancel", json={**cancel, "action_id": "none"}).status_code == 404
         assert client.post("/jobs/cancel-1/cancel", json={**cancel, "reason": "r" * 2049}).status_code == 422
+
+
+@pytest.mark.both_launchers
+def test_cancel_over_http_kills_a_child_and_a_grandchild_that_left_the_group(server: Server) -> None:
+    """The crew's worker starts a child in its group, whose own child calls setsid: both are alive and the
+    supervisor's before the cancel, and gone after it, which answers within 30 s or fails (never a hang)."""
+    body = start_body("tree", "tree-1")
+    with ThreadPoolExecutor(1) as pool, server.client(timeout=30) as client:
+        follower = pool.submit(stream_job, client, body, "tree")
+        worker = ours(server, started_pid(client, "tree-1"))
+
+        def said() -> list[str]:
+            text = client.get("/jobs/tree-1/output").json()["stdout"]["text"]
+            return next((line.split()[1:] for line in text.splitlines() if line.startswith("tree ")), [])
+
+        assert wait_until(lambda: len(said()) == 2, timeout=60), "the crew's child never said its pids"
+        child, grandchild = (ours(server, int(pid)) for pid in said())
+        assert child.ppid() == worker.pid and grandchild.ppid() == child.pid
+        assert wait_until(lambda: os.getsid(grandchild.pid) == grandchild.pid, timeout=30)  # it left the group
+        assert os.getpgid(grandchild.pid) != worker.pid
+        record = client.post("/jobs/tree-1/cancel", json={**body, "reason": "tree"}).json()
+        events = follower.result(30)
+    proof = record["terminal"]
+    assert record["status"] == "cancelled" and events[-1]["event"] == "cancelled"
+    assert proof["stop_confirmed"] is True and proof["descendants_killed"] >= 1
+    assert all(gone_for_good(process) for process in (worker, child, grandchild))
 
 
 @pytest.mark.both_launchers

@@ -11,7 +11,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import Server, gone, sse_events, start_body, start_server, wait_until
+from tests.conftest import Server, gone, gone_for_good, ours, sse_events, start_body, start_server, wait_until
 
 KEY = {"Idempotency-Key": "key-1"}
 
@@ -163,8 +163,9 @@ def test_running_jobs_and_idle_workers_outlive_the_fork_server(tmp_path: Path) -
             with client.stream("POST", "/jobs/stream", json=body, headers=KEY) as response:
                 events = sse_events(response)
                 running = next(e for e in events if e["event"] == "started")["data"]["pid"]
+                first = ours(server, first.pid)  # alive, and the supervisor's, before it is killed
                 first.send_signal(signal.SIGKILL)
-                assert wait_until(lambda: gone(first.pid), timeout=10)
+                assert gone_for_good(first)
                 # Admitted while the fork server is dead: started on the idle worker left, and done.
                 meanwhile = client.post("/jobs", json=start_body("demo", "meanwhile"), headers=KEY)
                 assert meanwhile.status_code == 200

@@ -138,7 +138,10 @@ class DroppingProxy:
             selector.register(far, selectors.EVENT_READ, near)
             while left > 0:
                 for key, _ in selector.select(30):
-                    data = key.fileobj.recv(65536)  # type: ignore[union-attr]
+                    try:
+                        data = key.fileobj.recv(65536)  # type: ignore[union-attr]
+                    except ConnectionResetError:  # the client hung up at once: the drop it is here for
+                        return
                     if not data:
                         return
                     if key.fileobj is far:

@@ -141,7 +141,9 @@ def test_sigterm_drains_kills_with_evidence_and_restart_reports_uncertain(tmp_pa
     assert all(gone(p.pid, p.create_time()) for p in tree), "a worker outlived the supervisor"
     records = [json.loads(line) for line in server.log.read_text().splitlines() if line.startswith("{")]
     (ended,) = [r for r in records if r["event"] == "drain ended"]
-    assert ended["reason"] == "grace_expired" and ended["duration_ms"] < 1000 and ended["running"] == 1
+    # DRAIN_SECONDS=0: no wait at all (a drain that waited would wait for a job that never ends); the ceiling
+    # is only a hang's, loose enough for a loaded machine.
+    assert ended["reason"] == "grace_expired" and ended["duration_ms"] < 10_000 and ended["running"] == 1
 
     restarted = start_server(state, env=env)
     try:

@@ -70,7 +70,8 @@ def test_a_held_journal_lock_stalls_nothing_and_loses_nothing(tmp_path: Path) ->
             refused = client.post("/jobs/stream", json=start_body("demo", "late"), headers={"Idempotency-Key": "k"})
             refused_after = time.monotonic() - sent
             assert refused.status_code == 503 and refused.headers["Retry-After"] == "1", refused.text
-            assert refused_after < 2.5
+            # Refused once its second of patience is spent, not at once and not never (the ceiling is a hang's).
+            assert 1.0 <= refused_after < 1.0 + 10
             # The running jobs end while the lock is held; their workers are gone, their answers wait.
             assert wait_until(
                 lambda: (
@@ -87,7 +88,10 @@ def test_a_held_journal_lock_stalls_nothing_and_loses_nothing(tmp_path: Path) ->
         for thread in threads:
             thread.join(60)
         assert {action_id: answer.status_code for action_id, answer in answers.items()} == dict.fromkeys(jobs, 200)
-        assert max(round_trips) < 0.5, round_trips  # the event loop never waited for the lock
+        # The event loop never waited for the lock: had it, the first /health would have waited for the lock's
+        # release, which comes only after these requests (the client's timeout would fail the test). The ceiling
+        # is loose enough for a machine at load 10.
+        assert max(round_trips) < 5, round_trips
         assert (
             client.post("/jobs", json=start_body("demo", "later"), headers={"Idempotency-Key": "k"}).status_code == 200
         )

@@ -383,10 +383,12 @@ def test_under_a_held_lock_admission_is_refused_in_time_and_the_terminal_waits(p
     with held_lock(path):
         submitted = time.monotonic()
         admission, terminal = journal.admit(job("b")), journal.finish("a", "completed", {"raw": "a"}, {"raw": "a"})
-        assert time.monotonic() - submitted < 0.05  # handing a write over never waits for SQLite
+        # Handing a write over never waits for SQLite: both are queued, neither decided yet.
+        assert not admission.future.done() and not terminal.future.done()
         with pytest.raises(JournalBusy):
             admission.wait()
-        assert REFUSE_AFTER_SECONDS <= time.monotonic() - submitted < REFUSE_AFTER_SECONDS + 0.5
+        # Not before its patience is spent; the ceiling is only a hang's, loose enough for a machine at load 10.
+        assert REFUSE_AFTER_SECONDS <= time.monotonic() - submitted < REFUSE_AFTER_SECONDS + 10
         time.sleep(0.3)
         assert not terminal.future.done()  # what happened is never dropped for a busy journal
     assert terminal.wait().sequence == 0  # lands once the lock is free
@@ -440,7 +442,9 @@ def test_close_commits_what_is_queued_and_gives_up_after_its_grace(path: Path, m
         terminal = journal.finish("a", "completed", {})
         started = time.monotonic()
         journal.close()
-        assert time.monotonic() - started < 1
+        # It gave up: without its grace it would wait as long as the lock is held, for ever here. The ceiling
+        # is only a hang's, loose enough for a loaded machine.
+        assert time.monotonic() - started < 0.2 + 10
     with pytest.raises(JournalBusy):
         terminal.wait()  # never silently lost: its waiter is told, and a restart fences the job
 

@@ -22,7 +22,7 @@ from supervisor.chaos import faults
 from supervisor.chaos.checks import Findings, check_restart
 from supervisor.chaos.disk import DiskUnavailable, SmallDisk
 from supervisor.chaos.faults import Record
-from supervisor.chaos.flags import RATES, refusal
+from supervisor.chaos.flags import ALL_FAULTS, RATES, refusal
 from supervisor.chaos.load import Load
 from supervisor.chaos.targets import Deployment, Local, RestartError
 from supervisor.console.client import OperatorError, resolve_target
@@ -66,6 +66,14 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 1 if report["violations"] else 0
+
+
+def _why_not(fault: str, target: Local | Deployment) -> str:
+    if isinstance(target, Deployment):
+        return "a deployment at --url: only the supervisor fault runs"
+    if fault == "disk":
+        return "not chosen: it needs --small-disk MB, a tmpfs that only root can mount"
+    return "not chosen (--faults)"
 
 
 @contextlib.contextmanager
@@ -137,6 +145,8 @@ def _run(
         "target": where,
         "iterations": int(progress.tasks[0].completed),
         "faults": chosen,
+        # Said, not left out silently: what a reader of this report must not assume was exercised.
+        "faults_not_run": {name: _why_not(name, target) for name in ALL_FAULTS if name not in chosen},
         "concurrency": args.concurrency,
         "duration_seconds": round(time.monotonic() - began, 1),
         "confirmed": {name: record.counts.get(name, 0) for name in chosen},
@@ -188,5 +198,7 @@ def _print(report: dict[str, Any]) -> None:
     print("\n".join(f"{name:<34}{value:>10}" for name, value in rows))
     for skipped in report["not_checked"]:
         print(f"not checked (out of sight): {skipped}")
+    for fault, why in report["faults_not_run"].items():
+        print(f"fault not run: {fault}: {why}")
     for violation in report["violations"][:50]:
         print(f"VIOLATION {violation}")

@@ -27,6 +27,17 @@ CALL_TIMEOUT = 10  # seconds; a request that hangs fails its check instead of th
 SKIPPED_CHECKS = [positive_data_acceptance]
 
 
+NO_NEGATIVE_DATA = {
+    "GET /health",
+    "GET /runs/{action_id}",
+    "GET /jobs/{action_id}",
+    "DELETE /jobs/{action_id}",
+    "GET /workers",
+    "GET /jobs/{action_id}/output",
+    "GET /metrics",
+}
+
+
 def test_every_served_route_survives_generated_requests(server: Server) -> None:
     auth = {"Authorization": f"Bearer {server.token}"}
     schema = from_url(f"{server.url}/openapi.json", headers=auth)
@@ -46,9 +57,9 @@ def test_every_served_route_survives_generated_requests(server: Server) -> None:
             except (Failure, FailureGroup) as exc:
                 failures.append(f"{operation.label} ({mode}): {exc}")
             except Unsatisfiable:
-                # Without the token to leave out, a route whose parameters take any string, or that has none
-                # (GET /health, GET /jobs/{action_id}, /metrics, ...), has no negative data.
-                if mode is not GenerationMode.NEGATIVE:
+                # Without the token to leave out, a route whose parameters take any string, or that has none,
+                # has no negative data: exactly these (any other route without it is a failure).
+                if mode is not GenerationMode.NEGATIVE or operation.label not in NO_NEGATIVE_DATA:
                     raise
     assert not failures, "\n\n".join(failures)
 
@@ -61,7 +72,9 @@ def exercise(operation: APIOperation, mode: GenerationMode, auth: dict[str, str]
         derandomize=True,
         database=None,
         phases=[Phase.explicit, Phase.generate],  # shrinking would multiply the requests of a failure
-        suppress_health_check=list(HealthCheck),
+        # Negative generation of some routes throws most drawn cases away (schemathesis keeps only those that
+        # break the schema); that is the point, not slow data. The other health checks stay on.
+        suppress_health_check=[HealthCheck.filter_too_much],
     )
     def check(case: Case) -> None:
         case.call_and_validate(headers=auth, excluded_checks=SKIPPED_CHECKS, timeout=CALL_TIMEOUT)

@@ -3,6 +3,7 @@ Also the drop-in import of a reference journal on first start."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -40,7 +41,20 @@ def test_an_orphan_that_survived_a_crash_is_killed_at_restart(tmp_path: Path) ->
             if line == "event: started":
                 break
         pid = client.get("/jobs/orphan-1/events").json()["events"][0]["data"]["pid"]
-    first.kill()
+    orphan = psutil.Process(pid)
+    try:
+        first.kill()
+        _fenced_at_restart(state, env, evidence, orphan)
+    finally:
+        # An immortal orphan the restart failed to kill would outlive the suite: kill it (by pid and start time).
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if orphan.is_running():
+                orphan.kill()
+                wait_until(lambda: gone(orphan.pid, orphan.create_time()), timeout=10)  # reaped: it is ours
+
+
+def _fenced_at_restart(state: Path, env: dict[str, str], evidence: Path, orphan: psutil.Process) -> None:
+    pid = orphan.pid
 
     def outlived_its_supervisor() -> bool:
         # Adopted by this test (a subreaper): the supervisor has exited, so its death signal, had the orphan

@@ -61,14 +61,41 @@ LAYERS = {
 }
 
 
+def layers_reached(path: Path, package: tuple[str, ...]) -> set[str]:
+    """The ``supervisor`` subpackages ``path`` (a module of ``package``, e.g. ``("supervisor", "jobs")``)
+    imports, in every form: ``from supervisor.x import y``, ``import supervisor.x``, ``from supervisor import
+    x``, and a relative ``from ..x import y``."""
+    reached = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
+            module = ".".join(part for part in (base, node.module or "") if part)
+            modules = [f"{module}.{alias.name}" for alias in node.names] if module == "supervisor" else [module]
+        else:
+            continue
+        reached.update(
+            parts[1] for parts in (m.split(".") for m in modules) if parts[0] == "supervisor" and len(parts) > 1
+        )
+    return reached
+
+
 @pytest.mark.parametrize("layer", sorted(LAYERS))
 def test_supervisor_layers_import_downwards(layer: str) -> None:
-    reached = set()
-    for path in (ROOT / "supervisor" / layer).rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("supervisor."):
-                reached.add(node.module.split(".")[1])  # type: ignore[union-attr]
+    paths = (ROOT / "supervisor" / layer).rglob("*.py")
+    reached = set().union(*(layers_reached(path, path.relative_to(ROOT).parts[:-1]) for path in paths))
     assert reached & set(LAYERS) - {layer} <= LAYERS[layer]
+
+
+FORMS = ["import supervisor.http.app", "from supervisor.http import app", "from supervisor import http"]
+
+
+@pytest.mark.parametrize("line", [*FORMS, "from ..http import app"])
+def test_the_layer_check_sees_every_import_form(tmp_path: Path, line: str) -> None:
+    module = tmp_path / "runner.py"
+    module.write_text(f"{line}\n")
+    assert layers_reached(module, ("supervisor", "jobs")) == {"http"}
 
 
 def test_every_layer_says_what_it_holds() -> None:

@@ -85,16 +85,20 @@ def _fork_one(
         os._exit(EXIT_NOT_SINGLE_THREADED)
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = _double_fork(lambda: _become_worker(messages[0], fds, supervisor, crews, written, [channel.fileno()]))
+    fork = messages[0]
+    pid = _double_fork(
+        lambda middle: _become_worker(fork, fds, (supervisor, middle), crews, written, [channel.fileno()])
+    )
     for fd in fds:
         os.close(fd)
     out.send(Forked(pid=pid))
 
 
-def _double_fork(become: Callable[[], NoReturn]) -> int:
+def _double_fork(become: Callable[[int], NoReturn]) -> int:
     """Fork a worker through a middle process that leaves at once: the worker is then the supervisor's
     child (it is a subreaper), so the fork server's death takes no worker with it, and the supervisor
-    reaps it and reads its exit status itself. The worker's pid, or 0 if a fork failed."""
+    reaps it and reads its exit status itself. ``become`` is given the middle's pid. The worker's pid, or 0
+    if a fork failed."""
     read, write = os.pipe()
     try:
         middle = os.fork()
@@ -106,10 +110,11 @@ def _double_fork(become: Callable[[], NoReturn]) -> int:
         os.close(read)
         status = 1
         try:
+            middle = os.getpid()
             pid = os.fork()
             if pid == 0:
                 os.close(write)
-                become()
+                become(middle)
             os.write(write, pid.to_bytes(4, "little"))
             status = 0
         finally:
@@ -124,7 +129,12 @@ def _double_fork(become: Callable[[], NoReturn]) -> int:
 
 
 def _become_worker(
-    request: Fork, fds: list[int], supervisor: int, crews: dict[str, Any], written: prefault.Runs, close: list[int]
+    request: Fork,
+    fds: list[int],
+    parents: tuple[int, int],  # the supervisor's pid, the middle's
+    crews: dict[str, Any],
+    written: prefault.Runs,
+    close: list[int],
 ) -> NoReturn:
     for fd in close:
         os.close(fd)
@@ -133,7 +143,8 @@ def _become_worker(
     os.setpgid(0, 0)
     lifecycle.name_worker()
     lifecycle.lower_priority()
-    _await_adoption(supervisor)
+    supervisor, middle = parents
+    _await_adoption(supervisor, middle)
     lifecycle.bind_to_parent(supervisor)
     # Move the received descriptors clear of 0-4 first, so placing one never clobbers another.
     control, events, stdout, stderr = (fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in fds)
@@ -153,11 +164,13 @@ def _become_worker(
     job.run(EVENT_FD, CONTROL_FD, crews=crews)
 
 
-def _await_adoption(supervisor: int) -> None:
+def _await_adoption(supervisor: int, middle: int) -> None:
     """Wait until the middle process has left and the supervisor has adopted us (a few ms at most):
-    only then can the death signal be tied to the supervisor. Past the deadline we are nobody's."""
+    only then can the death signal be tied to the supervisor. Adopted by anyone else, the supervisor died
+    first, and we leave at once: no death signal covers us yet, so waiting would outlive it (a restarted
+    supervisor could be serving before the deadline). Past the deadline we are nobody's either."""
     deadline = time.monotonic() + ADOPTION_SECONDS
-    while os.getppid() != supervisor:
-        if time.monotonic() > deadline:
+    while (parent := os.getppid()) != supervisor:
+        if parent != middle or time.monotonic() > deadline:
             os._exit(lifecycle.EXIT_ORPHANED)
         time.sleep(0.0002)

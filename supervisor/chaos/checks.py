@@ -6,6 +6,7 @@ passes SQLite's quick_check."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,23 @@ TERMINAL = ("completed", "failed", "cancelled")
 OUR_FAULTS = ("supervisor_restarted", "supervisor_stopped")  # what a supervisor kill ends a job with
 # CrewAI's own storage (SQLite under the state directory) failing on the full disk: the crew's outcome, true.
 DISK_ERRORS = ("DatabaseOperationError",)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A process of the supervisor's tree as it was just before the kill: enough to say what it was."""
+
+    pid: int
+    started: float
+    parent: int
+    name: str
+    command: str
+
+    @classmethod
+    def of(cls, process: psutil.Process) -> Seen:
+        with process.oneshot():
+            command = " ".join(process.cmdline())
+            return cls(process.pid, process.create_time(), process.ppid(), process.name(), command[:160])
 
 
 @dataclass
@@ -83,7 +101,7 @@ def explained(terminal: dict[str, Any], record: Record) -> bool:
 def check_restart(
     client: httpx.Client,
     acked: dict[str, dict[str, Any]],
-    before: list[tuple[int, float]],
+    before: list[Seen],
     journal: Path | None,
     record: Record,
     findings: Findings,
@@ -91,13 +109,11 @@ def check_restart(
 ) -> None:
     """After a restart: the workers from before are gone, every acknowledged job not yet settled (all of
     them if ``everything``) reads back whole, the journal (if it is in sight) is intact."""
-    for pid, started in before:
-        try:
-            process = psutil.Process(pid)
-            if process.create_time() == started and process.status() != psutil.STATUS_ZOMBIE:
-                findings.add([f"process {pid} from before the restart is alive"])
-        except psutil.NoSuchProcess:
-            pass
+    for seen in before:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process = psutil.Process(seen.pid)
+            if process.create_time() == seen.started and (status := process.status()) != psutil.STATUS_ZOMBIE:
+                findings.add([survivor(seen, process, status, before, record)])
     for action in acked:
         if action in findings.settled and not everything:
             continue
@@ -118,6 +134,26 @@ def check_restart(
     problem = integrity_problem(journal) if journal is not None else None
     if problem:
         findings.add([problem])
+
+
+def survivor(seen: Seen, process: psutil.Process, status: str, before: list[Seen], record: Record) -> str:
+    """The line for a process of the old tree alive after the restart: what it was and is, and the fault
+    that last touched it or a process above it, so the next occurrence explains itself."""
+    parents = {other.pid: other.parent for other in before}
+    line, pid = [seen.pid], seen.parent
+    while pid in parents:  # up to the supervisor, the one process of the tree that is no child
+        line.append(pid)
+        pid = parents[pid]
+    line.append(pid)
+    with record.lock:
+        touched = next((f"{record.touched[p]} of {p}" for p in line if p in record.touched), "none")
+    now: int | str = "unknown"
+    with contextlib.suppress(psutil.Error):
+        now = process.ppid()
+    return (
+        f"process {seen.pid} from before the restart is alive: {seen.name} ({seen.command}), "
+        f"{status}, parent {seen.parent} then, {now} now; last fault on its tree: {touched}"
+    )
 
 
 def integrity_problem(journal: Path) -> str | None:

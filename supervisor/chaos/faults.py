@@ -29,11 +29,16 @@ class Record:
     counts: dict[str, int] = field(default_factory=dict)
     killed_pids: set[int] = field(default_factory=set)  # workers we killed: their jobs may fail for it
     full: list[tuple[float, float | None]] = field(default_factory=list)  # monotonic windows of a full disk
+    touched: dict[int, str] = field(default_factory=dict)  # pid -> the last fault aimed at it
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def count(self, fault: str) -> None:
         with self.lock:
             self.counts[fault] = self.counts.get(fault, 0) + 1
+
+    def aim(self, fault: str, pid: int) -> None:
+        with self.lock:
+            self.touched[pid] = fault
 
     def disk_full_during(self, start: float, end: float) -> bool:
         """Whether the disk was (being) filled at any moment of ``start``..``end``."""
@@ -67,6 +72,7 @@ def kill_worker(sup: Server, rng: random.Random, record: Record) -> bool:
     if not workers:
         return False
     victim = rng.choice(workers)
+    record.aim("worker kill", victim.pid)
     with record.lock:
         record.killed_pids.add(victim.pid)  # before the kill: its job may end before we confirm
     try:
@@ -80,12 +86,16 @@ def kill_worker(sup: Server, rng: random.Random, record: Record) -> bool:
 
 def kill_forkserver(sup: Server, rng: random.Random, record: Record) -> bool:
     forkserver = sup.forkserver()
-    return forkserver is not None and kill(forkserver)
+    if forkserver is None:
+        return False
+    record.aim("fork server kill", forkserver.pid)
+    return kill(forkserver)
 
 
 def freeze(sup: Server, rng: random.Random, record: Record) -> bool:
     """SIGSTOP the supervisor, hold it, SIGCONT it: what it must survive is being frozen, say by a paused
     container or a stalled VM, and thawing to find its clients and workers moved on."""
+    record.aim("freeze", sup.pid)
     try:
         process = psutil.Process(sup.pid)
         process.send_signal(signal.SIGSTOP)

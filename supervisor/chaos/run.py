@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from supervisor import testing
 from supervisor.chaos import faults
-from supervisor.chaos.checks import Findings, check_restart
+from supervisor.chaos.checks import Findings, Seen, check_restart
 from supervisor.chaos.disk import DiskUnavailable, SmallDisk
 from supervisor.chaos.faults import Record
 from supervisor.chaos.flags import ALL_FAULTS, RATES, refusal
@@ -112,7 +112,7 @@ def _run(
             # fault), or a deployment's command that both kills and restarts it, waits for the load to
             # stop: jobs admitted after it would still run when the invariants are read.
             crash = isinstance(target, Local) and "supervisor" in chosen
-            before: list[tuple[int, float]] = []
+            before: list[Seen] = []
             with Load(target, rng, args.concurrency, record, acked, findings.violations, crews) as load:
                 _inject(target, rng, record, mid_run, load)
                 if crash and isinstance(target, Local):

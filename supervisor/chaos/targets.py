@@ -18,6 +18,7 @@ import httpx
 import psutil
 
 from supervisor import testing
+from supervisor.chaos.checks import Seen
 from supervisor.chaos.faults import CONFIRM_SECONDS, Record
 from supervisor.testing import Server
 
@@ -45,7 +46,7 @@ class Local:
     def client(self, token: str | None = None, *, timeout: float = 60, **kwargs: Any) -> httpx.Client:
         return self.server.client(token, timeout=timeout, **kwargs)
 
-    def kill(self, record: Record) -> tuple[list[tuple[int, float]], str | None]:
+    def kill(self, record: Record) -> tuple[list[Seen], str | None]:
         """SIGSTOP it (it forks nothing more), note its processes, SIGKILL it and reap it: returns those
         processes, which must all be gone after the restart, and what went wrong, if anything."""
         process = self.server.process
@@ -53,13 +54,14 @@ class Local:
             return [], f"the supervisor had exited on its own (status {process.returncode}) before the kill"
         process.send_signal(signal.SIGSTOP)
         before = _processes(self.server)
+        record.aim("supervisor kill", process.pid)
         process.send_signal(signal.SIGKILL)
         if process.wait(CONFIRM_SECONDS) != -signal.SIGKILL:
             return before, f"the supervisor exited with {process.returncode}, not by the SIGKILL"
         record.count("supervisor")
         return before, None
 
-    def stop(self) -> list[tuple[int, float]]:
+    def stop(self) -> list[Seen]:
         """SIGTERM it (no drain: the harness sets none) once the load has stopped; returns its processes."""
         before = _processes(self.server)
         self.server.stop()
@@ -81,11 +83,11 @@ class Local:
         )
 
 
-def _processes(server: Server) -> list[tuple[int, float]]:
+def _processes(server: Server) -> list[Seen]:
     found = []
     for process in server.processes():
-        with contextlib.suppress(psutil.NoSuchProcess):
-            found.append((process.pid, process.create_time()))
+        with contextlib.suppress(psutil.Error):
+            found.append(Seen.of(process))
     return found
 
 

@@ -233,7 +233,7 @@ def test_admission_rejections_in_order(server: Server) -> None:
 def test_cancel_mid_stream_kills_the_worker_and_proves_it(server: Server) -> None:
     body = start_body("demo-slow", "cancel-1", input={"seconds": 600})
     seen: list[dict[str, Any]] = []
-    two_chunks = threading.Event()
+    two_chunks, failing = threading.Event(), threading.Event()
 
     def follow() -> None:
         with server.client() as client, client.stream("POST", "/jobs/stream", json=body, headers=KEY) as response:
@@ -241,15 +241,22 @@ def test_cancel_mid_stream_kills_the_worker_and_proves_it(server: Server) -> Non
                 seen.append(event)
                 if sum(e["event"] == "chunk" for e in seen) >= 2:
                     two_chunks.set()
+                if failing.is_set():  # the job streams for 600 s: a failed test stops following it
+                    return
 
-    with ThreadPoolExecutor(1) as pool, server.client() as client:
-        follower = pool.submit(follow)
-        assert two_chunks.wait(90)
-        pid = started_pid(client, "cancel-1")
-        worker = ours(server, pid)
-        cancel = {"crew_id": "demo-slow", "action_id": "cancel-1", "reason": "operator stop"}
-        response = client.post("/jobs/cancel-1/cancel", json=cancel)
-        follower.result(30)
+    # A cancel that kills nothing answers late or never: 30 s, then the test fails saying so.
+    with ThreadPoolExecutor(1) as pool, server.client(timeout=30) as client:
+        try:
+            follower = pool.submit(follow)
+            assert two_chunks.wait(90)
+            pid = started_pid(client, "cancel-1")
+            worker = ours(server, pid)
+            cancel = {"crew_id": "demo-slow", "action_id": "cancel-1", "reason": "operator stop"}
+            response = client.post("/jobs/cancel-1/cancel", json=cancel)
+            follower.result(30)
+        except BaseException:
+            failing.set()
+            raise
         record = response.json()
         assert response.status_code == 200 and record["status"] == "cancelled"
         proof = record["terminal"]

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from supervisor.chaos import faults
-from supervisor.chaos.checks import job_problems
+from supervisor.chaos.checks import Seen, job_problems, survivor
 from supervisor.chaos.faults import Record
 from supervisor.chaos.load import cancel_problem, conflict_problem, repeat_problem, start_problem
 
@@ -103,3 +103,27 @@ def test_faults_are_checked_before_anything_starts(name: str, capsys: pytest.Cap
         cli.main(["chaos", "--faults", name])
     assert exited.value.code == 2
     assert ("unknown fault" if name == "nope" else "needs --small-disk") in capsys.readouterr().out
+
+
+def test_a_survivor_of_the_restart_says_what_it_is_and_what_last_touched_its_tree() -> None:
+    # A process tree as chaos notes it before the kill: us (the "supervisor"), a child, its grandchild.
+    child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run(['sleep', '60'])"])
+    try:
+        me = psutil.Process()
+        # Named sleep once it has exec'd: until then it is a copy of its parent.
+        assert faults._until(lambda: [p.name() for p in psutil.Process(child.pid).children()] == ["sleep"])
+        grandchild = psutil.Process(child.pid).children()[0]
+        before = [Seen.of(psutil.Process(child.pid)), Seen.of(grandchild)]
+        record = Record()
+        record.aim("freeze", me.pid)
+        line = survivor(before[1], grandchild, grandchild.status(), before, record)
+        assert line.startswith(f"process {grandchild.pid} from before the restart is alive: sleep (sleep 60), ")
+        assert f"parent {child.pid} then, {child.pid} now" in line
+        assert line.endswith(f"last fault on its tree: freeze of {me.pid}")
+        record.aim("worker kill", child.pid)  # nearer the survivor: named first
+        assert survivor(before[1], grandchild, "sleeping", before, record).endswith(f"worker kill of {child.pid}")
+    finally:
+        for process in psutil.Process(child.pid).children():
+            process.kill()
+        child.kill()
+        child.wait()

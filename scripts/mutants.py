@@ -43,9 +43,8 @@ MUTANTS = (
         "cancel-is-a-no-op",
         "a cancel kills the work and proves it",
         "supervisor/jobs/runner.py",
-        '                if job.phase in ("queued", "running") and job.task is not None:\n'
-        "                    job.task.cancel()\n",
-        "                pass\n",
+        "            if job.ask_stop(StopReason.CANCEL):\n",
+        "            if False:\n",
         ("tests/integration/test_api.py::test_cancel_mid_stream_kills_the_worker_and_proves_it",),
     ),
     Mutant(

@@ -28,6 +28,7 @@ FIELDS = (
     "seconds",  # a drain's grace
     "running",  # jobs at a drain's start or end
     "queued",
+    "phase",  # the one a job moved to
 )
 
 

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from typing import Any
 
+from supervisor.jobs.phases import Phase, StopReason, check_move
 from supervisor.processes.limits import Breach
 from supervisor.processes.process import WorkerProcess
+
+log = logging.getLogger("crew_supervisor.jobs")
 
 
 @dataclasses.dataclass(eq=False)
@@ -21,13 +25,28 @@ class LiveJob:
     deadline: float  # loop time; the timeout counts from admission, queue wait included
     event_count: int = 0
     last_event_at: float | None = None  # wall clock
-    phase: str = "queued"  # queued -> launching -> running -> settling
-    cancel_reason: str | None = None
-    breach: Breach | None = None  # a limit the job broke; it is being killed for it
+    phase: Phase = Phase.QUEUED  # set through move() alone
+    stop: StopReason | None = None  # set through ask_stop() alone: the first reason asked
+    cancel_reason: str | None = None  # what the canceller said, when stop is CANCEL
+    breach: Breach | None = None  # the limit it broke, when stop is LIMIT
     worker: WorkerProcess | None = None
     task: asyncio.Task[None] | None = None
     done: asyncio.Future[None] = dataclasses.field(default_factory=lambda: asyncio.get_running_loop().create_future())
     changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    stopped: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)  # set with stop
+
+    def move(self, to: Phase) -> None:
+        check_move(self.phase, to)
+        log.debug("job phase", extra={"action_id": self.action_id, "phase": to})
+        self.phase = to
+
+    def ask_stop(self, reason: StopReason) -> bool:
+        """Whether this reason stops the job: the first asked does, unless its outcome is already decided."""
+        if self.stop is not None or self.phase in (Phase.SETTLING, Phase.SETTLED):
+            return False
+        self.stop = reason
+        self.stopped.set()
+        return True
 
     def wake(self) -> None:
         """Its followers look at the journal again."""

@@ -14,8 +14,9 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -24,6 +25,7 @@ from supervisor.config import PREFIX, Settings
 from supervisor.jobs.leftovers import remove_partial
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.outcomes import Outcome, after_terminal, exit_failure, failure, protocol_fault
+from supervisor.jobs.phases import Phase, StopReason
 from supervisor.jobs.recorder import Recorder
 from supervisor.journal.records import Job
 from supervisor.metrics import Metrics
@@ -34,6 +36,7 @@ from supervisor.processes.process import StopEvidence, WorkerProcess
 log = logging.getLogger("crew_supervisor.jobs")
 EXIT_WAIT_SECONDS = 2.0  # after its terminal frame a worker leaves at once; past this it is killed
 TRAILING_SECONDS = 0.5  # after a worker's exit its event pipe reaches EOF at once; a descendant may hold it
+T = TypeVar("T")
 
 
 class Runner:
@@ -65,20 +68,19 @@ class Runner:
         now = loop.time()
         live = LiveJob(job.action_id, job.crew_id, job.operation, input, timeout_ms, now, now + timeout_ms / 1000)
         self.live[job.action_id] = live
+        if self.stopping or self.queue_closed:  # admitted as the queue closed: it ends as the others did
+            live.ask_stop(StopReason.STOP if self.stopping else StopReason.DRAIN)
         live.task = loop.create_task(self._run(live), name=f"job:{job.action_id}")
         self.metrics.admitted.labels(job.operation).inc()
 
     async def cancel(self, action_id: str, reason: str | None) -> None:
-        """Return once the job is terminal; a job already settling keeps its own outcome."""
+        """Return once the job is terminal; a job stopping for another reason, or settling, keeps its outcome."""
         job = self.live.get(action_id)
         if job is None:
             return
         with self.metrics.cancel_latency.time():
-            if job.cancel_reason is None and job.breach is None and job.phase != "settling":
+            if job.ask_stop(StopReason.CANCEL):
                 job.cancel_reason = reason or "cancelled by request"
-                # While launching, the task checks the reason itself once the worker exists.
-                if job.phase in ("queued", "running") and job.task is not None:
-                    job.task.cancel()
             await asyncio.shield(job.done)
 
     async def wait(self, action_id: str, timeout: float) -> bool:
@@ -96,13 +98,7 @@ class Runner:
         """No queued job will start: each ends `failed`, `supervisor_stopped`, `uncertain_outcome: false`.
         Jobs already launching or running go on. Returns how many were queued."""
         self.queue_closed = True
-        # A job launched in this loop iteration has its first step scheduled, not run: cancelled before it,
-        # its task would end without ever settling. One pass of the loop lets it reach its handlers.
-        await asyncio.sleep(0)
-        queued = [job for job in self.live.values() if job.phase == "queued"]
-        for job in queued:
-            if job.task is not None:
-                job.task.cancel()
+        queued = [job for job in self.live.values() if job.phase is Phase.QUEUED and job.ask_stop(StopReason.DRAIN)]
         await asyncio.gather(*(asyncio.shield(job.done) for job in queued))
         return len(queued)
 
@@ -112,27 +108,22 @@ class Runner:
         self.stopping = True
         jobs = list(self.live.values())
         for job in jobs:
-            if job.phase in ("launching", "running"):
+            if job.ask_stop(StopReason.STOP) and job.phase in (Phase.LAUNCHING, Phase.RUNNING):
                 pid = job.worker.pid if job.worker is not None else None
                 log.warning("killing a job at stop", extra={"action_id": job.action_id, "pid": pid})
-            # A launching job sees `stopping` itself once its worker exists.
-            if job.phase in ("queued", "running") and job.task is not None:
-                job.task.cancel()
         await asyncio.gather(*(job.task for job in jobs if job.task), return_exceptions=True)
 
     # One job: queue -> spawn -> relay -> settle ----------------------------------------------------
 
     async def _run(self, job: LiveJob) -> None:
+        timer = asyncio.get_running_loop().call_at(job.deadline, job.ask_stop, StopReason.TIMEOUT)
         try:
             outcome = await self._queue(job)
-        except asyncio.CancelledError:
-            if not self._interrupted(job):
-                raise
-            _uncancel()
-            outcome = self._interruption(job, {"stop_confirmed": True, "launched": False})
         except Exception:
             log.exception("job failed inside the supervisor", extra={"action_id": job.action_id})
             outcome = failure("supervisor_error", "the supervisor failed while running the job", job.worker is not None)
+        finally:
+            timer.cancel()
         try:
             await self._settle(job, outcome)
         finally:
@@ -142,13 +133,10 @@ class Runner:
                 job.done.set_result(None)
 
     async def _queue(self, job: LiveJob) -> Outcome:
+        if not await self._unless_stopped(job, self._slots.acquire):
+            return self._interruption(job, {"stop_confirmed": True, "launched": False})
         try:
-            async with asyncio.timeout_at(job.deadline):
-                await self._slots.acquire()
-        except TimeoutError:
-            return failure("timeout", f"no worker slot within timeout_ms={job.timeout_ms}", False)
-        try:
-            job.phase = "launching"
+            job.move(Phase.LAUNCHING)
             return await self._spawn_and_supervise(job)
         finally:
             self._slots.release()
@@ -160,7 +148,8 @@ class Runner:
                 os.chown(scratch, *self.settings.worker_ids)
             env, cwd = worker_env(self.settings, self.state, job.crew_id), str(scratch)
             try:
-                # Maybe forked ahead of demand: its environment and directory then come with Start.
+                # Maybe forked ahead of demand: its environment and directory then come with Start. A stop
+                # asked meanwhile is seen once the worker exists, to be killed.
                 worker = await self.launcher.spawn(env, cwd)
             except LaunchError as exc:
                 return failure("launch_failed", str(exc), False)
@@ -169,26 +158,14 @@ class Runner:
             await self.recorder.record_worker(job, worker)
             await self.limits.apply(worker)
             worker.send(Start(job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms, env, cwd))
-            job.phase = "running"
+            job.move(Phase.RUNNING)
             self.limits.watch(worker, lambda breach: self._breach(job, breach))
-            try:
-                if self._interrupted(job):
-                    raise asyncio.CancelledError  # cancelled, or the supervisor began stopping, while launching
-                async with asyncio.timeout_at(job.deadline):
-                    result = await self._relay(job, worker)
-            except TimeoutError:
-                job.phase = "settling"
-                evidence = await self._kill(worker, self._grace)
-                return failure("timeout", f"job exceeded timeout_ms={job.timeout_ms}", True, **evidence.as_dict())
-            except asyncio.CancelledError:
-                if not self._interrupted(job):
-                    raise
-                _uncancel()
-                job.phase = "settling"
+            result = await self._unless_stopped(job, lambda: self._relay(job, worker))
+            job.move(Phase.SETTLING)
+            if result is None:
                 # A job over a limit gets no grace: it would spend it growing.
-                evidence = await self._kill(worker, 0 if job.breach else self._grace)
+                evidence = await self._kill(worker, 0 if job.stop is StopReason.LIMIT else self._grace)
                 return self._interruption(job, evidence.as_dict())
-            job.phase = "settling"
             if isinstance(result, Outcome):
                 return result
             return await self._conclude(worker, result)
@@ -201,6 +178,23 @@ class Runner:
                 if job.operation == "train" and job.worker.exited.done():  # gone: nothing writes the file now
                     remove_partial(self.settings.training_dir, job.input["artifact_name"], job.action_id)
             shutil.rmtree(scratch, ignore_errors=True)
+
+    async def _unless_stopped(self, job: LiveJob, step: Callable[[], Awaitable[T]]) -> T | None:
+        """``step``'s result, or None if a stop was asked first: the step is then cancelled, and awaited.
+        The job's own task is never cancelled: this is its one cancel scope."""
+        if job.stop is not None:
+            return None
+        work = asyncio.ensure_future(step())
+        stop = asyncio.ensure_future(job.stopped.wait())
+        try:
+            await asyncio.wait((work, stop), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not work.done():  # a stop asked first (or the loop closing under us)
+                work.cancel()  # Semaphore.acquire and the relay leave nothing behind when cancelled
+        await asyncio.wait((work,))
+        # Done first, it stands, even with a stop asked in the same instant.
+        return None if work.cancelled() else work.result()
 
     async def _relay(self, job: LiveJob, worker: WorkerProcess) -> Completed | Failed | Outcome:
         """Record the worker's frames until its terminal message, or fault it."""
@@ -252,7 +246,8 @@ class Runner:
         return Outcome("completed", message.output, message.output, exit_status=status)
 
     async def _settle(self, job: LiveJob, outcome: Outcome) -> None:
-        job.phase = "settling"  # nothing cancels it now: its terminal event waits for the journal
+        if job.phase is not Phase.SETTLING:  # it never ran: queued, or its launch failed
+            job.move(Phase.SETTLING)  # nothing stops it now: its terminal event waits for the journal
         if outcome.event == "failed" and job.operation in READ_ONLY_OPERATIONS:
             outcome.data["uncertain_outcome"] = False  # nothing it did can have changed the world
         await self.recorder.finish(job, outcome)
@@ -270,6 +265,7 @@ class Runner:
                 "signal": evidence.get("signal"),  # set when the supervisor killed the worker
             },
         )
+        job.move(Phase.SETTLED)
         self.metrics.finished.labels(job.operation, outcome.event).inc()
         if "signal" in evidence:  # the supervisor killed the worker: say why
             self.metrics.kills.labels(evidence.get("reason") or outcome.event).inc()
@@ -296,23 +292,23 @@ class Runner:
         return failure(reason, message, True, **evidence.as_dict())
 
     def _breach(self, job: LiveJob, breach: Breach) -> None:
-        """Stop a job over a limit the way a cancel does, unless it is already ending."""
-        if job.phase == "running" and not self._interrupted(job) and job.task is not None:
+        """Stop a job over a limit the way a cancel does, unless it is already stopping or ending."""
+        if job.phase is Phase.RUNNING and job.ask_stop(StopReason.LIMIT):
             job.breach = breach
-            job.task.cancel()
-
-    def _interrupted(self, job: LiveJob) -> bool:
-        closed = self.queue_closed and job.phase == "queued"
-        return job.cancel_reason is not None or job.breach is not None or self.stopping or closed
 
     def _interruption(self, job: LiveJob, proof: dict[str, Any]) -> Outcome:
-        """A broken limit or a cancel says so; a supervisor stopping is an uncertain failure if the job had begun."""
-        if job.breach is not None:
+        """What a stop ends a job with; a supervisor stopping, or its timeout, is uncertain if the job had begun."""
+        launched = proof.get("launched", True)
+        if job.stop is StopReason.LIMIT and job.breach is not None:
             return failure(job.breach.error_type, job.breach.message, True, **job.breach.proof, **proof)
-        if job.cancel_reason is not None:
+        if job.stop is StopReason.CANCEL:
             data = {"status": "cancelled", "reason": job.cancel_reason, **proof}
             return Outcome("cancelled", data, exit_status=proof.get("exit_status"))
-        if proof.get("launched", True):
+        if job.stop is StopReason.TIMEOUT and launched:
+            return failure("timeout", f"job exceeded timeout_ms={job.timeout_ms}", True, **proof)
+        if job.stop is StopReason.TIMEOUT:
+            return failure("timeout", f"no worker slot within timeout_ms={job.timeout_ms}", False)
+        if launched:
             return failure("supervisor_stopped", "the supervisor stopped before the job finished", True, **proof)
         return failure("supervisor_stopped", "the supervisor stopped before the job started", False, **proof)
 
@@ -351,10 +347,3 @@ def worker_env(settings: Settings, state: Path, crew_id: str) -> dict[str, str]:
 
 def _named(name: str, allowed: tuple[str, ...]) -> bool:
     return any(name.startswith(pattern[:-1]) if pattern.endswith("*") else name == pattern for pattern in allowed)
-
-
-def _uncancel() -> None:
-    """The cancellation was ours to handle; later awaits in this task must not see it."""
-    task = asyncio.current_task()
-    if task is not None:
-        task.uncancel()

@@ -15,6 +15,7 @@ from supervisor.config import Settings
 from supervisor.jobs.admission import Admission
 from supervisor.jobs.housekeeping import Housekeeping
 from supervisor.jobs.live import LiveJob
+from supervisor.jobs.phases import Phase
 from supervisor.jobs.recorder import Recorder
 from supervisor.jobs.runner import Runner
 from supervisor.journal.records import Job
@@ -54,8 +55,8 @@ class Supervisor:
         journal.on_pending = self.housekeeping.poke
         journal.commit_seconds = self.metrics.commit_latency.observe
         self.metrics.observe_with(
-            running=lambda: sum(job.phase in ("launching", "running") for job in self.live.values()),
-            queued=lambda: sum(job.phase == "queued" for job in self.live.values()),
+            running=lambda: sum(job.phase in (Phase.LAUNCHING, Phase.RUNNING) for job in self.live.values()),
+            queued=lambda: sum(job.phase is Phase.QUEUED for job in self.live.values()),
             journal_bytes=journal.size_bytes,
             restarts=lambda: getattr(launcher, "restarts", 0),
             idle_workers=lambda: getattr(launcher, "idle_workers", 0),

@@ -1,0 +1,52 @@
+"""A live job's phases, the moves between them, and why a job is stopped: the runner's state machine.
+
+A job moves only forward, through ``MOVES``; ``docs/architecture.md`` draws this table (``diagram()``), and a
+test keeps the drawing true. A stop is asked for with a ``StopReason``: the first one asked wins, and none is
+taken once the job is settling (its outcome is decided then).
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Phase(enum.StrEnum):
+    QUEUED = "queued"  # admitted and durable, waiting for a worker slot
+    LAUNCHING = "launching"  # a slot taken: its worker is being spawned, journaled, bounded and sent Start
+    RUNNING = "running"  # its worker's frames are relayed to the journal
+    SETTLING = "settling"  # the outcome is decided: the worker is being killed or reaped, the terminal written
+    SETTLED = "settled"  # the terminal event is committed
+
+
+MOVES: dict[Phase, frozenset[Phase]] = {
+    Phase.QUEUED: frozenset({Phase.LAUNCHING, Phase.SETTLING}),  # a slot; or stopped, timed out while waiting
+    Phase.LAUNCHING: frozenset({Phase.RUNNING, Phase.SETTLING}),  # Start sent; or the launch failed
+    Phase.RUNNING: frozenset({Phase.SETTLING}),  # the worker answered, died or broke the protocol; or stopped
+    Phase.SETTLING: frozenset({Phase.SETTLED}),
+    Phase.SETTLED: frozenset(),
+}
+
+
+class StopReason(enum.StrEnum):
+    CANCEL = "cancel"  # an operator's or client's cancel
+    TIMEOUT = "timeout"  # the job's timeout_ms, counted from admission
+    LIMIT = "limit"  # a limit it broke (memory, CPU, processes, events, output): killed with no grace
+    DRAIN = "drain"  # the queue closed while it waited: it never starts
+    STOP = "stop"  # the supervisor is stopping
+
+
+class IllegalMove(RuntimeError):
+    """A move ``MOVES`` does not allow: a bug in the runner, never a job's doing."""
+
+
+def check_move(current: Phase, to: Phase) -> None:
+    if to not in MOVES[current]:
+        raise IllegalMove(f"a job cannot move from {current} to {to}")
+
+
+def diagram() -> str:
+    """``MOVES`` as a Mermaid state diagram, for docs/architecture.md."""
+    lines = ["stateDiagram-v2", f"    [*] --> {Phase.QUEUED}"]
+    lines += [f"    {current} --> {to}" for current in Phase for to in sorted(MOVES[current], key=list(Phase).index)]
+    lines.append(f"    {Phase.SETTLED} --> [*]")
+    return "\n".join(lines)

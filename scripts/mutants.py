@@ -99,12 +99,13 @@ def copy_of_checkout(into: Path) -> Path:
     return copy
 
 
-def run_tests(copy: Path, tests: tuple[str, ...]) -> tuple[bool, float]:
-    """Whether ``tests`` pass in ``copy`` (its own code first on the path), and how long they took."""
+def run_tests(copy: Path, tests: tuple[str, ...]) -> tuple[bool, float, str]:
+    """Whether ``tests`` pass in ``copy`` (its own code first on the path), how long they took, and the end
+    of what pytest printed."""
     began = time.monotonic()
     command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-n", "0", *tests]
     done = subprocess.run(command, cwd=copy, capture_output=True, text=True, timeout=TEST_SECONDS)
-    return done.returncode == 0, time.monotonic() - began
+    return done.returncode == 0, time.monotonic() - began, "\n".join(done.stdout.splitlines()[-40:])
 
 
 def main() -> int:
@@ -123,13 +124,14 @@ def main() -> int:
         copy = copy_of_checkout(Path(place))
         for mutant in chosen:
             original = (copy / mutant.path).read_text()
-            passed, seconds = run_tests(copy, mutant.tests)
+            passed, seconds, said = run_tests(copy, mutant.tests)
             if not passed:
                 print(f"{mutant.name:<22} the tests fail WITHOUT the break: fix them first ({seconds:.0f} s)")
+                print(said)
                 continue
             (copy / mutant.path).write_text(original.replace(mutant.text, mutant.broken))
             try:
-                survived, seconds = run_tests(copy, mutant.tests)
+                survived, seconds, _ = run_tests(copy, mutant.tests)
             finally:
                 (copy / mutant.path).write_text(original)
             caught += not survived

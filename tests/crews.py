@@ -53,7 +53,8 @@ class MisbehavingLLM(BaseLLM):
     """``sleep``: blocks in time.sleep; ``spawn``: starts a grandchild that leaves the group, then
     blocks; ``tree``: starts a child that starts a grandchild which leaves the group (``setsid``), the child
     saying ``tree <child pid> <grandchild pid>`` on the job's stdout, then blocks; ``raise``: fails with text
-    that must never reach the journal; ``huge``: answers 5 MiB.
+    that must never reach the journal; ``leak``: prints the key in LEAKED_KEY on stdout and stderr and fails
+    quoting it; ``huge``: answers 5 MiB.
     A call that blocks first appends its pid to BLOCKED, so a test can wait until it is inside the call."""
 
     mode: str
@@ -67,6 +68,11 @@ class MisbehavingLLM(BaseLLM):
             subprocess.Popen([sys.executable, "-c", TREE_CHILD])
         if self.mode == "raise":
             raise RuntimeError("provider said: secret-token-123")
+        if self.mode == "leak":  # what a provider's client does with a wrong key: quote it
+            key = os.environ[LEAKED_KEY]
+            print(f"calling the provider with {key}", flush=True)
+            print(f"openai.AuthenticationError: Incorrect API key provided: {key}", file=sys.stderr, flush=True)
+            raise RuntimeError(f"Incorrect API key provided: {key}")
         with open(_evidence() / BLOCKED, "a") as blocked:
             blocked.write(f"{os.getpid()}\n")
         time.sleep(HOUR)
@@ -108,6 +114,13 @@ def tree() -> Crew:
 
 def boom() -> Crew:
     return _single(MisbehavingLLM(model="boom", mode="raise"))
+
+
+LEAKED_KEY = "ACME_API_KEY"
+
+
+def leaky() -> Crew:
+    return _single(MisbehavingLLM(model="leaky", mode="leak"))
 
 
 def huge() -> Crew:
@@ -236,6 +249,7 @@ registry: dict[str, Callable[[], Crew]] = {
     "boom": boom,
     "broken-factory": broken_factory,
     "huge": huge,
+    "leaky": leaky,
     "chatty": chatty,
     "talker": talker,
     "placer": placer,

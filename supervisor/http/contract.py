@@ -148,12 +148,12 @@ async def archive(
 
 
 async def start_blocking(sup: Supervisor, body: StartRequest, key: str | None, legacy: bool) -> Response:
-    """Wait for the job up to its own timeout (counted from this request): 200 output, 409 cancelled,
-    502 failed, 504 wait expired (the job continues)."""
+    """Wait for the job up to its own timeout: 200 output, 409 cancelled, 502 failed (a job that reached its
+    own timeout too: the wait lasts until its kill is confirmed), 504 wait expired (the job continues)."""
     loop = asyncio.get_running_loop()
-    waited_from = loop.time()
     job = await sup.admission.admit(body, key, legacy)
-    finished = await sup.runner.wait(job.action_id, body.timeout_ms / 1000 - (loop.time() - waited_from))
+    until = sup.runner.answer_by(job.action_id, loop.time() + body.timeout_ms / 1000)
+    finished = await sup.runner.wait(job.action_id, until - loop.time())
     job = sup.journal.get(job.action_id) or job
     if not finished or job.status == "running":
         return JSONResponse({"detail": "timed out waiting; the job continues", **view(sup, job)}, 504)

@@ -69,7 +69,7 @@ async def output(sup: Sup, action_id: str) -> dict[str, Any]:
     live = sup.live.get(action_id)
     if live is not None:
         worker = live.worker
-        streams = Streams.of(worker.stdout, worker.stderr) if worker is not None else NOTHING_CAPTURED
+        streams = Streams.of(worker.stdout, worker.stderr, live.secrets) if worker is not None else NOTHING_CAPTURED
     elif sup.journal.get(action_id) is None:
         raise HTTPException(404, "run was not found")
     else:

@@ -30,6 +30,7 @@ class LiveJob:
     cancel_reason: str | None = None  # what the canceller said, when stop is CANCEL
     breach: Breach | None = None  # the limit it broke, when stop is LIMIT
     worker: WorkerProcess | None = None
+    secrets: tuple[str, ...] = ()  # kept out of its worker's tails (supervisor/redaction.py)
     task: asyncio.Task[None] | None = None
     done: asyncio.Future[None] = dataclasses.field(default_factory=lambda: asyncio.get_running_loop().create_future())
     changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)

@@ -61,7 +61,7 @@ class Recorder:
         """The terminal event, the record's status, output and exit status, and the worker's stdout/stderr
         tails (an operator reads them after the job ended): one durable commit. Another process holding
         the journal's lock only delays it; the journal failing it otherwise leaves the job to be fenced."""
-        streams = Streams.of(job.worker.stdout, job.worker.stderr) if job.worker is not None else None
+        streams = Streams.of(job.worker.stdout, job.worker.stderr, job.secrets) if job.worker is not None else None
         try:
             await self.journal.finish(
                 job.action_id, outcome.event, outcome.data, outcome.output, streams, exit_status=outcome.exit_status

@@ -31,7 +31,8 @@ from supervisor.journal.records import Job
 from supervisor.metrics import Metrics
 from supervisor.processes.launcher import Launcher, LaunchError
 from supervisor.processes.limits import Breach, Limits
-from supervisor.processes.process import StopEvidence, WorkerProcess
+from supervisor.processes.process import CONFIRM_SECONDS, StopEvidence, WorkerProcess
+from supervisor.redaction import redact, secrets_in
 
 log = logging.getLogger("crew_supervisor.jobs")
 EXIT_WAIT_SECONDS = 2.0  # after its terminal frame a worker leaves at once; past this it is killed
@@ -94,6 +95,15 @@ class Runner:
             return False
         return True
 
+    def answer_by(self, action_id: str, until: float) -> float:
+        """When a blocking wait meant to end at ``until`` (loop time) gives up. Later if the job's own timeout
+        falls before then, by what its kill may take (the grace, the worker's exit, its tree gone): the answer
+        is then the job's timeout, not a wait that expired as the job was being killed."""
+        job = self.live.get(action_id)
+        if job is None or job.deadline > until:
+            return until
+        return max(until, job.deadline + self._grace + 2 * CONFIRM_SECONDS)
+
     async def close_queue(self) -> int:
         """No queued job will start: each ends `failed`, `supervisor_stopped`, `uncertain_outcome: false`.
         Jobs already launching or running go on. Returns how many were queued."""
@@ -147,6 +157,7 @@ class Runner:
             if self.settings.worker_ids is not None:  # made 0700 by us: the worker's user must own it to write
                 os.chown(scratch, *self.settings.worker_ids)
             env, cwd = worker_env(self.settings, self.state, job.crew_id), str(scratch)
+            job.secrets = secrets_in(env, [self.settings.token])
             try:
                 # Maybe forked ahead of demand: its environment and directory then come with Start. A stop
                 # asked meanwhile is seen once the worker exists, to be killed.
@@ -168,7 +179,7 @@ class Runner:
                 return self._interruption(job, evidence.as_dict())
             if isinstance(result, Outcome):
                 return result
-            return await self._conclude(worker, result)
+            return await self._conclude(job, worker, result)
         finally:
             if job.worker is not None:
                 self.limits.unwatch(job.worker)
@@ -221,17 +232,16 @@ class Runner:
             if fault is not None:
                 return await self._fault(worker, *fault)
 
-    async def _conclude(self, worker: WorkerProcess, message: Completed | Failed) -> Outcome:
+    async def _conclude(self, job: LiveJob, worker: WorkerProcess, message: Completed | Failed) -> Outcome:
         """The worker answered; it must also leave. Its exit status joins the proof."""
         status = await worker.wait_exit(EXIT_WAIT_SECONDS)
         proof: dict[str, Any] = {"exit_status": status}
         strays = len(self.limits.tree(worker).leftovers()) if status is not None else 0
         if status is None or strays:
             proof = (await self._kill(worker)).as_dict()
-        if isinstance(message, Failed):
-            return failure(
-                message.reason, message.message, message.uncertain_outcome, error_type=message.error_type, **proof
-            )
+        if isinstance(message, Failed):  # its message may quote a key the crew was given, as a provider's does
+            text = redact(message.message, job.secrets)
+            return failure(message.reason, text, message.uncertain_outcome, error_type=message.error_type, **proof)
         if strays:  # work escaped the worker: its result cannot be trusted to be all of it
             return failure("stray_processes", f"the worker left {strays} process(es) running; killed", False, **proof)
         trailing = await worker.trailing_messages(TRAILING_SECONDS)

@@ -7,6 +7,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from supervisor.journal.schema import TERMINAL_EVENTS
+from supervisor.redaction import redact
 
 if TYPE_CHECKING:
     from supervisor.processes.pipes import Tail
@@ -63,5 +64,6 @@ class Streams:
     stderr_total: int
 
     @classmethod
-    def of(cls, stdout: Tail, stderr: Tail) -> Streams:
-        return cls(stdout.text(), stderr.text(), stdout.total, stderr.total)
+    def of(cls, stdout: Tail, stderr: Tail, secrets: tuple[str, ...]) -> Streams:
+        """The tails as shown and stored: ``secrets`` replaced (``supervisor/redaction.py``)."""
+        return cls(redact(stdout.text(), secrets), redact(stderr.text(), secrets), stdout.total, stderr.total)

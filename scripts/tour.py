@@ -8,6 +8,7 @@ both. ``--serve`` keeps them running afterwards for your own requests.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 import threading
@@ -34,6 +35,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--serve", action="store_true", help="keep the supervisor running after the tour")
     parser.add_argument("--port", type=int, default=0, help="port to listen on (default: a free one)")
+    parser.add_argument("--keep", action="store_true", help="keep the state directory and the log after the tour")
     args = parser.parse_args()
 
     port = args.port or testing.free_port()
@@ -53,7 +55,7 @@ def main() -> int:
         )
     except testing.StartError as exc:
         provider.stop()
-        sys.exit(str(exc))
+        sys.exit(f"{exc}\n(kept {root} for its log)")
     try:
         with server.client() as client:
             greet(server, client)
@@ -67,11 +69,15 @@ def main() -> int:
     except KeyboardInterrupt:
         pass
     except sse.StreamError as exc:  # one line, as everything else the tour reports
-        sys.exit(f"tour: {exc}")
+        sys.exit(f"tour: {exc} (kept {root} for its log)")
     finally:
         server.stop()
         provider.stop()
-    say("done: the supervisor and the provider stopped")
+    if args.keep:
+        say(f"done: the supervisor and the provider stopped; its state and log are kept in {root}")
+    else:
+        shutil.rmtree(root)
+        say(f"done: the supervisor and the provider stopped, and {root} is removed (--keep keeps it)")
     return 0
 
 

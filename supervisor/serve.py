@@ -30,7 +30,7 @@ from supervisor.jobs.fencing import fence_restored
 from supervisor.jobs.leftovers import remove_stale_partials
 from supervisor.jobs.runner import worker_env
 from supervisor.jobs.supervisor import Supervisor
-from supervisor.journal.statefiles import check_state_files, prepare_directory, prepare_places
+from supervisor.journal.statefiles import WORKER_PLACES, check_state_files, prepare_directory, prepare_places
 from supervisor.journal.store import Journal, JournalError
 from supervisor.processes.forkserver import ForkServerLauncher
 from supervisor.processes.launcher import LaunchError, SpawnLauncher
@@ -189,7 +189,7 @@ def _prepare(settings: config.Settings, journal_path: Path) -> Supervisor:
     state = journal_path.parent
     prepare_directory(state, settings.worker_ids)
     check_state_files(journal_path)
-    prepare_places(state, ("home", "storage", "scratch"), settings.worker_ids)
+    prepare_places(state, WORKER_PLACES, settings.worker_ids)
     journal = Journal(journal_path, settings.stream_checkpoint_events, settings.max_state_bytes)
     if journal.imported_from:
         log.warning(

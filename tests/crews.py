@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -148,6 +149,7 @@ def talker() -> Crew:
 def placer() -> Crew:
     """Completes like demo after saying on stdout where it runs: its cwd, HOME, CrewAI storage and telemetry."""
     place = {name: os.environ.get(name) for name in ("HOME", "CREWAI_STORAGE_DIR", "CREWAI_DISABLE_TELEMETRY")}
+    place["tempdir"] = tempfile.gettempdir()  # what Python's tempfile (and CrewAI's lock files) use
     print(f"place cwd={os.getcwd()} " + " ".join(f"{k}={v}" for k, v in place.items()), flush=True)
     return _single(OfflineLLM(model="offline-demo"))
 

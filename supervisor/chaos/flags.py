@@ -17,8 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=4, help="client threads")
     parser.add_argument(
         "--faults",
-        default=",".join(ALL_FAULTS),
-        help=f"comma-separated, of {', '.join(ALL_FAULTS)} (disk needs --small-disk); default all",
+        default=None,
+        help=f"comma-separated, of {', '.join(ALL_FAULTS)} (disk needs --small-disk); "
+        "default all but disk, and disk too with --small-disk",
     )
     parser.add_argument(
         "--small-disk",
@@ -43,6 +44,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slow-crew", default="demo-slow", help="a crew taking input {'seconds': n}")
     parser.add_argument("--state", type=Path, default=None, help="a directory for the run (default: a temporary one)")
     parser.add_argument("--json", type=Path, default=None, help="write the report here as JSON")
+
+
+def chosen_faults(args: argparse.Namespace) -> list[str]:
+    """The faults named, or by default every one this run can inject as typed: the disk fault only on the
+    tmpfs --small-disk mounts (root), and only the supervisor's against --url."""
+    if args.faults is not None:
+        return [name.strip() for name in args.faults.split(",") if name.strip()]
+    if args.url:
+        return ["supervisor"]
+    return [name for name in ALL_FAULTS if name != "disk" or args.small_disk]
 
 
 def refusal(args: argparse.Namespace, chosen: list[str]) -> str | None:

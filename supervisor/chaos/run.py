@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import json
 import random
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -22,7 +23,7 @@ from supervisor.chaos import faults
 from supervisor.chaos.checks import Findings, Seen, check_restart
 from supervisor.chaos.disk import DiskUnavailable, SmallDisk
 from supervisor.chaos.faults import Record
-from supervisor.chaos.flags import ALL_FAULTS, RATES, refusal
+from supervisor.chaos.flags import ALL_FAULTS, RATES, chosen_faults, refusal
 from supervisor.chaos.load import Load
 from supervisor.chaos.targets import Deployment, Local, RestartError
 from supervisor.console.client import OperatorError, resolve_target
@@ -40,19 +41,35 @@ OUT_OF_SIGHT = ("workers from before a restart are gone", "the journal passes SQ
 
 
 def run(args: argparse.Namespace) -> int:
-    chosen = [name.strip() for name in args.faults.split(",") if name.strip()]
+    chosen = chosen_faults(args)
     problem = refusal(args, chosen)
     if problem:
         print(f"crew-supervisor chaos: {problem}")
         return 2
     seed = args.seed if args.seed is not None else random.randrange(2**32)
-    root = args.state or Path(tempfile.mkdtemp(prefix="crew-chaos-"))
+    # A deployment at --url keeps its own state; a local supervisor's goes in --state, or in a temporary
+    # directory of ours, removed after a clean run and kept (and said) after one that found something.
+    mine = not args.url and args.state is None
+    root = Path(tempfile.mkdtemp(prefix="crew-chaos-")) if mine else args.state
+    code = 2  # until the run says otherwise: one cut short keeps its state
+    try:
+        code = _run_in(args, seed, chosen, root)
+    finally:
+        if mine and code == 0:
+            shutil.rmtree(root, ignore_errors=True)
+        elif mine:
+            print(f"crew-supervisor chaos: kept {root} (the journal and supervisor.log) to look into")
+    return code
+
+
+def _run_in(args: argparse.Namespace, seed: int, chosen: list[str], root: Path | None) -> int:
     try:
         if args.url:
             target = resolve_target(args.url, args.token, args.token_file)
             deployment = Deployment(target.url, target.token, args.restart_cmd, args.restart_seconds)
             report = _run(args, seed, chosen, deployment, {})
         else:
+            assert root is not None
             with (
                 _state(root, args.small_disk) as (state, disk),
                 Local(state, args, root / "supervisor.log") as local,

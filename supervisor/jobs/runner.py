@@ -330,8 +330,10 @@ def worker_env(settings: Settings, state: Path, crew_id: str) -> dict[str, str]:
     """The supervisor's environment without its secrets (or only what ``WORKER_ENV`` names), plus the
     worker's own places.
 
-    Each crew gets its own CrewAI storage, so a replay finds that crew's latest kickoff, and its own HOME,
-    so crews share no file CrewAI keeps there (its ``secret.key``, caches). The worker creates both, 0700.
+    Each crew gets its own CrewAI storage, so a replay finds that crew's latest kickoff, its own HOME, so
+    crews share no file CrewAI keeps there (its ``secret.key``, caches), and its own TMPDIR, where CrewAI
+    keeps its lock files: in the private state directory, not under names anyone on the host can take in
+    /tmp, and with the state, not left behind. The worker creates all three, 0700.
     """
     allowed = (*settings.worker_env, *ALWAYS_PASSED) if settings.worker_env else ()
     env = {
@@ -344,6 +346,7 @@ def worker_env(settings: Settings, state: Path, crew_id: str) -> dict[str, str]:
         AIP_CREWAI_REGISTRY=settings.registry,
         HOME=str(state / "home" / place),
         CREWAI_STORAGE_DIR=str(state / "storage" / place),
+        TMPDIR=str(state / "tmp" / place),
     )
     env[PREFIX + "WORKER_NICE"] = str(settings.worker_nice)
     # What `python -m worker` switches to first (worker/__main__.py); never taken from our own environment.

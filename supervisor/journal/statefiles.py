@@ -140,6 +140,11 @@ def check_private_files(journal: Path) -> None:
         _refuse_shared(path, what, mode)
 
 
+# The workers' own directories under the state directory: HOME, CrewAI storage, TMPDIR (one of each per crew)
+# and each job's scratch directory.
+WORKER_PLACES = ("home", "storage", "tmp", "scratch")
+
+
 def prepare_places(state: Path, names: tuple[str, ...], worker_ids: tuple[int, int] | None = None) -> None:
     """The workers' directories under the state directory (HOME, CrewAI storage, scratch): 0700 when we
     create them; a symlink or anything but a directory is refused, never followed. With workers of

@@ -86,3 +86,14 @@ def test_chaos_catches_a_deployment_that_loses_its_journal(tmp_path: Path) -> No
     code, report, output = deployment_chaos(tmp_path, 1, ["--lose-journal"])
     assert code == 1, output[-4000:]
     assert any("is missing (404)" in violation for violation in report["violations"]), report["violations"]
+
+
+@pytest.mark.timeout(600)
+def test_chaos_as_typed_runs_its_default_faults_and_leaves_nothing(tmp_path: Path) -> None:
+    """No --faults, no --state: the faults that need nothing but us, in a temporary directory removed after."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    command = [sys.executable, "-m", "supervisor", "chaos", "--iterations", "1", "--seed", "4"]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=580)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "fault not run: disk: not chosen: it needs --small-disk MB" in result.stdout
+    assert list(tmp_path.iterdir()) == []

@@ -335,16 +335,19 @@ def test_blocking_results_cancelled_failed_and_wait_expired(server: Server) -> N
 
 @pytest.mark.both_launchers
 def test_timeout_mid_stream_kills_the_worker(server: Server, launcher: str) -> None:
-    # A cold (spawned) worker imports CrewAI before `started`: seconds, more on a busy machine.
+    # A cold (spawned) worker imports CrewAI before `started`: seconds, and on a loaded machine more than any
+    # timeout this test could afford. Its timeout may then come while it imports: the same kill, before
+    # `started`. A forked worker is warm: its `started` comes first, whatever the load.
     timeout_ms = 9000 if launcher == "forkserver" else 20000
     with server.client() as client:
         events = stream_job(client, start_body("stubborn", "timeout-1", timeout_ms=timeout_ms))
     assert_contiguous(events)
-    assert events[0]["event"] == "started"
+    names = [event["event"] for event in events]
+    assert names[0] == "started" or (launcher == "spawn" and names == ["failed"]), names
     last = events[-1]["data"]
     assert events[-1]["event"] == "failed" and last["error_type"] == "TimeoutError" and last["reason"] == "timeout"
-    assert last["uncertain_outcome"] is True
-    assert last["stop_confirmed"] is True and last["pid"] == events[0]["data"]["pid"] and gone(last["pid"])
+    assert last["uncertain_outcome"] is True and last["stop_confirmed"] is True and gone(last["pid"])
+    assert names == ["failed"] or last["pid"] == events[0]["data"]["pid"]
 
 
 def test_stream_heartbeats_while_idle(server: Server) -> None:

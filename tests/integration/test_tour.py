@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from tests.conftest import ROOT
@@ -13,8 +15,11 @@ sys.path.insert(0, str(ROOT / "scripts"))  # scripts/ is not a package
 import tour
 
 
-def test_the_tour_runs_streams_and_cancels_with_proof() -> None:
-    done = subprocess.run([sys.executable, "scripts/tour.py"], cwd=ROOT, capture_output=True, text=True, timeout=240)
+def test_the_tour_runs_streams_and_cancels_with_proof_and_leaves_nothing(tmp_path: Path) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # where its state goes: nothing may be left there
+    done = subprocess.run(
+        [sys.executable, "scripts/tour.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     out = done.stdout
     assert "without the token: HTTP 401" in out
@@ -30,7 +35,8 @@ def test_the_tour_runs_streams_and_cancels_with_proof() -> None:
     assert re.search(r"the provider answered 2 call\(s\), streamed: \[True, True\]", out), out
     assert "status: cancelled; stop_confirmed=True" in out
     assert re.search(r"the provider saw its connection closed \d+ ms after the cancel", out), out
-    assert "done: the supervisor and the provider stopped" in out
+    assert "done: the supervisor and the provider stopped, and " in out and "is removed (--keep keeps it)" in out
+    assert list(tmp_path.iterdir()) == []
 
 
 def _run(*pids: int) -> list[dict[str, Any]]:

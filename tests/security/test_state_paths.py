@@ -18,13 +18,14 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.journal.statefiles import WORKER_PLACES
 from tests.conftest import start_server
 
 REGISTRY = "tests.security.trust_crews:registry"
 EXIT_SECONDS = 60.0
 FILES = ("journal.db", "journal.db-wal", "journal.db-shm", "journal.db.lock", "journal.db.reference.json")
 FILES += ("journal.db.v1.backup",)
-DIRECTORIES = ("home", "storage", "scratch")
+DIRECTORIES = WORKER_PLACES
 
 
 @pytest.mark.parametrize("kind", ["fifo", "symlink"])

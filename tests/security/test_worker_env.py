@@ -35,7 +35,7 @@ def test_by_default_every_variable_but_the_token_s_reaches_a_crew(tmp_path: Path
 def test_worker_env_passes_only_what_it_names(tmp_path: Path, listed: str) -> None:
     names = names_a_crew_sees(tmp_path, AIP_CREWAI_WORKER_ENV=listed)
     assert {"KEEP_ONE", "KEEP_TWO", "ALSO", "PATH", "PYTHONPATH"} <= names
-    assert {"HOME", "CREWAI_STORAGE_DIR", "AIP_CREWAI_REGISTRY"} <= names  # the worker's own, set for it
+    assert {"HOME", "CREWAI_STORAGE_DIR", "TMPDIR", "AIP_CREWAI_REGISTRY"} <= names  # the worker's own, set for it
     assert "DROP" not in names and "AIP_CREWAI_BEARER_TOKEN_HINT" not in names
 
 

@@ -31,7 +31,7 @@ import pytest
 from protocol import WORKER_IDS
 from supervisor.config import ConfigError, load
 from supervisor.journal.schema import JournalError
-from supervisor.journal.statefiles import prepare_directory, prepare_places
+from supervisor.journal.statefiles import WORKER_PLACES, prepare_directory, prepare_places
 from tests.conftest import (
     ROOT,
     gone,
@@ -144,7 +144,7 @@ def test_workers_run_as_the_worker_user_and_cannot_reach_the_supervisor(
             assert client.post("/jobs", json=demo, headers={"Idempotency-Key": "demo"}).status_code == 200
             written = [path for path in (state / "storage").rglob("*") if path.is_file()]
             assert any(path.suffix == ".db" for path in written), written
-            for place in ("home", "storage", "scratch"):
+            for place in WORKER_PLACES:
                 assert {path.lstat().st_uid for path in (state / place).rglob("*")} <= {ids[0]}
 
             _cancel_kills_the_worker(client, ids[0])

@@ -3,6 +3,7 @@ not happen, a failure nobody caused."""
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import psutil
 import pytest
 
 from supervisor.chaos import faults
+from supervisor.chaos import flags as flags_module
 from supervisor.chaos.checks import Seen, job_problems, survivor
 from supervisor.chaos.faults import Record
 from supervisor.chaos.load import cancel_problem, conflict_problem, repeat_problem, start_problem
@@ -127,3 +129,20 @@ def test_a_survivor_of_the_restart_says_what_it_is_and_what_last_touched_its_tre
             process.kill()
         child.kill()
         child.wait()
+
+
+@pytest.mark.parametrize(
+    ("flags", "faults_"),
+    [
+        ([], ["supervisor", "worker", "forkserver", "freeze"]),  # as typed: nothing that needs root
+        (["--small-disk", "64"], ["supervisor", "worker", "forkserver", "freeze", "disk"]),
+        (["--url", "http://127.0.0.1:1", "--restart-cmd", "true"], ["supervisor"]),
+        (["--faults", "worker, freeze"], ["worker", "freeze"]),
+    ],
+)
+def test_the_default_faults_are_those_the_run_can_inject(flags: list[str], faults_: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    flags_module.add_arguments(parser)
+    args = parser.parse_args(flags)
+    assert flags_module.chosen_faults(args) == faults_
+    assert flags_module.refusal(args, faults_) is None

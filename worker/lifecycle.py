@@ -6,7 +6,6 @@ import ctypes
 import os
 import queue
 import signal
-import tempfile
 import threading
 
 from protocol import QUIET_CREWAI, FrameError, Message, MessageReader, Start, Stop, pack
@@ -101,14 +100,13 @@ def set_dumpable(dumpable: bool) -> None:
 
 
 def prepare_environment() -> None:
-    """Telemetry off unless the operator chose otherwise; storage must be absolute; HOME and TMPDIR (one
-    each per crew, named by the supervisor's ``worker_env``) exist."""
+    """Telemetry off unless the operator chose otherwise; storage must be absolute; HOME (one per crew,
+    made by the supervisor's ``worker_env``) exists."""
     for name, value in QUIET_CREWAI.items():
         os.environ.setdefault(name, value)
-    for place in ("HOME", "TMPDIR"):
-        if os.environ.get(place):
-            os.makedirs(os.environ[place], mode=0o700, exist_ok=True)
-    tempfile.tempdir = None  # a forked worker inherits the fork server's choice: made again from TMPDIR
+    home = os.environ.get("HOME")
+    if home:
+        os.makedirs(home, mode=0o700, exist_ok=True)
     storage = os.environ.get("CREWAI_STORAGE_DIR")
     if storage:
         if not os.path.isabs(storage):

@@ -128,22 +128,27 @@ class Runner:
     async def _run(self, job: LiveJob) -> None:
         timer = asyncio.get_running_loop().call_at(job.deadline, job.ask_stop, StopReason.TIMEOUT)
         try:
-            outcome = await self._queue(job)
-        except Exception:
-            log.exception("job failed inside the supervisor", extra={"action_id": job.action_id})
-            outcome = failure("supervisor_error", "the supervisor failed while running the job", job.worker is not None)
-        finally:
-            timer.cancel()
-        try:
+            try:
+                outcome = await self._queue(job)
+            except Exception:
+                log.exception("job failed inside the supervisor", extra={"action_id": job.action_id})
+                failed = "the supervisor failed while running the job"
+                outcome = failure("supervisor_error", failed, job.worker is not None)
+            finally:
+                timer.cancel()
             await self._settle(job, outcome)
         finally:
-            # Live until its terminal event has committed: a follower that finds it gone reads that event.
+            # Live until its terminal event has committed: a follower that finds it gone reads that event. Its
+            # waiters are released even if the loop closing cancelled this task: a restart fences the job then.
             self.live.pop(job.action_id, None)
             if not job.done.done():
                 job.done.set_result(None)
 
     async def _queue(self, job: LiveJob) -> Outcome:
-        if not await self._unless_stopped(job, self._slots.acquire):
+        acquired = await self._unless_stopped(job, self._slots.acquire)
+        if acquired and job.stop is not None:  # a slot and a stop in the same instant: nothing has started yet
+            self._slots.release()
+        if not acquired or job.stop is not None:
             return self._interruption(job, {"stop_confirmed": True, "launched": False})
         try:
             job.move(Phase.LAUNCHING)
@@ -168,7 +173,8 @@ class Runner:
             self.metrics.worker_starts.labels(worker.launched_by).inc()
             await self.recorder.record_worker(job, worker)
             await self.limits.apply(worker)
-            worker.send(Start(job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms, env, cwd))
+            if job.stop is None:  # a stop asked while launching: the worker is killed before it has its job
+                worker.send(Start(job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms, env, cwd))
             job.move(Phase.RUNNING)
             self.limits.watch(worker, lambda breach: self._breach(job, breach))
             result = await self._unless_stopped(job, lambda: self._relay(job, worker))
@@ -330,10 +336,11 @@ def worker_env(settings: Settings, state: Path, crew_id: str) -> dict[str, str]:
     """The supervisor's environment without its secrets (or only what ``WORKER_ENV`` names), plus the
     worker's own places.
 
-    Each crew gets its own CrewAI storage, so a replay finds that crew's latest kickoff, its own HOME, so
-    crews share no file CrewAI keeps there (its ``secret.key``, caches), and its own TMPDIR, where CrewAI
-    keeps its lock files: in the private state directory, not under names anyone on the host can take in
-    /tmp, and with the state, not left behind. The worker creates all three, 0700.
+    Each crew gets its own CrewAI storage, so a replay finds that crew's latest kickoff, and its own HOME, so
+    crews share no file CrewAI keeps there (its ``secret.key``, caches). TMPDIR, where CrewAI keeps its lock
+    files, is one for every worker (the fork server's too), so a lock holds across crews: in the private
+    state directory, not under names anyone on the host can take in /tmp, and with the state, not left
+    behind. The worker creates HOME and storage, 0700; we create TMPDIR (``WORKER_PLACES``).
     """
     allowed = (*settings.worker_env, *ALWAYS_PASSED) if settings.worker_env else ()
     env = {
@@ -346,7 +353,7 @@ def worker_env(settings: Settings, state: Path, crew_id: str) -> dict[str, str]:
         AIP_CREWAI_REGISTRY=settings.registry,
         HOME=str(state / "home" / place),
         CREWAI_STORAGE_DIR=str(state / "storage" / place),
-        TMPDIR=str(state / "tmp" / place),
+        TMPDIR=str(state / "tmp"),
     )
     env[PREFIX + "WORKER_NICE"] = str(settings.worker_nice)
     # What `python -m worker` switches to first (worker/__main__.py); never taken from our own environment.

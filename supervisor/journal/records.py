@@ -65,5 +65,10 @@ class Streams:
 
     @classmethod
     def of(cls, stdout: Tail, stderr: Tail, secrets: tuple[str, ...]) -> Streams:
-        """The tails as shown and stored: ``secrets`` replaced (``supervisor/redaction.py``)."""
-        return cls(redact(stdout.text(), secrets), redact(stderr.text(), secrets), stdout.total, stderr.total)
+        """The tails as shown and stored, ``secrets`` replaced (``supervisor/redaction.py``): one cut at the
+        start of a tail that lost its beginning, or at its end, where a write may have stopped mid-way."""
+
+        def shown(tail: Tail) -> str:
+            return redact(tail.text(), secrets, cut_start=tail.truncated, cut_end=True)
+
+        return cls(shown(stdout), shown(stderr), stdout.total, stderr.total)

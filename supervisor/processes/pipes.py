@@ -32,6 +32,11 @@ class Tail(asyncio.Protocol):
     def text(self) -> str:
         return self._buffer.decode(errors="replace")
 
+    @property
+    def truncated(self) -> bool:
+        """Whether its beginning was dropped to keep within ``limit``."""
+        return self.total > len(self._buffer)
+
 
 class Frames(asyncio.Protocol):
     """Feeds the event pipe to a MessageReader; hands messages, a FrameError, then None (EOF) to a queue.

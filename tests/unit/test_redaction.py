@@ -1,7 +1,8 @@
-"""Secrets out of a worker's tails: which values are secrets, and each replaced, even cut at the tail's start."""
+"""Secrets out of a worker's tails: which values are secrets, and each replaced, even cut by a tail's ends."""
 
 from __future__ import annotations
 
+from supervisor.processes.pipes import Tail
 from supervisor.redaction import REDACTED, redact, secrets_in
 
 KEY = "sk-live-0123456789abcdef"
@@ -28,8 +29,20 @@ def test_each_secret_is_replaced_the_longest_first() -> None:
     assert redact(text, secrets) == f"using {REDACTED} and {REDACTED}\nerror: Incorrect API key provided: {REDACTED}\n"
 
 
-def test_a_tail_that_begins_inside_a_secret_loses_that_end_too() -> None:
-    assert redact(KEY[5:] + " was refused", (KEY,)) == f"{REDACTED} was refused"
-    # Three characters are not enough to tell a secret's end from ordinary text.
-    assert redact(KEY[-3:] + " ok", (KEY,)) == KEY[-3:] + " ok"
-    assert redact("nothing here", (KEY,)) == "nothing here"
+def test_a_secret_cut_by_either_end_of_a_tail_goes_too_but_only_where_a_cut_can_be() -> None:
+    assert redact(KEY[5:] + " was refused", (KEY,), cut_start=True) == f"{REDACTED} was refused"
+    assert redact("calling with " + KEY[:10], (KEY,), cut_end=True) == f"calling with {REDACTED}"
+    # A stream's own beginning cuts nothing, nor does a whole message: text that only looks like a cut stays.
+    assert redact(KEY[5:] + " was refused", (KEY,)) == KEY[5:] + " was refused"
+    assert redact("1234abcd apples", ("password1234abcd",)) == "1234abcd apples"
+    # Five characters are not enough to tell a secret's part from ordinary text.
+    assert redact(KEY[-5:] + " ok", (KEY,), cut_start=True) == KEY[-5:] + " ok"
+    assert redact("nothing here", (KEY,), cut_start=True, cut_end=True) == "nothing here"
+
+
+def test_a_tail_knows_when_it_lost_its_beginning() -> None:
+    tail = Tail(limit=16)
+    tail.data_received(b"0123456789")
+    assert not tail.truncated
+    tail.data_received(b"abcdefghij")
+    assert tail.truncated and tail.text() == "456789abcdefghij"

@@ -60,7 +60,11 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     top_parser.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     run_parser = command("run", run, "start a job and follow it to its end")
     run_parser.add_argument("crew_id")
-    run_parser.add_argument("--input", required=True, help="JSON file with the job's input ('-' for stdin)")
+    run_parser.add_argument(
+        "--input",
+        default="{}",
+        help="the job's input: inline JSON ('{\"topic\": \"x\"}'), @FILE or FILE, or '-' for stdin (default: {})",
+    )
     run_parser.add_argument("--operation", choices=OPERATIONS, default="run")
     run_parser.add_argument("--action-id", help="default: a new cli-<uuid>")
     run_parser.add_argument("--timeout-ms", type=int, help="the job's timeout (server default if absent)")
@@ -162,15 +166,19 @@ def run(client: Client, args: argparse.Namespace, out: Console) -> int:
 
 
 def read_input(source: str) -> dict[str, Any]:
+    """``--input``: a JSON object inline (it starts with ``{``), from ``@FILE`` or ``FILE``, or from stdin (``-``)."""
+    inline = source.lstrip().startswith("{")
+    path = source[1:] if source.startswith("@") else source
+    where = "--input" if inline else "stdin" if source == "-" else f"the input file {path}"
     try:
-        raw = sys.stdin.buffer.read() if source == "-" else Path(source).read_bytes()
+        raw = source.encode() if inline else sys.stdin.buffer.read() if source == "-" else Path(path).read_bytes()
         value = orjson.loads(raw)
     except OSError as exc:
-        raise OperatorError(f"cannot read the input file {source}: {exc.strerror}") from None
+        raise OperatorError(f"cannot read {where}: {exc.strerror}") from None
     except orjson.JSONDecodeError as exc:
-        raise OperatorError(f"the input file {source} is not JSON: {exc}") from None
+        raise OperatorError(f"{where} is not JSON: {exc}") from None
     if not isinstance(value, dict):
-        raise OperatorError(f"the input file {source} must hold a JSON object")
+        raise OperatorError(f"{where} must hold a JSON object")
     return value
 
 

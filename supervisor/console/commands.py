@@ -26,6 +26,7 @@ from supervisor.console.views import visible
 from supervisor.escaping import json_line
 
 EXIT_ERROR, EXIT_FAILED, EXIT_CANCELLED = 1, 3, 4
+EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 OUTCOME_CODES = {"completed": 0, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}
 STATUSES = ("running", "completed", "failed", "cancelled")
 
@@ -80,7 +81,7 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"crew-supervisor: {visible(exc)}", file=sys.stderr)  # it may quote the server
         return EXIT_ERROR
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
 
 
 def emit_json(value: Any) -> None:
@@ -162,7 +163,15 @@ def run(client: Client, args: argparse.Namespace, out: Console) -> int:
         body["timeout_ms"] = args.timeout_ms
     if not args.json:
         out.print(Text(f"started {visible(body['action_id'])} ({visible(args.crew_id)}, {args.operation})", "bold"))
-    return follow(client.start(body, args.idempotency_key or uuid.uuid4().hex), body["action_id"], args.json, out)
+    try:
+        return follow(client.start(body, args.idempotency_key or uuid.uuid4().hex), body["action_id"], args.json, out)
+    except KeyboardInterrupt:  # a hang-up never cancels a job: say so, and how to
+        shown = visible(body["action_id"])
+        print(
+            f"crew-supervisor: stopped following; job {shown} goes on (crew-supervisor cancel {shown} stops it)",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
 
 
 def read_input(source: str) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import selectors
+import signal
 import socket
 import subprocess
 import sys
@@ -176,3 +177,31 @@ def test_errors_are_one_line_and_non_zero(server: Server) -> None:
         result = cli(server, *args, url=url)
         assert result.returncode == 1 and result.stdout == "", args
         assert len(result.stderr.strip().splitlines()) == 1 and words in result.stderr, result.stderr
+
+
+def test_ctrl_c_in_run_says_the_job_goes_on_and_how_to_cancel_it(server: Server) -> None:
+    running = subprocess.Popen(
+        command("run", "demo-slow", "--input", '{"seconds": 60}', "--action-id", "cli-interrupted"),
+        env=cli_env(server),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        with server.client() as client:
+            assert wait_until(lambda: client.get("/jobs/cli-interrupted").status_code == 200, timeout=60)
+            assert wait_until(lambda: client.get("/jobs/cli-interrupted").json()["event_count"] > 1, timeout=60)
+            running.send_signal(signal.SIGINT)
+            _, said = running.communicate(timeout=30)
+            assert running.returncode == 130, said
+            assert said.strip().splitlines()[-1] == (
+                "crew-supervisor: stopped following; job cli-interrupted goes on "
+                "(crew-supervisor cancel cli-interrupted stops it)"
+            )
+            assert client.get("/jobs/cli-interrupted").json()["status"] == "running"  # a hang-up cancels nothing
+            cancelled = cli(server, "cancel", "cli-interrupted")
+            assert cancelled.returncode == 0 and "cancelled" in cancelled.stdout, cancelled.stderr
+    finally:
+        running.kill()
+        running.wait()

@@ -164,7 +164,7 @@ def run(client: Client, args: argparse.Namespace, out: Console) -> int:
     if not args.json:
         out.print(Text(f"started {visible(body['action_id'])} ({visible(args.crew_id)}, {args.operation})", "bold"))
     try:
-        return follow(client.start(body, args.idempotency_key or uuid.uuid4().hex), body["action_id"], args.json, out)
+        code = follow(client.start(body, args.idempotency_key or uuid.uuid4().hex), body["action_id"], args.json, out)
     except KeyboardInterrupt:  # a hang-up never cancels a job: say so, and how to
         shown = visible(body["action_id"])
         print(
@@ -172,6 +172,30 @@ def run(client: Client, args: argparse.Namespace, out: Console) -> int:
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
+    if not args.json:
+        conclude(client, body["action_id"], code, out)
+    return code
+
+
+TAIL_LINES = 10  # of a failed job's stderr, shown by ``run``
+
+
+def conclude(client: Client, action_id: str, code: int, out: Console) -> None:
+    """After the terminal line: the answer of a completed job, the end of a failed one's stderr (where a
+    crew's own error says what went wrong: a missing key, a refused call)."""
+    path = job_path(action_id)
+    if code == 0:
+        out.print(
+            Text("answer: ", "bold"),
+            Text(visible(views.answer_text(client.get(path)["output"] or {}), layout=True)),
+            soft_wrap=True,  # an answer is copied whole: never broken at the terminal's width
+        )
+    elif code == EXIT_FAILED:
+        lines = client.get(path + "/output")["stderr"]["text"].rstrip().splitlines()[-TAIL_LINES:]
+        if lines:
+            out.print(Text(f"the last {len(lines)} line(s) of its stderr:", "bold"))
+            for line in lines:
+                out.print(Text(visible(line)), soft_wrap=True)  # as the crew wrote it, one line each
 
 
 def read_input(source: str) -> dict[str, Any]:

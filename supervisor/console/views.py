@@ -77,7 +77,7 @@ def job_panel(job: dict[str, Any]) -> Table:
     table.add_row(Text("status", style="bold"), status_text(job["status"]))
     if job["status"] != "completed":  # a completed event's data is the output, shown below
         for name, value in (job.get("terminal") or {}).items():
-            if name != "status":
+            if name != "status" and name != "exit_status":  # the record's own, shown once below
                 table.add_row(plain(name, "dim"), plain(compact(value)))
     if job.get("exit_status") is not None:
         table.add_row(Text("exit_status", style="dim"), plain(job["exit_status"]))
@@ -100,18 +100,32 @@ def terminal_line(event: dict[str, Any]) -> Text:
     if name == "completed":
         detail = f"{len(orjson.dumps(data))} bytes of output"
     elif name == "failed":
-        detail = f"{data.get('error_type')}: {data.get('message')}"
+        detail = f"{data.get('error_type')}: {data.get('message')} (reason {data.get('reason')})"
     else:
-        detail = f"{data.get('reason')} (stop confirmed: {data.get('stop_confirmed')}, pid {data.get('pid')})"
+        detail = f"{data.get('reason')} ({stop_proof(data)})"
     return Text.assemble(status_text(name), f" after {event['sequence'] + 1} events · {visible(detail)}")
+
+
+def answer_text(output: dict[str, Any]) -> str:
+    """What a job answered: its structured output when it has one, else its raw text."""
+    structured = output.get("json_dict") or output.get("pydantic")
+    return compact(structured) if structured is not None else str(output.get("raw", ""))
+
+
+def stop_proof(data: dict[str, Any]) -> str:
+    """A stop's evidence in words; a job stopped before it had a worker has none to show."""
+    if data.get("pid") is None:
+        return "stopped before it had a worker"
+    return f"stop confirmed: {data.get('stop_confirmed')}, pid {data.get('pid')}, {data.get('signal')}"
 
 
 def cancel_line(job: dict[str, Any]) -> Text:
     terminal = job.get("terminal") or {}
     if job["status"] != "cancelled":
         return Text.assemble(f"{visible(job['action_id'])} had already ended: ", status_text(job["status"]))
-    proof = f"stop confirmed: {terminal.get('stop_confirmed')}, pid {terminal.get('pid')}, {terminal.get('signal')}"
-    return Text.assemble(f"{visible(job['action_id'])} ", status_text("cancelled"), f" ({visible(proof)})")
+    return Text.assemble(
+        f"{visible(job['action_id'])} ", status_text("cancelled"), f" ({visible(stop_proof(terminal))})"
+    )
 
 
 class ChunkText:

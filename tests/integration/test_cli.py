@@ -205,3 +205,15 @@ def test_ctrl_c_in_run_says_the_job_goes_on_and_how_to_cancel_it(server: Server)
     finally:
         running.kill()
         running.wait()
+
+
+def test_run_prints_the_answer_or_the_end_of_a_failure_s_stderr(server: Server) -> None:
+    ran = cli(server, "run", "demo", "--input", '{"topic": "cli answers"}')
+    assert ran.returncode == 0, ran.stderr
+    (answer,) = [line for line in ran.stdout.splitlines() if line.startswith("answer: ")]
+    assert "Writer reports finding" in answer
+    failed = cli(server, "run", "boom")
+    assert failed.returncode == 3, failed.stderr
+    assert "failed after" in failed.stdout and "RuntimeError" in failed.stdout
+    # The cause is the crew's own words, in its stderr, which the terminal event does not carry.
+    assert "line(s) of its stderr:" in failed.stdout and "provider said:" in failed.stdout

@@ -22,6 +22,8 @@ def load(spec: str) -> dict[str, Any]:
         raise RegistryError(f"registry {spec!r} is not of the form module:attr")
     target: Any = importlib.import_module(module_name)
     for part in attr.split("."):
+        if not hasattr(target, part):
+            raise RegistryError(f"registry {spec!r}: {module_name} imports but has no attribute {attr!r}")
         target = getattr(target, part)
     if callable(target) and not isinstance(target, Mapping):
         target = target()

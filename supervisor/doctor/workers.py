@@ -97,7 +97,7 @@ async def _build(settings: Settings, env: Mapping[str, str], cwd: str) -> list[F
         if listed:  # the registry loaded: the crew being built broke the worker, or hung
             built[listed[len(built)]] = error
         else:
-            return [problem("registry", f"the workers cannot load the registry: {error}", _fix_registry(spec))]
+            return [problem("registry", f"the workers cannot load the registry: {error}", _fix_registry(spec, error))]
     finally:
         if worker is not None:
             await worker.kill()
@@ -121,8 +121,18 @@ async def _build(settings: Settings, env: Mapping[str, str], cwd: str) -> list[F
     ]
 
 
-def _fix_registry(spec: str) -> str:
+def _fix_registry(spec: str, error: str) -> str:
+    """The fix for what went wrong (worker/registry.py's words), not one fix for every registry problem."""
+    module = spec.partition(":")[0] or "your_crews"
+    if "is not of the form module:attr" in error:
+        return (
+            f"set {PREFIX}REGISTRY to module:attr, the module and its mapping of crew id to factory ({module}:registry)"
+        )
+    if "imports but has no attribute" in error:
+        return f"name in {PREFIX}REGISTRY the attribute of {module} that holds its mapping of crew id to factory"
+    if "mapping" in error or "crew id" in error:
+        return f"make {spec} a non-empty mapping of crew id (a non-blank string) to crew factory"
     return (
-        f"make {spec.partition(':')[0]} importable by the workers (installed in this environment, or on"
+        f"make {module} importable by the workers (installed in this environment, or on"
         f" PYTHONPATH) and {PREFIX}REGISTRY name a non-empty mapping of crew id to crew factory"
     )

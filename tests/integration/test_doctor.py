@@ -126,6 +126,8 @@ def _free_mib(path: Path) -> int:
         ("state directory 0755", "state", "fix: chmod 700 "),
         ("token file 0644", "settings", "fix: chmod 600 "),
         ("registry that does not import", "registry", "fix: make no_such_crews importable by the workers"),
+        ("registry without :attr", "registry", "fix: set AIP_CREWAI_REGISTRY to module:attr, the module and its"),
+        ("registry naming no attribute", "registry", "fix: name in AIP_CREWAI_REGISTRY the attribute of tests.crews"),
         ("tracing switched on", "telemetry", "fix: unset CREWAI_TRACING_ENABLED"),
         ("MIN_FREE_DISK_MB above the free space", "disk", "or lower AIP_CREWAI_MIN_FREE_DISK_MB"),
     ],
@@ -138,6 +140,10 @@ def test_each_problem_is_one_line_with_its_fix(deployment: Deployment, case: str
         deployment.token.chmod(0o644)
     elif case == "registry that does not import":
         deployment.env["AIP_CREWAI_REGISTRY"] = "no_such_crews:registry"
+    elif case == "registry without :attr":
+        deployment.env["AIP_CREWAI_REGISTRY"] = "tests.crews"
+    elif case == "registry naming no attribute":
+        deployment.env["AIP_CREWAI_REGISTRY"] = "tests.crews:no_such_registry"
     elif case == "tracing switched on":
         deployment.env["CREWAI_TRACING_ENABLED"] = "true"
     else:

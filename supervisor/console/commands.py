@@ -184,27 +184,34 @@ def conclude(client: Client, action_id: str, code: int, out: Console) -> None:
     """After the terminal line: the answer of a completed job, the end of a failed one's stderr (where a
     crew's own error says what went wrong: a missing key, a refused call)."""
     path = job_path(action_id)
-    if code == 0:
-        out.print(
-            Text("answer: ", "bold"),
-            Text(visible(views.answer_text(client.get(path)["output"] or {}), layout=True)),
-            soft_wrap=True,  # an answer is copied whole: never broken at the terminal's width
-        )
-    elif code == EXIT_FAILED:
-        lines = client.get(path + "/output")["stderr"]["text"].rstrip().splitlines()[-TAIL_LINES:]
-        if lines:
-            out.print(Text(f"the last {len(lines)} line(s) of its stderr:", "bold"))
-            for line in lines:
-                out.print(Text(visible(line)), soft_wrap=True)  # as the crew wrote it, one line each
+    try:
+        if code == 0:
+            answer = views.answer_text(client.get(path)["output"] or {})
+            # An answer is copied whole: never broken at the terminal's width.
+            out.print(Text("answer: ", "bold"), Text(visible(answer, layout=True)), soft_wrap=True)
+        elif code == EXIT_FAILED:
+            lines = client.get(path + "/output")["stderr"]["text"].rstrip().splitlines()[-TAIL_LINES:]
+            if lines:
+                out.print(Text(f"the last {len(lines)} line(s) of its stderr:", "bold"))
+                for line in lines:
+                    out.print(Text(visible(line, layout=True)), soft_wrap=True)  # as the crew wrote it
+    except OperatorError as exc:  # the job's outcome stands, and its exit code with it
+        print(f"crew-supervisor: the job ended, but its details could not be read: {visible(exc)}", file=sys.stderr)
 
 
 def read_input(source: str) -> dict[str, Any]:
     """``--input``: a JSON object inline (it starts with ``{``), from ``@FILE`` or ``FILE``, or from stdin (``-``)."""
-    inline = source.lstrip().startswith("{")
+    inline = source.lstrip().startswith("{") or (source != "-" and not source.startswith("@") and _json(source))
     path = source[1:] if source.startswith("@") else source
     where = "--input" if inline else "stdin" if source == "-" else f"the input file {path}"
     try:
-        raw = source.encode() if inline else sys.stdin.buffer.read() if source == "-" else Path(path).read_bytes()
+        raw = (
+            source.encode(errors="surrogateescape")
+            if inline
+            else sys.stdin.buffer.read()
+            if source == "-"
+            else Path(path).read_bytes()
+        )
         value = orjson.loads(raw)
     except OSError as exc:
         raise OperatorError(f"cannot read {where}: {exc.strerror}") from None
@@ -213,6 +220,15 @@ def read_input(source: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise OperatorError(f"{where} must hold a JSON object")
     return value
+
+
+def _json(text: str) -> bool:
+    """Whether ``text`` is JSON (a bare path, as ``--input`` also takes, is not)."""
+    try:
+        orjson.loads(text.encode(errors="surrogateescape"))
+    except orjson.JSONDecodeError:
+        return False
+    return True
 
 
 def follow(events: Iterator[dict[str, Any]], action_id: str, as_json: bool, out: Console) -> int:

@@ -77,7 +77,7 @@ def job_panel(job: dict[str, Any]) -> Table:
     table.add_row(Text("status", style="bold"), status_text(job["status"]))
     if job["status"] != "completed":  # a completed event's data is the output, shown below
         for name, value in (job.get("terminal") or {}).items():
-            if name != "status" and name != "exit_status":  # the record's own, shown once below
+            if name != "status" and not (name == "exit_status" and value == job.get("exit_status")):  # shown below
                 table.add_row(plain(name, "dim"), plain(compact(value)))
     if job.get("exit_status") is not None:
         table.add_row(Text("exit_status", style="dim"), plain(job["exit_status"]))
@@ -100,7 +100,8 @@ def terminal_line(event: dict[str, Any]) -> Text:
     if name == "completed":
         detail = f"{len(orjson.dumps(data))} bytes of output"
     elif name == "failed":
-        detail = f"{data.get('error_type')}: {data.get('message')} (reason {data.get('reason')})"
+        reason = f" (reason {data['reason']})" if data.get("reason") else ""
+        detail = f"{data.get('error_type')}: {data.get('message')}{reason}"
     else:
         detail = f"{data.get('reason')} ({stop_proof(data)})"
     return Text.assemble(status_text(name), f" after {event['sequence'] + 1} events · {visible(detail)}")
@@ -108,8 +109,12 @@ def terminal_line(event: dict[str, Any]) -> Text:
 
 def answer_text(output: dict[str, Any]) -> str:
     """What a job answered: its structured output when it has one, else its raw text."""
-    structured = output.get("json_dict") or output.get("pydantic")
-    return compact(structured) if structured is not None else str(output.get("raw", ""))
+    for field in ("json_dict", "pydantic"):
+        if output.get(field) is not None:
+            return compact(output[field])
+    if output.get("raw") is not None:
+        return str(output["raw"])
+    return compact(output)  # batch_run, train, test, knowledge_query, memory_reset: the output is its own shape
 
 
 def stop_proof(data: dict[str, Any]) -> str:

@@ -124,13 +124,11 @@ async def _build(settings: Settings, env: Mapping[str, str], cwd: str) -> list[F
 def _fix_registry(spec: str, error: str) -> str:
     """The fix for what went wrong (worker/registry.py's words), not one fix for every registry problem."""
     module = spec.partition(":")[0] or "your_crews"
-    if "is not of the form module:attr" in error:
-        return (
-            f"set {PREFIX}REGISTRY to module:attr, the module and its mapping of crew id to factory ({module}:registry)"
-        )
-    if "imports but has no attribute" in error:
-        return f"name in {PREFIX}REGISTRY the attribute of {module} that holds its mapping of crew id to factory"
-    if "mapping" in error or "crew id" in error:
+    if f"{spec}: RegistryError:" in error:  # it imported; what it holds is wrong (the worker names the spec)
+        if "is not of the form module:attr" in error:
+            return f"set {PREFIX}REGISTRY to module:attr, the module and its mapping of crew ids ({module}:registry)"
+        if "imports but has no attribute" in error:
+            return f"name in {PREFIX}REGISTRY the attribute of {module} that holds its mapping of crew id to factory"
         return f"make {spec} a non-empty mapping of crew id (a non-blank string) to crew factory"
     return (
         f"make {module} importable by the workers (installed in this environment, or on"

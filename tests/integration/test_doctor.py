@@ -126,7 +126,11 @@ def _free_mib(path: Path) -> int:
         ("state directory 0755", "state", "fix: chmod 700 "),
         ("token file 0644", "settings", "fix: chmod 600 "),
         ("registry that does not import", "registry", "fix: make no_such_crews importable by the workers"),
-        ("registry without :attr", "registry", "fix: set AIP_CREWAI_REGISTRY to module:attr, the module and its"),
+        (
+            "registry without :attr",
+            "registry",
+            "fix: set AIP_CREWAI_REGISTRY to module:attr, the module and its mapping",
+        ),
         ("registry naming no attribute", "registry", "fix: name in AIP_CREWAI_REGISTRY the attribute of tests.crews"),
         ("tracing switched on", "telemetry", "fix: unset CREWAI_TRACING_ENABLED"),
         ("MIN_FREE_DISK_MB above the free space", "disk", "or lower AIP_CREWAI_MIN_FREE_DISK_MB"),

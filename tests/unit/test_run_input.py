@@ -46,3 +46,9 @@ def test_a_crew_that_takes_no_input_needs_no_flag() -> None:
     commands.add_commands(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["run", "demo"])
     assert commands.read_input(args.input) == {}
+
+
+def test_json_that_is_no_object_is_refused_as_such_not_as_a_missing_file() -> None:
+    for given in ("[1]", "null", "42"):
+        with pytest.raises(OperatorError, match="--input must hold a JSON object"):
+            commands.read_input(given)

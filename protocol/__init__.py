@@ -4,6 +4,7 @@ Pure Python plus orjson; imports nothing else from this project.
 """
 
 from protocol.environment import CONTROL_FD, EVENT_FD, QUIET_CREWAI, WORKER_IDS
+from protocol.factories import NOT_A_FACTORY, factory_fix, not_a_factory
 from protocol.frames import (
     MAX_FRAME_BYTES,
     FrameError,
@@ -43,6 +44,7 @@ __all__ = [
     "CONTROL_FD",
     "EVENT_FD",
     "MAX_FRAME_BYTES",
+    "NOT_A_FACTORY",
     "PROTOCOL_VERSION",
     "QUIET_CREWAI",
     "READ_ONLY_OPERATIONS",
@@ -72,7 +74,9 @@ __all__ = [
     "VersionMismatch",
     "decode",
     "encode",
+    "factory_fix",
     "is_partial",
+    "not_a_factory",
     "pack",
     "partial_name",
 ]

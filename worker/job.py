@@ -80,7 +80,7 @@ def check(crews: dict[str, Any], out: lifecycle.FrameWriter) -> None:
     read by the operator (``crew-supervisor doctor``), never stored with a job."""
     for crew_id in sorted(crews):
         try:
-            crew = registry.build(crews[crew_id])
+            crew = registry.build(crew_id, crews[crew_id])
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
         else:
@@ -102,7 +102,10 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
         return
     entry = crews[start.crew_id]
     try:
-        crew = registry.build(entry)
+        crew = registry.build(start.crew_id, entry)
+    except registry.NotAFactory as exc:  # our own words, with the fix the doctor gives too
+        out.send(failed(type(exc).__name__, "crew_factory_failed", f"{exc}; fix: {exc.fix}", False))
+        return
     except Exception as exc:  # a broken factory is the registry's fault, reported by class
         message = f"the crew factory raised {type(exc).__name__}"
         out.send(failed(type(exc).__name__, "crew_factory_failed", message, False))
@@ -110,7 +113,7 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
     out.send(Started())
     # Work that may have had effects leaves its outcome uncertain; a read-only query has none.
     effects = start.operation not in READ_ONLY_OPERATIONS
-    work = Work(crew, start.input, out.send, lambda: registry.build(entry), start.job_id)
+    work = Work(crew, start.input, out.send, lambda: registry.build(start.crew_id, entry), start.job_id)
     try:
         output = bounded(await operation(work))
     except OutputTooLarge as exc:

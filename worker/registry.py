@@ -1,12 +1,12 @@
-"""Load the crew registry named by AIP_CREWAI_REGISTRY (``module:attr``) and build fresh crews."""
+"""Load the crew registry named by AIP_CREWAI_REGISTRY (``module:attr``) and build a fresh crew per job."""
 
 from __future__ import annotations
 
-import copy
 import importlib
-import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from protocol import factory_fix, not_a_factory
 
 ENV = "AIP_CREWAI_REGISTRY"
 
@@ -45,16 +45,25 @@ def eval_llms(spec: str) -> dict[str, Callable[[], Any]]:
     return dict(offered) if isinstance(offered, Mapping) else {}
 
 
-def build(entry: Any) -> Any:
-    """A fresh Crew per job: factories are called, instances are deep-copied."""
-    if inspect.isclass(entry) or inspect.isfunction(entry) or inspect.ismethod(entry):
-        crew = entry()
-    elif hasattr(entry, "model_copy"):
-        crew = entry.model_copy(deep=True)
-    elif hasattr(entry, "copy"):
-        crew = entry.copy()
-    else:
-        crew = copy.deepcopy(entry)
+class NotAFactory(RegistryError):
+    """A registry value that cannot be called (a ``Crew`` instance, say): every job of that crew is refused."""
+
+    def __init__(self, crew_id: str, entry: Any) -> None:
+        super().__init__(not_a_factory(crew_id, type(entry).__name__))
+        self.fix = factory_fix(crew_id)
+
+
+def build(crew_id: str, entry: Any) -> Any:
+    """A fresh Crew for one job from its zero-arg factory (a function, a class, a @CrewBase class).
+
+    An instance is refused, not copied: it was built when the registry was imported, in the fork server before
+    any job's environment, so its replay rows and knowledge are in the fork server's storage, not its crew's;
+    ``Crew.copy()`` shares its LLMs' clients and token counters, tools and memory; a deep copy fails on the
+    locks a Crew holds.
+    """
+    if not callable(entry):
+        raise NotAFactory(crew_id, entry)
+    crew = entry()
     # A @CrewBase class gives an object whose crew() builds the Crew.
     if not hasattr(crew, "kickoff") and callable(getattr(crew, "crew", None)):
         crew = crew.crew()

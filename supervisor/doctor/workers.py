@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from protocol import QUIET_CREWAI, Built
+from protocol import NOT_A_FACTORY, QUIET_CREWAI, Built, factory_fix
 from supervisor.config import PREFIX, Settings
 from supervisor.doctor.findings import Finding, ok, problem, warning
 from supervisor.jobs.runner import worker_env
@@ -109,16 +109,22 @@ async def _build(settings: Settings, env: Mapping[str, str], cwd: str) -> list[F
         head = warning("registry", detail, "fix that crew, then run the doctor again")
     else:
         head = ok("registry", summary)
-    fix = f"correct its factory in {spec.partition(':')[0]}: every job of that crew fails until then"
     return [
         head,
         *(
-            problem("crew", f"crew {crew_id!r} does not build: {error}", fix)
+            problem("crew", f"crew {crew_id!r} does not build: {error}", _fix_crew(spec, crew_id, error))
             for crew_id, error in built.items()
             if error
         ),
         *rehearsed,
     ]
+
+
+def _fix_crew(spec: str, crew_id: str, error: str) -> str:
+    """The fix a job of that crew names too, for a value that is no factory (worker/registry.py's words)."""
+    if NOT_A_FACTORY in error:
+        return factory_fix(crew_id)
+    return f"correct its factory in {spec.partition(':')[0]}: every job of that crew fails until then"
 
 
 def _fix_registry(spec: str, error: str) -> str:

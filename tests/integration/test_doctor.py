@@ -186,6 +186,23 @@ def test_a_crew_whose_factory_raises_is_named(deployment: Deployment) -> None:
     assert "broken-factory" not in names.split(", ")
 
 
+def test_a_crew_instance_is_named_with_the_fix_its_jobs_give(deployment: Deployment) -> None:
+    deployment.env["AIP_CREWAI_REGISTRY"] = "tests.instance_crews:registry"
+    answer = doctor(deployment, "--json")
+    assert answer.code == 1, answer.out + answer.err
+    assert [f for f in findings(answer) if f["status"] == "problem"] == [
+        {
+            "check": "crew",
+            "status": "problem",
+            "detail": "crew 'instance' does not build: NotAFactory: registry value 'instance' is a Crew instance,"
+            " not a zero-arg factory",
+            "fix": "make 'instance' a zero-arg function that returns the Crew: registry = {'instance': make_instance}",
+        }
+    ]
+    registry = next(f for f in findings(answer) if f["check"] == "registry")
+    assert registry["detail"] == "tests.instance_crews:registry: 1 of 2 crews build (demo)"
+
+
 REFUSES = "the fork server would refuse to start: "
 
 

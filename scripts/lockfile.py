@@ -1,6 +1,6 @@
 """The lock files against pyproject.toml: the stamp scripts/lock writes into them, and every way they can disagree.
 
-requirements-dev.lock is what .venv runs (scripts/venv.sh): pyproject's dependencies, its test and bench extras, the
+requirements-dev.lock is what .venv runs (scripts/venv.sh): pyproject's dependencies, its test, bench and docs extras, the
 build backend (the editable install and the project's wheel are built with it) and uv (which installs the rest).
 requirements.lock is what the image runs (scripts/wheelhouse): the dependencies alone, resolved within the dev lock's
 pins. Each starts with a stamp of pyproject's dependency tables, so an edit of those tables without a refresh is
@@ -27,7 +27,7 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME_LOCK = "requirements.lock"
 DEV_LOCK = "requirements-dev.lock"
-DEV_EXTRAS = ("test", "bench")
+DEV_EXTRAS = ("test", "bench", "docs")
 INSTALLER = "uv"  # pip installs it from the dev lock's own entry, then it installs the rest (scripts/venv.sh)
 STAMP = "# pyproject.toml's dependency tables, sha256:"
 REFRESH = "run scripts/lock"
@@ -126,7 +126,8 @@ def problems(root: Path) -> list[str]:
     found += lock_problems(dev_lock, dev_requirements(pyproject), expected)
     dev_pins = {(pin.name, pin.version, pin.marker) for pin in pins(dev_lock)}
     for pin in pins(runtime_lock):
-        if (pin.name, pin.version, pin.marker) not in dev_pins:
+        # A dev pin with no marker applies everywhere, so it covers the runtime's pin of a narrower marker too.
+        if not {(pin.name, pin.version, pin.marker), (pin.name, pin.version, "")} & dev_pins:
             where = f" ; {pin.marker}" if pin.marker else ""
             found.append(f"{runtime_lock.name}: {pin.name}=={pin.version}{where} is not in {dev_lock.name}: {REFRESH}")
     return found

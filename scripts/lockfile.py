@@ -1,6 +1,6 @@
 """The lock files against pyproject.toml: the stamp scripts/lock writes into them, and every way they can disagree.
 
-requirements-dev.lock is what .venv runs (scripts/venv.sh): pyproject's dependencies, its test, bench and docs extras, the
+requirements-dev.lock is what .venv runs (scripts/venv.sh): its dependencies, test, bench and docs extras, the
 build backend (the editable install and the project's wheel are built with it) and uv (which installs the rest).
 requirements.lock is what the image runs (scripts/wheelhouse): the dependencies alone, resolved within the dev lock's
 pins. Each starts with a stamp of pyproject's dependency tables, so an edit of those tables without a refresh is

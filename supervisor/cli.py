@@ -7,19 +7,57 @@ from __future__ import annotations
 import argparse
 import sys
 
-from supervisor import chaos, config, logs
+from supervisor import config, logs
 from supervisor.chaos import flags as chaos_flags
 from supervisor.console import commands as console
 from supervisor.doctor import run as doctor
 
+# The top-level --help: what the tool is, its commands, where its documentation is.
+DESCRIPTION = """\
+Run CrewAI crews as durable jobs behind an HTTP API, one worker process per
+job, so that a cancel, a timeout or a memory limit really stops the work.
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="crew-supervisor", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    serve_parser = commands.add_parser("serve", help="run the supervisor")
-    serve_parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+  serve    run the supervisor
+  doctor   check a deployment before it serves
+  jobs, show, events, cancel, top, run
+           watch and control the jobs of a running supervisor
+  chaos    inject faults under load and check every invariant
+
+"crew-supervisor COMMAND --help" says more of each. The documentation is the
+project's README.md and docs/ (docs/settings.md describes every setting)."""
+
+SERVE = f"""\
+Run the supervisor: serve the HTTP API on HOST:PORT, admit jobs in order and
+run each in a worker process of its own, recorded in the journal (STATE_FILE).
+
+Each setting below is a flag or its {config.PREFIX}* environment variable (the
+flag wins); docs/settings.md describes them. The bearer token is never a flag:
+give --bearer-token-file or {config.PREFIX}BEARER_TOKEN. "crew-supervisor
+doctor", with the same settings, checks them all first."""
+
+SERVE_EXIT = """\
+exit status:
+  1    a setting is wrong, or the journal cannot be opened (said in one line)
+  143  stopped by SIGTERM, after the drain (DRAIN_SECONDS)"""
+
+
+def parser() -> argparse.ArgumentParser:
+    """Every command's parser (tests/unit/test_help.py reads each one's help)."""
+    raw = argparse.RawDescriptionHelpFormatter  # the descriptions are laid out by hand
+    top = argparse.ArgumentParser(prog="crew-supervisor", description=DESCRIPTION, formatter_class=raw)
+    commands = top.add_subparsers(dest="command", required=True)
+    serve_parser = commands.add_parser(
+        "serve", help="run the supervisor", description=SERVE, epilog=SERVE_EXIT, formatter_class=raw
+    )
+    serve_parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="the log's level"
+    )
     doctor_parser = commands.add_parser(
-        "doctor", help="check a deployment before it serves", description=doctor.__doc__
+        "doctor",
+        help="check a deployment before it serves",
+        description=doctor.DESCRIPTION,
+        epilog=doctor.EXIT_STATUS,
+        formatter_class=raw,
     )
     doctor.add_arguments(doctor_parser)
     for parser_with_settings in (serve_parser, doctor_parser):
@@ -29,10 +67,18 @@ def main(argv: list[str] | None = None) -> None:
         config.add_flags(parser_with_settings)
     console.add_commands(commands)
     chaos_parser = commands.add_parser(
-        "chaos", help="inject faults under load and check every invariant", description=chaos.__doc__
+        "chaos",
+        help="inject faults under load and check every invariant",
+        description=chaos_flags.DESCRIPTION,
+        epilog=chaos_flags.EXIT_STATUS,
+        formatter_class=raw,
     )
     chaos_flags.add_arguments(chaos_parser)
-    args = parser.parse_args(argv)
+    return top
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     if args.command == "chaos":
         from supervisor.chaos.run import run  # here: the harness (rich, psutil, the test harness) is chaos's alone
 

@@ -1,5 +1,5 @@
-"""The flags of ``crew-supervisor chaos`` and what is wrong with them, apart from the harness: every
-``crew-supervisor`` command (``serve`` too) builds its parser, and none but ``chaos`` needs the rest."""
+"""The flags of ``crew-supervisor chaos``, its ``--help`` and what is wrong with the flags, apart from the harness:
+every ``crew-supervisor`` command (``serve`` too) builds its parser, and none but ``chaos`` needs the rest."""
 
 from __future__ import annotations
 
@@ -9,6 +9,25 @@ from pathlib import Path
 # Mid-run faults and their chance per tick of the load (the supervisor kill ends every iteration).
 RATES = {"worker": 0.05, "forkserver": 0.02, "freeze": 0.02, "disk": 0.02}
 ALL_FAULTS = ("supervisor", *RATES)
+DESCRIPTION = """\
+Test a supervisor against faults. It starts one on loopback on a registry (the
+demo crews by default), keeps a load of concurrent clients going, injects the
+faults of --faults from a seeded schedule, SIGKILLs and restarts the
+supervisor after each iteration and checks every invariant: each acknowledged
+job kept, none left running or started twice, each job's events contiguous
+with one terminal event last, each failure explained by a fault. With --url
+and --restart-cmd it tests a running deployment instead (the supervisor fault
+only).
+
+It shows its progress, prints a summary (--json FILE writes it) and each
+violation in one line. The state of a run that found something is kept, and
+its path printed (--state DIR keeps it always)."""
+EXIT_STATUS = """\
+exit status:
+  0    no violation
+  1    a violation (each printed as a VIOLATION line)
+  2    it could not run: its flags are refused, or the supervisor could not
+       be started or reached"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -31,6 +31,41 @@ OUTCOME_CODES = {"completed": 0, "failed": EXIT_FAILED, "cancelled": EXIT_CANCEL
 STATUSES = ("running", "completed", "failed", "cancelled")
 
 
+def exit_status(*codes: tuple[int, str]) -> str:
+    """A command's --help epilog: its exit codes, one a line."""
+    return "exit status:\n" + "\n".join(f"  {code:<4} {meaning}" for code, meaning in codes)
+
+
+COULD_NOT = (EXIT_ERROR, "it could not do its work (refused, 401, 404, ...): one line says why")
+FOLLOWED = (
+    COULD_NOT,
+    (EXIT_FAILED, "the job failed"),
+    (EXIT_CANCELLED, "the job was cancelled"),
+    (EXIT_INTERRUPTED, "Ctrl-C: it stopped following (the job goes on)"),
+)
+JOBS = """\
+List the jobs of a running supervisor, newest first, a page at a time: a
+table, or with --json the API's page as one line of JSON. --status, --crew and
+--operation filter them; --cursor reads the page after the one that named it."""
+SHOW = "Show one job of a running supervisor: its record and its terminal event."
+EVENTS = """\
+Print a job's events. With --follow, stream them live until the terminal one,
+resuming after a dropped connection, and exit with the job's outcome."""
+CANCEL = """\
+Cancel a job: kill its worker and every process it started, and return once
+that is confirmed, with the proof (the pid, the signal). --reason is recorded
+in the cancelled event."""
+TOP = """\
+The live view of the running jobs' workers (phase, pid, memory, CPU, age,
+events), refreshed every --interval seconds until Ctrl-C; --once prints one
+view and exits, --json prints one line of JSON per refresh."""
+RUN = """\
+Start a job of a crew and follow it to its end: its output as it streams, then
+its answer, or for a failed job the last lines of its stderr (where the crew's
+own error says why). --input is the job's input: inline JSON, @FILE or FILE,
+or - for stdin. Ctrl-C stops following, never the job."""
+
+
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", help="supervisor URL (env AIP_CREWAI_URL, default http://127.0.0.1:8090)")
@@ -38,35 +73,58 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     common.add_argument("--token-file", help="file holding the bearer token (env AIP_CREWAI_BEARER_TOKEN_FILE)")
     common.add_argument("--json", action="store_true", help="machine-readable output")
 
-    def command(name: str, handler: Any, help: str) -> argparse.ArgumentParser:
-        parser = commands.add_parser(name, parents=[common], help=help, description=help)
+    def command(
+        name: str, handler: Any, help: str, description: str, codes: tuple[tuple[int, str], ...]
+    ) -> argparse.ArgumentParser:
+        parser = commands.add_parser(
+            name,
+            parents=[common],
+            help=help,
+            description=description,
+            epilog=exit_status(*codes),
+            formatter_class=argparse.RawDescriptionHelpFormatter,  # the texts above are laid out by hand
+        )
         parser.set_defaults(handler=handler)
         return parser
 
-    jobs = command("jobs", list_jobs, "list jobs, newest first")
-    jobs.add_argument("--status", choices=STATUSES)
+    done = ((0, "done"), COULD_NOT)
+    jobs = command("jobs", list_jobs, "list jobs, newest first", JOBS, done)
+    jobs.add_argument("--status", choices=STATUSES, help="only jobs in this status")
     jobs.add_argument("--crew", help="only this crew id")
-    jobs.add_argument("--operation", choices=OPERATIONS)
+    jobs.add_argument("--operation", choices=OPERATIONS, help="only this operation")
     jobs.add_argument("--limit", type=int, default=50, help="jobs per page (1-500)")
     jobs.add_argument("--cursor", help="the next_cursor of a previous page")
-    command("show", show, "one job's record and terminal event").add_argument("action_id")
-    events = command("events", events_of, "a job's events; --follow streams them until the terminal one")
-    events.add_argument("action_id")
+    show_parser = command("show", show, "one job's record and terminal event", SHOW, done)
+    show_parser.add_argument("action_id", help="the job's action id")
+    events = command(
+        "events",
+        events_of,
+        "a job's events; --follow streams them until the terminal one",
+        EVENTS,
+        ((0, "done; with --follow, the job completed"), *FOLLOWED),
+    )
+    events.add_argument("action_id", help="the job's action id")
     events.add_argument("--follow", "-f", action="store_true", help="stream live, resuming after a dropped link")
-    cancel_parser = command("cancel", cancel, "kill a job's worker and wait until it is confirmed gone")
-    cancel_parser.add_argument("action_id")
+    cancel_parser = command("cancel", cancel, "kill a job's worker and wait until it is confirmed gone", CANCEL, done)
+    cancel_parser.add_argument("action_id", help="the job's action id")
     cancel_parser.add_argument("--reason", help="recorded in the cancelled event")
-    top_parser = command("top", top, "the live worker view, refreshing")
+    top_parser = command(
+        "top",
+        top,
+        "the live worker view, refreshing",
+        TOP,
+        ((0, "done (--once)"), COULD_NOT, (EXIT_INTERRUPTED, "Ctrl-C")),
+    )
     top_parser.add_argument("--once", action="store_true", help="print one frame and exit")
     top_parser.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
-    run_parser = command("run", run, "start a job and follow it to its end")
-    run_parser.add_argument("crew_id")
+    run_parser = command("run", run, "start a job and follow it to its end", RUN, ((0, "the job completed"), *FOLLOWED))
+    run_parser.add_argument("crew_id", help="the crew to run: its id in the supervisor's registry")
     run_parser.add_argument(
         "--input",
         default="{}",
         help="the job's input: inline JSON ('{\"topic\": \"x\"}'), @FILE or FILE, or '-' for stdin (default: {})",
     )
-    run_parser.add_argument("--operation", choices=OPERATIONS, default="run")
+    run_parser.add_argument("--operation", choices=OPERATIONS, default="run", help="the operation (default: run)")
     run_parser.add_argument("--action-id", help="default: a new cli-<uuid>")
     run_parser.add_argument("--timeout-ms", type=int, help="the job's timeout (server default if absent)")
     run_parser.add_argument("--idempotency-key", help="default: a new random key")

@@ -1,8 +1,6 @@
-"""``crew-supervisor doctor``: check a deployment before it serves; exit 1 if anything is a problem.
+"""``crew-supervisor doctor``: the checks in order (a problem in ``BLOCKING`` stops those that need it), their
+lines and the verdict. ``DESCRIPTION`` and ``EXIT_STATUS`` are its ``--help``.
 
-It takes the settings exactly as ``serve`` does (the same flags, the same AIP_CREWAI_* environment), so
-run it as the user, in the environment and with the flags that serve. Each check prints one line, ok,
-warning or problem, and a problem's fix; ``--json`` prints them as a list of {check, status, detail, fix}.
 It changes nothing of the deployment: a cgroup made to see whether the kernel allows one is removed at once,
 and the crews are built in a throw-away directory.
 """
@@ -21,6 +19,23 @@ from supervisor.escaping import json_line, visible
 
 BLOCKING = ("names", "settings")  # a problem here stops the checks that need it
 SETTINGS_FIX = f"change that setting: its flag or {config.PREFIX} variable (crew-supervisor serve --help lists each)"
+DESCRIPTION = f"""\
+Check a deployment without serving it: that this installation's packages are
+not shadowed by others of the same names, the settings, the journal, token and
+training files, the crews (each built once, as a job would build it) and the
+fork server's warm-up, CrewAI's telemetry switches, the cgroups, the resource
+limits and the free disk.
+
+It takes the settings exactly as serve does (the same flags, --demo included,
+and the same {config.PREFIX}* environment), so run it as the user, with the
+flags and in the environment that serve. Each check prints one line, ok,
+warning or problem (with its fix), then a verdict; --json prints the findings
+as a list of {{check, status, detail, fix}}. It changes nothing of the
+deployment."""
+EXIT_STATUS = """\
+exit status:
+  0    ready to serve (warnings allowed)
+  1    a problem"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -28,7 +28,7 @@ from tests.container.policy import (
 ROOT = Path(__file__).resolve().parents[2]
 CONTAINER = ROOT / "container"
 DOCKERFILE = CONTAINER / "Dockerfile"
-README = CONTAINER / "README.md"
+README = ROOT / "docs" / "container.md"  # the page that writes the build out for people
 COMPOSE = CONTAINER / "compose.yaml"
 KUBERNETES = CONTAINER / "kubernetes"
 BIN = Path(sys.executable).parent  # the linters are test dependencies, installed beside this Python

@@ -34,10 +34,9 @@ def user(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.P
     return pytester
 
 
-def readme_example() -> str:
-    """The test of a crew's cancel that the README's "Testing your crews" shows, as a user would copy it."""
-    section = (ROOT / "README.md").read_text().split("## Testing your crews", 1)[1]
-    found = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+def documented_example() -> str:
+    """The test of a crew's cancel that docs/testing-your-crews.md shows, as a user would copy it."""
+    found = re.search(r"```python\n(.*?)```", (ROOT / "docs" / "testing-your-crews.md").read_text(), re.DOTALL)
     assert found
     return found.group(1)
 
@@ -66,7 +65,7 @@ def test_a_users_cancel_test_passes_and_a_failing_one_leaves_no_process(
 ) -> None:
     evidence = tmp_path / "evidence.json"
     monkeypatch.setenv("CREW_TEST_EVIDENCE", str(evidence))
-    user.makepyfile(test_cancel=readme_example(), test_failing=FAILING)
+    user.makepyfile(test_cancel=documented_example(), test_failing=FAILING)
     result = user.runpytest_subprocess("-p", "no:cacheprovider", timeout=RUN_SECONDS)
     result.assert_outcomes(passed=1, failed=1)  # and no error: no teardown found a process left behind
     result.stdout.fnmatch_lines(["plugins:*crew-supervisor-checkout-0*"])  # loaded through the entry point

@@ -1,0 +1,206 @@
+"""The front door cannot rot: every shell and Python block of the README, Getting started and Your crews runs.
+
+Each page is followed as a newcomer would follow it, in real shells against a real supervisor: the blocks
+before a `crew-supervisor serve` line are that shell's (it serves once they pass: `set -e`), the blocks
+after it run in another shell, in the directory the first one served from, with the CLI on PATH. Two
+things differ from a reader's machine, so that the test can run anywhere and beside others: a free port
+for 8090 (AIP_CREWAI_PORT and AIP_CREWAI_URL point at it) and a temporary directory for /tmp/my-sidecar.
+A Python block is a file the tests import: it is a snippet of one, or equal to one in docs/examples/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.conftest import gone
+from tests.helpers.waiting import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "docs" / "examples"
+PAGES = ("README.md", "docs/getting-started.md", "docs/your-crews.md")
+SERVE = re.compile(r"^crew-supervisor serve\b")
+# Blocks shown but run elsewhere, each with where: running them here would run this suite inside itself.
+RUN_ELSEWHERE = {
+    "scripts/demo": "tests/integration/test_tour.py runs the tour",
+    "scripts/test": "this is the suite itself",
+}
+BLOCK = re.compile(r"^```(\w+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+SNIPPET = re.compile(r'^--8<-- "([^"]+)"$')
+CLEAN_ENV = {"PATH", "HOME", "LANG", "LC_ALL", "TMPDIR"}  # what a new login shell would have of ours
+
+
+@dataclass
+class Block:
+    language: str
+    text: str
+
+    @property
+    def commands(self) -> list[str]:
+        """The block's commands, comments and continuation lines joined, as bash would read them."""
+        joined = self.text.replace("\\\n", " ")
+        return [line.split(" #", 1)[0].strip() for line in joined.splitlines() if line.strip()]
+
+
+def blocks(page: str) -> list[Block]:
+    return [Block(language, text) for language, text in BLOCK.findall((ROOT / page).read_text())]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def as_here(text: str, port: int, home: Path) -> str:
+    return text.replace("8090", str(port)).replace("/tmp/my-sidecar", str(home))
+
+
+def shell_env(port: int, *, clean: bool) -> dict[str, str]:
+    """A shell's environment: the test's (a first shell) or a fresh login's (another), the CLI on PATH, the port."""
+    env = {k: v for k, v in os.environ.items() if not clean or k in CLEAN_ENV}
+    env = {k: v for k, v in env.items() if not k.startswith("AIP_CREWAI_")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env |= {"AIP_CREWAI_PORT": str(port), "AIP_CREWAI_URL": f"http://127.0.0.1:{port}"}
+    return env
+
+
+def bash(script: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(["bash", "-e", "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+    said = f"--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
+    assert done.returncode == 0, f"exit {done.returncode}:\n{script}\n{said}"
+    return done
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen[str]
+    cwd: Path
+    port: int
+
+    def listening(self) -> bool:
+        assert self.process.poll() is None, f"the serving shell exited {self.process.returncode}: {self.log()}"
+        try:
+            httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=2)
+        except httpx.TransportError:
+            return False
+        return True
+
+    def log(self) -> str:
+        self.process.kill()
+        out, _ = self.process.communicate(timeout=30)
+        return out
+
+    def stop(self) -> None:
+        """SIGTERM, as Ctrl-C or an orchestrator would; then every process it had must be gone."""
+        tree = [self.process.pid, *(child.pid for child in psutil.Process(self.process.pid).children(recursive=True))]
+        self.process.send_signal(signal.SIGTERM)
+        self.process.communicate(timeout=60)
+        assert wait_until(lambda: all(gone(pid) for pid in tree), timeout=30), "a process of the server outlived it"
+
+
+def follow(page: str, tmp_path: Path) -> list[str]:
+    """Run ``page``'s shell blocks as its text says; the outputs of the blocks run in another shell."""
+    port, home = free_port(), tmp_path / "my-sidecar"
+    first_shell: list[str] = []
+    served: Served | None = None
+    outputs: list[str] = []
+    try:
+        for block in blocks(page):
+            if block.language != "sh" or set(block.commands) <= set(RUN_ELSEWHERE):
+                continue
+            text = as_here(block.text, port, home)
+            serve_lines = [line for line in text.splitlines() if SERVE.match(line)]
+            if serve_lines:
+                assert served is None and serve_lines == [text.splitlines()[-1]], "one serve line, a block's last"
+                preamble = "\n".join([*first_shell, *text.splitlines()[:-1]])
+                cwd_file = tmp_path / f"cwd-{port}"
+                script = f"{preamble}\npwd > {cwd_file}\nexec {serve_lines[0]}"
+                process = subprocess.Popen(
+                    ["bash", "-e", "-c", script], cwd=ROOT, env=shell_env(port, clean=False),
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                )  # fmt: skip
+                served = Served(process, tmp_path, port)
+                assert wait_until(served.listening, timeout=180), "the server never listened"
+                served.cwd = Path(cwd_file.read_text().strip())
+            elif served is None:
+                first_shell.append(text)
+            else:
+                outputs.append(bash(text, served.cwd, shell_env(port, clean=True)).stdout)
+        assert served is not None, f"{page} never serves"
+        served.stop()
+    finally:
+        if served is not None and served.process.poll() is None:
+            os.killpg(served.process.pid, signal.SIGKILL)
+            served.process.communicate(timeout=30)
+    return outputs
+
+
+def json_values(text: str) -> list[dict[str, object]]:
+    """Every JSON object in ``text``, in order (curl ends none of its answers with a newline)."""
+    decoder, values, at = json.JSONDecoder(), [], text.find("{")
+    while at != -1:
+        value, end = decoder.raw_decode(text, at)
+        values.append(value)
+        at = text.find("{", end)
+    return values
+
+
+@pytest.mark.timeout(600)
+def test_the_readme_serves_your_own_crews_and_cancels_with_proof(tmp_path: Path) -> None:
+    """A newcomer with their own crew module reaches a served, cancelled job from the README alone."""
+    [calls] = follow("README.md", tmp_path)
+    answer, started, record, cancelled = json_values(calls)
+    assert answer["raw"] and answer["tasks_output"]
+    assert "event: started\ndata: " in calls and started["event"] == "started"
+    started_data = started["data"]
+    assert isinstance(started_data, dict) and started_data["status"] == "running"
+    assert record["status"] == "running" and cancelled["status"] == "cancelled"
+    terminal = cancelled["terminal"]
+    assert isinstance(terminal, dict) and terminal["stop_confirmed"] is True
+    assert terminal["pid"] == started_data["pid"] and gone(terminal["pid"])
+
+
+@pytest.mark.timeout(600)
+def test_getting_started_serves_the_demo_crews(tmp_path: Path) -> None:
+    [calls] = follow("docs/getting-started.md", tmp_path)
+    assert "answer:" in calls and "completed" in calls
+    assert json_values(calls)[-1]["status"] == "ready"
+
+
+@pytest.mark.timeout(600)
+def test_your_crews_runs_and_cancels_from_the_cli(tmp_path: Path) -> None:
+    [calls] = follow("docs/your-crews.md", tmp_path)
+    assert "answer:" in calls and "stop confirmed" in calls.lower()
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_python_block_is_a_file_the_tests_import(page: str) -> None:
+    examples = {path.read_text(): path for path in EXAMPLES.glob("*.py")}
+    for block in blocks(page):
+        if block.language != "python":
+            continue
+        included = SNIPPET.match(block.text.strip())
+        assert (included and (ROOT / included.group(1)).is_file()) or block.text in examples, (
+            f"a Python block of {page} is no file of docs/examples/: copy it from there, or include it"
+        )
+
+
+def test_every_shell_block_is_run_or_says_where_it_runs() -> None:
+    for page in PAGES:
+        for block in blocks(page):
+            if block.language == "sh" and set(block.commands) <= set(RUN_ELSEWHERE):
+                assert all(RUN_ELSEWHERE[command] for command in block.commands)
+            else:
+                assert block.language in {"sh", "python", "toml", "text"}, f"{page}: a ```{block.language} block"

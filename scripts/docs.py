@@ -56,6 +56,10 @@ def settings_page(spec: Mapping[str, config.Setting] = config.SPEC) -> str:
         for name, instead in config.NOT_FLAGS.items()
     )
     lines = [
+        "---",
+        "hide: [toc]  # the table needs the width; its rows are the page's only sections",
+        "---",
+        "",
         "# Settings",
         "",
         f"Every setting is an environment variable with the `{config.PREFIX}` prefix, or the flag of the same name"

@@ -1,6 +1,6 @@
 """What the supervisor narrows about itself at start, before it opens its state or starts any child.
 
-Crews are trusted code running as our uid (README, Security); these steps take away what costs nothing
+Crews are trusted code running as our uid (docs/security.md); these steps take away what costs nothing
 to take away: reading our memory and environment through /proc or ptrace, the token in our environment,
 descriptors our launcher leaked to us, and a descriptor limit far below what the kernel allows.
 """

@@ -68,8 +68,8 @@ def confine(ids: tuple[int, int] | None = None) -> None:
       groups, then that gid, then that uid (real, effective and saved, so none can be taken back). The
       bounding set is emptied first, while CAP_SETPCAP is still ours (the uid change takes it); the uid
       change clears the other capabilities. It also clears PR_SET_PDEATHSIG: the caller arms it after.
-      Without ``ids`` the uid stays: same-uid reach (signals, the state directory) remains, see the
-      README's Security section.
+      Without ``ids`` the uid stays: same-uid reach (signals, the state directory) remains, see
+      docs/security.md.
     """
     os.umask(0o077)
     libc = ctypes.CDLL(None, use_errno=True)

@@ -49,7 +49,7 @@ def _directory(directory: Path, worker_ids: tuple[int, int] | None) -> Finding:
     except JournalError as exc:
         fix = f"make it a directory (not a symlink) of the user that serves, mode {wanted:04o}"
         if worker_ids is not None:
-            fix += f", in directories {PREFIX}WORKER_USER may traverse but not write (README: A separate uid)"
+            fix += f", in directories {PREFIX}WORKER_USER may traverse but not write (docs/security.md)"
         return problem("state", str(exc), fix)
     if mode & 0o077 & ~wanted:
         return problem(

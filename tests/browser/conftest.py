@@ -35,7 +35,7 @@ def chromium_path() -> str | None:
 def browser() -> Iterator[Any]:
     executable = chromium_path()
     if executable is None:
-        pytest.skip("no Chromium here: apt-get install chromium (or set CHROMIUM); README 'The console'")
+        pytest.skip("no Chromium here: apt-get install chromium (or set CHROMIUM); see docs/operating.md")
     from playwright.sync_api import expect, sync_playwright
 
     expect.set_options(timeout=30_000)  # a deadline for a busy machine, not a pace: each waits for its condition

@@ -21,7 +21,7 @@ from tests.helpers.waiting import wait_until
 
 DEMO = "worker.demo:registry"
 CONSOLE = {"AIP_CREWAI_CONSOLE": "true"}
-# The screenshot for the README, written here when set (scripts/test leaves it unset).
+# The screenshot in docs/operating.md, written here when set (scripts/test leaves it unset).
 SCREENSHOT = os.environ.get("CONSOLE_SCREENSHOT")
 
 
@@ -119,7 +119,7 @@ def test_a_running_job_appears_in_the_worker_view_and_its_cancel_shows_the_evide
     expect(row.locator("td.pid")).to_have_text(str(pid))
     expect(row.locator("td.phase")).to_have_text("running")
     expect(row.locator("td.rss")).to_contain_text("MiB")
-    # Refreshed every second: the sparkline gains a point each time (eight here, for the README's picture).
+    # Refreshed every second: the sparkline gains a point each time (eight here, for the picture in docs/operating.md).
     expect(row.locator("td.rss polyline")).to_have_attribute("points", re.compile(r"^(\S+ ){7}\S+"))
     picture = tmp_path / "console-workers.png"
     page.set_viewport_size({"width": 1400, "height": 330})

@@ -29,8 +29,9 @@ pytest_plugins = ["supervisor.pytest_plugin"]  # the entry point registers it on
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_REGISTRY = "tests.crews:registry"
-# Every supervisor of the suite: the test registry, heartbeats every 0.5 s, run from this tree, 90 s to be ready.
-SETTINGS: dict[str, Any] = {"registry": TEST_REGISTRY, "heartbeat_seconds": 0.5, "cwd": ROOT, "ready_seconds": 90}
+# Every supervisor of the suite: the test registry, heartbeats every 0.5 s, run from this tree, 300 s to be ready
+# (a refused fork server means two cold imports of CrewAI before listening: 20 s quiet, minutes at load 10).
+SETTINGS: dict[str, Any] = {"registry": TEST_REGISTRY, "heartbeat_seconds": 0.5, "cwd": ROOT, "ready_seconds": 300}
 
 
 @pytest.fixture(scope="module")

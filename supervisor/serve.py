@@ -203,7 +203,8 @@ class _Dated:
 def _prepare(settings: config.Settings, journal_path: Path) -> Supervisor:
     """Lock and open the journal, learn the crews, fence jobs a dead supervisor left running."""
     state = journal_path.parent
-    prepare_directory(state, settings.worker_ids)
+    if (was := prepare_directory(state, settings.worker_ids)) is not None:
+        log.warning("state directory %s had mode %04o, which let others list it: made it private", state, was)
     check_state_files(journal_path)
     prepare_places(state, WORKER_PLACES, settings.worker_ids)
     journal = Journal(journal_path, settings.stream_checkpoint_events, settings.max_state_bytes)

@@ -16,7 +16,7 @@ from pathlib import Path
 from supervisor.config import PREFIX, Settings
 from supervisor.doctor.findings import Finding, ok, problem, warning
 from supervisor.journal.schema import JournalError
-from supervisor.journal.statefiles import check_directory, check_private_files, check_state_files
+from supervisor.journal.statefiles import check_directory, check_private_files, check_state_files, private_mode
 from supervisor.journal.store import free_bytes, size_bytes
 
 MiB = 1024 * 1024
@@ -36,7 +36,7 @@ def state(settings: Settings) -> list[Finding]:
 
 
 def _directory(directory: Path, worker_ids: tuple[int, int] | None) -> Finding:
-    wanted = 0o711 if worker_ids is not None else 0o700  # serve adds search for the workers' user
+    wanted = private_mode(worker_ids)  # as serve makes it
     quoted = shlex.quote(str(directory))
     if not os.path.lexists(directory):
         above = _existing(directory)
@@ -51,11 +51,12 @@ def _directory(directory: Path, worker_ids: tuple[int, int] | None) -> Finding:
         if worker_ids is not None:
             fix += f", in directories {PREFIX}WORKER_USER may traverse but not write (docs/security.md)"
         return problem("state", str(exc), fix)
-    if mode & 0o077 & ~wanted:
-        return problem(
-            "state", f"{directory} has mode {mode:04o}: other users can list it", f"chmod {wanted:o} {quoted}"
-        )
     owner, me = os.lstat(directory).st_uid, os.geteuid()
+    listed = f"{directory} has mode {mode:04o}: other users can list it"
+    if mode & 0o077 & ~wanted:
+        if owner != me:  # serve could not tighten it either, and refuses
+            return problem("state", f"{listed}, and it is uid {owner}'s", f"chmod {wanted:o} {quoted} as its owner")
+        return warning("state", f"{listed}; serve makes it {wanted:04o} when it starts", f"chmod {wanted:o} {quoted}")
     if owner != me:
         detail = f"{directory} is owned by uid {owner}, not by uid {me}, which runs this check"
         fix = f"run the doctor as the user that serves, or chown {me} {quoted}"

@@ -61,9 +61,11 @@ def restrict(path: Path) -> None:
         os.chmod(path, 0o600)
 
 
-def prepare_directory(directory: Path, worker_ids: tuple[int, int] | None = None) -> None:
+def prepare_directory(directory: Path, worker_ids: tuple[int, int] | None = None) -> int | None:
     """The state directory: 0700 when we create it; never a symlink, never group/world-writable.
 
+    An existing one that others may list or enter (0755, a volume's usual mode) is made 0700 if it is ours,
+    and its old mode returned (else None): the journal's companions and the workers' directories are in it.
     With workers of another user (``worker_ids``, WORKER_USER) it must be theirs to traverse and no one
     else's to change: search permission for group and others is added (0711: no listing, and the
     journal's files stay 0600 ours), it must not be owned by that user, and every directory above it
@@ -71,8 +73,23 @@ def prepare_directory(directory: Path, worker_ids: tuple[int, int] | None = None
     """
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     mode = check_directory(directory, worker_ids)
-    if worker_ids is not None:
-        os.chmod(directory, mode | 0o011)
+    wanted = private_mode(worker_ids)
+    target = (mode & 0o700) | (wanted & 0o077)  # the owner's bits are the owner's affair
+    if mode == target:
+        return None
+    loosened = mode & 0o077 & ~wanted
+    if loosened and os.lstat(directory).st_uid != os.geteuid():
+        raise JournalError(
+            f"state directory {directory} has mode {mode:04o} (others can list it) and is another user's:"
+            f" chmod {wanted:o} it as its owner"
+        )
+    os.chmod(directory, target)
+    return mode if loosened else None
+
+
+def private_mode(worker_ids: tuple[int, int] | None) -> int:
+    """What the state directory grants beyond its owner: nothing, or search for the workers' user."""
+    return 0o700 | (0o011 if worker_ids is not None else 0)
 
 
 def check_directory(directory: Path, worker_ids: tuple[int, int] | None = None) -> int:

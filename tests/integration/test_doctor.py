@@ -123,7 +123,6 @@ def _free_mib(path: Path) -> int:
 @pytest.mark.parametrize(
     ("case", "check", "fix"),
     [
-        ("state directory 0755", "state", "fix: chmod 700 "),
         ("token file 0644", "settings", "fix: chmod 600 "),
         ("registry that does not import", "registry", "fix: make no_such_crews importable by the workers"),
         (
@@ -138,9 +137,7 @@ def _free_mib(path: Path) -> int:
 )
 def test_each_problem_is_one_line_with_its_fix(deployment: Deployment, case: str, check: str, fix: str) -> None:
     args: list[str] = []
-    if case == "state directory 0755":
-        deployment.state.chmod(0o755)
-    elif case == "token file 0644":
+    if case == "token file 0644":
         deployment.token.chmod(0o644)
     elif case == "registry that does not import":
         deployment.env["AIP_CREWAI_REGISTRY"] = "no_such_crews:registry"
@@ -161,6 +158,16 @@ def test_each_problem_is_one_line_with_its_fix(deployment: Deployment, case: str
     assert problems[0].split()[1] == check
     assert fix in problems[0]
     assert "doctor: not ready (1 problem" in answer.out
+
+
+def test_a_listable_state_directory_is_a_warning_as_serve_makes_it_private(deployment: Deployment) -> None:
+    deployment.state.chmod(0o755)
+    answer = doctor(deployment)
+    assert answer.code == 0, answer.out + answer.err
+    [state] = [line for line in answer.lines("warning") if line.split()[1] == "state"]
+    assert "has mode 0755: other users can list it; serve makes it 0700 when it starts" in state
+    assert "fix: chmod 700 " in state
+    assert deployment.state.stat().st_mode & 0o777 == 0o755  # the doctor changes nothing
 
 
 def test_a_crew_whose_factory_raises_is_named(deployment: Deployment) -> None:

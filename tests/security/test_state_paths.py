@@ -57,6 +57,20 @@ def test_a_planted_fifo_or_symlink_is_refused_at_start_in_one_line(tmp_path: Pat
     assert stat.S_ISFIFO(os.lstat(planted).st_mode) == (kind == "fifo")  # left as it was
 
 
+def test_a_listable_state_directory_is_made_private_at_start_and_said(tmp_path: Path) -> None:
+    """As the doctor warns: a volume's 0755 would let every local user list the journal and the crews' homes."""
+    state = tmp_path / "state"
+    state.mkdir()
+    state.chmod(0o755)
+    server = start_server(state)
+    try:
+        assert state.stat().st_mode & 0o777 == 0o700
+        said = [json.loads(line) for line in server.log.read_text().splitlines() if line.startswith("{")]
+        assert any(f"state directory {state} had mode 0755" in entry["event"] for entry in said), said
+    finally:
+        server.stop()
+
+
 def test_crewai_files_are_private_and_each_crew_has_its_own_home(tmp_path: Path) -> None:
     server = start_server(tmp_path / "state", registry=REGISTRY, env={"AIP_CREWAI_ALLOWED_OPERATIONS": "run,replay"})
     try:

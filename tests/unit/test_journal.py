@@ -162,6 +162,29 @@ def test_state_directory_must_be_private_and_real(tmp_path: Path) -> None:
         prepare_directory(tmp_path / "alias")
 
 
+def test_a_listable_state_directory_of_ours_is_made_private(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    state.chmod(0o755)  # a volume's usual mode
+    assert prepare_directory(state) == 0o755  # serve logs that it tightened it
+    assert state.stat().st_mode & 0o777 == 0o700
+    assert prepare_directory(state) is None  # nothing to do the second time
+    state.chmod(0o500)
+    assert prepare_directory(state) is None and state.stat().st_mode & 0o777 == 0o500  # the owner's bits stay
+
+
+def test_a_listable_state_directory_of_another_user_is_refused(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: chown to another uid (CI runs as root)")
+    state = tmp_path / "state"
+    state.mkdir()
+    state.chmod(0o755)
+    os.chown(state, 65534, 65534)
+    with pytest.raises(JournalError, match=r"mode 0755 \(others can list it\) and is another user's: chmod 700"):
+        prepare_directory(state)
+    assert state.stat().st_mode & 0o777 == 0o755  # left as it was
+
+
 def test_a_corrupt_file_is_refused(path: Path) -> None:
     path.write_bytes(b"this is not a database" * 100)
     path.chmod(0o600)

@@ -19,7 +19,7 @@ job, so that a cancel, a timeout or a memory limit really stops the work.
 
   serve    run the supervisor
   doctor   check a deployment before it serves
-  jobs, show, events, cancel, top, run
+  jobs, show, output, events, cancel, top, run
            watch and control the jobs of a running supervisor
   chaos    inject faults under load and check every invariant
 
@@ -35,10 +35,11 @@ flag wins); docs/settings.md describes them. The bearer token is never a flag:
 give --bearer-token-file or {config.PREFIX}BEARER_TOKEN. "crew-supervisor
 doctor", with the same settings, checks them all first."""
 
-SERVE_EXIT = """\
-exit status:
-  1    a setting is wrong, or the journal cannot be opened (said in one line)
-  143  stopped by SIGTERM, after the drain (DRAIN_SECONDS)"""
+SERVE_EXIT = (
+    (1, "a setting is wrong, the port is in use or the journal cannot be opened (said in one line)"),
+    (130, "stopped by Ctrl-C (SIGINT), after the drain (DRAIN_SECONDS)"),
+    (143, "stopped by SIGTERM, after the drain"),
+)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -47,7 +48,11 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="crew-supervisor", description=DESCRIPTION, formatter_class=raw)
     commands = top.add_subparsers(dest="command", required=True)
     serve_parser = commands.add_parser(
-        "serve", help="run the supervisor", description=SERVE, epilog=SERVE_EXIT, formatter_class=raw
+        "serve",
+        help="run the supervisor",
+        description=SERVE,
+        epilog=console.exit_status(*SERVE_EXIT),
+        formatter_class=raw,
     )
     serve_parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="the log's level"
@@ -56,13 +61,13 @@ def parser() -> argparse.ArgumentParser:
         "doctor",
         help="check a deployment before it serves",
         description=doctor.DESCRIPTION,
-        epilog=doctor.EXIT_STATUS,
+        epilog=console.exit_status(*doctor.EXIT_CODES),
         formatter_class=raw,
     )
     doctor.add_arguments(doctor_parser)
     for parser_with_settings in (serve_parser, doctor_parser):
         parser_with_settings.add_argument(
-            "--demo", action="store_true", help=f"the offline demo crews ({config.DEMO_REGISTRY})"
+            "--demo", action="store_true", help="the registry: the offline demo crews that come with crew-supervisor"
         )
         config.add_flags(parser_with_settings)
     console.add_commands(commands)
@@ -70,7 +75,7 @@ def parser() -> argparse.ArgumentParser:
         "chaos",
         help="inject faults under load and check every invariant",
         description=chaos_flags.DESCRIPTION,
-        epilog=chaos_flags.EXIT_STATUS,
+        epilog=console.exit_status(*chaos_flags.EXIT_CODES),
         formatter_class=raw,
     )
     chaos_flags.add_arguments(chaos_parser)

@@ -22,12 +22,11 @@ only).
 It shows its progress, prints a summary (--json FILE writes it) and each
 violation in one line. The state of a run that found something is kept, and
 its path printed (--state DIR keeps it always)."""
-EXIT_STATUS = """\
-exit status:
-  0    no violation
-  1    a violation (each printed as a VIOLATION line)
-  2    it could not run: its flags are refused, or the supervisor could not
-       be started or reached"""
+EXIT_CODES = (
+    (0, "no violation"),
+    (1, "a violation (each printed as a VIOLATION line)"),
+    (2, "it could not run: its flags are refused, or the supervisor could not be started or reached"),
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,9 @@ command failed (said in one line on stderr), 3 the followed job failed, 4 it was
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import textwrap
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,13 +29,17 @@ from supervisor.escaping import json_line
 
 EXIT_ERROR, EXIT_FAILED, EXIT_CANCELLED = 1, 3, 4
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
+EXIT_PIPE_CLOSED = 141  # the reader of its output went away, as shells report SIGPIPE
 OUTCOME_CODES = {"completed": 0, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}
 STATUSES = ("running", "completed", "failed", "cancelled")
 
 
 def exit_status(*codes: tuple[int, str]) -> str:
-    """A command's --help epilog: its exit codes, one a line."""
-    return "exit status:\n" + "\n".join(f"  {code:<4} {meaning}" for code, meaning in codes)
+    """A command's --help epilog: its exit codes, one a line (wrapped at 80 columns under its meaning)."""
+    lines = (
+        textwrap.fill(meaning, 80, initial_indent=f"  {code:<4} ", subsequent_indent=" " * 7) for code, meaning in codes
+    )
+    return "exit status:\n" + "\n".join(lines)
 
 
 COULD_NOT = (EXIT_ERROR, "it could not do its work (refused, 401, 404, ...): one line says why")
@@ -42,6 +48,7 @@ FOLLOWED = (
     (EXIT_FAILED, "the job failed"),
     (EXIT_CANCELLED, "the job was cancelled"),
     (EXIT_INTERRUPTED, "Ctrl-C: it stopped following (the job goes on)"),
+    (EXIT_PIPE_CLOSED, "its output's reader went away (| head): it stopped following (the job goes on)"),
 )
 JOBS = """\
 List the jobs of a running supervisor, newest first, a page at a time: a
@@ -55,6 +62,10 @@ CANCEL = """\
 Cancel a job: kill its worker and every process it started, and return once
 that is confirmed, with the proof (the pid, the signal). --reason is recorded
 in the cancelled event."""
+OUTPUT = """\
+Print what a job's worker wrote to stdout and stderr (a tool's prints, CrewAI's
+panels, the traceback of a crew that raised): the last 64 KiB of each, as the
+supervisor keeps them, live while the job runs. --stream picks one."""
 TOP = """\
 The live view of the running jobs' workers (phase, pid, memory, CPU, age,
 events), refreshed every --interval seconds until Ctrl-C; --once prints one
@@ -108,6 +119,9 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     cancel_parser = command("cancel", cancel, "kill a job's worker and wait until it is confirmed gone", CANCEL, done)
     cancel_parser.add_argument("action_id", help="the job's action id")
     cancel_parser.add_argument("--reason", help="recorded in the cancelled event")
+    output_parser = command("output", output, "what a job's worker wrote to stdout and stderr", OUTPUT, done)
+    output_parser.add_argument("action_id", help="the job's action id")
+    output_parser.add_argument("--stream", choices=("stdout", "stderr"), help="only this one (default: both)")
     top_parser = command(
         "top",
         top,
@@ -140,6 +154,9 @@ def run_command(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `| grep -m 1` got what it wanted: stop quietly, as cat and head do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's own flush must not fail too
+        return EXIT_PIPE_CLOSED
 
 
 def emit_json(value: Any) -> None:
@@ -163,7 +180,7 @@ def list_jobs(client: Client, args: argparse.Namespace, out: Console) -> int:
     if args.json:
         emit_json(page)
     else:
-        out.print(views.jobs_table(page["jobs"]))
+        out.print(views.jobs_table(page["jobs"], out.width))
         if page["next_cursor"]:
             out.print(Text(f"more: --cursor {visible(page['next_cursor'])}", style="dim"))
     return 0
@@ -195,10 +212,26 @@ def cancel(client: Client, args: argparse.Namespace, out: Console) -> int:
     return answer(client.post(job_path(args.action_id, "cancel"), body), args, out, views.cancel_line)
 
 
+def output(client: Client, args: argparse.Namespace, out: Console) -> int:
+    captured = client.get(job_path(args.action_id, "output"))
+    if args.json:
+        emit_json(captured)
+        return 0
+    for name in (args.stream,) if args.stream else ("stdout", "stderr"):
+        text, total = captured[name]["text"], captured[name]["total_bytes"]
+        kept = len(text.encode(errors="surrogatepass"))
+        more = f", the last {kept} kept" if kept < total else ""
+        out.print(Text(f"{name}: {total} bytes written{more}{' so far' if captured['live'] else ''}", "bold"))
+        if text:
+            out.print(Text(visible(text.rstrip(), layout=True)), soft_wrap=True)  # as the worker wrote it
+    return 0
+
+
 def top(client: Client, args: argparse.Namespace, out: Console) -> int:
     if args.once:
         snapshot = client.get("/workers")
-        emit_json(snapshot) if args.json else out.print(views.workers_table(snapshot["workers"], time.time()))
+        shown = views.workers_table(snapshot["workers"], time.time(), out.width)
+        emit_json(snapshot) if args.json else out.print(shown)
         return 0
     if args.json:  # one JSON document per refresh, for a script to read line by line
         while True:
@@ -206,7 +239,7 @@ def top(client: Client, args: argparse.Namespace, out: Console) -> int:
             time.sleep(args.interval)
     with Live(views.workers_table([], time.time()), console=out, auto_refresh=False) as live:
         while True:
-            live.update(views.workers_table(client.get("/workers")["workers"], time.time()), refresh=True)
+            live.update(views.workers_table(client.get("/workers")["workers"], time.time(), out.width), refresh=True)
             time.sleep(args.interval)
 
 

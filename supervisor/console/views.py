@@ -9,7 +9,7 @@ characters (an ESC or CSI starts an escape sequence: a window title, a cursor mo
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
@@ -27,8 +27,19 @@ def plain(value: Any, style: str = "", layout: bool = False) -> Text:
     return Text(visible(value, layout), style=style)
 
 
-def jobs_table(jobs: list[dict[str, Any]]) -> Table:
-    table = Table("action id", "crew", "operation", "status", "events", "admitted", box=None, header_style="bold")
+def jobs_table(jobs: list[dict[str, Any]], width: int = 80) -> Table:
+    """Fits ``width`` columns with the id whole, so it can be pasted into ``show`` (the CLI's own ids are 40
+    characters): the crew and the operation share what the others leave, cut with an ellipsis."""
+    table = Table(box=None, header_style="bold", padding=(0, 1, 0, 0))
+    id_width = min(max((len(job["action_id"]) for job in jobs), default=9), 48)
+    fixed = {"status": 9, "events": 6, "admitted": 11}  # "cancelled", the header, "11-29 03:43"
+    shared = max((width - id_width - sum(fixed.values()) - 6) // 2, 3)  # 6: a space after each column
+    table.add_column("action id", no_wrap=True, min_width=id_width)
+    for name in ("crew", "op"):
+        table.add_column(name, overflow="ellipsis", no_wrap=True, max_width=min(shared, 24))
+    table.add_column("status", no_wrap=True, min_width=fixed["status"])
+    table.add_column("events", justify="right", no_wrap=True, min_width=fixed["events"])
+    table.add_column("admitted", no_wrap=True, min_width=fixed["admitted"])
     for job in jobs:
         table.add_row(
             plain(job["action_id"]),
@@ -36,37 +47,44 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Table:
             plain(job["operation"]),
             status_text(job["status"]),
             plain(job["event_count"]),
-            clock(job["admitted_at"]),
+            clock(job["admitted_at"], short=True),
         )
     return table
 
 
-def workers_table(workers: list[dict[str, Any]], now: float) -> Table:
-    """Fits 80 columns: the id and pid never shrink; ``idle`` is the time since the last event.
-    (``--json`` also has the process count and the wall-clock time of the last event.)"""
-    table = Table(title=f"{len(workers)} live job(s)", box=None, header_style="bold", padding=(0, 1))
-    longest = max((len(worker["action_id"]) for worker in workers), default=9)
-    table.add_column("action id", no_wrap=True, min_width=min(longest, 40))
-    for name in ("crew", "op", "phase"):
-        table.add_column(name, overflow="ellipsis", no_wrap=True, min_width=4, max_width=12)
-    table.add_column("pid", no_wrap=True, min_width=7)
-    for name in ("rss", "cpu%", "cpu s", "age", "events", "idle"):
-        table.add_column(name, justify="right", no_wrap=True)
+# ``top``'s columns after the job's: name, width (its longest value or header), and the cell. The job's column
+# holds the id whole (it is what ``cancel`` takes) over its crew and operation.
+WORKER_COLUMNS: tuple[tuple[str, int, Callable[[dict[str, Any], float], Any]], ...] = (
+    ("phase", 9, lambda w, now: plain(w["phase"])),  # "launching"
+    ("pid", 7, lambda w, now: dash(w["pid"])),
+    ("rss", 5, lambda w, now: megabytes(w["rss_bytes"])),
+    ("cpu%", 5, lambda w, now: dash(w["cpu_percent"])),
+    ("cpu s", 7, lambda w, now: dash(w["cpu_seconds"])),
+    ("age", 6, lambda w, now: f"{w['age_seconds']:.0f}s"),
+    ("events", 6, lambda w, now: plain(w["event_count"])),
+    ("idle", 6, lambda w, now: "-" if w["last_event_at"] is None else f"{max(now - w['last_event_at'], 0):.1f}s"),
+)
+DROPPED_FIRST = ("cpu s", "age", "events")  # where the width runs out; the rest always shows
+
+
+def workers_table(workers: list[dict[str, Any]], now: float, width: int = 80) -> Table:
+    """Fits ``width`` columns: the id whole, then as many of the columns as fit, dropping ``DROPPED_FIRST``
+    first; ``idle`` is the time since the last event. (``--json`` has every field, and the process count.)"""
+    table = Table(title=f"{len(workers)} live job(s)", box=None, header_style="bold", padding=(0, 1, 0, 0))
+    id_width = min(max((len(worker["action_id"]) for worker in workers), default=9), 48)
+    columns = list(WORKER_COLUMNS)
+    for name in DROPPED_FIRST:
+        if id_width + sum(size + 1 for _, size, _ in columns) < width:
+            break
+        columns = [column for column in columns if column[0] != name]
+    table.add_column("job", no_wrap=True, min_width=id_width, max_width=id_width)
+    for name, size, _ in columns:
+        table.add_column(name, justify="left" if name == "phase" else "right", no_wrap=True, min_width=size)
     for worker in workers:
-        last = worker["last_event_at"]
-        table.add_row(
-            plain(worker["action_id"]),
-            plain(worker["crew_id"]),
-            plain(worker["operation"]),
-            plain(worker["phase"]),
-            dash(worker["pid"]),
-            megabytes(worker["rss_bytes"]),
-            dash(worker["cpu_percent"]),
-            dash(worker["cpu_seconds"]),
-            f"{worker['age_seconds']:.0f}s",
-            plain(worker["event_count"]),
-            "-" if last is None else f"{max(now - last, 0):.1f}s",
-        )
+        what = plain(f"{worker['crew_id']} · {worker['operation']}", "dim")
+        job = Text.assemble(plain(worker["action_id"]), "\n", what)
+        job.overflow = "ellipsis"
+        table.add_row(job, *(cell(worker, now) for _, _, cell in columns))
     return table
 
 
@@ -155,10 +173,14 @@ def status_text(status: str) -> Text:
     return plain(status, STATUS_STYLES.get(status, ""))
 
 
-def clock(seconds: float | None) -> str:
+def clock(seconds: float | None, short: bool = False) -> str:
+    """Local time; ``short``: the time alone today, else the day and the minute (a table's column)."""
     if seconds is None:
         return "-"
-    return datetime.datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M:%S")
+    moment = datetime.datetime.fromtimestamp(seconds)
+    if not short:
+        return moment.strftime("%Y-%m-%d %H:%M:%S")
+    return moment.strftime("%H:%M:%S" if moment.date() == datetime.date.today() else "%m-%d %H:%M")
 
 
 def megabytes(size: int | None) -> str:

@@ -1,5 +1,5 @@
 """``crew-supervisor doctor``: the checks in order (a problem in ``BLOCKING`` stops those that need it), their
-lines and the verdict. ``DESCRIPTION`` and ``EXIT_STATUS`` are its ``--help``.
+lines and the verdict. ``DESCRIPTION`` and ``EXIT_CODES`` are its ``--help``.
 
 It changes nothing of the deployment: a cgroup made to see whether the kernel allows one is removed at once,
 and the crews are built in a throw-away directory.
@@ -32,10 +32,7 @@ flags and in the environment that serve. Each check prints one line, ok,
 warning or problem (with its fix), then a verdict; --json prints the findings
 as a list of {{check, status, detail, fix}}. It changes nothing of the
 deployment."""
-EXIT_STATUS = """\
-exit status:
-  0    ready to serve (warnings allowed)
-  1    a problem"""
+EXIT_CODES = ((0, "ready to serve (warnings allowed)"), (1, "a problem"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

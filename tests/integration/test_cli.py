@@ -217,3 +217,17 @@ def test_run_prints_the_answer_or_the_end_of_a_failure_s_stderr(server: Server) 
     assert "failed after" in failed.stdout and "RuntimeError" in failed.stdout
     # The cause is the crew's own words, in its stderr, which the terminal event does not carry.
     assert "line(s) of its stderr:" in failed.stdout and "provider said:" in failed.stdout
+
+
+def test_output_prints_what_the_worker_wrote(server: Server) -> None:
+    failed = cli(server, "run", "boom", "--action-id", "cli-output")
+    assert failed.returncode == 3, failed.stderr
+    shown = cli(server, "output", "cli-output")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("stdout: ") and "\nstderr: " in shown.stdout and "bytes written" in shown.stdout
+    assert "provider said:" in shown.stdout.split("\nstderr: ", 1)[1]  # the crew's own words, under stderr
+    only = cli(server, "output", "cli-output", "--stream", "stderr")
+    assert only.stdout.startswith("stderr: ") and "stdout: " not in only.stdout
+    as_json = orjson.loads(cli(server, "output", "cli-output", "--json").stdout)
+    assert as_json["live"] is False and "provider said:" in as_json["stderr"]["text"]
+    assert cli(server, "output", "no-such-job").returncode == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +23,7 @@ DOCUMENTED = {
     "doctor": {"--demo", "--json", *(config.flag(name) for name in config.SPEC)},
     "jobs": CONNECTING | {"--status", "--crew", "--operation", "--limit", "--cursor"},
     "show": CONNECTING,
+    "output": CONNECTING | {"--stream"},
     "events": CONNECTING | {"--follow"},
     "cancel": CONNECTING | {"--reason"},
     "top": CONNECTING | {"--once", "--interval"},
@@ -71,16 +73,40 @@ def test_the_documented_flags_exist(name: str) -> None:
     [
         ("jobs", {0, 1}),
         ("show", {0, 1}),
+        ("output", {0, 1}),
         ("cancel", {0, 1}),
         ("top", {0, 1, 130}),
-        ("events", {0, 1, 3, 4, 130}),
-        ("run", {0, 1, 3, 4, 130}),
+        ("events", {0, 1, 3, 4, 130, 141}),
+        ("run", {0, 1, 3, 4, 130, 141}),
         ("doctor", {0, 1}),
         ("chaos", {0, 1, 2}),
-        ("serve", {1, 143}),
+        ("serve", {1, 130, 143}),
     ],
 )
 def test_the_exit_codes_are_listed(name: str, codes: set[int]) -> None:
     epilog = subcommands()[name].epilog or ""
     listed = {int(code) for code in re.findall(r"^  (\d+) ", epilog, re.M)}
     assert epilog.startswith("exit status:") and listed == codes
+
+
+ROOT = Path(__file__).resolve().parents[2]
+PROSE = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+# `crew-supervisor COMMAND ...` as the documentation writes it, up to where the command line ends.
+USE = re.compile(r"crew-supervisor (\w+)([^`|;&#\n]*)")
+
+
+def test_every_flag_the_documentation_uses_exists() -> None:
+    """The docs and the help agree: each flag a page gives a command is one of that command's."""
+    commands = subcommands()
+    used = 0
+    for page in PROSE:
+        text = page.read_text().replace("\\\n", " ")
+        for name, rest in USE.findall(text):
+            if name not in commands:
+                continue
+            options = {option for action in commands[name]._actions for option in action.option_strings}
+            unquoted = re.sub(r"'[^']*'|\"[^\"]*\"", "", rest)  # a quoted command (--restart-cmd '...') is not ours
+            for flag in re.findall(r"(?<![\w-])--[a-z][a-z-]*", unquoted):
+                used += 1
+                assert flag in options, f"{page.name}: crew-supervisor {name} has no {flag}"
+    assert used > 30  # the pages use the CLI: the scan sees them

@@ -1,0 +1,57 @@
+"""The CLI's tables fit the terminal with every id whole, so that it can be pasted into show or cancel."""
+
+from __future__ import annotations
+
+import io
+import time
+import uuid
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from supervisor.console import views
+
+NOW = time.time()
+LONG_ID = f"cli-{uuid.uuid4()}"  # the CLI's own ids: 40 characters
+
+
+def job(action_id: str, crew: str, operation: str, status: str) -> dict[str, Any]:
+    return {"action_id": action_id, "crew_id": crew, "operation": operation, "status": status,
+            "event_count": 1234, "admitted_at": NOW - 3 * 86400}  # fmt: skip
+
+
+def worker(action_id: str, crew: str, operation: str) -> dict[str, Any]:
+    return {"action_id": action_id, "crew_id": crew, "operation": operation, "phase": "launching", "pid": 4194304,
+            "rss_bytes": 160 << 20, "cpu_percent": 99.5, "cpu_seconds": 1234.5, "age_seconds": 3600,
+            "event_count": 1234, "last_event_at": NOW - 3}  # fmt: skip
+
+
+def rendered(table: Any, width: int) -> list[str]:
+    console = Console(width=width, record=True, file=io.StringIO())
+    console.print(table)
+    return [line.rstrip() for line in console.export_text().splitlines()]
+
+
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_the_jobs_table_keeps_ids_and_every_column(width: int) -> None:
+    jobs = [job(LONG_ID, "nightly-report-builder", "knowledge_query", "cancelled"), job("j", "demo", "run", "failed")]
+    lines = rendered(views.jobs_table(jobs, width), width)
+    assert all(len(line) <= width for line in lines), lines
+    assert lines[0].split() == ["action", "id", "crew", "op", "status", "events", "admitted"]
+    assert lines[1].startswith(LONG_ID + " ") and "cancelled" in lines[1] and "1234" in lines[1]
+    assert lines[2].split()[:3] == ["j", "demo", "run"]  # short values are never cut
+    assert ("nightly-report-builder" in lines[1]) == (width >= 120)  # long ones only where there is no room
+
+
+@pytest.mark.parametrize(("width", "shown"), [(80, 5), (100, 8), (160, 8)])
+def test_top_keeps_ids_and_drops_the_least_needed_columns_first(width: int, shown: int) -> None:
+    lines = rendered(
+        views.workers_table([worker(LONG_ID, "nightly-report-builder", "knowledge_query")], NOW, width), width
+    )
+    assert all(len(line) <= width for line in lines), lines
+    header = lines[1].split()
+    assert header[0] == "job" and len(header) - 1 == shown + header.count("s")  # "cpu s" is two words
+    assert {"phase", "pid", "rss", "cpu%", "idle"} <= set(header)
+    assert lines[2].startswith(LONG_ID + " ") and "launching" in lines[2] and "4194304" in lines[2]
+    assert lines[3].startswith("nightly-report-builder · knowledge_query")

@@ -53,7 +53,8 @@ def create_app(sup: Supervisor) -> FastAPI:
         # FastAPI's /docs and /redoc pages load their scripts from a CDN; /openapi.json stays.
         docs_url=None,
         redoc_url=None,
-        responses=errors(400, 401, 408, 431),  # the middleware and the connection's bounds answer them anywhere
+        # The middleware, the body limit and the connection's bounds answer these on any route.
+        responses=errors(400, 401, 408, 413, 431, 503),
     )
     app.state.supervisor = sup
     app.state.metrics = sup.metrics

@@ -36,8 +36,9 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
 LastEventId = Annotated[str | None, Header(alias="Last-Event-ID")]
 
-STREAM_ERRORS = errors(400, 403, 404, 409, 413, 416, 422, 428, 503, 507)
-START_ERRORS = {**STREAM_ERRORS, **errors(502, 504)}  # a blocking start also reports how the job ended
+ADMISSION_ERRORS = errors(400, 403, 404, 409, 413, 422, 428, 503, 507)
+STREAM_ERRORS = {**ADMISSION_ERRORS, **errors(416)}  # a Last-Event-ID beyond the job's events
+START_ERRORS = {**ADMISSION_ERRORS, **errors(502, 504)}  # a blocking start also reports how the job ended
 
 
 class EventStream(StreamingResponse):

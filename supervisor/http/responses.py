@@ -39,12 +39,12 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     404: _error("Crew or job not found"),
     409: _error("Action id admitted with other material, job cancelled, or job running"),
     # Starlette's body limit answers in plain text when the declared Content-Length is already too big.
-    413: _error("Input over 1 MiB, or body over the body limit", **{"text/plain": {"schema": {"type": "string"}}}),
+    413: _error("Body over 4 MiB, or a start's input over 1 MiB", **{"text/plain": {"schema": {"type": "string"}}}),
     416: _error("Cursor outside 0..event_count"),
     422: _error("Request, path id or operation input invalid", ValidationProblem),
     428: _error("Idempotency-Key or archive confirmation missing"),
     502: _error("The job failed"),
-    503: _error("Shutting down: no new starts"),
+    503: _error("Not now, Retry-After says when: draining (starts), the journal's lock held, or no connection free"),
     504: _error("Wait expired; the job continues"),
     507: _error("Journal full, or the write could not be made durable"),
 }

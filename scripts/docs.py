@@ -1,7 +1,6 @@
 """The pages of docs/ that are made from the code, so that each has one source (tests/unit/test_docs_settings.py).
 
-usage: scripts/docs.py settings          # write docs/settings.md from the settings table, supervisor/config.py's SPEC
-       scripts/docs.py settings --check  # exit 1 if docs/settings.md is not what it would write
+usage: scripts/docs.py settings   # write docs/settings.md from the settings table, supervisor/config.py's SPEC
 """
 
 from __future__ import annotations
@@ -82,20 +81,11 @@ def settings_page(spec: Mapping[str, config.Setting] = config.SPEC) -> str:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="scripts/docs.py", description="write the docs/ pages made from the code")
     pages = parser.add_subparsers(dest="page", required=True)
-    settings = pages.add_parser("settings", help="docs/settings.md, from supervisor/config.py")
-    settings.add_argument("--check", action="store_true", help="exit 1 if the page is stale, instead of writing it")
-    args = parser.parse_args(argv)
-    page = settings_page()
-    shown = SETTINGS_PAGE.relative_to(ROOT)
-    if not args.check:
-        SETTINGS_PAGE.write_text(page)
-        print(f"wrote {shown}")
-        return 0
-    if SETTINGS_PAGE.exists() and SETTINGS_PAGE.read_text() == page:
-        print(f"{shown} is up to date")
-        return 0
-    print(f"{shown} is stale: run {REFRESH}")
-    return 1
+    pages.add_parser("settings", help="docs/settings.md, from supervisor/config.py")
+    parser.parse_args(argv)
+    SETTINGS_PAGE.write_text(settings_page())
+    print(f"wrote {SETTINGS_PAGE.relative_to(ROOT)}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -135,7 +135,7 @@ SPEC: dict[str, Setting] = {
         "",
         "crew registry as module:attr (required; --demo picks the offline demo crews)",
         "a callable attribute is called for the mapping; its values map each crew id to a zero-argument factory"
-        " (a function, a class, a `@CrewBase` class), so each job gets a fresh crew; an instance is refused",
+        " (a function, or any callable that takes no argument), so each job gets a fresh crew; an instance is refused",
     ),
     "HOST": Setting(_text, "127.0.0.1", "address to bind", "the reference defaults to `0.0.0.0`; this one to loopback"),
     "PORT": Setting(_integer(0, 65535), "8090", "port to bind"),

@@ -75,7 +75,7 @@ def runtime(ids: tuple[int, int]) -> tuple[str, list[str]]:
     """An interpreter the worker user can run, and the package directories to put on its path.
 
     The workers run the supervisor's own interpreter, so it and its packages must be readable by that
-    user (README). The venv's interpreter here links into /root (0700), so where it is out of reach the
+    user (docs/security.md). The venv's interpreter here links into /root (0700), so where it is out of reach the
     system's interpreter of the same minor version runs the supervisor, on the venv's packages.
     """
     packages = list(dict.fromkeys(sysconfig.get_paths()[kind] for kind in ("purelib", "platlib")))

@@ -23,7 +23,7 @@ import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.server import HANDLED_SIGNALS
 
-from supervisor import config, hardening
+from supervisor import config, hardening, listener
 from supervisor.http.app import create_app
 from supervisor.http.connections import Bounds, budget, guarded_protocol
 from supervisor.jobs.fencing import fence_restored
@@ -50,13 +50,16 @@ def serve(settings: config.Settings, log_level: str) -> None:
     max_connections, backlog = budget(settings.max_connections, open_files, settings.max_concurrency)
     if max_connections < settings.max_connections:
         log.warning("MAX_CONNECTIONS lowered to %d to fit %d open files", max_connections, open_files)
-    listener = _bind(settings.host, settings.port)
+    try:  # first: a port in use is one line, before the journal is locked or a child started
+        listening = listener.bind(settings.host, settings.port)
+    except OSError as exc:
+        sys.exit(f"crew-supervisor: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}")
     ephemeral = None if settings.state_file else Path(tempfile.mkdtemp(prefix="crew-supervisor-"))
     journal_path = ephemeral / "journal.db" if ephemeral else Path(settings.state_file).absolute()
     try:
         sup = _prepare(settings, journal_path)
     except (JournalError, LaunchError, OSError) as exc:
-        listener.close()
+        listening.close()
         sys.exit(f"crew-supervisor: {exc}")
     config = uvicorn.Config(
         _Dated(create_app(sup)),
@@ -83,23 +86,9 @@ def serve(settings: config.Settings, log_level: str) -> None:
     )
     server = _DrainingServer(config, sup, ephemeral)
     try:
-        server.run(sockets=[listener])  # listening starts here, once everything is ready
+        server.run(sockets=[listening])  # listening starts here, once everything is ready
     finally:
         server.release()
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    """The address, taken first: a port in use is one line, before the journal is locked or a child started
-    (uvicorn would find out only after, and the fork server's pipes break as the process exits under it)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
-    try:
-        listener.bind((host, port))
-    except OSError as exc:
-        listener.close()
-        sys.exit(f"crew-supervisor: cannot listen on {host}:{port}: {exc.strerror or exc}")
-    return listener
 
 
 class _DrainingServer(uvicorn.Server):

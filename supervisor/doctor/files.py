@@ -16,7 +16,7 @@ from pathlib import Path
 from supervisor.config import PREFIX, Settings
 from supervisor.doctor.findings import Finding, ok, problem, warning
 from supervisor.journal.schema import JournalError
-from supervisor.journal.statefiles import check_directory, check_private_files, check_state_files, private_mode
+from supervisor.journal.statefiles import check_directory, check_private_files, check_state_files, locked, private_mode
 from supervisor.journal.store import free_bytes, size_bytes
 
 MiB = 1024 * 1024
@@ -77,6 +77,9 @@ def _journal(journal: Path) -> Finding:
         return problem("journal", str(exc), f"chmod 600 {shlex.quote(str(journal))}*")
     if not journal.exists():
         return ok("journal", f"{journal} does not exist yet: serve makes it 0600")
+    if locked(journal.with_name(journal.name + ".lock")):
+        detail = f"{journal} is in use by another supervisor: serve would refuse to start on it"
+        return problem("journal", detail, f"stop that supervisor, or give this one another {PREFIX}STATE_FILE")
     return ok("journal", f"{journal}: 0600, {size_bytes(journal) // MiB} MiB with its WAL")
 
 

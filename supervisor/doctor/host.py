@@ -5,12 +5,24 @@ from __future__ import annotations
 import resource
 from pathlib import Path
 
+from supervisor import listener
 from supervisor.config import PREFIX, Settings
-from supervisor.doctor.findings import Finding, ok, warning
+from supervisor.doctor.findings import Finding, ok, problem, warning
 from supervisor.processes.limits import CPU_BACKSTOP_SECONDS, Limits
 
 MiB = 1024 * 1024
 CAP_SYS_RESOURCE = 24
+
+
+def listen(settings: Settings) -> Finding:
+    """Whether ``serve`` could take its address: bound as it binds, then let go at once."""
+    where = f"{settings.host}:{settings.port}"
+    try:
+        listener.bind(settings.host, settings.port).close()
+    except OSError as exc:
+        fix = f"stop what listens there (another supervisor?), or set {PREFIX}PORT (or {PREFIX}HOST)"
+        return problem("listen", f"cannot listen on {where}: {exc.strerror or exc}", fix)
+    return ok("listen", f"{where} is free")
 
 
 def cgroups(settings: Settings) -> Finding:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +16,8 @@ import orjson
 import pytest
 
 from protocol import QUIET_CREWAI
+from supervisor.journal.store import Journal
+from supervisor.testing import free_port
 from tests.conftest import ROOT
 
 DOCTOR_SECONDS = 300  # two crew-building workers may import CrewAI at once on a loaded machine
@@ -65,6 +69,7 @@ def deployment(tmp_path: Path) -> Deployment:
         AIP_CREWAI_REGISTRY="light_crews:registry",
         AIP_CREWAI_STATE_FILE=str(state / "journal.db"),
         AIP_CREWAI_BEARER_TOKEN_FILE=str(token),
+        AIP_CREWAI_PORT=str(free_port()),  # its own: the listen check must not meet another test's
     )
     return Deployment(state, token, env, tmp_path)
 
@@ -94,8 +99,8 @@ def test_a_good_deployment_is_ready(deployment: Deployment) -> None:
     assert {f["status"] for f in found} <= {"ok", "warning"}
     checks = [f["check"] for f in found]
     assert checks == [
-        "names", "settings", "state", "journal", "token", "registry", "warm-up", "telemetry", "cgroups", "rlimits",
-        "disk",
+        "names", "settings", "state", "journal", "token", "registry", "warm-up", "telemetry", "listen", "cgroups",
+        "rlimits", "disk",
     ]  # fmt: skip
     registry = next(f for f in found if f["check"] == "registry")
     assert registry["detail"].startswith("worker.demo:registry: 5 of 5 crews build")
@@ -132,6 +137,8 @@ def _free_mib(path: Path) -> int:
         ),
         ("registry naming no attribute", "registry", "fix: name in AIP_CREWAI_REGISTRY the attribute of tests.crews"),
         ("tracing switched on", "telemetry", "fix: unset CREWAI_TRACING_ENABLED"),
+        ("port in use", "listen", "fix: stop what listens there (another supervisor?)"),
+        ("journal in use", "journal", "fix: stop that supervisor, or give this one another AIP_CREWAI_STATE_FILE"),
         ("MIN_FREE_DISK_MB above the free space", "disk", "or lower AIP_CREWAI_MIN_FREE_DISK_MB"),
     ],
 )
@@ -147,11 +154,18 @@ def test_each_problem_is_one_line_with_its_fix(deployment: Deployment, case: str
         deployment.env["AIP_CREWAI_REGISTRY"] = "tests.crews:no_such_registry"
     elif case == "tracing switched on":
         deployment.env["CREWAI_TRACING_ENABLED"] = "true"
-    else:
+    elif case == "MIN_FREE_DISK_MB above the free space":
         if _free_mib(deployment.state) >= MAX_MIN_FREE_DISK_MB:
             pytest.skip("more free space than MIN_FREE_DISK_MB can ask for")
         args = ["--min-free-disk-mb", str(MAX_MIN_FREE_DISK_MB)]  # a flag, as serve takes it
-    answer = doctor(deployment, *args)
+    with contextlib.ExitStack() as held:
+        if case == "port in use":
+            taken = held.enter_context(socket.socket())
+            taken.bind(("127.0.0.1", int(deployment.env["AIP_CREWAI_PORT"])))
+            taken.listen()
+        elif case == "journal in use":  # held as a serving supervisor holds it: the journal's own lock
+            held.callback(Journal(deployment.state / "journal.db", checkpoint_events=1).close)
+        answer = doctor(deployment, *args)
     assert answer.code == 1, answer.out + answer.err
     problems = answer.lines("problem")
     assert len(problems) == 1, answer.out

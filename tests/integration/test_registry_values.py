@@ -12,6 +12,9 @@ from tests.conftest import Server, start_body, start_server, stop_server
 
 pytestmark = pytest.mark.both_launchers
 REGISTRY = "tests.instance_crews:registry"
+# A blocking start on spawn waits for a fresh interpreter to import CrewAI, the openai SDK and this registry
+# (~15 s of CPU): 10-20 s quiet, past a minute beside a burner and other tests (seen). A hang guard only.
+ANSWER_SECONDS = 300
 REFUSED = (
     "registry value 'instance' is a Crew instance, not a zero-arg factory;"
     " fix: make 'instance' a zero-arg function that returns the Crew: registry = {'instance': make_instance}"
@@ -37,7 +40,7 @@ def test_a_crew_instance_fails_its_job_naming_the_fix(
     instance_server: Server, operation: str, payload: dict[str, Any]
 ) -> None:
     body = start_body("instance", f"instance-{operation}", operation=operation, input=payload)
-    with instance_server.client() as client:
+    with instance_server.client(timeout=ANSWER_SECONDS) as client:
         answer = client.post("/jobs", json=body, headers={"Idempotency-Key": "k"})
         assert answer.status_code == 502, answer.text
         events = client.get(f"/jobs/instance-{operation}/events").json()["events"]
@@ -49,7 +52,7 @@ def test_a_crew_instance_fails_its_job_naming_the_fix(
 
 
 def test_the_factories_beside_it_serve(instance_server: Server) -> None:
-    with instance_server.client() as client:
+    with instance_server.client(timeout=ANSWER_SECONDS) as client:
         assert client.get("/health").json()["crews"] == ["demo", "instance"]
         answer = client.post("/jobs", json=start_body("demo", "factory-run"), headers={"Idempotency-Key": "k"})
     assert answer.status_code == 200, answer.text

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from supervisor import config
+from supervisor import config, settings_table
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS_PAGE = ROOT / "docs" / "settings.md"
@@ -31,7 +31,7 @@ def plain(text: str) -> str:
     )
 
 
-def values(name: str, parser: config.Parser) -> str:
+def values(name: str, parser: settings_table.Parser) -> str:
     """The Range / values cell."""
     if parser.bounds:
         return "–".join(f"{bound}{size(name, str(bound))}" for bound in parser.bounds)
@@ -48,7 +48,7 @@ def size(name: str, value: str) -> str:
     return ""
 
 
-def settings_page(spec: Mapping[str, config.Setting] = config.SPEC) -> str:
+def settings_page(spec: Mapping[str, settings_table.Setting] = config.SPEC) -> str:
     example = "MAX_CONCURRENCY"
     not_flags = " ".join(
         f"`{name}` is not a flag, since {config.NOT_A_FLAG_BECAUSE}: use {plain(instead)}."

@@ -1,0 +1,296 @@
+"""The settings table: each AIP_CREWAI_* setting's parser (with what it accepts), default and help. One
+source for ``supervisor.config`` (flags, environment, checks), ``serve --help`` and docs/settings.md."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+OPERATIONS = ("run", "batch_run", "replay", "train", "test", "knowledge_query", "memory_reset")
+
+
+@dataclasses.dataclass(frozen=True)
+class Parser:
+    """A setting's parser, with what it accepts for the settings page: a number within ``bounds`` (both
+    included), or what ``accepts`` says, followed by the ``choices`` (neither: any text)."""
+
+    parse: Callable[[str], Any]
+    accepts: str = ""
+    choices: tuple[str, ...] = ()
+    bounds: tuple[float, float] | None = None
+
+    def __call__(self, raw: str) -> Any:
+        return self.parse(raw)
+
+
+def _accepting(accepts: str = "", choices: tuple[str, ...] = ()) -> Callable[[Callable[[str], Any]], Parser]:
+    """A decorator: the parser function, with what it accepts."""
+    return lambda parse: Parser(parse, accepts, choices)
+
+
+@_accepting(choices=("true", "false"))
+def _boolean(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("must be true or false")
+
+
+def _integer(low: int, high: int) -> Parser:
+    def parse(raw: str) -> int:
+        value = int(raw.strip())
+        if not low <= value <= high:
+            raise ValueError(f"must be from {low} to {high}")
+        return value
+
+    return Parser(parse, bounds=(low, high))
+
+
+def _number(low: float, high: float) -> Parser:
+    def parse(raw: str) -> float:
+        value = float(raw.strip())
+        if not low <= value <= high:
+            raise ValueError(f"must be from {low:g} to {high:g}")
+        return value
+
+    return Parser(parse, bounds=(low, high))
+
+
+@_accepting("comma-separated environment variable names; a trailing * matches a prefix")
+def _names(raw: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in raw.split(",") if name.strip())
+    for name in names:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\*?", name):
+            raise ValueError(f"{name!r} is not an environment variable's name (a trailing * matches a prefix)")
+    return names
+
+
+@_accepting("comma-separated, any of", OPERATIONS)
+def _operations(raw: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(part.strip() for part in raw.split(",") if part.strip()))
+    unknown = [name for name in names if name not in OPERATIONS]
+    if unknown or not names:
+        raise ValueError(f"must be a comma-separated subset of {','.join(OPERATIONS)}")
+    return names
+
+
+def _or_auto(parser: Parser) -> Parser:
+    """Empty means "sized from other settings" (resolved in ``load``)."""
+
+    def parse_or_auto(raw: str) -> int | None:
+        return None if not raw.strip() else parser(raw)
+
+    return dataclasses.replace(parser, parse=parse_or_auto)
+
+
+def _choice(*allowed: str) -> Parser:
+    def parse(raw: str) -> str:
+        if raw.strip() not in allowed:
+            raise ValueError(f"must be one of {', '.join(allowed)}")
+        return raw.strip()
+
+    return Parser(parse, choices=allowed)
+
+
+_text = Parser(str.strip)
+
+
+class Setting(NamedTuple):
+    """One setting: its parser, its default as its variable would say it, and its help, plain text for
+    ``serve --help`` and the settings page; ``doc``, Markdown, adds what only the page says."""
+
+    parse: Parser
+    default: str
+    help: str
+    doc: str = ""
+
+
+MiB = 1024 * 1024
+# name (after the prefix) -> its setting; docs/settings.md is made from this table (scripts/docs.py settings)
+SPEC: dict[str, Setting] = {
+    "REGISTRY": Setting(
+        _text,
+        "",
+        "crew registry as module:attr (required; --demo picks the offline demo crews)",
+        "a callable attribute is called for the mapping; its values map each crew id to a zero-argument factory"
+        " (a function, or any callable that takes no argument), so each job gets a fresh crew; an instance is refused",
+    ),
+    "HOST": Setting(_text, "127.0.0.1", "address to bind", "the reference defaults to `0.0.0.0`; this one to loopback"),
+    "PORT": Setting(_integer(0, 65535), "8090", "port to bind"),
+    "STATE_FILE": Setting(_text, "", "journal path (SQLite); required unless ALLOW_EPHEMERAL on loopback"),
+    "BEARER_TOKEN": Setting(
+        _text,
+        "",
+        "the bearer token clients must send",
+        "not a flag (see above); this or `BEARER_TOKEN_FILE` is required unless `ALLOW_UNAUTHENTICATED` on"
+        " loopback; see [Security](security.md)",
+    ),
+    "BEARER_TOKEN_FILE": Setting(
+        _text,
+        "",
+        "file holding the bearer token (regular, 0600 or stricter); set it or BEARER_TOKEN, not both",
+    ),
+    "ALLOW_UNAUTHENTICATED": Setting(
+        _boolean, "false", "serve without a token: a development switch, refused off loopback"
+    ),
+    "ALLOW_EPHEMERAL": Setting(
+        _boolean, "false", "keep the journal in a temporary directory: a development switch, refused off loopback"
+    ),
+    "ALLOWED_OPERATIONS": Setting(_operations, "run", "the operations clients may start, comma-separated"),
+    "MAX_CONCURRENCY": Setting(_integer(1, 1024), "4", "workers running at once; more jobs wait in order"),
+    "MAX_RETAINED_RUNS": Setting(
+        _integer(1, 100000),
+        "2000",
+        "jobs kept in the journal before admission answers 507; at least MAX_CONCURRENCY",
+    ),
+    "MAX_EVENTS_PER_RUN": Setting(_integer(2, 100000), "1000", "events per job, the last kept for the terminal one"),
+    "MAX_EVENT_BYTES": Setting(
+        _integer(1024, 4 * MiB),
+        "262144",
+        "largest event data (compact JSON); a larger chunk, or an output that does not fit its completed event,"
+        " fails the job (reason event_too_large)",
+    ),
+    "MAX_STATE_BYTES": Setting(
+        _integer(MiB, 4096 * MiB), str(256 * MiB), "largest journal before admission answers 507"
+    ),
+    "MIN_FREE_DISK_MB": Setting(
+        _integer(0, 1 << 20),
+        "64",
+        "free space kept on the journal's filesystem for the jobs already running: below it admission answers 507",
+        "see [Reliability](reliability.md)",
+    ),
+    "STREAM_CHECKPOINT_EVENTS": Setting(
+        _integer(1, 10000), "128", "chunk events committed together: what a crash may lose at most"
+    ),
+    "TRAINING_DIR": Setting(
+        _text,
+        "",
+        "where train writes artifacts (required when train is allowed)",
+        "mode 0700, not a symlink, owned by `WORKER_USER` when that is set, and this supervisor's alone: the"
+        " hidden `.partial` files in it are removed at start",
+    ),
+    "LAUNCHER": Setting(
+        _choice("forkserver", "spawn"),
+        "forkserver",
+        "forkserver (warm, milliseconds per job) or spawn (a fresh interpreter, seconds)",
+        "the fork server imports CrewAI once and warms it on crews of its own, offline, and on each installed"
+        " provider CrewAI routes to natively against a loopback provider of its own, so that no worker repeats"
+        " that first-use work; see [Architecture](architecture.md#how-it-works)",
+    ),
+    "PREFORK": Setting(
+        _or_auto(_integer(0, 64)),
+        "",
+        "idle workers forked ahead of demand by the fork server (default min(MAX_CONCURRENCY, 2); 0: off)",
+        "each still serves one job only, and gets its job's environment and directory with its start",
+    ),
+    "LOG_FORMAT": Setting(
+        _choice("json", "text"),
+        "json",
+        "json (one object per line: time, level, event, job fields, durations) or text (for people)",
+    ),
+    "STOP_GRACE_MS": Setting(_integer(0, 60000), "0", "SIGTERM grace before SIGKILL when stopping a worker"),
+    "DRAIN_SECONDS": Setting(
+        _number(0, 3600),
+        "20",
+        "after SIGTERM, how long running jobs may still finish before they are killed (0: at once); keep it"
+        " about 10 s below the orchestrator's grace period",
+        "see [Stopping](operating.md#stopping-metrics-logs-containers)",
+    ),
+    "HEARTBEAT_SECONDS": Setting(_number(0.05, 300), "15", "SSE comment sent while a stream is idle"),
+    "HEADER_TIMEOUT_SECONDS": Setting(
+        _number(0.1, 300),
+        "10",
+        "a connection that has not sent a request's headers this long after connecting (or after its last"
+        " response) is closed",
+    ),
+    "MAX_HEADER_BYTES": Setting(
+        _integer(1024, MiB),
+        "32768",
+        "a request's line and headers together (one header line: 8 KiB, at most 100 headers); beyond, 431 and"
+        " the connection closed",
+        "see [Bounds and timeouts](security.md#bounds-and-timeouts)",
+    ),
+    "BODY_TIMEOUT_SECONDS": Setting(
+        _number(0.1, 3600),
+        "30",
+        "a request's body must have arrived this long after its headers, else 408 and the connection closed",
+    ),
+    "SEND_TIMEOUT_SECONDS": Setting(
+        _number(0.1, 3600),
+        "30",
+        "a client that reads nothing of an answer waiting to be sent (a stream it stopped reading) for this"
+        " long is disconnected",
+    ),
+    "MAX_CONNECTIONS": Setting(
+        _integer(1, 1 << 20),
+        "4096",
+        "connections kept at once (lowered to fit the open-files limit); beyond it the oldest one still"
+        " waiting for its headers is closed, or the newcomer answered 503",
+        "the lowering is logged at start; see [Security](security.md)",
+    ),
+    "WORKER_MAX_MEMORY_MB": Setting(
+        _integer(0, 1 << 20),
+        "2048",
+        "memory of a job's processes: its memory cgroup's charge where there is one, else their PSS sampled (0: off)",
+        "see [Limits](operating.md#limits)",
+    ),
+    "WORKER_MAX_CPU_SECONDS": Setting(
+        _integer(0, 1 << 20), "3600", "CPU seconds a job's processes may use, counted from its start (0: off)"
+    ),
+    "WORKER_MAX_PROCESSES": Setting(
+        _integer(0, 100000),
+        "256",
+        "processes and threads of one job, the worker's included, as a pids cgroup counts them (0: off)",
+    ),
+    "WORKER_MAX_OPEN_FILES": Setting(
+        _integer(0, 1 << 20), "1024", "open files per worker process (RLIMIT_NOFILE; 0: off)"
+    ),
+    "WORKER_MAX_ADDRESS_SPACE_MB": Setting(
+        _integer(0, 1 << 30),
+        "0",
+        "address space per worker process (RLIMIT_AS; 0: off)",
+        "a CrewAI worker maps 0.5–1 GiB before it allocates anything",
+    ),
+    "WORKER_MAX_OUTPUT_BYTES": Setting(
+        _integer(0, 1 << 40), str(64 * MiB), "stdout+stderr bytes a job may write (0: off)"
+    ),
+    "WORKER_NICE": Setting(
+        _integer(0, 19),
+        "10",
+        "workers' niceness, so the supervisor stays responsive under load",
+        "the fork server keeps answering too; workers stay in the supervisor's session, so it holds under the"
+        " kernel's autogroup scheduling",
+    ),
+    "LIMIT_SAMPLE_MS": Setting(_integer(10, 60000), "250", "how often memory, CPU and processes are sampled"),
+    "CGROUPS": Setting(
+        _choice("auto", "off"),
+        "auto",
+        "auto: a pids and a memory cgroup per job where the kernel lets us write them (the kernel enforces"
+        " WORKER_MAX_PROCESSES and WORKER_MAX_MEMORY_MB); off: sampling only",
+    ),
+    "CONSOLE": Setting(
+        _boolean,
+        "false",
+        "serve the operator console (a browser page) under /console; the page is public, every call it makes needs"
+        " the bearer token",
+        "see [The console](operating.md#the-console-in-a-browser)",
+    ),
+    "WORKER_ENV": Setting(
+        _names,
+        "",
+        "the supervisor's environment variables the workers get, comma-separated names (a trailing * matches a"
+        " prefix: OPENAI_*); PATH and PYTHONPATH always; empty: all of them but the bearer token's",
+        "see [What is trusted](security.md#what-is-trusted-crews)",
+    ),
+    "WORKER_USER": Setting(
+        _text,
+        "",
+        "run the fork server and the workers as this user: a name, a uid (its passwd entry gives the group) or"
+        " uid:gid; the supervisor must be root, and a uid or gid of 0 is refused (empty: the supervisor's uid)",
+        "see [A separate uid for workers](security.md#a-separate-uid-for-workers)",
+    ),
+}

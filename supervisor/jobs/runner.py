@@ -259,7 +259,7 @@ class Runner:
         if size > bound:
             message_text = f"an output of {size} bytes exceeds {PREFIX}MAX_EVENT_BYTES ({bound})"
             return failure("event_too_large", message_text, True, output_bytes=size, limit_bytes=bound, **proof)
-        return Outcome("completed", message.output, message.output, exit_status=status)
+        return Outcome("completed", message.output, message.output, exit_status=proof.get("exit_status"))
 
     async def _settle(self, job: LiveJob, outcome: Outcome) -> None:
         if job.phase is not Phase.SETTLING:  # it never ran: queued, or its launch failed

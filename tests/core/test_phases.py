@@ -4,29 +4,19 @@ docs/architecture.md is the table's own."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
-from collections.abc import Callable, Coroutine
-from typing import Any
 
 import pytest
 
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.phases import MOVES, IllegalMove, Phase, StopReason, diagram
 from tests.conftest import ROOT
+from tests.core.harness import in_loop
 
 
 def live_job() -> LiveJob:
     """A job as the runner makes one (its futures need a loop, so the tests run in one)."""
     return LiveJob("a", "demo", "run", {}, 1000, 0.0, 1.0)
-
-
-def in_loop(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
-    @functools.wraps(test)
-    def run(*args: Any, **kwargs: Any) -> None:
-        asyncio.run(test(*args, **kwargs))
-
-    return run
 
 
 def reach(job: LiveJob, phase: Phase) -> None:

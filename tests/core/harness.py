@@ -1,0 +1,141 @@
+"""The job core in this process: the real ``Supervisor`` (admission, runner, recorder, housekeeping), a real
+journal in a temporary directory and real limits, with a ``Launcher`` whose workers are scripted processes
+without CrewAI (``tests/helpers/scripted_worker.py``): every branch of a job's life in tens of milliseconds."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import sys
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from protocol import Registry
+from supervisor import config
+from supervisor.jobs.supervisor import Supervisor
+from supervisor.journal.records import Job
+from supervisor.journal.statefiles import WORKER_PLACES, prepare_directory, prepare_places
+from supervisor.journal.store import Journal
+from supervisor.models import StartRequest
+from supervisor.processes.launcher import LaunchError, SpawnLauncher
+from supervisor.processes.limits import Limits
+from supervisor.processes.process import WorkerProcess
+from supervisor.processes.reaper import Reaper
+from tests.conftest import ROOT
+
+SCRIPTED_WORKER = ROOT / "tests/helpers/scripted_worker.py"
+CREW = "scripted"
+TOKEN = "core-test-token-0123456789"
+DEADLINE = 60.0  # any one wait of a test: far above the ~0.1 s each takes, so only a hang reaches it
+
+
+class ScriptedLauncher:
+    """Spawns scripted workers, each playing its job's ``input["script"]``. ``gate`` held shut keeps every
+    spawn waiting (its job stays launching); ``refusal`` makes the next spawns fail as a launcher's would."""
+
+    name = "scripted"
+
+    def __init__(self, reaper: Reaper) -> None:
+        self._spawn = SpawnLauncher(reaper, [sys.executable, str(SCRIPTED_WORKER)])
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.spawning = asyncio.Event()  # a spawn has begun
+        self.refusal: str | None = None
+        self.workers: list[WorkerProcess] = []
+
+    async def describe(self, env: Mapping[str, str], cwd: str) -> Registry:
+        return Registry([CREW], [])
+
+    def start(self) -> None:
+        pass
+
+    async def spawn(self, env: Mapping[str, str], cwd: str) -> WorkerProcess:
+        self.spawning.set()
+        await self.gate.wait()
+        if self.refusal is not None:
+            raise LaunchError(self.refusal)
+        worker = await self._spawn.spawn(env, cwd)
+        self.workers.append(worker)
+        return worker
+
+    async def stop(self) -> None:
+        pass
+
+    def health(self) -> dict[str, object]:
+        return {}
+
+
+@dataclasses.dataclass
+class Core:
+    sup: Supervisor
+    launcher: ScriptedLauncher
+    journal: Journal
+
+    async def start(self, script: list[str], action_id: str = "job", timeout_ms: int = 60_000, **extra: Any) -> Job:
+        """Admit a job that plays ``script`` (``extra`` joins its input); raises the admission's refusal."""
+        body = StartRequest(crew_id=CREW, action_id=action_id, input={"script": script, **extra}, timeout_ms=timeout_ms)
+        return await self.sup.admission.admit(body, f"key-{action_id}", legacy=False)
+
+    async def settled(self, action_id: str = "job") -> tuple[str, dict[str, Any]]:
+        """The job's terminal event, once committed: its name and data."""
+        assert await self.sup.runner.wait(action_id, DEADLINE), f"{action_id} did not end within {DEADLINE} s"
+        name, data = self.events(action_id)[-1]
+        assert name in ("completed", "failed", "cancelled"), f"{action_id} ended without a terminal event: {name}"
+        return name, data
+
+    def events(self, action_id: str = "job") -> list[tuple[str, dict[str, Any]]]:
+        stored = self.journal.stored_events(action_id, 0, 10_000, 1 << 30)
+        return [(event.event, orjson.loads(event.data)) for event in stored]
+
+    async def phase_reached(self, action_id: str, phase: str) -> None:
+        async with asyncio.timeout(DEADLINE):
+            while (job := self.sup.live.get(action_id)) is None or job.phase != phase:
+                await asyncio.sleep(0.005)
+
+
+def identity(it: Core, index: int = 0) -> tuple[int, float]:
+    """A worker's pid and start time, as read while it lived: ``gone`` on them is never true of a pid that never was."""
+    worker = it.launcher.workers[index]
+    return worker.pid, worker.create_time
+
+
+def settings(journal: Path, **overrides: str) -> config.Settings:
+    environ = {"AIP_CREWAI_REGISTRY": "scripted:registry", "AIP_CREWAI_STATE_FILE": str(journal)}
+    environ |= {"AIP_CREWAI_BEARER_TOKEN": TOKEN}
+    environ |= {"AIP_CREWAI_CGROUPS": "off"}  # the test process's own cgroup stays as it is
+    environ |= {f"AIP_CREWAI_{name.upper()}": value for name, value in overrides.items()}
+    return config.load({}, environ)
+
+
+@contextlib.asynccontextmanager
+async def core(tmp: Path, **overrides: str) -> AsyncIterator[Core]:
+    """A started supervisor over ``tmp``, stopped (every job ended, every worker gone) on the way out."""
+    state = tmp / "state"
+    prepare_directory(state)
+    prepare_places(state, WORKER_PLACES)
+    chosen = settings(state / "journal.db", **overrides)
+    journal = Journal(Path(chosen.state_file), chosen.stream_checkpoint_events, chosen.max_state_bytes)
+    reaper = Reaper()
+    launcher = ScriptedLauncher(reaper)
+    sup = Supervisor(chosen, journal, launcher, Limits(chosen), [CREW], state, reaper)
+    try:
+        sup.start()
+        yield Core(sup, launcher, journal)
+    finally:
+        await sup.stop()
+        journal.close()
+
+
+def in_loop(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    """A coroutine test, run in a loop of its own."""
+
+    @functools.wraps(test)
+    def run(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(test(*args, **kwargs))
+
+    return run

@@ -1,0 +1,103 @@
+"""A worker without CrewAI that plays its job's ``input["script"]``: a real process speaking the real protocol in
+~50 ms, so the job core's every branch can be driven from a test (``tests/core``).
+
+``python scripted_worker.py job --parent-pid PID --cwd DIR``, as the spawn launcher starts ``python -m worker``.
+Steps, in order: ``started``, ``chunk``, ``complete``, ``fail`` (a terminal, then the worker leaves as the real one
+does), ``hang`` (until killed), ``exit:N`` (leave with status N, no terminal), ``close-events`` (close the event
+pipe and run on), ``ignore-term`` (survive SIGTERM), ``tree`` (a child and a setsid grandchild; their pids go
+to the file ``input["pids"]`` names), ``shout`` (64 KiB to stdout), ``late-chunk`` (a frame after the terminal),
+``linger`` (stay 60 s after the terminal, then leave), ``await-go`` (until the file ``input["go"]`` names exists).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from protocol import CONTROL_FD, EVENT_FD, Chunk, Completed, Failed, Hello, Message, MessageReader, Start, Started, pack
+
+PR_SET_PDEATHSIG = 1
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(3600)"]
+
+
+def send(message: Message) -> None:
+    os.write(EVENT_FD, pack(message))
+
+
+def read_start() -> Start:
+    reader = MessageReader()
+    while True:
+        data = os.read(CONTROL_FD, 65536)
+        if not data:  # the supervisor closed our control pipe before our job came
+            os._exit(0)
+        for message in reader.feed(data):
+            if isinstance(message, Start):
+                return message
+
+
+def spawn_tree(pids: Path) -> None:
+    """A child in our group and another in a session of its own, which a kill of our group misses."""
+    child = subprocess.Popen(SLEEPER)
+    escaped = subprocess.Popen(SLEEPER, start_new_session=True)
+    pids.write_text(f"{child.pid} {escaped.pid}")
+
+
+def play(step: str, start: Start) -> None:
+    if step == "started":
+        send(Started())
+    elif step == "chunk":
+        send(Chunk("text", {"content": "tick"}))
+    elif step == "complete":
+        send(Completed({"raw": "done", "tasks_output": []}))
+    elif step == "fail":
+        send(Failed("ValueError", "crew_failed", "the crew raised", False))
+    elif step == "late-chunk":
+        send(Chunk("text", {"content": "after the end"}))
+    elif step == "hang":
+        time.sleep(3600)
+    elif step.startswith("exit:"):
+        os._exit(int(step.removeprefix("exit:")))
+    elif step == "close-events":
+        os.close(EVENT_FD)
+    elif step == "ignore-term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    elif step == "tree":
+        spawn_tree(Path(start.input["pids"]))
+    elif step == "shout":
+        sys.stdout.write("x" * 65536)
+        sys.stdout.flush()
+    elif step == "linger":
+        time.sleep(60)
+    elif step == "await-go":
+        go = Path(start.input["go"])
+        deadline = time.monotonic() + 60
+        while not go.exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+    else:
+        raise SystemExit(f"scripted_worker: unknown step {step!r}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=["job"])
+    parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--cwd")
+    args = parser.parse_args()
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != args.parent_pid:  # the test died before we armed it
+        os._exit(1)
+    send(Hello(os.getpid()))
+    start = read_start()
+    for step in start.input.get("script", []):
+        play(step, start)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

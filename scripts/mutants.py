@@ -4,9 +4,10 @@
 
 Each mutant is one small deliberate break of a claim (cancel does nothing, the descendants that left the
 group are spared, restart fencing is skipped, the output drops fields, the header timeout is off). For each,
-a temporary copy of this checkout gets that one change, and the tests meant to catch it run there (the copy's
-own supervisor and workers: nothing of this checkout is touched); the mutant is caught when they fail. The
-same tests first run on an unchanged copy, which must pass, so a catch is the break's and not a broken test.
+a temporary copy of this checkout gets that one change, and the tests meant to catch it run there, each on its
+own (the copy's own supervisor and workers: nothing of this checkout is touched); the mutant is caught when
+every one of them fails. The same tests first run on an unchanged copy, where each must pass, so a catch is
+the break's and not a broken test.
 ``--list`` prints the mutants and checks that each one still applies (its text is in the source exactly once):
 ``tests/unit/test_mutants.py`` does that in the suite, so a mutant cannot rot into a no-op.
 
@@ -35,7 +36,7 @@ class Mutant:
     path: str  # relative to the checkout
     text: str  # exactly once in that file
     broken: str
-    tests: tuple[str, ...]  # pytest node ids or files that must fail with the break
+    tests: tuple[str, ...]  # pytest node ids or files, each of which must fail with the break
 
 
 MUTANTS = (
@@ -45,7 +46,10 @@ MUTANTS = (
         "supervisor/jobs/runner.py",
         "            if job.ask_stop(StopReason.CANCEL):\n",
         "            if False:\n",
-        ("tests/integration/test_api.py::test_cancel_mid_stream_kills_the_worker_and_proves_it",),
+        (
+            "tests/core/test_stops.py::test_a_cancel_kills_the_running_worker_and_proves_it",
+            "tests/integration/test_api.py::test_cancel_mid_stream_kills_the_worker_and_proves_it",
+        ),
     ),
     Mutant(
         "descendants-spared",
@@ -53,7 +57,10 @@ MUTANTS = (
         "supervisor/jobs/runner.py",
         "        return await worker.kill(grace, self.limits.tree(worker).descendants())\n",
         "        return await worker.kill(grace, ())\n",
-        ("tests/integration/test_api.py::test_cancel_over_http_kills_a_child_and_a_grandchild_that_left_the_group",),
+        (
+            "tests/core/test_stops.py::test_a_cancel_kills_the_workers_tree_even_what_left_its_group",
+            "tests/integration/test_api.py::test_cancel_over_http_kills_a_child_and_a_grandchild_that_left_the_group",
+        ),
     ),
     Mutant(
         "fencing-skipped",
@@ -99,13 +106,18 @@ def copy_of_checkout(into: Path) -> Path:
     return copy
 
 
-def run_tests(copy: Path, tests: tuple[str, ...]) -> tuple[bool, float, str]:
-    """Whether ``tests`` pass in ``copy`` (its own code first on the path), how long they took, and the end
-    of what pytest printed."""
+def run_tests(copy: Path, tests: tuple[str, ...]) -> tuple[list[bool], float, str]:
+    """Whether each of ``tests`` passes in ``copy`` (its own code first on the path), run one by one; how long
+    they took, and the end of what pytest printed for the last that failed."""
     began = time.monotonic()
-    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-n", "0", *tests]
-    done = subprocess.run(command, cwd=copy, capture_output=True, text=True, timeout=TEST_SECONDS)
-    return done.returncode == 0, time.monotonic() - began, "\n".join(done.stdout.splitlines()[-40:])
+    passed, said = [], ""
+    for test in tests:
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", test]
+        done = subprocess.run(command, cwd=copy, capture_output=True, text=True, timeout=TEST_SECONDS)
+        passed.append(done.returncode == 0)
+        if done.returncode != 0:
+            said = "\n".join(done.stdout.splitlines()[-40:])
+    return passed, time.monotonic() - began, said
 
 
 def main() -> int:
@@ -125,17 +137,19 @@ def main() -> int:
         for mutant in chosen:
             original = (copy / mutant.path).read_text()
             passed, seconds, said = run_tests(copy, mutant.tests)
-            if not passed:
+            if not all(passed):
                 print(f"{mutant.name:<22} the tests fail WITHOUT the break: fix them first ({seconds:.0f} s)")
                 print(said)
                 continue
             (copy / mutant.path).write_text(original.replace(mutant.text, mutant.broken))
             try:
-                survived, seconds, _ = run_tests(copy, mutant.tests)
+                passed, seconds, _ = run_tests(copy, mutant.tests)
             finally:
                 (copy / mutant.path).write_text(original)
-            caught += not survived
-            print(f"{mutant.name:<22} {'caught' if not survived else 'SURVIVED'} in {seconds:.0f} s: {mutant.claim}")
+            survivors = [test for test, ok in zip(mutant.tests, passed, strict=True) if ok]
+            caught += not survivors
+            verdict = "caught" if not survivors else "SURVIVED " + ", ".join(survivors)
+            print(f"{mutant.name:<22} {verdict} in {seconds:.0f} s: {mutant.claim}")
     print(f"{caught} of {len(chosen)} mutants caught")
     return 0 if caught == len(chosen) else 1
 

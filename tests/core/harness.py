@@ -32,6 +32,9 @@ SCRIPTED_WORKER = ROOT / "tests/helpers/scripted_worker.py"
 CREW = "scripted"
 TOKEN = "core-test-token-0123456789"
 DEADLINE = 60.0  # any one wait of a test: far above the ~0.1 s each takes, so only a hang reaches it
+# A cancel returns once the kill is confirmed: its grace, then CONFIRM_SECONDS (5 s) at most; the rest is room
+# for a machine at load 10. Below the jobs' default timeout, so a cancel that does nothing fails as such.
+CANCEL_DEADLINE = 30.0
 
 
 class ScriptedLauncher:
@@ -80,6 +83,11 @@ class Core:
         """Admit a job that plays ``script`` (``extra`` joins its input); raises the admission's refusal."""
         body = StartRequest(crew_id=CREW, action_id=action_id, input={"script": script, **extra}, timeout_ms=timeout_ms)
         return await self.sup.admission.admit(body, f"key-{action_id}", legacy=False)
+
+    async def cancel(self, action_id: str = "job", reason: str | None = None) -> None:
+        """Cancel, and return once the job is terminal: a cancel that never ends fails here, not at a hang guard."""
+        async with asyncio.timeout(CANCEL_DEADLINE):
+            await self.sup.runner.cancel(action_id, reason)
 
     async def settled(self, action_id: str = "job") -> tuple[str, dict[str, Any]]:
         """The job's terminal event, once committed: its name and data."""

@@ -39,7 +39,7 @@ async def test_a_cancel_kills_the_running_worker_and_proves_it(tmp_path: Path) -
         await running(it)
         worker = it.launcher.workers[0]
         alive_and_ours(worker.pid, os.getpid())
-        await it.sup.runner.cancel("job", "enough")
+        await it.cancel("job", "enough")
         event, data = await it.settled()
         assert event == "cancelled" and data["status"] == "cancelled" and data["reason"] == "enough"
         assert data["stop_confirmed"] is True and data["pid"] == worker.pid and data["signal"] == "SIGKILL"
@@ -54,7 +54,7 @@ async def test_a_cancel_kills_the_workers_tree_even_what_left_its_group(tmp_path
         await running(it)
         worker = it.launcher.workers[0]
         child, escaped = (alive_and_ours(int(pid), worker.pid) for pid in pids.read_text().split())
-        await it.sup.runner.cancel("job", None)
+        await it.cancel("job", None)
         event, data = await it.settled()
         assert event == "cancelled" and data["stop_confirmed"] is True and data["descendants_killed"] >= 2
         assert data["reason"] == "cancelled by request"
@@ -68,7 +68,7 @@ async def test_a_stop_grace_lets_a_worker_leave_on_sigterm_and_kills_one_that_ig
         await it.start(["ignore-term", "started", "hang"], action_id="deaf")
         await running(it, "polite")
         await running(it, "deaf")
-        await asyncio.gather(it.sup.runner.cancel("polite", None), it.sup.runner.cancel("deaf", None))
+        await asyncio.gather(it.cancel("polite", None), it.cancel("deaf", None))
         assert (await it.settled("polite"))[1]["signal"] == "SIGTERM"
         assert (await it.settled("deaf"))[1]["signal"] == "SIGKILL"
 
@@ -78,7 +78,7 @@ async def test_a_cancel_before_started_kills_a_worker_that_never_began(tmp_path:
     async with core(tmp_path) as it:
         await it.start(["hang"])
         await it.phase_reached("job", "running")  # Start sent; the worker never says started
-        await it.sup.runner.cancel("job", None)
+        await it.cancel("job", None)
         event, data = await it.settled()
         assert event == "cancelled" and data["stop_confirmed"] is True
         assert [name for name, _ in it.events()] == ["cancelled"]
@@ -94,7 +94,7 @@ async def test_a_stop_during_the_spawn_kills_the_worker_before_it_has_its_job(
         await it.start(["started", "complete"])  # would complete at once, if it were sent its Start
         async with asyncio.timeout(DEADLINE):
             await it.launcher.spawning.wait()
-        cancel = asyncio.ensure_future(it.sup.runner.cancel("job", None))
+        cancel = asyncio.ensure_future(it.cancel("job", None))
         await asyncio.sleep(0)  # the cancel is asked while the spawn still waits
         it.launcher.gate.set()
         await cancel
@@ -111,7 +111,7 @@ async def test_a_queued_job_cancelled_never_launches(tmp_path: Path, phases: dic
         await it.start(HANG, action_id="first")
         await it.start(["started", "complete"], action_id="queued")
         await running(it, "first")
-        await it.sup.runner.cancel("queued", "not needed")
+        await it.cancel("queued", "not needed")
         event, data = await it.settled("queued")
         assert event == "cancelled" and data == {
             "status": "cancelled",
@@ -174,7 +174,7 @@ async def test_the_first_stop_wins(tmp_path: Path) -> None:
     async with core(tmp_path, stop_grace_ms="2000") as it:
         await it.start(["ignore-term", "started", "hang"], timeout_ms=60_000)
         await running(it)
-        cancel = asyncio.ensure_future(it.sup.runner.cancel("job", "first"))
+        cancel = asyncio.ensure_future(it.cancel("job", "first"))
         await it.phase_reached("job", "settling")
         await it.sup.stop()  # while the cancel's grace runs: the job stays cancelled
         await cancel
@@ -200,7 +200,7 @@ async def test_a_cancel_or_timeout_while_the_terminal_event_is_written_keeps_the
                 await job.worker.exited
                 while asyncio.get_running_loop().time() < job.deadline:  # its timeout passes meanwhile
                     await asyncio.sleep(0.02)
-            cancel = asyncio.ensure_future(it.sup.runner.cancel("job", "too late"))
+            cancel = asyncio.ensure_future(it.cancel("job", "too late"))
             await asyncio.sleep(0)  # the cancel asks, and waits for the job's end
             assert not cancel.done() and job.stop is None  # refused: the terminal event is the outcome
             assert [name for name, _ in it.events()] == ["started"]

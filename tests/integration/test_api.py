@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,7 +12,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Server, gone, gone_for_good, ours, sse_events, start_body, start_server, wait_until
+from tests.conftest import Server, gone, gone_for_good, ours, sse_events, start_body, wait_until
 
 pytestmark = pytest.mark.usefixtures("launcher")
 
@@ -396,34 +395,3 @@ def test_archive(server: Server) -> None:
         assert client.delete("/jobs/arch-1", headers=confirm).json() == {"archived": True, "action_id": "arch-1"}
         assert client.get("/jobs/arch-1").status_code == 404
         assert client.get("/jobs/arch-1/events").status_code == 404
-
-
-def test_queue_order_queued_cancel_and_capacity(tmp_path: Path) -> None:
-    env = {"AIP_CREWAI_MAX_CONCURRENCY": "1", "AIP_CREWAI_MAX_RETAINED_RUNS": "2"}
-    small = start_server(tmp_path / "state", env=env)
-    try:
-        with ThreadPoolExecutor(1) as pool, small.client() as client:
-            first = pool.submit(client.post, "/jobs", json=start_body("demo-slow", "q-1"), headers=KEY)
-            started_pid(client, "q-1")
-            # The only slot is taken: q-2 waits, and its timeout counts while it waits.
-            queued = client.post("/jobs", json=start_body("demo", "q-2", timeout_ms=1000), headers=KEY)
-            assert queued.status_code == 502 and queued.json()["status"] == "failed", queued.text  # its own timeout
-            terminal = client.get("/jobs/q-2").json()["terminal"]
-            assert terminal["reason"] == "timeout" and terminal["uncertain_outcome"] is False  # nothing ran
-            assert client.post("/jobs", json=start_body("demo", "q-3"), headers=KEY).status_code == 507
-            assert client.get("/jobs/q-3").status_code == 404
-            client.delete("/jobs/q-2", headers={"X-AIP-Archive-Confirmation": "q-2"})
-            with client.stream("POST", "/jobs/stream", json=start_body("demo", "q-4"), headers=KEY) as waiting:
-                cancel = client.post("/jobs/q-4/cancel", json={"crew_id": "demo", "action_id": "q-4"}).json()
-                assert [e["event"] for e in sse_events(waiting)] == ["cancelled"]
-            assert cancel["terminal"] == {
-                "status": "cancelled",
-                "reason": "cancelled by request",
-                "stop_confirmed": True,
-                "launched": False,
-            }
-            assert client.get("/health").json()["active_runs"] == 1
-            client.post("/jobs/q-1/cancel", json={"crew_id": "demo-slow", "action_id": "q-1"})
-            assert first.result(30).status_code == 409
-    finally:
-        small.stop()

@@ -11,7 +11,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from protocol import (
@@ -27,7 +26,6 @@ from protocol import (
     TruncatedFrame,
 )
 from supervisor.processes.launcher import SpawnLauncher
-from supervisor.processes.limits import JobTree
 from supervisor.processes.process import WorkerProcess
 from supervisor.processes.reaper import Reaper
 from tests.conftest import ROOT, gone, reaped_orphan, wait_until, worker_env
@@ -102,30 +100,6 @@ def test_stop_kills_the_worker_and_proves_it(tmp_path: Path, crew: str, grace: f
     assert evidence.stop_confirmed and evidence.signal == "SIGKILL" and evidence.exit_status == -signal.SIGKILL
     assert evidence.pid == worker.pid and evidence.elapsed_ms >= grace * 1000
     assert gone(worker.pid), "worker pid still present (alive or zombie)"
-
-
-def test_stop_kills_a_grandchild_that_left_the_group(tmp_path: Path) -> None:
-    async def scenario() -> tuple[Any, list[psutil.Process]]:
-        worker = await start(tmp_path, "spawner")
-        await until(worker, lambda m: isinstance(m, Started))
-
-        def left_group() -> bool:
-            return any(_sid(p) not in (None, worker.pgid) for p in JobTree(worker.pid).descendants())
-
-        assert await asyncio.to_thread(wait_until, left_group, 30), "grandchild did not call setsid"
-        tree = JobTree(worker.pid).descendants()
-        return await worker.kill(descendants=tree), tree
-
-    evidence, tree = run(scenario)
-    assert evidence.stop_confirmed and evidence.descendants_killed == len(tree) >= 1
-    assert all(gone(p.pid, p.create_time()) for p in tree)
-
-
-def _sid(process: psutil.Process) -> int | None:
-    try:
-        return os.getsid(process.pid)
-    except ProcessLookupError:
-        return None
 
 
 def test_worker_dies_with_its_parent(tmp_path: Path) -> None:

@@ -31,7 +31,9 @@ EXIT_ERROR, EXIT_FAILED, EXIT_CANCELLED = 1, 3, 4
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 EXIT_PIPE_CLOSED = 141  # the reader of its output went away, as shells report SIGPIPE
 OUTCOME_CODES = {"completed": 0, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}
-STATUSES = ("running", "completed", "failed", "cancelled")
+# One word per job everywhere (jobs, show, top): where it is while it runs, else how it ended.
+PHASES = ("queued", "launching", "running", "settling")
+OUTCOMES = ("completed", "failed", "cancelled")
 
 
 def exit_status(*codes: tuple[int, str]) -> str:
@@ -100,7 +102,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
     done = ((0, "done"), COULD_NOT)
     jobs = command("jobs", list_jobs, "list jobs, newest first", JOBS, done)
-    jobs.add_argument("--status", choices=STATUSES, help="only jobs in this status")
+    jobs.add_argument("--status", choices=PHASES + OUTCOMES, help="only jobs in this status")
     jobs.add_argument("--crew", help="only this crew id")
     jobs.add_argument("--operation", choices=OPERATIONS, help="only this operation")
     jobs.add_argument("--limit", type=int, default=50, help="jobs per page (1-500)")
@@ -175,7 +177,9 @@ def answer(value: Any, args: argparse.Namespace, out: Console, view: Callable[[A
 
 
 def list_jobs(client: Client, args: argparse.Namespace, out: Console) -> int:
-    params = {"status": args.status, "crew_id": args.crew, "operation": args.operation}
+    # The API keeps the contract's status (`running` while a job has no outcome) and says where it is as `phase`.
+    where = {"phase": args.status} if args.status in PHASES else {"status": args.status}
+    params = {**where, "crew_id": args.crew, "operation": args.operation}
     page = client.get("/jobs", {**params, "limit": args.limit, "cursor": args.cursor})
     if args.json:
         emit_json(page)

@@ -18,7 +18,13 @@ from rich.text import Text
 
 from supervisor.escaping import visible
 
-STATUS_STYLES = {"running": "cyan", "completed": "green", "failed": "red", "cancelled": "yellow"}
+STATUS_STYLES = {
+    **dict.fromkeys(("queued", "launching", "settling"), "dim cyan"),
+    "running": "cyan",
+    "completed": "green",
+    "failed": "red",
+    "cancelled": "yellow",
+}
 OUTPUT_PREVIEW = 2000  # characters of a completed job's raw output that ``show`` prints
 
 
@@ -32,7 +38,7 @@ def jobs_table(jobs: list[dict[str, Any]], width: int = 80) -> Table:
     characters): the crew and the operation share what the others leave, cut with an ellipsis."""
     table = Table(box=None, header_style="bold", padding=(0, 1, 0, 0))
     id_width = min(max((len(job["action_id"]) for job in jobs), default=9), 48)
-    fixed = {"status": 9, "events": 6, "admitted": 11}  # "cancelled", the header, "11-29 03:43"
+    fixed = {"status": 9, "events": 6, "admitted": 11}  # "cancelled" (or "launching"), the header, "11-29 03:43"
     shared = max((width - id_width - sum(fixed.values()) - 6) // 2, 3)  # 6: a space after each column
     table.add_column("action id", no_wrap=True, min_width=id_width)
     for name in ("crew", "op"):
@@ -45,7 +51,7 @@ def jobs_table(jobs: list[dict[str, Any]], width: int = 80) -> Table:
             plain(job["action_id"]),
             plain(job["crew_id"]),
             plain(job["operation"]),
-            status_text(job["status"]),
+            status_text(state(job)),
             plain(job["event_count"]),
             clock(job["admitted_at"], short=True),
         )
@@ -92,7 +98,7 @@ def job_panel(job: dict[str, Any]) -> Table:
     table = Table.grid(padding=(0, 2))
     for name in ("action_id", "crew_id", "operation", "event_count"):
         table.add_row(Text(name, style="bold"), plain(job[name]))
-    table.add_row(Text("status", style="bold"), status_text(job["status"]))
+    table.add_row(Text("status", style="bold"), status_text(state(job)))
     if job["status"] != "completed":  # a completed event's data is the output, shown below
         for name, value in (job.get("terminal") or {}).items():
             if name != "status" and not (name == "exit_status" and value == job.get("exit_status")):  # shown below
@@ -167,6 +173,11 @@ class ChunkText:
         if self._partial:
             yield visible(self._partial, layout=True)
         self._partial = ""
+
+
+def state(job: dict[str, Any]) -> str:
+    """The one word for a job: its phase while it runs (as ``top`` shows it), else its status."""
+    return job.get("phase") or job["status"]
 
 
 def status_text(status: str) -> Text:

@@ -174,7 +174,8 @@ def find(sup: Supervisor, action_id: str) -> Job:
 
 
 def view(sup: Supervisor, job: Job) -> dict[str, Any]:
-    """The reference's record, then ours: the terminal event's data and the worker's exit status."""
+    """The reference's record, then ours: the terminal event's data, the worker's exit status, and where a
+    running job is (``phase``: queued, launching, running or settling; null once terminal)."""
     journal = sup.journal
     last = journal.last_event(job.action_id) if job.status != "running" else None
     return {
@@ -186,6 +187,7 @@ def view(sup: Supervisor, job: Job) -> dict[str, Any]:
         "output": journal.output(job.action_id) if job.status == "completed" else None,
         "terminal": last.data if last is not None and last.terminal else None,
         "exit_status": job.exit_status,
+        "phase": sup.phase_of(job.action_id) if job.status == "running" else None,
     }
 
 

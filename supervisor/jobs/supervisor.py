@@ -70,6 +70,11 @@ class Supervisor:
         self.launcher.start()
         self.housekeeping.start()
 
+    def phase_of(self, action_id: str) -> Phase | None:
+        """Where a job without a terminal event is (queued, launching, running, settling); None once it has one."""
+        job = self.live.get(action_id)
+        return job.phase if job is not None and job.phase is not Phase.SETTLED else None
+
     @property
     def draining(self) -> bool:
         """From a drain's start (or a stop's) to the end: new starts answer 503."""

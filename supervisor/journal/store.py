@@ -21,7 +21,7 @@ import os
 import sqlite3
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
@@ -196,12 +196,16 @@ class Journal:
         operation: str | None = None,
         before: tuple[float, str] | None = None,
         limit: int = 50,
+        among: Collection[str] | None = None,
     ) -> list[dict[str, Any]]:
         """Newest first; ``before`` is the (admitted_at, action_id) of the previous page's last row (keyset
-        paging: each page costs one index range however deep it is)."""
+        paging: each page costs one index range however deep it is); ``among``: only these action ids."""
         filters = {"status": status, "crew_id": crew_id, "operation": operation}
         clauses = [f"{column} = ?" for column, value in filters.items() if value is not None]
         params: list[Any] = [value for value in filters.values() if value is not None]
+        if among is not None:  # one parameter however many: SQLite bounds their number
+            clauses.append("action_id IN (SELECT value FROM json_each(?))")
+            params.append(orjson.dumps(list(among)).decode())
         if before is not None:
             clauses.append("(admitted_at, action_id) < (?, ?)")
             params += before

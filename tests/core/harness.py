@@ -13,10 +13,12 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 
 from protocol import Registry
 from supervisor import config
+from supervisor.http.app import create_app
 from supervisor.jobs.supervisor import Supervisor
 from supervisor.journal.records import Job
 from supervisor.journal.statefiles import WORKER_PLACES, prepare_directory, prepare_places
@@ -99,6 +101,19 @@ class Core:
     def events(self, action_id: str = "job") -> list[tuple[str, dict[str, Any]]]:
         stored = self.journal.stored_events(action_id, 0, 10_000, 1 << 30)
         return [(event.event, orjson.loads(event.data)) for event in stored]
+
+    async def running(self, action_id: str = "job") -> None:
+        """Until the job's ``started`` event has committed."""
+        async with asyncio.timeout(DEADLINE):
+            while not any(name == "started" for name, _ in self.events(action_id)):
+                await asyncio.sleep(0.005)
+
+    def http(self) -> httpx.AsyncClient:
+        """The supervisor's app in this process, with its token: its routes without a socket."""
+        transport = httpx.ASGITransport(app=create_app(self.sup))
+        return httpx.AsyncClient(
+            transport=transport, base_url="http://core", headers={"Authorization": f"Bearer {TOKEN}"}
+        )
 
     async def phase_reached(self, action_id: str, phase: str) -> None:
         async with asyncio.timeout(DEADLINE):

@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 
 from tests.conftest import gone
-from tests.core.harness import DEADLINE, Core, core, identity, in_loop
+from tests.core.harness import DEADLINE, core, identity, in_loop
 
 HANG = ["started", "hang"]
 
@@ -25,18 +25,11 @@ def alive_and_ours(pid: int, ancestor: int) -> tuple[int, float]:
     return pid, process.create_time()
 
 
-async def running(it: Core, action_id: str = "job") -> None:
-    """Until the job's ``started`` event has committed."""
-    async with asyncio.timeout(DEADLINE):
-        while not any(name == "started" for name, _ in it.events(action_id)):
-            await asyncio.sleep(0.005)
-
-
 @in_loop
 async def test_a_cancel_kills_the_running_worker_and_proves_it(tmp_path: Path) -> None:
     async with core(tmp_path) as it:
         await it.start(HANG)
-        await running(it)
+        await it.running()
         worker = it.launcher.workers[0]
         alive_and_ours(worker.pid, os.getpid())
         await it.cancel("job", "enough")
@@ -51,7 +44,7 @@ async def test_a_cancel_kills_the_workers_tree_even_what_left_its_group(tmp_path
     pids = tmp_path / "tree.pids"
     async with core(tmp_path) as it:
         await it.start(["tree", "started", "hang"], pids=str(pids))
-        await running(it)
+        await it.running()
         worker = it.launcher.workers[0]
         child, escaped = (alive_and_ours(int(pid), worker.pid) for pid in pids.read_text().split())
         await it.cancel("job", None)
@@ -66,8 +59,8 @@ async def test_a_stop_grace_lets_a_worker_leave_on_sigterm_and_kills_one_that_ig
     async with core(tmp_path, stop_grace_ms="2000") as it:
         await it.start(HANG, action_id="polite")
         await it.start(["ignore-term", "started", "hang"], action_id="deaf")
-        await running(it, "polite")
-        await running(it, "deaf")
+        await it.running("polite")
+        await it.running("deaf")
         await asyncio.gather(it.cancel("polite", None), it.cancel("deaf", None))
         assert (await it.settled("polite"))[1]["signal"] == "SIGTERM"
         assert (await it.settled("deaf"))[1]["signal"] == "SIGKILL"
@@ -110,7 +103,7 @@ async def test_a_queued_job_cancelled_never_launches(tmp_path: Path, phases: dic
     async with core(tmp_path, max_concurrency="1") as it:
         await it.start(HANG, action_id="first")
         await it.start(["started", "complete"], action_id="queued")
-        await running(it, "first")
+        await it.running("first")
         await it.cancel("queued", "not needed")
         event, data = await it.settled("queued")
         assert event == "cancelled" and data == {
@@ -157,7 +150,7 @@ async def test_a_drain_fails_the_queued_certain_and_lets_the_running_finish(tmp_
     async with core(tmp_path, max_concurrency="1") as it:
         await it.start(["started", "hang"], action_id="running")
         await it.start(["started", "complete"], action_id="queued")
-        await running(it, "running")
+        await it.running("running")
         await it.sup.drain(0.2, asyncio.Event())
         event, data = await it.settled("queued")
         assert event == "failed" and data["reason"] == "supervisor_stopped" and data["uncertain_outcome"] is False
@@ -173,7 +166,7 @@ async def test_a_drain_fails_the_queued_certain_and_lets_the_running_finish(tmp_
 async def test_the_first_stop_wins(tmp_path: Path) -> None:
     async with core(tmp_path, stop_grace_ms="2000") as it:
         await it.start(["ignore-term", "started", "hang"], timeout_ms=60_000)
-        await running(it)
+        await it.running()
         cancel = asyncio.ensure_future(it.cancel("job", "first"))
         await it.phase_reached("job", "settling")
         await it.sup.stop()  # while the cancel's grace runs: the job stays cancelled
@@ -187,7 +180,7 @@ async def test_a_cancel_or_timeout_while_the_terminal_event_is_written_keeps_the
     go = tmp_path / "go"
     async with core(tmp_path) as it:
         await it.start(["started", "await-go", "complete"], timeout_ms=1_000, go=str(go))
-        await running(it)
+        await it.running()
         # Another process's write lock holds the terminal write back: the outcome is decided, not yet durable.
         other = sqlite3.connect(it.journal.path, isolation_level=None)
         other.execute("BEGIN IMMEDIATE")

@@ -44,6 +44,16 @@ def test_the_jobs_table_keeps_ids_and_every_column(width: int) -> None:
     assert ("nightly-report-builder" in lines[1]) == (width >= 120)  # long ones only where there is no room
 
 
+def test_a_job_is_one_word_in_every_view_its_phase_while_it_runs() -> None:
+    """As ``top`` shows it: a queued job is not listed as running."""
+    queued = {**job("q", "demo", "run", "running"), "phase": "queued", "terminal": None, "exit_status": None}
+    ended = {**job("e", "demo", "run", "failed"), "phase": None, "terminal": None, "exit_status": 1}
+    listed = rendered(views.jobs_table([queued, ended], 80), 80)
+    assert listed[1].split()[3] == "queued" and listed[2].split()[3] == "failed"
+    shown = [line.split() for line in rendered(views.job_panel(queued), 80)]
+    assert ["status", "queued"] in shown
+
+
 @pytest.mark.parametrize(("width", "shown"), [(80, 5), (100, 8), (160, 8)])
 def test_top_keeps_ids_and_drops_the_least_needed_columns_first(width: int, shown: int) -> None:
     lines = rendered(

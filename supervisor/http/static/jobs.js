@@ -8,6 +8,9 @@ import { cancel } from "./workers.js";
 const JOBS_PER_PAGE = 25; // #/jobs?limit=N asks for another (1 to 500, the API's bound)
 const EVENTS_SHOWN = 2000; // the oldest leave the page beyond this
 const TERMINAL = new Set(["completed", "failed", "cancelled"]);
+// A job's one word, as the CLI shows it: where it is while it runs (the API's `phase`), else its status.
+const PHASES = new Set(["queued", "launching", "running", "settling"]);
+const state = (job) => job.phase ?? job.status;
 
 // Shows the view; returns its refresh.
 export function openJobs(params, signal) {
@@ -24,6 +27,11 @@ export function openJobs(params, signal) {
     const mine = ++latest;
     const query = new URLSearchParams();
     for (const name of ["status", "crew_id", "operation"]) if (params.get(name)) query.set(name, params.get(name));
+    const status = query.get("status");
+    if (PHASES.has(status)) {
+      query.delete("status");
+      query.set("phase", status);
+    }
     query.set("limit", limit);
     if (cursors[page]) query.set("cursor", cursors[page]);
     const { jobs, next_cursor } = await getJSON(`/jobs?${query}`, { signal });
@@ -59,7 +67,7 @@ function jobRow(job) {
   const row = document.createElement("tr");
   const id = cell("", "id");
   id.append(jobLink(job.action_id));
-  const status = cell(job.status, `status-${job.status}`);
+  const status = cell(state(job), `status-${state(job)}`);
   row.append(id, cell(job.crew_id), cell(job.operation), status, cell(job.event_count));
   row.append(cell(new Date(job.admitted_at * 1000).toLocaleString()));
   return row;
@@ -176,7 +184,7 @@ function renderRecord(job) {
   const rows = [
     ["crew", job.crew_id],
     ["operation", job.operation],
-    ["status", job.status],
+    ["status", state(job)],
     ["events", job.event_count],
     ["exit status", job.exit_status],
     ["terminal", job.terminal && JSON.stringify(job.terminal)],

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from supervisor.chaos.crews import Crews
+
 # Mid-run faults and their chance per tick of the load (the supervisor kill ends every iteration).
 RATES = {"worker": 0.05, "forkserver": 0.02, "freeze": 0.02, "disk": 0.02}
 ALL_FAULTS = ("supervisor", *RATES)
@@ -58,8 +60,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--restart-seconds", type=float, default=300, help="how long it may take to be ready again")
     parser.add_argument("--registry", default="worker.demo:registry", help="the crews to run (module:attr)")
-    parser.add_argument("--fast-crew", default="demo", help="a crew that completes at once")
-    parser.add_argument("--slow-crew", default="demo-slow", help="a crew taking input {'seconds': n}")
+    parser.add_argument("--fast-crew", default=Crews.fast, help="a crew that completes at once")
+    parser.add_argument("--fast-input", default=Crews.fast_input, metavar="JSON", help="its input (a JSON object)")
+    parser.add_argument("--slow-crew", default=Crews.slow, help="a crew that takes a few seconds")
+    parser.add_argument(
+        "--slow-input",
+        default=Crews.slow_input,
+        metavar="JSON",
+        help="its input, {seconds} standing for the 1, 2 or 5 seconds a job is asked to take",
+    )
     parser.add_argument("--state", type=Path, default=None, help="a directory for the run (default: a temporary one)")
     parser.add_argument("--json", type=Path, default=None, help="write the report here as JSON")
 
@@ -88,4 +97,10 @@ def refusal(args: argparse.Namespace, chosen: list[str]) -> str | None:
         return "--restart-cmd is for a supervisor at --url; here chaos starts its own"
     if "disk" in chosen and not args.small_disk:
         return "the disk fault needs --small-disk MB (a tmpfs it can fill)"
+    crews = Crews(args.fast_crew, args.slow_crew, args.fast_input, args.slow_input)
+    for flag, slow in (("--fast-input", False), ("--slow-input", True)):
+        try:
+            crews.input(slow, 1)
+        except ValueError as exc:  # orjson's JSONDecodeError is one
+            return f"{flag} must be a JSON object ({{seconds}} where the seconds go): {exc}"
     return None

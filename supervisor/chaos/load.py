@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from supervisor.chaos.crews import Crews
 from supervisor.chaos.faults import Record
 
 
@@ -75,10 +76,10 @@ class Load:
         record: Record,
         acked: dict[str, dict[str, Any]],
         violations: list[str],
-        crews: tuple[str, str],
+        crews: Crews,
     ) -> None:
         self.sup, self.record, self.acked, self.violations = sup, record, acked, violations
-        self.fast, self.slow = crews
+        self.crews = crews
         self.seeds = [rng.random() for _ in range(concurrency)]
         self.requests: dict[str, int] = {}
         self.stopping = threading.Event()
@@ -125,11 +126,9 @@ class Load:
 
     def start(self, client: httpx.Client, rng: random.Random, action: str) -> None:
         slow = rng.random() < 0.5
-        body = {
-            "crew_id": self.slow if slow else self.fast,
-            "action_id": action,
-            "input": {"seconds": rng.choice([1, 2, 5])} if slow else {},
-        }
+        seconds = rng.choice([1, 2, 5]) if slow else 0
+        crew = self.crews.slow if slow else self.crews.fast
+        body = {"crew_id": crew, "action_id": action, "input": self.crews.input(slow, seconds)}
         self.count("starts")
         begun = time.monotonic()
         with client.stream("POST", "/jobs/stream", json=body, headers={"Idempotency-Key": action}) as response:

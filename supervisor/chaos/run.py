@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from supervisor import testing
 from supervisor.chaos import faults
 from supervisor.chaos.checks import Findings, Seen, check_restart
+from supervisor.chaos.crews import Crews
 from supervisor.chaos.disk import DiskUnavailable, SmallDisk
 from supervisor.chaos.faults import Record
 from supervisor.chaos.flags import ALL_FAULTS, RATES, chosen_faults, refusal
@@ -107,6 +108,7 @@ def _run(
     args: argparse.Namespace, seed: int, chosen: list[str], target: Local | Deployment, mid_run: dict[str, Fault]
 ) -> dict[str, Any]:
     rng = random.Random(seed)
+    crews = Crews(args.fast_crew, args.slow_crew, args.fast_input, args.slow_input)
     record, findings = Record(), Findings()
     acked: dict[str, dict[str, Any]] = {}
     requests: dict[str, int] = {}
@@ -124,7 +126,6 @@ def _run(
     ) as progress:
         task = progress.add_task("chaos", total=args.iterations, jobs=0, violations=0)
         for _ in range(args.iterations):
-            crews = (args.fast_crew, args.slow_crew)
             # A local supervisor is SIGKILLed with requests in flight. Stopping it gracefully (no supervisor
             # fault), or a deployment's command that both kills and restarts it, waits for the load to
             # stop: jobs admitted after it would still run when the invariants are read.

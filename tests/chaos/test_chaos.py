@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -97,3 +98,30 @@ def test_chaos_as_typed_runs_its_default_faults_and_leaves_nothing(tmp_path: Pat
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "fault not run: disk: not chosen: it needs --small-disk MB" in result.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.timeout(600)
+def test_chaos_runs_crews_that_need_inputs_given_as_flags(tmp_path: Path) -> None:
+    """The registry of docs/your-crews.md: each crew fails without its input, so every job that completes
+    had the one the flags gave (a failure no fault explains would be a violation)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "docs/examples"), "MY_CREWS_OFFLINE": "1"}
+    command = [
+        sys.executable,
+        "-m",
+        "supervisor",
+        "chaos",
+        "--iterations",
+        "1",
+        "--seed",
+        "4",
+        "--faults",
+        "supervisor",
+    ]
+    command += ["--registry", "my_crews:registry", "--state", str(tmp_path / "run")]
+    command += ["--fast-crew", "research", "--fast-input", '{"topic": "queues"}', "--slow-crew", "watch"]
+    command += ["--slow-input", '{"topic": "queues", "seconds": {seconds}}']
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=580)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    journal = sqlite3.connect(f"file:{tmp_path / 'run/state/journal.db'}?mode=ro", uri=True)
+    completed = dict(journal.execute("SELECT crew_id, count(*) FROM jobs WHERE status = 'completed' GROUP BY crew_id"))
+    assert completed.get("research", 0) > 0, completed

@@ -13,6 +13,7 @@ import pytest
 from supervisor.chaos import faults
 from supervisor.chaos import flags as flags_module
 from supervisor.chaos.checks import Seen, job_problems, survivor
+from supervisor.chaos.crews import Crews
 from supervisor.chaos.faults import Record
 from supervisor.chaos.load import cancel_problem, conflict_problem, repeat_problem, start_problem
 
@@ -146,3 +147,28 @@ def test_the_default_faults_are_those_the_run_can_inject(flags: list[str], fault
     args = parser.parse_args(flags)
     assert flags_module.chosen_faults(args) == faults_
     assert flags_module.refusal(args, faults_) is None
+
+
+def test_each_crew_gets_its_input_with_the_seconds_put_in() -> None:
+    crews = Crews("research", "watch", '{"topic": "a"}', '{"topic": "b", "seconds": {seconds}, "then": "{seconds}s"}')
+    assert crews.input(False, 0) == {"topic": "a"}
+    assert crews.input(True, 5) == {"topic": "b", "seconds": 5, "then": "5s"}
+    assert Crews().input(True, 2) == {"seconds": 2} and Crews().input(False, 0) == {}  # the demo crews'
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "said"),
+    [
+        ("--fast-input", "[]", "--fast-input must be a JSON object"),
+        ("--slow-input", '{"seconds": seconds}', "--slow-input must be a JSON object"),
+        ("--slow-input", "nope", "({seconds} where the seconds go)"),
+    ],
+)
+def test_an_input_that_is_no_json_object_is_refused_before_anything_starts(
+    flag: str, value: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from supervisor import cli
+
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["chaos", flag, value])
+    assert exited.value.code == 2 and said in capsys.readouterr().out

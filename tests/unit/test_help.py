@@ -31,6 +31,7 @@ DOCUMENTED = {
     "chaos": {
         *("--iterations", "--seed", "--concurrency", "--faults", "--small-disk", "--url", "--token", "--token-file"),
         *("--restart-cmd", "--restart-seconds", "--registry", "--fast-crew", "--slow-crew", "--state", "--json"),
+        *("--fast-input", "--slow-input"),
     },
 }
 DEVELOPER_DOCSTRINGS = [module.__doc__ for module in (cli, chaos, chaos_flags, commands, doctor)]

@@ -9,7 +9,8 @@ checks before every fork and refuses, then exits, if not.
 Each worker is forked through a middle process that leaves at once, so the worker is the supervisor's
 own child (the supervisor is a subreaper): the supervisor reaps it and reads its exit status, and the
 fork server's death takes no worker with it. A worker leads a process group, ties its death signal to
-the supervisor once adopted, and carries the name ``crew-worker`` (``ps``, ``top``).
+the supervisor once adopted, and carries the name ``crew-worker`` (``ps``, ``top``), its job's crew and
+action id as its command line once it has one.
 """
 
 from __future__ import annotations

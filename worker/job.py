@@ -137,6 +137,7 @@ def enter(start: Start, launched: dict[str, str]) -> None:
     are trusted); the supervisor and the fork server stay closed to it. An idle pre-forked worker
     stays closed until here, so no running crew can tamper with the process another job will get."""
     lifecycle.set_dumpable(True)
+    lifecycle.name_worker(start)
     if start.cwd is not None:
         os.chdir(start.cwd)
     if start.env is not None and start.env != launched:

@@ -8,6 +8,8 @@ import queue
 import signal
 import threading
 
+import setproctitle
+
 from protocol import QUIET_CREWAI, FrameError, Message, MessageReader, Start, Stop, pack
 
 NICE = "AIP_CREWAI_WORKER_NICE"  # set by the supervisor from its settings
@@ -24,9 +26,16 @@ EXIT_STOPPED = 77
 EXIT_PROTOCOL = 78
 
 
-def name_worker() -> None:
-    """``crew-worker`` in ``ps`` and ``top`` (the command line stays the fork server's it was forked from)."""
-    ctypes.CDLL(None).prctl(PR_SET_NAME, b"crew-worker", 0, 0, 0)
+TITLE_CHARS = 200  # of a worker's command line (an action id may be 256 characters)
+
+
+def name_worker(job: Start | None = None) -> None:
+    """What ``ps`` says of a worker: its name ``crew-worker`` (``ps -o comm``, ``top``), and as its command line
+    (``ps aux``, ``ps -ef``, ``top -c``) the crew and action id of its job, or that it has none yet, instead
+    of the fork server's command line it was forked with."""
+    title = "crew-worker (no job yet)" if job is None else f"crew-worker {job.crew_id} {job.job_id}"
+    setproctitle.setproctitle("".join(c if c.isprintable() else "?" for c in title)[:TITLE_CHARS])
+    ctypes.CDLL(None).prctl(PR_SET_NAME, b"crew-worker", 0, 0, 0)  # setproctitle names it by the title's start
 
 
 def lower_priority() -> None:

@@ -251,6 +251,11 @@ def test_cancel_mid_stream_kills_the_worker_and_proves_it(server: Server) -> Non
             assert two_chunks.is_set(), f"the stream ended first: {follower.exception()!r}, {seen[-3:]}"
             pid = started_pid(client, "cancel-1")
             worker = ours(server, pid)
+            # What ps aux shows of it: its job, not the command line it was forked or spawned with.
+            assert (
+                " ".join(worker.cmdline()).strip() == "crew-worker demo-slow cancel-1"
+                and worker.name() == "crew-worker"
+            )
             cancel = {"crew_id": "demo-slow", "action_id": "cancel-1", "reason": "operator stop"}
             response = client.post("/jobs/cancel-1/cancel", json=cancel)
             follower.result(30)

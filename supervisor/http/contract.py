@@ -174,8 +174,9 @@ def find(sup: Supervisor, action_id: str) -> Job:
 
 
 def view(sup: Supervisor, job: Job) -> dict[str, Any]:
-    """The reference's record, then ours: the terminal event's data, the worker's exit status, and where a
-    running job is (``phase``: queued, launching, running or settling; null once terminal)."""
+    """The reference's record, then ours: the terminal event's data, the worker's exit status, where a running
+    job is (``phase``: queued, launching, running or settling; null once terminal), and when it was admitted
+    and ended (Unix seconds; ``ended_at`` null while it runs)."""
     journal = sup.journal
     last = journal.last_event(job.action_id) if job.status != "running" else None
     return {
@@ -188,6 +189,8 @@ def view(sup: Supervisor, job: Job) -> dict[str, Any]:
         "terminal": last.data if last is not None and last.terminal else None,
         "exit_status": job.exit_status,
         "phase": sup.phase_of(job.action_id) if job.status == "running" else None,
+        "admitted_at": job.admitted_at,
+        "ended_at": job.ended_at,
     }
 
 

@@ -118,12 +118,8 @@ def _insert(db: sqlite3.Connection, record: dict[str, Any]) -> None:
 
 
 def upgrade(db: sqlite3.Connection, path: Path, version: int) -> Path:
-    """Bring a schema-1 journal up to date in one transaction; returns where its copy is kept.
-
-    Completed events held ``{"status", "exit_status", "output"}`` (or ``output_in_record``); the real
-    client takes that data as the output, so each becomes the output itself (from the record when
-    the event left it out) and the exit status moves to the record.
-    """
+    """Bring a journal of an older schema up to date in one transaction, each step it lacks in turn; returns
+    where its copy is kept."""
     backup = path.with_name(f"{path.name}.v{version}.backup")
     _write_private(backup, b"")
     copy = sqlite3.connect(backup)
@@ -135,23 +131,10 @@ def upgrade(db: sqlite3.Connection, path: Path, version: int) -> Path:
     _fsync(path.parent)
     db.execute("BEGIN IMMEDIATE")
     try:
-        db.execute("ALTER TABLE jobs ADD COLUMN exit_status INTEGER")
-        rows = db.execute(
-            "SELECT e.action_id, e.sequence, e.data, j.output FROM events AS e JOIN jobs AS j USING (action_id)"
-            " WHERE e.event = 'completed'"
-        ).fetchall()
-        for action_id, sequence, data, output in rows:
-            wrapped = orjson.loads(data)
-            if wrapped.get("status") != "completed" or not wrapped.keys() <= WRAPPED_COMPLETED:
-                continue  # already the output itself (a reference journal's)
-            unwrapped = wrapped["output"] if "output" in wrapped else orjson.loads(output or b"null")
-            if not isinstance(unwrapped, dict):
-                continue
-            db.execute(
-                "UPDATE events SET data = ? WHERE action_id = ? AND sequence = ?",
-                (orjson.dumps(unwrapped), action_id, sequence),
-            )
-            db.execute("UPDATE jobs SET exit_status = ? WHERE action_id = ?", (wrapped.get("exit_status"), action_id))
+        if version < 2:
+            _unwrap_completed(db)
+        if version < 3:  # when the jobs ended before is not known: null
+            db.execute("ALTER TABLE jobs ADD COLUMN ended_at REAL")
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         db.execute("COMMIT")
     except BaseException:
@@ -159,6 +142,29 @@ def upgrade(db: sqlite3.Connection, path: Path, version: int) -> Path:
             db.execute("ROLLBACK")
         raise
     return backup
+
+
+def _unwrap_completed(db: sqlite3.Connection) -> None:
+    """Schema 1 to 2. Completed events held ``{"status", "exit_status", "output"}`` (or ``output_in_record``);
+    the real client takes that data as the output, so each becomes the output itself (from the record when the
+    event left it out) and the exit status moves to the record."""
+    db.execute("ALTER TABLE jobs ADD COLUMN exit_status INTEGER")
+    rows = db.execute(
+        "SELECT e.action_id, e.sequence, e.data, j.output FROM events AS e JOIN jobs AS j USING (action_id)"
+        " WHERE e.event = 'completed'"
+    ).fetchall()
+    for action_id, sequence, data, output in rows:
+        wrapped = orjson.loads(data)
+        if wrapped.get("status") != "completed" or not wrapped.keys() <= WRAPPED_COMPLETED:
+            continue  # already the output itself (a reference journal's)
+        unwrapped = wrapped["output"] if "output" in wrapped else orjson.loads(output or b"null")
+        if not isinstance(unwrapped, dict):
+            continue
+        db.execute(
+            "UPDATE events SET data = ? WHERE action_id = ? AND sequence = ?",
+            (orjson.dumps(unwrapped), action_id, sequence),
+        )
+        db.execute("UPDATE jobs SET exit_status = ? WHERE action_id = ?", (wrapped.get("exit_status"), action_id))
 
 
 def _write_private(path: Path, data: bytes) -> None:

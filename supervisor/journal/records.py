@@ -25,6 +25,8 @@ class Job:
     worker_start_time: float | None = None
     worker_pgid: int | None = None
     exit_status: int | None = None  # the worker's, once the job is terminal (negative: killed by that signal)
+    admitted_at: float | None = None  # wall clock, as the journal keeps it (None: not read from it)
+    ended_at: float | None = None  # wall clock: when its terminal event was written (None: running, or unknown)
 
 
 @dataclasses.dataclass(frozen=True)

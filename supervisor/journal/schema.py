@@ -5,7 +5,8 @@ class JournalError(Exception):
     """The journal cannot be used or could not make a write durable."""
 
 
-SCHEMA_VERSION = 2  # 2: completed events hold the output itself; the worker's exit status is in jobs
+# 2: completed events hold the output itself; the worker's exit status is in jobs. 3: when a job ended (ended_at).
+SCHEMA_VERSION = 3
 TERMINAL_EVENTS = ("completed", "failed", "cancelled")
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -20,7 +21,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     worker_pid INTEGER,
     worker_start_time REAL,
     worker_pgid INTEGER,
-    exit_status INTEGER
+    exit_status INTEGER,
+    ended_at REAL
 );
 CREATE TABLE IF NOT EXISTS events (
     action_id TEXT NOT NULL,

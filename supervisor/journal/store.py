@@ -43,7 +43,7 @@ CLOSE_GRACE_SECONDS = 5.0  # how long, at close, queued writes may still wait fo
 
 _JOB_COLUMNS = (
     "action_id, crew_id, operation, request_hash, status, event_count, worker_pid, worker_start_time, worker_pgid,"
-    " exit_status"
+    " exit_status, admitted_at, ended_at"
 )
 
 
@@ -200,22 +200,25 @@ class Journal:
     ) -> list[dict[str, Any]]:
         """Newest first; ``before`` is the (admitted_at, action_id) of the previous page's last row (keyset
         paging: each page costs one index range however deep it is); ``among``: only these action ids."""
-        filters = {"status": status, "crew_id": crew_id, "operation": operation}
+        filters = {"j.status": status, "j.crew_id": crew_id, "j.operation": operation}
         clauses = [f"{column} = ?" for column, value in filters.items() if value is not None]
         params: list[Any] = [value for value in filters.values() if value is not None]
         if among is not None:  # one parameter however many: SQLite bounds their number
-            clauses.append("action_id IN (SELECT value FROM json_each(?))")
+            clauses.append("j.action_id IN (SELECT value FROM json_each(?))")
             params.append(orjson.dumps(list(among)).decode())
         if before is not None:
-            clauses.append("(admitted_at, action_id) < (?, ?)")
+            clauses.append("(j.admitted_at, j.action_id) < (?, ?)")
             params += before
+        # A failed or cancelled job's reason, from its terminal event (the last: one key lookup a row).
         rows = self._read.execute(
-            "SELECT action_id, crew_id, operation, status, event_count, admitted_at FROM jobs"
+            "SELECT j.action_id, j.crew_id, j.operation, j.status, j.event_count, j.admitted_at, j.ended_at,"
+            " CASE WHEN j.status IN ('failed', 'cancelled') THEN json_extract(CAST(e.data AS TEXT), '$.reason') END"
+            " FROM jobs AS j LEFT JOIN events AS e ON e.action_id = j.action_id AND e.sequence = j.event_count - 1"
             f" {'WHERE ' + ' AND '.join(clauses) if clauses else ''}"
-            " ORDER BY admitted_at DESC, action_id DESC LIMIT ?",
+            " ORDER BY j.admitted_at DESC, j.action_id DESC LIMIT ?",
             (*params, limit),
         )
-        names = ("action_id", "crew_id", "operation", "status", "event_count", "admitted_at")
+        names = ("action_id", "crew_id", "operation", "status", "event_count", "admitted_at", "ended_at", "reason")
         return [dict(zip(names, row, strict=True)) for row in rows]
 
     def streams(self, action_id: str) -> Streams | None:
@@ -311,12 +314,13 @@ class Journal:
         commit, after the job's pending events. If the streams do not fit (the journal is full) they
         are dropped, never the terminal event."""
         self.flush()
+        ended = time.time()
 
         def terminal(streams: Streams | None, db: sqlite3.Connection) -> Event:
             appended = _insert(db, action_id, event, data)
             db.execute(
-                "UPDATE jobs SET status = ?, output = ?, exit_status = ? WHERE action_id = ?",
-                (event, orjson.dumps(output) if output is not None else None, exit_status, action_id),
+                "UPDATE jobs SET status = ?, output = ?, exit_status = ?, ended_at = ? WHERE action_id = ?",
+                (event, orjson.dumps(output) if output is not None else None, exit_status, ended, action_id),
             )
             if streams is not None:
                 db.execute(

@@ -33,8 +33,17 @@ async def test_a_running_job_says_where_it_is_and_the_list_filters_on_it(tmp_pat
         for bad in ("settled", "completed", ""):
             assert (await client.get("/jobs", params={"phase": bad})).status_code == 422
 
-        await it.cancel("first")
+        await it.cancel("first", "enough")
         assert (await it.settled("waiting"))[0] == "completed"
         assert await record("first") == ("cancelled", None)
         assert await listed() == [("waiting", "completed", None), ("first", "cancelled", None)]
         assert await listed(phase="running") == []
+
+        # When each was admitted and ended (the list's rows as the records), and why the cancelled one ended.
+        first, waiting = [(await client.get(f"/jobs/{name}")).json() for name in ("first", "waiting")]
+        assert first["admitted_at"] <= waiting["admitted_at"] and first["ended_at"] <= waiting["ended_at"]
+        rows = {job["action_id"]: job for job in (await client.get("/jobs")).json()["jobs"]}
+        for job in (first, waiting):
+            assert job["admitted_at"] < job["ended_at"]
+            assert rows[job["action_id"]]["ended_at"] == job["ended_at"]
+        assert (rows["first"]["reason"], rows["waiting"]["reason"]) == ("enough", None)

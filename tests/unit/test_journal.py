@@ -328,6 +328,28 @@ def test_a_journal_of_the_previous_version_is_upgraded_once_and_kept(path: Path)
     again.close()
 
 
+def test_a_schema_2_journal_gains_when_each_job_ends(path: Path) -> None:
+    journal = Journal(path, checkpoint_events=3)
+    journal.admit(job("before")).wait()
+    journal.finish("before", "failed", {"status": "failed", "reason": "x"}).wait()
+    journal.close()
+    with contextlib.closing(sqlite3.connect(path)) as db:  # as schema 2 wrote it
+        db.executescript("ALTER TABLE jobs DROP COLUMN ended_at; PRAGMA user_version = 2;")
+    journal = Journal(path, checkpoint_events=3)
+    assert journal.upgraded_from == path.with_name("journal.db.v2.backup")
+    assert journal.get("before").ended_at is None  # type: ignore[union-attr]  # not known: not made up
+    journal.admit(job("after")).wait()
+    begun = time.time()
+    journal.finish("after", "cancelled", {"status": "cancelled", "reason": "enough"}).wait()
+    after = journal.get("after")
+    assert after is not None and after.admitted_at is not None and after.ended_at is not None
+    assert after.admitted_at <= begun <= after.ended_at <= time.time()
+    rows = {row["action_id"]: row for row in journal.list_jobs()}
+    assert (rows["after"]["reason"], rows["after"]["ended_at"]) == ("enough", after.ended_at)
+    assert (rows["before"]["reason"], rows["before"]["ended_at"]) == ("x", None)
+    journal.close()
+
+
 def dump(path: Path) -> list[str]:
     with contextlib.closing(sqlite3.connect(path)) as db:
         return [*db.iterdump(), str(db.execute("PRAGMA user_version").fetchone())]

@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import orjson
+import psutil
 from fastapi import APIRouter, HTTPException, Query, Request
 
 from supervisor.http.responses import errors
@@ -20,8 +22,11 @@ from supervisor.jobs.live import LiveJob
 from supervisor.journal.records import Streams
 from supervisor.models import Operation, path_id_problem
 from supervisor.processes.limits import Limits
+from supervisor.processes.process import WorkerProcess
+from supervisor.redaction import redact
 
 DEFAULT_PAGE = 50
+LAST_LINE_CHARS = 200
 MAX_PAGE = 500
 Status = Literal["running", "completed", "failed", "cancelled"]  # the contract's, as the journal keeps it
 LivePhase = Literal["queued", "launching", "running", "settling"]  # where a job of status running is
@@ -62,7 +67,21 @@ async def list_jobs(
 async def workers(sup: Sup) -> dict[str, Any]:
     now = asyncio.get_running_loop().time()
     jobs = sorted(sup.live.values(), key=lambda job: job.admitted)
-    return {"workers": [worker_view(job, sup.limits, now) for job in jobs]}
+    readings = [memory_reading(job, sup.limits) for job in jobs]
+    # Off the loop: a PSS reading walks each process's mappings in the kernel.
+    memory = await asyncio.to_thread(lambda: [read() if read is not None else (None, None) for read in readings])
+    return {
+        "workers": [worker_view(job, sup.limits, now, *measured) for job, measured in zip(jobs, memory, strict=True)]
+    }
+
+
+def memory_reading(job: LiveJob, limits: Limits) -> Callable[[], tuple[int, str]] | None:
+    if job.worker is None or job.worker.exited.done():
+        return None
+    try:
+        return limits.tree(job.worker).memory_view()
+    except psutil.NoSuchProcess:  # it has just exited
+        return None
 
 
 @router.get("/jobs/{action_id}/output", responses=errors(404, 422))
@@ -87,8 +106,11 @@ async def output(sup: Sup, action_id: str) -> dict[str, Any]:
     }
 
 
-def worker_view(job: LiveJob, limits: Limits, now: float) -> dict[str, Any]:
-    """A queued job has no worker yet: its process fields are null."""
+def worker_view(
+    job: LiveJob, limits: Limits, now: float, memory: int | None = None, measure: str | None = None
+) -> dict[str, Any]:
+    """A queued job has no worker yet: its process fields are null. ``memory`` is the job's as its cap measures
+    it (``measure``: ``cgroup``, the kernel's charge, or ``pss``), where RSS counts every shared page in full."""
     worker = job.worker
     tree = limits.tree(worker) if worker is not None else None
     # The sampler refreshes ``usage``; until its first pass one sample here is cheap.
@@ -106,7 +128,21 @@ def worker_view(job: LiveJob, limits: Limits, now: float) -> dict[str, Any]:
         "age_seconds": round(now - job.admitted, 3),
         "event_count": job.event_count,
         "last_event_at": job.last_event_at,
+        "memory_bytes": memory,
+        "memory_measure": measure,
+        "memory_limit_bytes": limits.memory_bytes or None,
+        "seconds_left": round(job.deadline - now, 3),  # before its timeout
+        "last_output": last_line(worker, job.secrets) if worker is not None else None,
     }
+
+
+def last_line(worker: WorkerProcess, secrets: tuple[str, ...]) -> str | None:
+    """The last line the worker wrote to stdout (else to stderr), secrets replaced, at most LAST_LINE_CHARS."""
+    for tail in (worker.stdout, worker.stderr):
+        lines = redact(tail.text(), secrets, cut_start=tail.truncated, cut_end=True).rstrip().splitlines()
+        if lines:
+            return lines[-1][-LAST_LINE_CHARS:]
+    return None
 
 
 def encode_cursor(row: dict[str, Any]) -> str:

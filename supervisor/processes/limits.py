@@ -97,10 +97,16 @@ class JobTree:
     def proportional_memory(self) -> int:
         """The tree's PSS: pages shared with the fork server or each other count by share. Exact but
         slow (the kernel walks every mapping, ~6 ms for a CrewAI process), so asked only when RSS is high."""
-        total = 0
-        for process in [psutil.Process(self.pid), *self.descendants()]:
-            total += _pss(process)
-        return total
+        return sum(_pss(process) for process in [psutil.Process(self.pid), *self.descendants()])
+
+    def memory_view(self) -> Callable[[], tuple[int, str]]:
+        """What the job's memory is, as its cap measures it: a reading to take off the loop (it may take ms
+        a process), of the processes the tree has now. The cgroup's charge where one caps it, else the PSS."""
+        cgroup = self.cgroup if self.cgroup is not None and self.cgroup.caps_memory else None
+        if cgroup is not None:
+            return lambda: (cgroup.memory_current(), "cgroup")
+        processes = [psutil.Process(self.pid), *self.descendants()]
+        return lambda: (sum(_pss(process) for process in processes), "pss")
 
     def leftovers(self) -> list[psutil.Process]:
         """Processes of this job still running after the worker itself has exited. Its children went

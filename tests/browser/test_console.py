@@ -23,6 +23,8 @@ DEMO = "worker.demo:registry"
 CONSOLE = {"AIP_CREWAI_CONSOLE": "true"}
 # The screenshot in docs/operating.md, written here when set (scripts/test leaves it unset).
 SCREENSHOT = os.environ.get("CONSOLE_SCREENSHOT")
+JOB_SCREENSHOT = os.environ.get("CONSOLE_JOB_SCREENSHOT")  # the job page's, likewise
+KEY = {"Idempotency-Key": "key-1"}
 
 
 @pytest.fixture(scope="module")
@@ -114,15 +116,22 @@ def test_a_running_job_appears_in_the_worker_view_and_its_cancel_shows_the_evide
     console: Server, page: Any, tmp_path: Path
 ) -> None:
     pid = start_job(console, "runaway-in-the-page", seconds=60)
+    page.set_viewport_size({"width": 800, "height": 330})  # a laptop's half screen: it must fit
     sign_in(page, console)
     row = page.locator('#workers tr[data-action-id="runaway-in-the-page"]')
     expect(row.locator("td.pid")).to_have_text(str(pid))
     expect(row.locator("td.phase")).to_have_text("running")
-    expect(row.locator("td.rss")).to_contain_text("MiB")
+    expect(row.locator("td.id")).to_contain_text("demo-slow · run")
+    # What the job costs as its cap measures it (the kernel's charge, or PSS), against that cap.
+    expect(row.locator("td.memory")).to_contain_text(re.compile(r"MiB\s*of 2048 MiB · (cgroup|pss)"))
+    expect(row.locator("td.memory meter")).to_have_attribute("max", str(2048 * 1024 * 1024))
+    expect(row.locator("td.cpu")).to_contain_text("scale 0–")
+    expect(row.locator("td.left")).to_have_text(re.compile(r"^\d+m \d+s$"))  # of its 10 minutes' timeout
+    expect(row.locator("td.idle")).to_contain_text(" s")
     # Refreshed every second: the sparkline gains a point each time (eight here, for the picture in docs/operating.md).
-    expect(row.locator("td.rss polyline")).to_have_attribute("points", re.compile(r"^(\S+ ){7}\S+"))
+    expect(row.locator("td.cpu polyline")).to_have_attribute("points", re.compile(r"^(\S+ ){7}\S+"))
+    assert page.evaluate("document.documentElement.scrollWidth") <= 800, "the worker view is wider than 800 px"
     picture = tmp_path / "console-workers.png"
-    page.set_viewport_size({"width": 1400, "height": 330})
     page.screenshot(path=picture, full_page=True)
     if SCREENSHOT:
         shutil.copyfile(picture, SCREENSHOT)
@@ -157,6 +166,53 @@ def test_a_streamed_job_is_followed_live_to_its_terminal_event(console: Server, 
     assert sequences == list(range(count)), "every event once, in order"
     expect(page.locator("#job-record")).to_contain_text("completed")
     expect(page.locator("#job-cancel")).to_be_hidden()
+
+
+def test_a_job_page_shows_the_answer_its_tasks_and_tokens_or_why_it_failed_and_json_only_when_asked(
+    console: Server, page: Any, tmp_path: Path
+) -> None:
+    start_job(console, "answered", crew="demo", mode="quick")
+    with console.client() as client:
+        assert wait_until(lambda: client.get("/jobs/answered").json()["status"] == "completed", timeout=60)
+        output = client.get("/jobs/answered").json()["output"]
+        timed_out = client.post("/jobs", json=start_body("demo-slow", "timed-out", timeout_ms=1500), headers=KEY)
+        assert timed_out.status_code == 502, timed_out.text
+    page.set_viewport_size({"width": 800, "height": 900})
+    sign_in(page, console)
+    page.goto(f"{console.url}/console/#/job/answered")
+    expect(page.locator("#events-state")).to_have_text("ended: completed")
+    expect(page.locator("#answer")).to_have_text(output["raw"])  # the answer first, as text
+    tasks = page.locator("#tasks li")
+    expect(tasks).to_have_count(len(output["tasks_output"]))
+    for task, shown in zip(output["tasks_output"], tasks.all(), strict=True):
+        expect(shown.locator("strong")).to_have_text(task["agent"])
+        expect(shown.locator("pre")).to_have_text(task["raw"])
+    total = f"{output['token_usage']['total_tokens']:,}"
+    expect(page.locator("#usage")).to_contain_text(re.compile(rf"total\s*{re.escape(total)}"))
+    expect(page.locator("#job-record")).to_contain_text(re.compile(r"took\s*\d+(\.\d)? s"))
+    expect(page.locator('#events li[data-event="completed"]')).to_contain_text("the output: shown above")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 800
+    expect(page.locator("#raw")).to_be_hidden()  # JSON only behind its toggle
+    picture = tmp_path / "console-job.png"
+    page.screenshot(path=picture, full_page=True)
+    if JOB_SCREENSHOT:
+        shutil.copyfile(picture, JOB_SCREENSHOT)
+    page.click("#job-raw summary")
+    expect(page.locator("#raw")).to_contain_text('"tasks_output"')
+
+    page.goto(f"{console.url}/console/#/job/timed-out")
+    why = page.locator("#job-why")
+    expect(why).to_contain_text("Failed: it reached its timeout")
+    expect(why).to_contain_text("TimeoutError: job exceeded timeout_ms=1500")
+    expect(why).to_contain_text("uncertain outcome")
+    expect(why).to_contain_text("stop confirmed: worker pid")
+    expect(page.locator("#job-answer")).to_be_hidden()
+    expect(page.locator("#job-record")).not_to_contain_text("exit status 0")  # a failure never reads as success
+
+    page.goto(f"{console.url}/console/#/jobs?crew_id=demo-slow&status=failed")
+    row = page.locator("#jobs tbody tr", has_text="timed-out")
+    expect(row.locator("td.reason")).to_have_text("timeout")
+    expect(row).to_contain_text(re.compile(r"\d+(\.\d)? s"))  # how long it took
 
 
 def test_leaving_a_job_aborts_its_calls_so_a_late_answer_never_lands_in_the_next_page(

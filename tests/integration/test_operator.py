@@ -39,6 +39,11 @@ def test_worker_view_and_output_tail_during_and_after_a_job(server: Server) -> N
             return "hello on stdout" in output["stdout"]["text"] and "hello on stderr" in output["stderr"]["text"]
 
         assert wait_until(said_hello, timeout=10)
+        (mine,) = [w for w in client.get("/workers").json()["workers"] if w["action_id"] == "talk-1"]
+        assert mine["last_output"] == "talker: hello on stdout"  # stdout's last line, before stderr's
+        assert 0 < mine["seconds_left"] <= 600 and mine["memory_limit_bytes"] == 2048 * MB
+        # As the cap measures it: the kernel's charge, or PSS, which counts the fork server's pages by share.
+        assert mine["memory_measure"] in ("cgroup", "pss") and 0 < mine["memory_bytes"] < 2048 * MB
         during = client.get("/jobs/talk-1/output").json()
         assert during["live"] is True and during["stdout"]["total_bytes"] >= len("talker: hello on stdout\n")
 

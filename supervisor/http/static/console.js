@@ -4,7 +4,8 @@
 // chosen by clients and crews. The views are workers.js and jobs.js; api.js talks to the supervisor.
 
 import { RECONNECT_MS, Unauthorized, credentials, getJSON } from "./api.js";
-import { openJob, openJobs } from "./jobs.js";
+import { openJob } from "./job.js";
+import { openJobs } from "./jobs.js";
 import { $, banner, handle, hooks, viewError } from "./page.js";
 import { forgetWorkers, openWorkers } from "./workers.js";
 

@@ -43,11 +43,37 @@ export function jobLink(id) {
   const a = document.createElement("a");
   a.href = `#/job/${encodeURIComponent(id)}`;
   a.textContent = id;
+  a.title = id; // whole, where its cell cuts it
   return a;
+}
+
+// A job's one word, as the CLI shows it: where it is while it runs (the API's `phase`), else its status.
+export const state = (job) => job.phase ?? job.status;
+
+// Unix seconds as the browser's local date and time.
+export function clock(seconds) {
+  return seconds == null ? "–" : new Date(seconds * 1000).toLocaleString();
+}
+
+// What a stop proved, from a terminal event's evidence.
+export function stopProof(terminal) {
+  const confirmed = terminal.stop_confirmed ? "stop confirmed" : "stop NOT confirmed";
+  return (
+    `${confirmed}: worker pid ${terminal.pid} (process group ${terminal.pgid}) sent ${terminal.signal}; ` +
+    `exit status ${terminal.exit_status}; ${terminal.descendants_killed} other process(es) killed; ` +
+    `${terminal.elapsed_ms} ms`
+  );
 }
 
 export function megabytes(bytes) {
   return bytes == null ? "–" : `${(bytes / 1048576).toFixed(1)} MiB`;
+}
+
+// As `duration`, in fewer characters: a narrow column's.
+export function shortDuration(seconds) {
+  if (seconds == null || seconds < 60) return duration(seconds);
+  if (seconds < 3600) return `${Math.floor(seconds / 60)}m ${Math.floor(seconds % 60)}s`;
+  return `${Math.floor(seconds / 3600)}h ${Math.floor((seconds % 3600) / 60)}m`;
 }
 
 export function duration(seconds) {
@@ -57,9 +83,9 @@ export function duration(seconds) {
   return `${Math.floor(seconds / 3600)} h ${Math.floor((seconds % 3600) / 60)} min`;
 }
 
-// The last HISTORY samples, the newest at the right edge, scaled from `low` (or the samples' least) to their most.
-export function sparkline(values, low) {
-  const width = 90;
+// The last HISTORY samples, the newest at the right edge, scaled from `low` to `high` (or the samples' least and most).
+export function sparkline(values, low, high) {
+  const width = 64;
   const height = 18;
   const svg = document.createElementNS(SVG, "svg");
   svg.setAttribute("class", "spark");
@@ -68,7 +94,7 @@ export function sparkline(values, low) {
   svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
   svg.setAttribute("aria-hidden", "true");
   const bottom = low ?? Math.min(...values);
-  const range = Math.max(...values) - bottom;
+  const range = (high ?? Math.max(...values)) - bottom;
   const step = width / (HISTORY - 1);
   const start = HISTORY - values.length;
   const y = (v) => (range > 0 ? height - 2 - ((v - bottom) / range) * (height - 4) : height / 2);

@@ -1,10 +1,11 @@
 // The live worker view (GET /workers every tick), and a cancel with the evidence that the work stopped.
 
 import { CANCEL_MS, Refused, getJSON, jobPath } from "./api.js";
-import { $, HISTORY, cell, duration, handle, jobLink, megabytes, sparkline } from "./page.js";
+import { $, HISTORY, cell, handle, jobLink, megabytes, shortDuration, sparkline, stopProof } from "./page.js";
 
 const workerRows = new Map(); // action_id -> {row, cells, button, worker}
-const samples = new Map(); // action_id -> {rss: [], cpu: []}
+const samples = new Map(); // action_id -> CPU percents, the newest last
+const MEASURES = { pss: "PSS: shared pages counted by share", cgroup: "what the kernel charges its cgroup" };
 
 let viewSignal = null; // the open workers view's: a cancel's answer is shown only while it is open
 
@@ -25,14 +26,14 @@ export function forgetWorkers() {
 async function refreshWorkers(signal) {
   const { workers } = await getJSON("/workers", { signal });
   if (signal.aborted) return;
+  const now = Date.now() / 1000;
   const body = $("workers").tBodies[0];
   const present = new Set();
   for (const worker of workers) {
     present.add(worker.action_id);
-    const history = samples.get(worker.action_id) ?? { rss: [], cpu: [] };
-    samples.set(worker.action_id, history);
-    if (worker.rss_bytes != null) history.rss = [...history.rss, worker.rss_bytes].slice(-HISTORY);
-    if (worker.cpu_percent != null) history.cpu = [...history.cpu, worker.cpu_percent].slice(-HISTORY);
+    const cpuHistory = samples.get(worker.action_id) ?? [];
+    if (worker.cpu_percent != null) cpuHistory.push(worker.cpu_percent);
+    samples.set(worker.action_id, cpuHistory.slice(-HISTORY));
     let entry = workerRows.get(worker.action_id);
     if (!entry) {
       entry = workerRow(worker);
@@ -40,16 +41,16 @@ async function refreshWorkers(signal) {
       body.append(entry.row);
     }
     entry.worker = worker;
-    const [phase, pid, rss, cpu, processes, age, events] = entry.cells;
+    const [phase, pid, memory, cpu, left, idle, last] = entry.cells;
     phase.textContent = worker.phase;
     phase.className = `phase status-${worker.phase}`;
     pid.textContent = worker.pid ?? "–";
-    rss.replaceChildren(megabytes(worker.rss_bytes), sparkline(history.rss));
-    const percent = worker.cpu_percent == null ? "–" : `${worker.cpu_percent.toFixed(0)} %`;
-    cpu.replaceChildren(percent, sparkline(history.cpu, 0));
-    processes.textContent = worker.processes ?? "–";
-    age.textContent = duration(worker.age_seconds);
-    events.textContent = worker.event_count;
+    memory.replaceChildren(...memoryCell(worker));
+    cpu.replaceChildren(...cpuCell(worker, samples.get(worker.action_id)));
+    left.textContent = shortDuration(Math.max(worker.seconds_left, 0));
+    idle.textContent = shortDuration(worker.last_event_at == null ? null : Math.max(now - worker.last_event_at, 0));
+    last.textContent = worker.last_output ?? "–";
+    last.title = worker.last_output ?? "";
   }
   for (const [id, entry] of workerRows) {
     if (!present.has(id)) {
@@ -62,18 +63,46 @@ async function refreshWorkers(signal) {
   $("workers-updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
 }
 
+// What the job's memory is as its cap measures it, against the cap (a bar) where there is one.
+function memoryCell(worker) {
+  if (worker.memory_bytes == null) return ["–"];
+  const limit = worker.memory_limit_bytes;
+  const measure = document.createElement("small");
+  measure.textContent = limit ? `of ${Math.round(limit / 1048576)} MiB · ${worker.memory_measure}` : worker.memory_measure;
+  measure.title = MEASURES[worker.memory_measure] ?? "";
+  const text = megabytes(worker.memory_bytes);
+  if (!limit) return [text, measure];
+  const bar = document.createElement("meter");
+  bar.min = 0;
+  bar.max = limit;
+  bar.high = limit * 0.8;
+  bar.value = Math.min(worker.memory_bytes, limit);
+  return [bar, text, measure];
+}
+
+// CPU now and over the last half minute, on a scale from 0 to one core (or the most seen, if more).
+function cpuCell(worker, history) {
+  if (worker.cpu_percent == null) return ["–"];
+  const top = Math.max(100, ...history);
+  const scale = document.createElement("small");
+  scale.textContent = `scale 0–${top.toFixed(0)} %`;
+  return [`${worker.cpu_percent.toFixed(0)} %`, sparkline(history, 0, top), scale];
+}
+
 function workerRow(worker) {
   const row = document.createElement("tr");
   row.dataset.actionId = worker.action_id;
-  const link = cell("", "id");
-  link.replaceChildren(jobLink(worker.action_id));
-  const cells = ["phase", "pid", "rss", "cpu", "processes", "age", "events"].map((name) => cell("", name));
+  const job = cell("", "id");
+  const what = document.createElement("small");
+  what.textContent = `${worker.crew_id} · ${worker.operation}`;
+  job.replaceChildren(jobLink(worker.action_id), document.createElement("br"), what);
+  const cells = ["phase", "pid", "memory", "cpu", "left", "idle", "last"].map((name) => cell("", name));
   const button = cancelButton(worker.action_id);
   const entry = { row, cells, button, worker };
   button.addEventListener("click", () => cancel(entry.worker, button, $("evidence"), viewSignal));
   const action = cell("");
   action.append(button);
-  row.append(link, cell(worker.crew_id), cell(worker.operation), ...cells, action);
+  row.append(job, ...cells, action);
   return entry;
 }
 
@@ -125,10 +154,7 @@ function showEvidence(box, record, failure) {
   } else {
     const confirmed = terminal.stop_confirmed ? "stop confirmed" : "stop NOT confirmed";
     title.textContent = `${record.action_id} cancelled: ${confirmed}`;
-    detail.textContent =
-      `worker pid ${terminal.pid} (process group ${terminal.pgid}) sent ${terminal.signal}; ` +
-      `exit status ${terminal.exit_status}; ${terminal.descendants_killed} other process(es) killed; ` +
-      `${terminal.elapsed_ms} ms`;
+    detail.textContent = stopProof(terminal);
   }
   box.replaceChildren(title, detail);
   box.hidden = false;

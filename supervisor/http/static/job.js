@@ -1,0 +1,253 @@
+// One job: what it answered or why it did not, its record, its events followed live, its output tails.
+
+import { RECONNECT_MS, Refused, Unauthorized, Unreachable, call, getJSON, jobPath, readEvents } from "./api.js";
+import { $, clock, duration, handle, state, stopProof, viewError } from "./page.js";
+import { cancel } from "./workers.js";
+
+const EVENTS_SHOWN = 2000; // the oldest leave the page beyond this
+const TERMINAL = new Set(["completed", "failed", "cancelled"]);
+// A failure's `reason`, in words (the code itself for any other).
+const REASONS = {
+  timeout: "it reached its timeout",
+  operation_failed: "the crew raised an error",
+  crew_factory_failed: "its crew could not be built",
+  registry_error: "the registry could not be loaded",
+  launch_failed: "no worker could be started for it",
+  supervisor_restarted: "the supervisor restarted while it ran",
+  supervisor_stopped: "the supervisor stopped before it finished",
+  memory_limit_exceeded: "it went over its memory limit",
+  cpu_limit_exceeded: "it went over its CPU limit",
+  process_limit_exceeded: "it started too many processes",
+  output_limit_exceeded: "it wrote too much to stdout and stderr",
+  event_limit_exceeded: "it sent too many events",
+  event_too_large: "an event or its output was too large",
+  stray_processes: "it left processes running after it answered",
+  worker_exited: "its worker exited without an answer",
+  worker_killed: "its worker was killed from outside",
+};
+const USAGE = [
+  ["total", "total_tokens"],
+  ["prompt", "prompt_tokens"],
+  ["completion", "completion_tokens"],
+  ["cached prompt", "cached_prompt_tokens"],
+  ["requests", "successful_requests"],
+];
+
+// Shows the view and follows the job's events; returns its refresh.
+export function openJob(id, signal) {
+  $("job-view").hidden = false;
+  $("job-id").textContent = id;
+  for (const box of ["job-record", "events", "stdout", "stderr", "job-evidence", "job-why"]) $(box).replaceChildren();
+  for (const text of ["stdout-total", "stderr-total", "events-state", "answer", "raw"]) $(text).textContent = "";
+  for (const box of ["job-evidence", "job-why", "job-answer", "job-tasks", "job-usage"]) $(box).hidden = true;
+  $("events-dropped").hidden = true;
+  const cancelJob = $("job-cancel");
+  cancelJob.hidden = true;
+  cancelJob.setAttribute("aria-label", `Cancel ${id}`);
+  let record = null;
+  let live = true;
+  let known = true;
+  let ticks = 0;
+  cancelJob.onclick = () => record && cancel(record, cancelJob, $("job-evidence"), signal);
+
+  async function refresh() {
+    const answer = await getJSON(jobPath(id), { signal });
+    if (signal.aborted) return;
+    record = answer;
+    renderRecord(record);
+    if (live) {
+      const output = await getJSON(`${jobPath(id)}/output`, { signal });
+      if (signal.aborted) return;
+      renderTail("stdout", output.stdout);
+      renderTail("stderr", output.stderr);
+      live = output.live; // once settled the journal's copy is final: read no more
+    }
+  }
+  follow(id, signal, () => {
+    live = true; // read the final tails once more
+    ticks = 0;
+  });
+  return async () => {
+    if (!known || ticks++ % 2) return;
+    try {
+      await refresh();
+    } catch (error) {
+      if (!(error instanceof Refused)) throw error;
+      viewError(error.message);
+      known = error.status !== 404 && error.status !== 422; // no such job: asking again will not make one
+    }
+  };
+}
+
+// Follows a job's events to its terminal one. Only a supervisor that cannot be reached is retried (resuming
+// after the last event shown); anything else it answers is shown and ends the following.
+async function follow(id, signal, ended) {
+  const state = $("events-state");
+  let last = null;
+  let dropped = 0;
+  while (!signal.aborted) {
+    let terminal = null;
+    try {
+      const headers = { Accept: "text/event-stream" };
+      if (last !== null) headers["Last-Event-ID"] = String(last);
+      state.textContent = last === null ? "following…" : `following (resumed after event ${last})…`;
+      const response = await call(`${jobPath(id)}/events`, { headers, signal, timeout: null });
+      for await (const event of readEvents(response.body)) {
+        if (signal.aborted) return;
+        dropped += addEvent(event);
+        last = event.sequence;
+        if (TERMINAL.has(event.event)) terminal = event.event;
+      }
+    } catch (error) {
+      if (signal.aborted) return;
+      if (error instanceof Unauthorized) return handle(error);
+      if (!(error instanceof Unreachable) && error.name !== "TypeError") {
+        state.textContent = `stopped following: ${error.message}`;
+        return;
+      }
+    }
+    if (dropped) {
+      $("events-dropped").hidden = false;
+      $("events-dropped").textContent = `${dropped} earlier events are not shown here.`;
+    }
+    if (terminal) {
+      state.textContent = `ended: ${terminal}`;
+      ended();
+      return;
+    }
+    state.textContent = `connection lost after event ${last ?? "none"}; reconnecting…`;
+    await new Promise((resume) => setTimeout(resume, RECONNECT_MS));
+  }
+}
+
+function addEvent(event) {
+  const list = $("events");
+  const item = document.createElement("li");
+  item.dataset.event = event.event;
+  const seq = document.createElement("span");
+  seq.className = "seq";
+  seq.textContent = event.sequence;
+  const name = document.createElement("span");
+  name.className = `name status-${event.event}`;
+  name.textContent = event.event;
+  // A completed event's data is the output, shown above as text.
+  const data =
+    event.event === "chunk"
+      ? String(event.data?.content ?? "")
+      : event.event === "completed"
+        ? "the output: shown above"
+        : JSON.stringify(event.data);
+  item.append(seq, name, data.length > 2000 ? `${data.slice(0, 2000)}…` : data);
+  list.append(item);
+  if (list.childElementCount <= EVENTS_SHOWN) return 0;
+  list.firstElementChild.remove();
+  return 1;
+}
+
+function renderRecord(job) {
+  const ended = job.ended_at ?? Date.now() / 1000; // a running job: for how long so far
+  const rows = [
+    ["status", state(job)],
+    ["crew", job.crew_id],
+    ["operation", job.operation],
+    ["admitted", clock(job.admitted_at)],
+    ["ended", job.ended_at == null ? null : clock(job.ended_at)],
+    [job.ended_at == null ? "running for" : "took", job.admitted_at == null ? null : duration(ended - job.admitted_at)],
+    ["events", job.event_count],
+    // A failed crew's worker exits 0 (it reported the error): only a worker that did not say so is news.
+    ["worker exit", job.exit_status ? exitText(job.exit_status) : null],
+  ];
+  const list = $("job-record");
+  list.replaceChildren();
+  for (const [name, value] of rows) {
+    if (value == null) continue;
+    const dt = document.createElement("dt");
+    dt.textContent = name;
+    const dd = document.createElement("dd");
+    dd.textContent = value;
+    if (name === "status") dd.className = `status-${value}`;
+    list.append(dt, dd);
+  }
+  $("job-cancel").hidden = job.status !== "running";
+  renderWhy(job);
+  renderOutput(job.output);
+  $("raw").textContent = JSON.stringify(job, null, 2);
+}
+
+// Why a job failed or was cancelled, in words; what the stop proved.
+function renderWhy(job) {
+  const box = $("job-why");
+  const terminal = job.terminal ?? {};
+  box.hidden = job.status !== "failed" && job.status !== "cancelled";
+  if (box.hidden) return;
+  const title = document.createElement("strong");
+  const lines = [];
+  if (job.status === "cancelled") {
+    title.textContent = `Cancelled: ${terminal.reason ?? "by request"}`;
+  } else {
+    title.textContent = `Failed: ${REASONS[terminal.reason] ?? terminal.reason ?? "no reason given"}`;
+    lines.push(`${terminal.error_type}: ${terminal.message}`);
+    lines.push(
+      terminal.uncertain_outcome
+        ? "Its work had begun: what it did before it stopped may have taken effect (uncertain outcome)."
+        : "Nothing it did can have taken effect (certain outcome).",
+    );
+  }
+  if (terminal.launched === false) lines.push("It never had a worker: no process ran.");
+  else if (terminal.signal) lines.push(stopProof(terminal));
+  box.replaceChildren(title, ...lines.map(paragraph));
+}
+
+// The answer first (its structured form when it has one), then each task's, then the tokens it took.
+function renderOutput(output) {
+  $("job-answer").hidden = output == null;
+  $("job-tasks").hidden = !output?.tasks_output?.length;
+  $("job-usage").hidden = output?.token_usage == null;
+  if (output == null) return;
+  const structured = output.json_dict ?? output.pydantic;
+  $("answer").textContent =
+    structured != null
+      ? JSON.stringify(structured, null, 2)
+      : (output.raw ?? JSON.stringify(output, null, 2)); // batch_run, test, …: the output is its own shape
+  $("tasks").replaceChildren(
+    ...(output.tasks_output ?? []).map((task) => {
+      const item = document.createElement("li");
+      const who = document.createElement("strong");
+      who.textContent = task.agent ?? "agent";
+      const what = document.createElement("span");
+      what.textContent = ` — ${task.name || task.description || "task"}`;
+      const text = document.createElement("pre");
+      text.textContent = task.raw ?? "";
+      item.append(who, what, text);
+      return item;
+    }),
+  );
+  const usage = output.token_usage ?? {};
+  const list = $("usage");
+  list.replaceChildren();
+  for (const [name, key] of USAGE) {
+    if (usage[key] == null) continue;
+    const dt = document.createElement("dt");
+    dt.textContent = name;
+    const dd = document.createElement("dd");
+    dd.textContent = Number(usage[key]).toLocaleString();
+    list.append(dt, dd);
+  }
+}
+
+function paragraph(text) {
+  const p = document.createElement("p");
+  p.textContent = text;
+  return p;
+}
+
+function exitText(status) {
+  return status < 0 ? `killed by signal ${-status}` : `exit status ${status}`;
+}
+
+function renderTail(name, stream) {
+  $(name).textContent = stream.text;
+  const shown = new TextEncoder().encode(stream.text).length;
+  $(`${name}-total`).textContent =
+    stream.total_bytes > shown ? `last ${shown} of ${stream.total_bytes} bytes` : `${stream.total_bytes} bytes`;
+}

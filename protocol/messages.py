@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 from protocol.frames import MAX_FRAME_BYTES, FrameError, FrameReader, encode
 
 # Bump on any change a peer could misread; a mismatched worker is rejected at hello.
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 # Operations without external effects: when one fails, its outcome is certain (as the reference says).
 READ_ONLY_OPERATIONS = frozenset({"knowledge_query"})
 # The reason of the ``Failed`` a fork server sends instead of its registry when it cannot warm CrewAI.
@@ -118,6 +118,18 @@ class Chunk(Message):
 
 
 @dataclasses.dataclass(frozen=True)
+class Spent(Message):
+    """One LLM call's usage, as CrewAI books it on its LLM (the counts its ``token_usage`` ends with), sent
+    as the call completes: the supervisor keeps each job's running totals."""
+
+    kind: ClassVar[str] = "spent"
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    requests: int  # as CrewAI counts them: 1 a call
+
+
+@dataclasses.dataclass(frozen=True)
 class Completed(Message):
     kind: ClassVar[str] = "completed"
     output: dict[str, Any]
@@ -138,7 +150,7 @@ class Failed(Message):
 TERMINAL = (Completed, Failed)
 _KINDS: dict[str, type[Message]] = {
     cls.kind: cls
-    for cls in (Start, Stop, Hello, Registry, Built, Started, Chunk, Completed, Failed, Fork, Forked, Refused)
+    for cls in (Start, Stop, Hello, Registry, Built, Started, Chunk, Spent, Completed, Failed, Fork, Forked, Refused)
 }
 _FIELDS = {kind: typing.get_type_hints(cls) for kind, cls in _KINDS.items()}
 _NAMES = {kind: [field.name for field in dataclasses.fields(cls)] for kind, cls in _KINDS.items()}

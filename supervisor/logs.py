@@ -29,6 +29,8 @@ FIELDS = (
     "running",  # jobs at a drain's start or end
     "queued",
     "phase",  # the one a job moved to
+    "tokens",  # the LLM tokens a finished job spent
+    "llm_calls",
 )
 
 

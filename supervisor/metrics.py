@@ -25,6 +25,12 @@ class Metrics:
         )
         self.worker_starts = Counter(f"{PREFIX}_worker_starts", "Workers launched.", ["launcher"], registry=r)
         self.kills = Counter(f"{PREFIX}_kills", "Workers killed by the supervisor.", ["reason"], registry=r)
+        self.llm_tokens = Counter(
+            f"{PREFIX}_llm_tokens", "LLM tokens jobs spent, as CrewAI counts them.", ["crew", "kind"], registry=r
+        )
+        self.llm_calls = Counter(
+            f"{PREFIX}_llm_calls", "LLM calls jobs made (provider requests).", ["crew"], registry=r
+        )
         self.start_latency = Histogram(
             f"{PREFIX}_start_seconds", "Admission to the started event.", buckets=LATENCY_BUCKETS, registry=r
         )

@@ -20,6 +20,7 @@ from typing import Any
 
 from crewai import Agent, Crew, Task
 from crewai.llms.base_llm import BaseLLM, llm_call_context
+from crewai.tools import tool
 
 from tests.helpers.waiting import wait_until
 from worker.demo import (
@@ -225,6 +226,38 @@ def _provider_failing(status: int) -> Crew:
     return Crew(agents=[agent], tasks=[Task(description="Test.", expected_output="Nothing.", agent=agent)])
 
 
+def llm_own() -> Crew:
+    """``llm`` with an LLM of each agent's own: CrewAI's ``token_usage`` then counts each call once (agents that
+    share an LLM each report its whole count), as the supervisor counts them."""
+    researcher = Agent(role="Researcher", goal="Find facts", backstory="Careful.", llm=provider_llm())
+    writer = Agent(role="Writer", goal="Summarise", backstory="Concise.", llm=provider_llm())
+    tasks = [
+        Task(description="Research spending.", expected_output="Facts.", agent=researcher),
+        Task(description="Summarise the research.", expected_output="A summary.", agent=writer),
+    ]
+    return Crew(agents=[researcher, writer], tasks=tasks)
+
+
+@tool("count_words")
+def count_words(text: str) -> str:
+    """How many words a text has."""
+    return str(len(text.split()))
+
+
+def llm_loop() -> Crew:
+    """An agent whose provider answers every call with one more call of its tool: it spends until it is stopped
+    (or reaches its max_iter), as a runaway agent does."""
+    agent = Agent(
+        role="Looper",
+        goal="Count",
+        backstory="Never done.",
+        llm=provider_llm("loop"),
+        tools=[count_words],
+        max_iter=1000,
+    )
+    return Crew(agents=[agent], tasks=[Task(description="Count the words.", expected_output="A count.", agent=agent)])
+
+
 def hang_then_hog() -> Crew:
     """``demo-llm-hang``, and a thread that, once a test creates HOG_RELEASE (when the provider holds the
     call), allocates memory until the job is stopped: a limit broken while the provider call is in flight."""
@@ -261,6 +294,8 @@ registry: dict[str, Callable[[], Crew]] = {
     "sized": sized,
     "llm": demo_llm,
     "llm-hang": demo_llm_hang,
+    "llm-own": llm_own,
+    "llm-loop": llm_loop,
     "llm-hang-hog": hang_then_hog,
     "llm-fail-429": lambda: _provider_failing(429),
     "llm-fail-500": lambda: _provider_failing(500),

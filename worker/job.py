@@ -13,7 +13,7 @@ import threading
 from typing import Any, NoReturn
 
 from protocol import READ_ONLY_OPERATIONS, Built, Completed, Failed, Hello, Registry, Start, Started
-from worker import lifecycle, registry, warmup
+from worker import lifecycle, registry, spending, warmup
 from worker.operations import OPERATIONS, OperationError, OutputTooLarge, Work, bounded
 
 MAX_CHECK_ERROR_CHARS = 1000  # one line of the doctor's report, not a traceback
@@ -110,6 +110,7 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
         message = f"the crew factory raised {type(exc).__name__}"
         out.send(failed(type(exc).__name__, "crew_factory_failed", message, False))
         return
+    spending.report(out.send)
     out.send(Started())
     # Work that may have had effects leaves its outcome uncertain; a read-only query has none.
     effects = start.operation not in READ_ONLY_OPERATIONS

@@ -65,12 +65,14 @@ WORKER_COLUMNS: tuple[tuple[str, int, Callable[[dict[str, Any], float], Any]], .
     ("pid", 7, lambda w, now: dash(w["pid"])),
     ("rss", 5, lambda w, now: megabytes(w["rss_bytes"])),
     ("cpu%", 5, lambda w, now: dash(w["cpu_percent"])),
+    ("tokens", 7, lambda w, now: f"{w['tokens']:,}"),  # LLM tokens spent so far, and calls made
+    ("calls", 5, lambda w, now: plain(w["llm_calls"])),
     ("cpu s", 7, lambda w, now: dash(w["cpu_seconds"])),
     ("age", 6, lambda w, now: f"{w['age_seconds']:.0f}s"),
     ("events", 6, lambda w, now: plain(w["event_count"])),
     ("idle", 6, lambda w, now: "-" if w["last_event_at"] is None else f"{max(now - w['last_event_at'], 0):.1f}s"),
 )
-DROPPED_FIRST = ("cpu s", "age", "events")  # where the width runs out; the rest always shows
+DROPPED_FIRST = ("cpu s", "age", "events", "calls", "rss")  # where the width runs out; the rest always shows
 
 
 def workers_table(workers: list[dict[str, Any]], now: float, width: int = 80) -> Table:

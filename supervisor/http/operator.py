@@ -132,6 +132,12 @@ def worker_view(
         "memory_measure": measure,
         "memory_limit_bytes": limits.memory_bytes or None,
         "seconds_left": round(job.deadline - now, 3),  # before its timeout
+        # Its LLM usage so far, call by call as CrewAI counts it (its output's token_usage only once it ends).
+        "tokens": job.spent.tokens,
+        "prompt_tokens": job.spent.prompt_tokens,
+        "completion_tokens": job.spent.completion_tokens,
+        "llm_calls": job.spent.llm_calls,
+        "model": job.spent.model,
         "last_output": last_line(worker, job.secrets) if worker is not None else None,
     }
 

@@ -7,11 +7,37 @@ import dataclasses
 import logging
 from typing import Any
 
+from protocol import Spent
 from supervisor.jobs.phases import Phase, StopReason, check_move
 from supervisor.processes.limits import Breach
 from supervisor.processes.process import WorkerProcess
 
 log = logging.getLogger("crew_supervisor.jobs")
+
+
+@dataclasses.dataclass
+class Spending:
+    """A job's LLM usage so far, as its worker reports each call (``Spent``)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    llm_calls: int = 0
+    model: str | None = None  # the last call's
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def add(self, spent: Spent) -> Spent:
+        """Count one call; returns it with its counts as counted (a worker cannot take back what it spent)."""
+        counted = Spent(
+            spent.model, max(spent.prompt_tokens, 0), max(spent.completion_tokens, 0), max(spent.requests, 0)
+        )
+        self.prompt_tokens += counted.prompt_tokens
+        self.completion_tokens += counted.completion_tokens
+        self.llm_calls += counted.requests
+        self.model = counted.model
+        return counted
 
 
 @dataclasses.dataclass(eq=False)
@@ -31,6 +57,7 @@ class LiveJob:
     breach: Breach | None = None  # the limit it broke, when stop is LIMIT
     worker: WorkerProcess | None = None
     secrets: tuple[str, ...] = ()  # kept out of its worker's tails (supervisor/redaction.py)
+    spent: Spending = dataclasses.field(default_factory=Spending)
     task: asyncio.Task[None] | None = None
     done: asyncio.Future[None] = dataclasses.field(default_factory=lambda: asyncio.get_running_loop().create_future())
     changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)

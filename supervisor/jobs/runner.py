@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from protocol import READ_ONLY_OPERATIONS, WORKER_IDS, Chunk, Completed, Failed, Hello, Start, Started
+from protocol import READ_ONLY_OPERATIONS, WORKER_IDS, Chunk, Completed, Failed, Hello, Spent, Start, Started
 from supervisor.config import PREFIX, Settings
 from supervisor.jobs.leftovers import remove_partial
 from supervisor.jobs.live import LiveJob
@@ -231,6 +231,9 @@ class Runner:
                 fault = await self.recorder.record(job, "started", started)
             elif isinstance(message, Chunk):
                 fault = await self.recorder.record(job, "chunk", message.data)
+            elif isinstance(message, Spent):
+                self._spend(job, message)
+                continue
             elif message is None:
                 return await self._ended(worker)
             else:
@@ -279,12 +282,21 @@ class Runner:
                 "reason": evidence.get("reason"),
                 "duration_ms": round((asyncio.get_running_loop().time() - job.admitted) * 1000, 1),
                 "signal": evidence.get("signal"),  # set when the supervisor killed the worker
+                "tokens": job.spent.tokens,
+                "llm_calls": job.spent.llm_calls,
             },
         )
         job.move(Phase.SETTLED)
         self.metrics.finished.labels(job.operation, outcome.event).inc()
         if "signal" in evidence:  # the supervisor killed the worker: say why
             self.metrics.kills.labels(evidence.get("reason") or outcome.event).inc()
+
+    def _spend(self, job: LiveJob, spent: Spent) -> None:
+        """One LLM call's usage: the job's running totals and the supervisor's counters."""
+        counted = job.spent.add(spent)
+        self.metrics.llm_tokens.labels(job.crew_id, "prompt").inc(counted.prompt_tokens)
+        self.metrics.llm_tokens.labels(job.crew_id, "completion").inc(counted.completion_tokens)
+        self.metrics.llm_calls.labels(job.crew_id).inc(counted.requests)
 
     # How a job is stopped ------------------------------------------------------------------------------
 

@@ -3,9 +3,12 @@ it is (``phase``), in its record and in the job list, which filters on either.""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from pathlib import Path
+from typing import Any
 
-from tests.core.harness import core, in_loop
+from tests.core.harness import DEADLINE, core, in_loop
 
 
 @in_loop
@@ -47,3 +50,32 @@ async def test_a_running_job_says_where_it_is_and_the_list_filters_on_it(tmp_pat
             assert job["admitted_at"] < job["ended_at"]
             assert rows[job["action_id"]]["ended_at"] == job["ended_at"]
         assert (rows["first"]["reason"], rows["waiting"]["reason"]) == ("enough", None)
+
+
+@in_loop
+async def test_a_job_s_llm_spend_is_kept_as_each_call_completes(tmp_path: Path, caplog: Any) -> None:
+    go = tmp_path / "go"
+    async with core(tmp_path) as it, it.http() as client:
+        await it.start(["started", "spend", "spend", "refund", "await-go", "spend", "complete"], go=str(go))
+        await it.running()
+
+        async def spent() -> dict[str, Any]:
+            (worker,) = (await client.get("/workers")).json()["workers"]
+            return worker
+
+        async with asyncio.timeout(DEADLINE):
+            while (await spent())["llm_calls"] < 2:
+                await asyncio.sleep(0.01)
+        now = await spent()
+        # Two calls; the usage a worker "took back" counts as nothing: what was spent stays spent.
+        assert (now["tokens"], now["prompt_tokens"], now["completion_tokens"]) == (30, 20, 10)
+        assert (now["llm_calls"], now["model"]) == (2, "scripted-model")
+        with caplog.at_level(logging.INFO, logger="crew_supervisor.jobs"):
+            go.touch()
+            assert (await it.settled())[0] == "completed"
+        (finished,) = [record for record in caplog.records if record.getMessage() == "job finished"]
+        assert (finished.__dict__["tokens"], finished.__dict__["llm_calls"]) == (45, 3)
+        metrics = (await client.get("/metrics")).text
+        assert 'crew_supervisor_llm_tokens_total{crew="scripted",kind="prompt"} 30.0' in metrics
+        assert 'crew_supervisor_llm_tokens_total{crew="scripted",kind="completion"} 15.0' in metrics
+        assert 'crew_supervisor_llm_calls_total{crew="scripted"} 3.0' in metrics

@@ -6,7 +6,8 @@ Steps, in order: ``started``, ``chunk``, ``complete``, ``fail`` (a terminal, the
 does), ``hang`` (until killed), ``exit:N`` (leave with status N, no terminal), ``close-events`` (close the event
 pipe and run on), ``ignore-term`` (survive SIGTERM), ``tree`` (a child and a setsid grandchild; their pids go
 to the file ``input["pids"]`` names), ``shout`` (64 KiB to stdout), ``late-chunk`` (a frame after the terminal),
-``linger`` (stay 60 s after the terminal, then leave), ``await-go`` (until the file ``input["go"]`` names exists).
+``linger`` (stay 60 s after the terminal, then leave), ``await-go`` (until the file ``input["go"]`` names exists),
+``spend`` (an LLM call's usage: 10 prompt and 5 completion tokens), ``refund`` (usage that takes 100 back).
 """
 
 from __future__ import annotations
@@ -20,7 +21,20 @@ import sys
 import time
 from pathlib import Path
 
-from protocol import CONTROL_FD, EVENT_FD, Chunk, Completed, Failed, Hello, Message, MessageReader, Start, Started, pack
+from protocol import (
+    CONTROL_FD,
+    EVENT_FD,
+    Chunk,
+    Completed,
+    Failed,
+    Hello,
+    Message,
+    MessageReader,
+    Spent,
+    Start,
+    Started,
+    pack,
+)
 
 PR_SET_PDEATHSIG = 1
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(3600)"]
@@ -57,6 +71,10 @@ def play(step: str, start: Start) -> None:
         send(Completed({"raw": "done", "tasks_output": []}))
     elif step == "fail":
         send(Failed("ValueError", "crew_failed", "the crew raised", False))
+    elif step == "spend":
+        send(Spent("scripted-model", 10, 5, 1))
+    elif step == "refund":
+        send(Spent("scripted-model", -100, 0, 0))
     elif step == "late-chunk":
         send(Chunk("text", {"content": "after the end"}))
     elif step == "hang":

@@ -28,6 +28,7 @@ from tests.conftest import (
     start_body,
     start_server,
     stop_server,
+    wait_until,
     worker_env,
 )
 from tests.crews import HOG_RELEASE
@@ -173,6 +174,56 @@ def test_a_provider_that_fails_fails_the_job_with_crewai_s_own_error(
     statuses = [call.status for call in provider.calls[before + in_process_calls :]]
     assert len(statuses) == in_process_calls  # the same calls, retries included, as in-process
     assert set(statuses) == {429, 500}
+
+
+def test_a_job_s_llm_spend_is_counted_call_by_call_as_crewai_counts_it(llm_server: Server) -> None:
+    """Each call counted as it completes: the totals of a finished job equal its own token_usage (each agent
+    on an LLM of its own, where CrewAI counts each call once), in its log line and the metrics."""
+    with llm_server.client() as client:
+        answer = client.post("/jobs", json=start_body("llm-own", "spend-once"), headers=KEY)
+        assert answer.status_code == 200, answer.text
+        usage = answer.json()["token_usage"]
+        assert wait_until(lambda: _finished(llm_server, "spend-once") is not None, timeout=30)
+        finished = _finished(llm_server, "spend-once")
+        metrics = client.get("/metrics").text
+    assert usage["successful_requests"] == 2 and usage["total_tokens"] > 0
+    assert (finished["tokens"], finished["llm_calls"]) == (usage["total_tokens"], usage["successful_requests"])
+    for kind in ("prompt", "completion"):
+        line = f'crew_supervisor_llm_tokens_total{{crew="llm-own",kind="{kind}"}} {float(usage[kind + "_tokens"])}'
+        assert line in metrics, kind
+    assert 'crew_supervisor_llm_calls_total{crew="llm-own"} 2.0' in metrics
+
+
+def test_a_runaway_agent_s_spend_is_seen_live_while_it_runs(llm_server: Server, provider: Provider) -> None:
+    """A provider that answers every call with another tool call: the spend grows in /workers as it runs."""
+    body = start_body("llm-loop", "spend-live")
+    with ThreadPoolExecutor(1) as pool, llm_server.client() as client:
+        follower = pool.submit(_follow, llm_server, body)
+        try:
+
+            def spent() -> dict[str, Any]:
+                workers = client.get("/workers").json()["workers"]
+                return next((w for w in workers if w["action_id"] == "spend-live"), {"llm_calls": 0})
+
+            assert wait_until(lambda: spent()["llm_calls"] >= 3, timeout=60), spent()
+            first = spent()
+            assert wait_until(lambda: spent()["llm_calls"] > first["llm_calls"], timeout=60)
+            now = spent()
+            assert now["tokens"] > first["tokens"] > 0 and now["model"].endswith("loop")
+            assert now["tokens"] == now["prompt_tokens"] + now["completion_tokens"]
+        finally:
+            client.post("/jobs/spend-live/cancel", json={**body, "reason": "enough spent"})
+            follower.result(60)
+
+
+def _finished(server: Server, action_id: str) -> dict[str, Any] | None:
+    """The supervisor's log line for the job's end."""
+    for line in server.log.read_text(errors="replace").splitlines():
+        if line.startswith("{") and f'"{action_id}"' in line:
+            record = orjson.loads(line)
+            if record.get("event") == "job finished" and record.get("action_id") == action_id:
+                return dict(record)
+    return None
 
 
 def _follow(server: Server, body: dict[str, Any]) -> list[dict[str, Any]]:

@@ -24,6 +24,7 @@ from protocol import (
     MessageReader,
     Refused,
     Registry,
+    Spent,
     Start,
     Started,
     Stop,
@@ -66,6 +67,7 @@ EXAMPLES: dict[type[Message], st.SearchStrategy[Message]] = {
     Refused: st.builds(Refused, st.text(max_size=30)),
     Started: st.just(Started()),
     Chunk: st.builds(Chunk, st.sampled_from(["llm", "tools"]), objects),
+    Spent: st.builds(Spent, names, st.integers(0, 10**9), st.integers(0, 10**9), st.integers(0, 100)),
     Completed: st.builds(Completed, objects),
     Failed: st.builds(Failed, names, names, st.text(max_size=30), st.booleans()),
 }

@@ -24,7 +24,7 @@ def job(action_id: str, crew: str, operation: str, status: str) -> dict[str, Any
 def worker(action_id: str, crew: str, operation: str) -> dict[str, Any]:
     return {"action_id": action_id, "crew_id": crew, "operation": operation, "phase": "launching", "pid": 4194304,
             "rss_bytes": 160 << 20, "cpu_percent": 99.5, "cpu_seconds": 1234.5, "age_seconds": 3600,
-            "event_count": 1234, "last_event_at": NOW - 3}  # fmt: skip
+            "event_count": 1234, "last_event_at": NOW - 3, "tokens": 21111, "llm_calls": 61}  # fmt: skip
 
 
 def rendered(table: Any, width: int) -> list[str]:
@@ -54,7 +54,7 @@ def test_a_job_is_one_word_in_every_view_its_phase_while_it_runs() -> None:
     assert ["status", "queued"] in shown
 
 
-@pytest.mark.parametrize(("width", "shown"), [(80, 5), (100, 8), (160, 8)])
+@pytest.mark.parametrize(("width", "shown"), [(80, 5), (100, 8), (160, 10)])
 def test_top_keeps_ids_and_drops_the_least_needed_columns_first(width: int, shown: int) -> None:
     lines = rendered(
         views.workers_table([worker(LONG_ID, "nightly-report-builder", "knowledge_query")], NOW, width), width
@@ -62,6 +62,7 @@ def test_top_keeps_ids_and_drops_the_least_needed_columns_first(width: int, show
     assert all(len(line) <= width for line in lines), lines
     header = lines[1].split()
     assert header[0] == "job" and len(header) - 1 == shown + header.count("s")  # "cpu s" is two words
-    assert {"phase", "pid", "rss", "cpu%", "idle"} <= set(header)
+    assert {"phase", "pid", "cpu%", "tokens", "idle"} <= set(header)  # what it spends stays in sight
+    assert "21,111" in lines[2]
     assert lines[2].startswith(LONG_ID + " ") and "launching" in lines[2] and "4194304" in lines[2]
     assert lines[3].startswith("nightly-report-builder · knowledge_query")

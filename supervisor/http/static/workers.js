@@ -3,7 +3,7 @@
 import { CANCEL_MS, Refused, getJSON, jobPath } from "./api.js";
 import { $, HISTORY, cell, handle, jobLink, megabytes, shortDuration, sparkline, stopProof } from "./page.js";
 
-const workerRows = new Map(); // action_id -> {row, cells, button, worker}
+const workerRows = new Map(); // action_id -> {row, cells, button, worker, spent}
 const samples = new Map(); // action_id -> CPU percents, the newest last
 const MEASURES = { pss: "PSS: shared pages counted by share", cgroup: "what the kernel charges its cgroup" };
 
@@ -41,6 +41,8 @@ async function refreshWorkers(signal) {
       body.append(entry.row);
     }
     entry.worker = worker;
+    const tokens = worker.tokens.toLocaleString();
+    entry.spent.textContent = worker.llm_calls ? `${tokens} tokens, ${worker.llm_calls} calls` : "";
     const [phase, pid, memory, cpu, left, idle, last] = entry.cells;
     phase.textContent = worker.phase;
     phase.className = `phase status-${worker.phase}`;
@@ -95,10 +97,12 @@ function workerRow(worker) {
   const job = cell("", "id");
   const what = document.createElement("small");
   what.textContent = `${worker.crew_id} · ${worker.operation}`;
-  job.replaceChildren(jobLink(worker.action_id), document.createElement("br"), what);
+  const spent = document.createElement("small"); // its LLM usage so far
+  spent.className = "spent";
+  job.replaceChildren(jobLink(worker.action_id), what, spent);
   const cells = ["phase", "pid", "memory", "cpu", "left", "idle", "last"].map((name) => cell("", name));
   const button = cancelButton(worker.action_id);
-  const entry = { row, cells, button, worker };
+  const entry = { row, cells, button, worker, spent };
   button.addEventListener("click", () => cancel(entry.worker, button, $("evidence"), viewSignal));
   const action = cell("");
   action.append(button);

@@ -33,9 +33,15 @@ def name_worker(job: Start | None = None) -> None:
     """What ``ps`` says of a worker: its name ``crew-worker`` (``ps -o comm``, ``top``), and as its command line
     (``ps aux``, ``ps -ef``, ``top -c``) the crew and action id of its job, or that it has none yet, instead
     of the fork server's command line it was forked with."""
-    title = "crew-worker (no job yet)" if job is None else f"crew-worker {job.crew_id} {job.job_id}"
-    setproctitle.setproctitle("".join(c if c.isprintable() else "?" for c in title)[:TITLE_CHARS])
+    title = "crew-worker (no job yet)" if job is None else f"crew-worker {_word(job.crew_id)} {_word(job.job_id)}"
+    setproctitle.setproctitle(title[:TITLE_CHARS])
     ctypes.CDLL(None).prctl(PR_SET_NAME, b"crew-worker", 0, 0, 0)  # setproctitle names it by the title's start
+
+
+def _word(chosen: str) -> str:
+    """A client's id as one word of a command line: a space or an unprintable character would let it pass for
+    more (``x python -m worker forkserver``) in ``ps`` or ``pkill -f``."""
+    return "".join(c if c.isprintable() and not c.isspace() else "?" for c in chosen)
 
 
 def lower_priority() -> None:

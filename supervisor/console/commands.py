@@ -102,7 +102,11 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
     done = ((0, "done"), COULD_NOT)
     jobs = command("jobs", list_jobs, "list jobs, newest first", JOBS, done)
-    jobs.add_argument("--status", choices=PHASES + OUTCOMES, help="only jobs in this status")
+    jobs.add_argument(
+        "--status",
+        choices=PHASES + OUTCOMES,
+        help="only jobs in this state: where one is while it runs, or how it ended (as the table shows it)",
+    )
     jobs.add_argument("--crew", help="only this crew id")
     jobs.add_argument("--operation", choices=OPERATIONS, help="only this operation")
     jobs.add_argument("--limit", type=int, default=50, help="jobs per page (1-500)")

@@ -188,7 +188,7 @@ def view(sup: Supervisor, job: Job) -> dict[str, Any]:
         "output": journal.output(job.action_id) if job.status == "completed" else None,
         "terminal": last.data if last is not None and last.terminal else None,
         "exit_status": job.exit_status,
-        "phase": sup.phase_of(job.action_id) if job.status == "running" else None,
+        "phase": sup.phase_of(job.action_id, job.status),
         "admitted_at": job.admitted_at,
         "ended_at": job.ended_at,
     }

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -19,11 +20,11 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from supervisor.http.responses import errors
 from supervisor.http.routing import Sup
 from supervisor.jobs.live import LiveJob
-from supervisor.journal.records import Streams
+from supervisor.jobs.phases import Phase
+from supervisor.journal.records import Streams, shown
 from supervisor.models import Operation, path_id_problem
-from supervisor.processes.limits import Limits
+from supervisor.processes.limits import Limits, children_by_parent
 from supervisor.processes.process import WorkerProcess
-from supervisor.redaction import redact
 
 DEFAULT_PAGE = 50
 LAST_LINE_CHARS = 200
@@ -58,28 +59,35 @@ async def list_jobs(
     before = decode_cursor(cursor) if cursor else None
     among = None if phase is None else [job.action_id for job in sup.live.values() if job.phase == phase]
     rows = sup.journal.list_jobs(status, crew_id, operation, before, limit + 1, among)
-    page = [{**row, "phase": sup.phase_of(row["action_id"])} for row in rows[:limit]]
+    page = [{**row, "phase": sup.phase_of(row["action_id"], row["status"])} for row in rows[:limit]]
     more = len(rows) > limit
     return {"jobs": page, "next_cursor": encode_cursor(page[-1]) if more else None}
 
 
 @router.get("/workers")
 async def workers(sup: Sup) -> dict[str, Any]:
-    now = asyncio.get_running_loop().time()
     jobs = sorted(sup.live.values(), key=lambda job: job.admitted)
-    readings = [memory_reading(job, sup.limits) for job in jobs]
+    children = children_by_parent()  # one scan of the process table for every job's tree
+    readings = [memory_reading(job, sup.limits, children) for job in jobs]
     # Off the loop: a PSS reading walks each process's mappings in the kernel.
     memory = await asyncio.to_thread(lambda: [read() if read is not None else (None, None) for read in readings])
+    now = asyncio.get_running_loop().time()
     return {
-        "workers": [worker_view(job, sup.limits, now, *measured) for job, measured in zip(jobs, memory, strict=True)]
+        "workers": [
+            worker_view(job, sup.limits, now, *measured)
+            for job, measured in zip(jobs, memory, strict=True)
+            if job.action_id in sup.live and job.phase is not Phase.SETTLED  # not ended while it was measured
+        ]
     }
 
 
-def memory_reading(job: LiveJob, limits: Limits) -> Callable[[], tuple[int, str]] | None:
+def memory_reading(
+    job: LiveJob, limits: Limits, children: Mapping[int, list[int]]
+) -> Callable[[], tuple[int | None, str]] | None:
     if job.worker is None or job.worker.exited.done():
         return None
     try:
-        return limits.tree(job.worker).memory_view()
+        return limits.tree(job.worker).memory_view(children)
     except psutil.NoSuchProcess:  # it has just exited
         return None
 
@@ -128,6 +136,7 @@ def worker_view(
         "age_seconds": round(now - job.admitted, 3),
         "event_count": job.event_count,
         "last_event_at": job.last_event_at,
+        "idle_seconds": None if job.last_event_at is None else round(max(time.time() - job.last_event_at, 0), 3),
         "memory_bytes": memory,
         "memory_measure": measure,
         "memory_limit_bytes": limits.memory_bytes or None,
@@ -143,9 +152,9 @@ def worker_view(
 
 
 def last_line(worker: WorkerProcess, secrets: tuple[str, ...]) -> str | None:
-    """The last line the worker wrote to stdout (else to stderr), secrets replaced, at most LAST_LINE_CHARS."""
+    """The last line the worker wrote to stdout (else to stderr), as its tail is shown, at most LAST_LINE_CHARS."""
     for tail in (worker.stdout, worker.stderr):
-        lines = redact(tail.text(), secrets, cut_start=tail.truncated, cut_end=True).rstrip().splitlines()
+        lines = shown(tail, secrets, last=4 * LAST_LINE_CHARS).rstrip().splitlines()
         if lines:
             return lines[-1][-LAST_LINE_CHARS:]
     return None

@@ -70,9 +70,10 @@ class Supervisor:
         self.launcher.start()
         self.housekeeping.start()
 
-    def phase_of(self, action_id: str) -> Phase | None:
-        """Where a job without a terminal event is (queued, launching, running, settling); None once it has one."""
-        job = self.live.get(action_id)
+    def phase_of(self, action_id: str, status: str) -> Phase | None:
+        """Where a job of ``status`` running (as the journal says) is: queued, launching, running or settling; None
+        once it has ended (its terminal event may commit a moment before it leaves ``live``)."""
+        job = self.live.get(action_id) if status == "running" else None
         return job.phase if job is not None and job.phase is not Phase.SETTLED else None
 
     @property

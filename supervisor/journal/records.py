@@ -67,10 +67,15 @@ class Streams:
 
     @classmethod
     def of(cls, stdout: Tail, stderr: Tail, secrets: tuple[str, ...]) -> Streams:
-        """The tails as shown and stored, ``secrets`` replaced (``supervisor/redaction.py``): one cut at the
-        start of a tail that lost its beginning, or at its end, where a write may have stopped mid-way."""
+        """The tails as shown and stored (``shown``)."""
+        return cls(shown(stdout, secrets), shown(stderr, secrets), stdout.total, stderr.total)
 
-        def shown(tail: Tail) -> str:
-            return redact(tail.text(), secrets, cut_start=tail.truncated, cut_end=True)
 
-        return cls(shown(stdout), shown(stderr), stdout.total, stderr.total)
+def shown(tail: Tail, secrets: tuple[str, ...], last: int | None = None) -> str:
+    """A worker's tail as shown and stored, or only its ``last`` characters: ``secrets`` replaced
+    (``supervisor/redaction.py``), one cut at the start of what lost its beginning, or at its end, where a
+    write may have stopped mid-way, too."""
+    text, cut = tail.text(), tail.truncated
+    if last is not None and len(text) > last:
+        text, cut = text[-last:], True
+    return redact(text, secrets, cut_start=cut, cut_end=True)

@@ -65,14 +65,14 @@ class JobCgroup:
             return 0
         return self._count(MEMORY, "memory.oom_control" if place[1] else "memory.events", "oom_kill")
 
-    def memory_current(self) -> int:
-        """What the job is charged now: the measure its memory cap holds it to."""
+    def memory_current(self) -> int | None:
+        """What the job is charged now, the measure its memory cap holds it to; None once it is gone."""
         place = self._paths.get(MEMORY)
         if place is None:
-            return 0
+            return None
         with contextlib.suppress(OSError, ValueError):
             return int((place[0] / ("memory.usage_in_bytes" if place[1] else "memory.current")).read_text())
-        return 0
+        return None
 
     def memory_peak(self) -> int:
         """The most memory the job was charged at once (``memory.peak`` needs Linux 5.19 on v2)."""

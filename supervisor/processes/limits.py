@@ -94,18 +94,19 @@ class JobTree:
             return 0.0
         return times.user + times.system + times.children_user + times.children_system
 
-    def proportional_memory(self) -> int:
+    def proportional_memory(self, children: Mapping[int, list[int]] | None = None) -> int:
         """The tree's PSS: pages shared with the fork server or each other count by share. Exact but
         slow (the kernel walks every mapping, ~6 ms for a CrewAI process), so asked only when RSS is high."""
-        return sum(_pss(process) for process in [psutil.Process(self.pid), *self.descendants()])
+        return sum(_pss(process) for process in [psutil.Process(self.pid), *self.descendants(children)])
 
-    def memory_view(self) -> Callable[[], tuple[int, str]]:
-        """What the job's memory is, as its cap measures it: a reading to take off the loop (it may take ms
-        a process), of the processes the tree has now. The cgroup's charge where one caps it, else the PSS."""
+    def memory_view(self, children: Mapping[int, list[int]]) -> Callable[[], tuple[int | None, str]]:
+        """What the job's memory is, as its cap measures it, as a reading to take off the loop (a PSS takes ms a
+        process): the cgroup's charge where one caps it, else the PSS of the processes its tree has now
+        (``children``: one scan of the process table, shared by the readings of one view)."""
         cgroup = self.cgroup if self.cgroup is not None and self.cgroup.caps_memory else None
         if cgroup is not None:
             return lambda: (cgroup.memory_current(), "cgroup")
-        processes = [psutil.Process(self.pid), *self.descendants()]
+        processes = [psutil.Process(self.pid), *self.descendants(children)]
         return lambda: (sum(_pss(process) for process in processes), "pss")
 
     def leftovers(self) -> list[psutil.Process]:
@@ -227,7 +228,7 @@ class Limits:
         # RSS counts pages shared with the fork server once per process; PSS, the measure, never exceeds it.
         capped = tree.cgroup is not None and tree.cgroup.caps_memory
         if self.memory_bytes and not capped and usage.rss_bytes > self.memory_bytes:
-            memory = tree.proportional_memory()
+            memory = tree.proportional_memory(children)
             if memory > self.memory_bytes:
                 return Breach(
                     "memory_limit_exceeded",

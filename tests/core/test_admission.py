@@ -84,7 +84,7 @@ async def test_the_queue_keeps_order_and_the_journal_its_capacity(tmp_path: Path
         assert await refusal(it, input={"script": []}) is admission.JournalFull
         for name in ("first", "second", "third"):
             assert (await it.settled(name))[0] == "completed"
-        # One slot: each worker was spawned after the previous one's job had ended, in admission order.
+        # One slot, taken in admission order: the workers were spawned in that order.
         pids = [it.journal.get(name).worker_pid for name in ("first", "second", "third")]  # type: ignore[union-attr]
         assert pids == [worker.pid for worker in it.launcher.workers]
 

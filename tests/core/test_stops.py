@@ -179,7 +179,8 @@ async def test_the_first_stop_wins(tmp_path: Path) -> None:
 async def test_a_cancel_or_timeout_while_the_terminal_event_is_written_keeps_the_outcome(tmp_path: Path) -> None:
     go = tmp_path / "go"
     async with core(tmp_path) as it:
-        await it.start(["started", "await-go", "complete"], timeout_ms=1_000, go=str(go))
+        # Its timeout is to pass while the terminal write waits; long enough that it starts first at load 10.
+        await it.start(["started", "await-go", "complete"], timeout_ms=4_000, go=str(go))
         await it.running()
         # Another process's write lock holds the terminal write back: the outcome is decided, not yet durable.
         other = sqlite3.connect(it.journal.path, isolation_level=None)

@@ -1,7 +1,7 @@
 // The operator console (supervisor/http/webconsole.py serves it): signing in, the /health header, the tick that
 // refreshes the open view, and which view the address names. No dependencies, no inline script. Everything the
 // server sends is put in the page as text (textContent), never as HTML: job ids, crew output and cancel reasons are
-// chosen by clients and crews. The views are workers.js and jobs.js; api.js talks to the supervisor.
+// chosen by clients and crews. The views are workers.js, jobs.js and job.js; api.js talks to the supervisor.
 
 import { RECONNECT_MS, Unauthorized, credentials, getJSON } from "./api.js";
 import { openJob } from "./job.js";

@@ -1,7 +1,7 @@
 // One job: what it answered or why it did not, its record, its events followed live, its output tails.
 
 import { RECONNECT_MS, Refused, Unauthorized, Unreachable, call, getJSON, jobPath, readEvents } from "./api.js";
-import { $, clock, duration, handle, state, stopProof, viewError } from "./page.js";
+import { $, clock, duration, handle, state, stopConfirmed, stopProof, viewError } from "./page.js";
 import { cancel } from "./workers.js";
 
 const EVENTS_SHOWN = 2000; // the oldest leave the page beyond this
@@ -39,6 +39,7 @@ export function openJob(id, signal) {
   $("job-id").textContent = id;
   for (const box of ["job-record", "events", "stdout", "stderr", "job-evidence", "job-why"]) $(box).replaceChildren();
   for (const text of ["stdout-total", "stderr-total", "events-state", "answer", "raw"]) $(text).textContent = "";
+  delete $("raw").dataset.drawn;
   for (const box of ["job-evidence", "job-why", "job-answer", "job-tasks", "job-usage"]) $(box).hidden = true;
   $("events-dropped").hidden = true;
   const cancelJob = $("job-cancel");
@@ -169,6 +170,10 @@ function renderRecord(job) {
     list.append(dt, dd);
   }
   $("job-cancel").hidden = job.status !== "running";
+  // Drawn again only when it changed: a redraw would drop the text an operator is selecting to copy.
+  const drawn = JSON.stringify(job);
+  if ($("raw").dataset.drawn === drawn) return;
+  $("raw").dataset.drawn = drawn;
   renderWhy(job);
   renderOutput(job.output);
   $("raw").textContent = JSON.stringify(job, null, 2);
@@ -185,7 +190,8 @@ function renderWhy(job) {
   if (job.status === "cancelled") {
     title.textContent = `Cancelled: ${terminal.reason ?? "by request"}`;
   } else {
-    title.textContent = `Failed: ${REASONS[terminal.reason] ?? terminal.reason ?? "no reason given"}`;
+    const words = Object.hasOwn(REASONS, terminal.reason ?? "") ? REASONS[terminal.reason] : terminal.reason;
+    title.textContent = `Failed: ${words ?? "no reason given"}`;
     lines.push(`${terminal.error_type}: ${terminal.message}`);
     lines.push(
       terminal.uncertain_outcome
@@ -194,7 +200,7 @@ function renderWhy(job) {
     );
   }
   if (terminal.launched === false) lines.push("It never had a worker: no process ran.");
-  else if (terminal.signal) lines.push(stopProof(terminal));
+  else if (terminal.signal) lines.push(`${stopConfirmed(terminal)}: ${stopProof(terminal)}`);
   box.replaceChildren(title, ...lines.map(paragraph));
 }
 

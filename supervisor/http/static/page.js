@@ -55,11 +55,14 @@ export function clock(seconds) {
   return seconds == null ? "–" : new Date(seconds * 1000).toLocaleString();
 }
 
-// What a stop proved, from a terminal event's evidence.
+// Whether a stop was confirmed, and what it did, from a terminal event's evidence.
+export function stopConfirmed(terminal) {
+  return terminal.stop_confirmed ? "stop confirmed" : "stop NOT confirmed";
+}
+
 export function stopProof(terminal) {
-  const confirmed = terminal.stop_confirmed ? "stop confirmed" : "stop NOT confirmed";
   return (
-    `${confirmed}: worker pid ${terminal.pid} (process group ${terminal.pgid}) sent ${terminal.signal}; ` +
+    `worker pid ${terminal.pid} (process group ${terminal.pgid}) sent ${terminal.signal}; ` +
     `exit status ${terminal.exit_status}; ${terminal.descendants_killed} other process(es) killed; ` +
     `${terminal.elapsed_ms} ms`
   );

@@ -1,7 +1,18 @@
 // The live worker view (GET /workers every tick), and a cancel with the evidence that the work stopped.
 
 import { CANCEL_MS, Refused, getJSON, jobPath } from "./api.js";
-import { $, HISTORY, cell, handle, jobLink, megabytes, shortDuration, sparkline, stopProof } from "./page.js";
+import {
+  $,
+  HISTORY,
+  cell,
+  handle,
+  jobLink,
+  megabytes,
+  shortDuration,
+  sparkline,
+  stopConfirmed,
+  stopProof,
+} from "./page.js";
 
 const workerRows = new Map(); // action_id -> {row, cells, button, worker, spent}
 const samples = new Map(); // action_id -> CPU percents, the newest last
@@ -26,7 +37,6 @@ export function forgetWorkers() {
 async function refreshWorkers(signal) {
   const { workers } = await getJSON("/workers", { signal });
   if (signal.aborted) return;
-  const now = Date.now() / 1000;
   const body = $("workers").tBodies[0];
   const present = new Set();
   for (const worker of workers) {
@@ -50,7 +60,7 @@ async function refreshWorkers(signal) {
     memory.replaceChildren(...memoryCell(worker));
     cpu.replaceChildren(...cpuCell(worker, samples.get(worker.action_id)));
     left.textContent = shortDuration(Math.max(worker.seconds_left, 0));
-    idle.textContent = shortDuration(worker.last_event_at == null ? null : Math.max(now - worker.last_event_at, 0));
+    idle.textContent = shortDuration(worker.idle_seconds); // the server's clock: the browser's may differ
     last.textContent = worker.last_output ?? "–";
     last.title = worker.last_output ?? "";
   }
@@ -156,8 +166,7 @@ function showEvidence(box, record, failure) {
   } else if (terminal.launched === false) {
     title.textContent = `${record.action_id} cancelled before it started: no process ran`;
   } else {
-    const confirmed = terminal.stop_confirmed ? "stop confirmed" : "stop NOT confirmed";
-    title.textContent = `${record.action_id} cancelled: ${confirmed}`;
+    title.textContent = `${record.action_id} cancelled: ${stopConfirmed(terminal)}`;
     detail.textContent = stopProof(terminal);
   }
   box.replaceChildren(title, detail);

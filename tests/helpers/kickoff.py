@@ -13,7 +13,6 @@ CrewAI's storage is a fresh directory unless CREWAI_STORAGE_DIR is set.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import sys
@@ -75,15 +74,21 @@ def reference(spec: str, crew_id: str, operation: str, payload: dict[str, Any]) 
 
 def answer(spec: str, crew_id: str, operation: str, payload: dict[str, Any]) -> None:
     """Print the reference output as one line and exit at once (teardown after CrewAI costs a second)."""
+    # Only the answer reaches stdout. Whatever else is written there goes to stderr, by its file descriptor:
+    # CrewAI's panels, and a newline one of its threads printed after the crew had ended (seen at load: two
+    # blank lines among the answers, which then outnumbered the jobs).
+    sys.stdout.flush()
+    channel = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
     storage = os.environ.get("CREWAI_STORAGE_DIR") or tempfile.mkdtemp(prefix="kickoff-storage-")
     os.environ["CREWAI_STORAGE_DIR"] = storage
     quiet()
     try:
-        with contextlib.redirect_stdout(sys.stderr):  # CrewAI's panels must not mix with the answer
-            output = reference(spec, crew_id, operation, payload)
+        output = reference(spec, crew_id, operation, payload)
     except Exception as exc:
         output = {"error": f"{type(exc).__name__}: {exc}"}
-    sys.stdout.buffer.write(orjson.dumps(output) + b"\n")
+    channel.write(orjson.dumps(output) + b"\n")
+    channel.flush()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -45,6 +45,8 @@ class Start(Message):
     timeout_ms: int
     env: dict[str, str] | None = None
     cwd: str | None = None
+    max_tokens: int = 0  # the job's LLM budget (0: none): the supervisor's, or its crew's own if lower
+    max_llm_calls: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +70,7 @@ class Registry(Message):
     crews: list[str]
     eval_llms: list[str]
     warmed: dict[str, Any] = dataclasses.field(default_factory=dict)
+    budgets: dict[str, Any] = dataclasses.field(default_factory=dict)  # crew id -> its own {max_tokens, max_llm_calls}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +133,15 @@ class Spent(Message):
 
 
 @dataclasses.dataclass(frozen=True)
+class OverBudget(Message):
+    """The worker holds back an LLM call: the job's ``limit`` (``max_tokens`` or ``max_llm_calls``) is spent. It
+    waits to be stopped; no call of the job starts after this."""
+
+    kind: ClassVar[str] = "over_budget"
+    limit: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Completed(Message):
     kind: ClassVar[str] = "completed"
     output: dict[str, Any]
@@ -150,7 +162,10 @@ class Failed(Message):
 TERMINAL = (Completed, Failed)
 _KINDS: dict[str, type[Message]] = {
     cls.kind: cls
-    for cls in (Start, Stop, Hello, Registry, Built, Started, Chunk, Spent, Completed, Failed, Fork, Forked, Refused)
+    for cls in (
+        *(Start, Stop, Hello, Registry, Built, Started, Chunk, Spent, OverBudget),
+        *(Completed, Failed, Fork, Forked, Refused),
+    )
 }
 _FIELDS = {kind: typing.get_type_hints(cls) for kind, cls in _KINDS.items()}
 _NAMES = {kind: [field.name for field in dataclasses.fields(cls)] for kind, cls in _KINDS.items()}

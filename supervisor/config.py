@@ -67,6 +67,8 @@ class Settings:
     worker_max_open_files: int
     worker_max_address_space_mb: int
     worker_max_output_bytes: int
+    worker_max_tokens: int
+    worker_max_llm_calls: int
     worker_nice: int
     limit_sample_ms: int
     cgroups: str

@@ -213,7 +213,7 @@ def _prepare(settings: config.Settings, journal_path: Path) -> Supervisor:
         )
         registry = asyncio.run(launcher.describe(worker_env(settings, state, ""), str(state / "scratch")))
         crews = registry.crews
-        sup = Supervisor(settings, journal, launcher, limits, crews, state, reaper)
+        sup = Supervisor(settings, journal, launcher, limits, crews, state, reaper, registry.budgets)
         fenced = fence_restored(journal)
         remove_stale_partials(settings.training_dir)  # nothing runs yet: no such file is anyone's
     except BaseException:

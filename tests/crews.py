@@ -35,6 +35,7 @@ from worker.demo import (
     provider_llm,
 )
 from worker.demo import eval_llms as demo_eval_llms
+from worker.spending import budget
 
 HOUR = 3600
 CALL_LOG = "llm-calls.log"  # in EVIDENCE_DIR, or the worker's cwd
@@ -258,6 +259,24 @@ def llm_loop() -> Crew:
     return Crew(agents=[agent], tasks=[Task(description="Count the words.", expected_output="A count.", agent=agent)])
 
 
+@budget(max_llm_calls=5)
+def llm_loop_calls() -> Crew:
+    """``llm-loop`` allowed five LLM calls (the supervisor allows more)."""
+    return llm_loop()
+
+
+@budget(max_tokens=3000)
+def llm_loop_tokens() -> Crew:
+    """``llm-loop`` allowed 3,000 tokens."""
+    return llm_loop()
+
+
+@budget(max_tokens=100_000, max_llm_calls=10)
+def llm_own_budget() -> Crew:
+    """``llm-own`` on a budget it stays within."""
+    return llm_own()
+
+
 def hang_then_hog() -> Crew:
     """``demo-llm-hang``, and a thread that, once a test creates HOG_RELEASE (when the provider holds the
     call), allocates memory until the job is stopped: a limit broken while the provider call is in flight."""
@@ -296,6 +315,9 @@ registry: dict[str, Callable[[], Crew]] = {
     "llm-hang": demo_llm_hang,
     "llm-own": llm_own,
     "llm-loop": llm_loop,
+    "llm-loop-calls": llm_loop_calls,
+    "llm-loop-tokens": llm_loop_tokens,
+    "llm-own-budget": llm_own_budget,
     "llm-hang-hog": hang_then_hog,
     "llm-fail-429": lambda: _provider_failing(429),
     "llm-fail-500": lambda: _provider_failing(500),

@@ -61,7 +61,7 @@ def load(out: lifecycle.FrameWriter) -> dict[str, Any] | None:
 
 def describe_registry(crews: dict[str, Any], warmed: dict[str, Any] | None = None) -> Registry:
     eval_llms = sorted(registry.eval_llms(os.environ.get(registry.ENV, "")))
-    return Registry(crews=sorted(crews), eval_llms=eval_llms, warmed=warmed or {})
+    return Registry(crews=sorted(crews), eval_llms=eval_llms, warmed=warmed or {}, budgets=spending.budgets(crews))
 
 
 def rehearse_warmup(control: threading.Thread) -> dict[str, Any]:
@@ -110,7 +110,7 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
         message = f"the crew factory raised {type(exc).__name__}"
         out.send(failed(type(exc).__name__, "crew_factory_failed", message, False))
         return
-    spending.report(out.send)
+    spending.report(out.send, start.max_tokens, start.max_llm_calls)
     out.send(Started())
     # Work that may have had effects leaves its outcome uncertain; a read-only query has none.
     effects = start.operation not in READ_ONLY_OPERATIONS

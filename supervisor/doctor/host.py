@@ -72,6 +72,19 @@ def rlimits(settings: Settings) -> Finding:
     return ok("rlimits", detail)
 
 
+def llm_budget(settings: Settings) -> Finding:
+    """What a job may spend on LLM calls before it is stopped, as ``/health`` says it (``llm_budget``)."""
+    limits = [
+        f"{value} {what} ({PREFIX}{setting})" if value else f"{what} unbounded ({PREFIX}{setting}=0)"
+        for value, what, setting in (
+            (settings.worker_max_tokens, "tokens", "WORKER_MAX_TOKENS"),
+            (settings.worker_max_llm_calls, "LLM calls", "WORKER_MAX_LLM_CALLS"),
+        )
+    ]
+    detail = "per job: " + ", ".join(limits) + "; a crew's registry entry may ask for less"
+    return ok("llm budget", detail)
+
+
 def _rlimit(name: str, kind: int, value: int, setting: str) -> str:
     if not value:
         return f"{name} off ({PREFIX}{setting}=0)"

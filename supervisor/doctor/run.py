@@ -58,7 +58,14 @@ def _deployment(flags: Mapping[str, str | None]) -> list[Finding]:
     where = settings.state_file or "a temporary directory"
     found = [ok("settings", f"registry {settings.registry}, journal in {where}, on {settings.host}:{settings.port}")]
     found += files.state(settings) + files.token_and_training(settings) + workers.crews(settings) + workers.telemetry()
-    return [*found, host.listen(settings), host.cgroups(settings), host.rlimits(settings), files.disk(settings)]
+    return [
+        *found,
+        host.listen(settings),
+        host.cgroups(settings),
+        host.rlimits(settings),
+        host.llm_budget(settings),
+        files.disk(settings),
+    ]
 
 
 def _text(findings: list[Finding]) -> str:

@@ -68,6 +68,11 @@ async def health(sup: Sup) -> dict[str, Any]:
         "launcher": sup.launcher.name,
         **sup.launcher.health(),
         **sup.limits.health(),
+        "llm_budget": {  # per job (0: none); a crew's own where its registry entry asks for less
+            "max_tokens": settings.worker_max_tokens,
+            "max_llm_calls": settings.worker_max_llm_calls,
+            "crews": sup.budgets,
+        },
     }
 
 
@@ -176,7 +181,7 @@ def find(sup: Supervisor, action_id: str) -> Job:
 def view(sup: Supervisor, job: Job) -> dict[str, Any]:
     """The reference's record, then ours: the terminal event's data, the worker's exit status, where a running
     job is (``phase``: queued, launching, running or settling; null once terminal), and when it was admitted
-    and ended (Unix seconds; ``ended_at`` null while it runs)."""
+    and ended (Unix seconds; ``ended_at`` null while it runs), and its LLM spend so far while it runs."""
     journal = sup.journal
     last = journal.last_event(job.action_id) if job.status != "running" else None
     return {
@@ -191,6 +196,7 @@ def view(sup: Supervisor, job: Job) -> dict[str, Any]:
         "phase": sup.phase_of(job.action_id, job.status),
         "admitted_at": job.admitted_at,
         "ended_at": job.ended_at,
+        "llm_spent": sup.spent_of(job.action_id, job.status),
     }
 
 

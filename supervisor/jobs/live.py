@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from protocol import Spent
@@ -40,6 +41,39 @@ class Spending:
         return counted
 
 
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """What a job may spend on LLM calls (0: no limit): the supervisor's, or its crew's own where that is lower."""
+
+    max_tokens: int = 0
+    max_llm_calls: int = 0
+
+    @classmethod
+    def of(cls, max_tokens: int, max_llm_calls: int, own: Mapping[str, Any] | None) -> Budget:
+        """The lower of each pair; a crew's own that is no count is not taken."""
+        own = own or {}
+        return cls(_lower(max_tokens, own.get("max_tokens")), _lower(max_llm_calls, own.get("max_llm_calls")))
+
+    def breach(self, spent: Spending, held: str | None = None) -> Breach | None:
+        """The limit ``spent`` is over: tokens crossed, more calls than allowed, or the worker holding a call
+        back (``held``: which limit it says is spent, as ``OverBudget`` does)."""
+        proof = {"tokens": spent.tokens, "llm_calls": spent.llm_calls, "model": spent.model}
+        if held == "max_tokens" or (self.max_tokens and spent.tokens > self.max_tokens):
+            message = f"the job spent {spent.tokens} LLM tokens, over its {self.max_tokens}"
+            return Breach("token_limit_exceeded", message, {**proof, "limit": self.max_tokens})
+        if held == "max_llm_calls" or (self.max_llm_calls and spent.llm_calls > self.max_llm_calls):
+            message = f"the job made its {self.max_llm_calls} LLM calls and would have made another"
+            return Breach("llm_call_limit_exceeded", message, {**proof, "limit": self.max_llm_calls})
+        return None
+
+
+def _lower(mine: int, theirs: Any) -> int:
+    """The lower of two limits where 0 is none; ``theirs`` only if it is a count."""
+    if not isinstance(theirs, int) or isinstance(theirs, bool) or theirs <= 0:
+        return mine
+    return min(mine, theirs) if mine else theirs
+
+
 @dataclasses.dataclass(eq=False)
 class LiveJob:
     action_id: str
@@ -58,6 +92,7 @@ class LiveJob:
     worker: WorkerProcess | None = None
     secrets: tuple[str, ...] = ()  # kept out of its worker's tails (supervisor/redaction.py)
     spent: Spending = dataclasses.field(default_factory=Spending)
+    budget: Budget = Budget()
     task: asyncio.Task[None] | None = None
     done: asyncio.Future[None] = dataclasses.field(default_factory=lambda: asyncio.get_running_loop().create_future())
     changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)

@@ -9,21 +9,33 @@ there fails at once, certain (it did nothing), while running jobs go on until th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
 
-from protocol import READ_ONLY_OPERATIONS, WORKER_IDS, Chunk, Completed, Failed, Hello, Spent, Start, Started
+from protocol import (
+    READ_ONLY_OPERATIONS,
+    WORKER_IDS,
+    Chunk,
+    Completed,
+    Failed,
+    Hello,
+    OverBudget,
+    Spent,
+    Start,
+    Started,
+)
 from supervisor.config import PREFIX, Settings
 from supervisor.jobs.leftovers import remove_partial
-from supervisor.jobs.live import LiveJob
+from supervisor.jobs.live import Budget, LiveJob
 from supervisor.jobs.outcomes import Outcome, after_terminal, exit_failure, failure, protocol_fault
 from supervisor.jobs.phases import Phase, StopReason
 from supervisor.jobs.recorder import Recorder
@@ -50,8 +62,10 @@ class Runner:
         metrics: Metrics,
         state: Path,
         live: dict[str, LiveJob],
+        budgets: Mapping[str, Any],
     ) -> None:
         self.settings = settings
+        self.budgets = budgets  # each crew's own LLM budget, as its registry entry asks (Registry.budgets)
         self.launcher = launcher
         self.limits = limits
         self.recorder = recorder
@@ -68,6 +82,10 @@ class Runner:
         loop = asyncio.get_running_loop()
         now = loop.time()
         live = LiveJob(job.action_id, job.crew_id, job.operation, input, timeout_ms, now, now + timeout_ms / 1000)
+        settings = self.settings
+        live.budget = Budget.of(
+            settings.worker_max_tokens, settings.worker_max_llm_calls, self.budgets.get(job.crew_id)
+        )
         self.live[job.action_id] = live
         if self.stopping or self.queue_closed:  # admitted as the queue closed: it ends as the others did
             live.ask_stop(StopReason.STOP if self.stopping else StopReason.DRAIN)
@@ -174,7 +192,11 @@ class Runner:
             await self.recorder.record_worker(job, worker)
             await self.limits.apply(worker)
             if job.stop is None:  # a stop asked while launching: the worker is killed before it has its job
-                worker.send(Start(job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms, env, cwd))
+                budget = job.budget
+                start = Start(job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms, env, cwd)
+                worker.send(
+                    dataclasses.replace(start, max_tokens=budget.max_tokens, max_llm_calls=budget.max_llm_calls)
+                )
             job.move(Phase.RUNNING)
             self.limits.watch(worker, lambda breach: self._breach(job, breach))
             result = await self._unless_stopped(job, lambda: self._relay(job, worker))
@@ -234,6 +256,12 @@ class Runner:
             elif isinstance(message, Spent):
                 self._spend(job, message)
                 continue
+            elif isinstance(message, OverBudget):  # it holds a call back, and waits: stopped as over its budget
+                if (breach := job.budget.breach(job.spent, held=message.limit)) is None:
+                    fault = protocol_fault(message, "a job message")  # no limit of ours by that name
+                else:
+                    self._breach(job, breach)
+                    continue
             elif message is None:
                 return await self._ended(worker)
             else:
@@ -292,11 +320,14 @@ class Runner:
             self.metrics.kills.labels(evidence.get("reason") or outcome.event).inc()
 
     def _spend(self, job: LiveJob, spent: Spent) -> None:
-        """One LLM call's usage: the job's running totals and the supervisor's counters."""
+        """One LLM call's usage: the job's running totals and the supervisor's counters; over its budget, the
+        job is stopped as for any broken limit."""
         counted = job.spent.add(spent)
         self.metrics.llm_tokens.labels(job.crew_id, "prompt").inc(counted.prompt_tokens)
         self.metrics.llm_tokens.labels(job.crew_id, "completion").inc(counted.completion_tokens)
         self.metrics.llm_calls.labels(job.crew_id).inc(counted.requests)
+        if (breach := job.budget.breach(job.spent)) is not None:
+            self._breach(job, breach)
 
     # How a job is stopped ------------------------------------------------------------------------------
 

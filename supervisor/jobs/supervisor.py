@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,10 @@ class Supervisor:
         crews: list[str],
         state: Path,
         reaper: Reaper,
+        budgets: Mapping[str, Any] | None = None,
     ) -> None:
         self.settings = settings
+        self.budgets = dict(budgets or {})  # each crew's own LLM budget, as the registry describes it
         self.journal = journal
         self.launcher = launcher
         self.crews = crews
@@ -49,7 +52,9 @@ class Supervisor:
         self.limits = limits
         self._stopped = False
         self.recorder = Recorder(settings, journal, self.live)
-        self.runner = Runner(settings, launcher, self.limits, self.recorder, self.metrics, state, self.live)
+        self.runner = Runner(
+            settings, launcher, self.limits, self.recorder, self.metrics, state, self.live, self.budgets
+        )
         self.admission = Admission(settings, journal, crews, self._launch)
         self.housekeeping = Housekeeping(journal, self.limits, reaper, self.metrics, live=lambda: bool(self.live))
         journal.on_pending = self.housekeeping.poke
@@ -75,6 +80,15 @@ class Supervisor:
         once it has ended (its terminal event may commit a moment before it leaves ``live``)."""
         job = self.live.get(action_id) if status == "running" else None
         return job.phase if job is not None and job.phase is not Phase.SETTLED else None
+
+    def spent_of(self, action_id: str, status: str) -> dict[str, Any] | None:
+        """A running job's LLM spend so far (tokens, calls, the last call's model); None once it has ended: its
+        output's ``token_usage``, or a stop's evidence, says it then."""
+        job = self.live.get(action_id) if status == "running" else None
+        if job is None:
+            return None
+        spent = job.spent
+        return {"tokens": spent.tokens, "llm_calls": spent.llm_calls, "model": spent.model}
 
     @property
     def draining(self) -> bool:

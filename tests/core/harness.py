@@ -136,8 +136,9 @@ def settings(journal: Path, **overrides: str) -> config.Settings:
 
 
 @contextlib.asynccontextmanager
-async def core(tmp: Path, **overrides: str) -> AsyncIterator[Core]:
-    """A started supervisor over ``tmp``, stopped (every job ended, every worker gone) on the way out."""
+async def core(tmp: Path, budgets: dict[str, Any] | None = None, **overrides: str) -> AsyncIterator[Core]:
+    """A started supervisor over ``tmp`` (``budgets``: its crews' own, as a registry would describe them),
+    stopped (every job ended, every worker gone) on the way out."""
     state = tmp / "state"
     prepare_directory(state)
     prepare_places(state, WORKER_PLACES)
@@ -145,7 +146,7 @@ async def core(tmp: Path, **overrides: str) -> AsyncIterator[Core]:
     journal = Journal(Path(chosen.state_file), chosen.stream_checkpoint_events, chosen.max_state_bytes)
     reaper = Reaper()
     launcher = ScriptedLauncher(reaper)
-    sup = Supervisor(chosen, journal, launcher, Limits(chosen), [CREW], state, reaper)
+    sup = Supervisor(chosen, journal, launcher, Limits(chosen), [CREW], state, reaper, budgets)
     try:
         sup.start()
         yield Core(sup, launcher, journal)

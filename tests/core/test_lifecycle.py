@@ -15,7 +15,7 @@ async def test_a_completed_job_moves_through_every_phase(tmp_path: Path, phases:
         await it.start(["started", "chunk", "chunk", "complete"])
         event, data = await it.settled()
         worker = it.launcher.workers[0]
-        assert event == "completed" and data == {"raw": "done", "tasks_output": []}
+        assert event == "completed" and data == {"raw": "done", "tasks_output": [], "budget": [0, 0]}
         assert [name for name, _ in it.events()] == ["started", "chunk", "chunk", "completed"]
         assert it.events()[0][1] == {"status": "running", "operation": "run", "pid": worker.pid}
         assert phases["job"] == ["launching", "running", "settling", "settled"]

@@ -70,11 +70,14 @@ async def test_a_job_s_llm_spend_is_kept_as_each_call_completes(tmp_path: Path, 
         # Two calls; the usage a worker "took back" counts as nothing: what was spent stays spent.
         assert (now["tokens"], now["prompt_tokens"], now["completion_tokens"]) == (30, 20, 10)
         assert (now["llm_calls"], now["model"]) == (2, "scripted-model")
+        record = (await client.get("/jobs/job")).json()
+        assert record["llm_spent"] == {"tokens": 30, "llm_calls": 2, "model": "scripted-model"}
         with caplog.at_level(logging.INFO, logger="crew_supervisor.jobs"):
             go.touch()
             assert (await it.settled())[0] == "completed"
         (finished,) = [record for record in caplog.records if record.getMessage() == "job finished"]
         assert (finished.__dict__["tokens"], finished.__dict__["llm_calls"]) == (45, 3)
+        assert (await client.get("/jobs/job")).json()["llm_spent"] is None  # its output's token_usage says it now
         metrics = (await client.get("/metrics")).text
         assert 'crew_supervisor_llm_tokens_total{crew="scripted",kind="prompt"} 30.0' in metrics
         assert 'crew_supervisor_llm_tokens_total{crew="scripted",kind="completion"} 15.0' in metrics

@@ -7,7 +7,8 @@ does), ``hang`` (until killed), ``exit:N`` (leave with status N, no terminal), `
 pipe and run on), ``ignore-term`` (survive SIGTERM), ``tree`` (a child and a setsid grandchild; their pids go
 to the file ``input["pids"]`` names), ``shout`` (64 KiB to stdout), ``late-chunk`` (a frame after the terminal),
 ``linger`` (stay 60 s after the terminal, then leave), ``await-go`` (until the file ``input["go"]`` names exists),
-``spend`` (an LLM call's usage: 10 prompt and 5 completion tokens), ``refund`` (usage that takes 100 back).
+``spend`` (an LLM call's usage: 10 prompt and 5 completion tokens), ``refund`` (usage that takes 100 back),
+``over-budget:LIMIT`` (hold a call back, as over that budget). ``complete`` answers with the budget its Start gave.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from protocol import (
     Hello,
     Message,
     MessageReader,
+    OverBudget,
     Spent,
     Start,
     Started,
@@ -68,13 +70,15 @@ def play(step: str, start: Start) -> None:
     elif step == "chunk":
         send(Chunk("text", {"content": "tick"}))
     elif step == "complete":
-        send(Completed({"raw": "done", "tasks_output": []}))
+        send(Completed({"raw": "done", "tasks_output": [], "budget": [start.max_tokens, start.max_llm_calls]}))
     elif step == "fail":
         send(Failed("ValueError", "crew_failed", "the crew raised", False))
     elif step == "spend":
         send(Spent("scripted-model", 10, 5, 1))
     elif step == "refund":
         send(Spent("scripted-model", -100, 0, 0))
+    elif step.startswith("over-budget:"):
+        send(OverBudget(step.removeprefix("over-budget:")))
     elif step == "late-chunk":
         send(Chunk("text", {"content": "after the end"}))
     elif step == "hang":

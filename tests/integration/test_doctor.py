@@ -100,8 +100,10 @@ def test_a_good_deployment_is_ready(deployment: Deployment) -> None:
     checks = [f["check"] for f in found]
     assert checks == [
         "names", "settings", "state", "journal", "token", "registry", "warm-up", "telemetry", "listen", "cgroups",
-        "rlimits", "disk",
+        "rlimits", "llm budget", "disk",
     ]  # fmt: skip
+    budget = next(f for f in found if f["check"] == "llm budget")
+    assert budget["detail"].startswith("per job: tokens unbounded (AIP_CREWAI_WORKER_MAX_TOKENS=0)")
     registry = next(f for f in found if f["check"] == "registry")
     assert registry["detail"].startswith("worker.demo:registry: 5 of 5 crews build")
     warm = next(f for f in found if f["check"] == "warm-up")

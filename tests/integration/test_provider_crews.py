@@ -32,11 +32,13 @@ from tests.conftest import (
     worker_env,
 )
 from tests.crews import HOG_RELEASE
+from tests.helpers.kickoff import comparable
 from tests.integration.test_api import started_pid
 from worker.provider import URL_ENV, Call, Provider
 
 MEMORY_LIMIT_MB = 400  # a forked worker's RSS counts the fork server's pages (~200 MB); its PSS is far below
 KEY = {"Idempotency-Key": "key"}
+reason_limit = {"llm_call_limit_exceeded": "max_llm_calls", "token_limit_exceeded": "max_tokens"}
 
 
 @pytest.fixture(scope="module")
@@ -214,6 +216,43 @@ def test_a_runaway_agent_s_spend_is_seen_live_while_it_runs(llm_server: Server, 
         finally:
             client.post("/jobs/spend-live/cancel", json={**body, "reason": "enough spent"})
             follower.result(60)
+
+
+@pytest.mark.parametrize(
+    ("crew", "reason", "limit"),
+    [("llm-loop-calls", "llm_call_limit_exceeded", 5), ("llm-loop-tokens", "token_limit_exceeded", 3000)],
+)
+def test_a_runaway_agent_is_stopped_at_its_budget_and_no_call_starts_after(
+    llm_server: Server, provider: Provider, crew: str, reason: str, limit: int
+) -> None:
+    """Its crew's own budget (the supervisor sets none here): the provider sees no call after the budget."""
+    before = len(provider.calls)
+    with llm_server.client() as client:
+        budgets = client.get("/health").json()["llm_budget"]
+        answer = client.post("/jobs", json=start_body(crew, f"budget-{crew}"), headers=KEY)
+    assert (budgets["max_tokens"], budgets["max_llm_calls"]) == (0, 0)
+    assert budgets["crews"][crew] == {"max_tokens": 0, "max_llm_calls": 0, reason_limit[reason]: limit}
+    assert answer.status_code == 502, answer.text
+    terminal = answer.json()["terminal"]
+    assert terminal["reason"] == terminal["error_type"] == reason and terminal["limit"] == limit
+    assert terminal["uncertain_outcome"] is True and terminal["stop_confirmed"] is True
+    assert terminal["model"].endswith("loop") and terminal["tokens"] > 0
+    calls = calls_after(provider, before)
+    if reason == "llm_call_limit_exceeded":  # five made; the sixth was held back before it started
+        assert terminal["llm_calls"] == len(calls) == limit
+    else:  # the call that crossed it was the last
+        assert terminal["tokens"] > limit and terminal["llm_calls"] == len(calls) > 1
+
+
+def test_a_crew_within_its_budget_gives_what_kickoff_gives(
+    llm_server: Server, provider: Provider, tmp_path: Path
+) -> None:
+    (reference,) = _in_process(["llm-own-budget"], provider, tmp_path)
+    with llm_server.client() as client:
+        answer = client.post("/jobs", json=start_body("llm-own-budget", "budget-within"), headers=KEY)
+    assert answer.status_code == 200, answer.text
+    assert "error" not in reference, reference
+    assert comparable(answer.json()) == comparable(reference)  # token_usage included
 
 
 def _finished(server: Server, action_id: str) -> dict[str, Any] | None:

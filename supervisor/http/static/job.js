@@ -155,6 +155,7 @@ function renderRecord(job) {
     ["ended", job.ended_at == null ? null : clock(job.ended_at)],
     [job.ended_at == null ? "running for" : "took", job.admitted_at == null ? null : duration(ended - job.admitted_at)],
     ["events", job.event_count],
+    ["LLM spend", job.llm_spent && `${job.llm_spent.tokens.toLocaleString()} tokens, ${job.llm_spent.llm_calls} calls`],
     // A failed crew's worker exits 0 (it reported the error): only a worker that did not say so is news.
     ["worker exit", job.exit_status ? exitText(job.exit_status) : null],
   ];

@@ -262,15 +262,16 @@ SPEC: dict[str, Setting] = {
         _integer(0, 1 << 40),
         "0",
         "LLM tokens a job may spend, prompt and completion, as CrewAI counts them (0: off)",
-        "counted call by call; the call that crosses it is the last: the job is then stopped, failed with"
-        " `token_limit_exceeded`. A crew's registry entry may ask for less (`worker.spending.budget`), never more",
+        "counted call by call; once a call crosses it no call starts (one in flight still finishes) and the job"
+        " is stopped, failed with `token_limit_exceeded`. A crew's registry entry may ask for less"
+        " (`worker.spending.budget`), never more",
     ),
     "WORKER_MAX_LLM_CALLS": Setting(
         _integer(0, 1 << 30),
         "0",
         "LLM calls a job may make (0: off)",
-        "the next call is held back and the job stopped, failed with `llm_call_limit_exceeded`. A crew's"
-        " registry entry may ask for fewer, never more",
+        "a call past it is held back before it starts and the job stopped, failed with"
+        " `llm_call_limit_exceeded`. A crew's registry entry may ask for fewer, never more",
     ),
     "WORKER_NICE": Setting(
         _integer(0, 19),

@@ -9,7 +9,9 @@ counts, for native providers and for ``BaseLLM`` subclasses that book usage alik
 The supervisor keeps the running totals and stops a job over its budget. Its kill takes milliseconds, in which
 an agent would start its next call: so the worker holds back, until it is killed, the thread whose call crossed
 the token budget (before that call returns to its agent), and any call that would start once the token budget
-is crossed or the calls allowed are made, saying so first (``OverBudget``).
+is crossed or as many calls as allowed have started, saying so first (``OverBudget``). Calls already in flight
+then still finish at the provider (and are billed); only their answers are held back. A call a provider makes
+inside another (a tool-use follow-up) passes no hook of its own: it is counted, not held.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ def budget(*, max_tokens: int = 0, max_llm_calls: int = 0) -> Callable[[F], F]:
         @budget(max_tokens=20_000, max_llm_calls=40)
         def research() -> Crew: ...
     """
-    if min(max_tokens, max_llm_calls) < 0:
-        raise ValueError("a budget is a count of tokens or calls: 0 or more")
+    for value in (max_tokens, max_llm_calls):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"a budget is a whole count of tokens or calls, 0 or more, not {value!r}")
 
     def mark(factory: F) -> F:
         setattr(factory, BUDGET_ATTRIBUTE, {"max_tokens": max_tokens, "max_llm_calls": max_llm_calls})
@@ -52,29 +55,24 @@ def budget(*, max_tokens: int = 0, max_llm_calls: int = 0) -> Callable[[F], F]:
 
 def budgets(crews: dict[str, Any]) -> dict[str, dict[str, int]]:
     """Each crew's own budget, where its factory has one (``budget``)."""
-    return {
-        crew_id: dict(own) for crew_id, factory in crews.items() if (own := getattr(factory, BUDGET_ATTRIBUTE, None))
-    }
+    own = {crew_id: getattr(factory, BUDGET_ATTRIBUTE, None) for crew_id, factory in crews.items()}
+    return {crew_id: dict(value) for crew_id, value in own.items() if isinstance(value, dict)}
 
 
 @dataclasses.dataclass
 class _Job:
-    """This worker's job: what it may spend, and has (one job a process)."""
+    """This worker's job: what it may spend, and has (one job a process). ``lock`` orders a booking's count,
+    its ``Spent`` and a hook's ``OverBudget``, so the supervisor reads them as they happened."""
 
     send: Callable[[Message], None]
     max_tokens: int
     max_llm_calls: int
     tokens: int = 0
-    calls: int = 0
+    started: int = 0  # calls let through the hook: a slot each, taken before the call starts
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
-    def over(self) -> str | None:
-        """The budget spent, if one is: the tokens crossed, or every call allowed made."""
-        if self.max_tokens and self.tokens > self.max_tokens:
-            return "max_tokens"
-        if self.max_llm_calls and self.calls >= self.max_llm_calls:
-            return "max_llm_calls"
-        return None
+    def crossed(self) -> bool:
+        return bool(self.max_tokens) and self.tokens > self.max_tokens
 
 
 _job: _Job | None = None
@@ -82,36 +80,40 @@ _job: _Job | None = None
 
 def report(send: Callable[[Message], None], max_tokens: int = 0, max_llm_calls: int = 0) -> None:
     """From now on, each call that books usage also sends it, and the budget holds. Once the job's crew is
-    built: its LLMs' classes are imported by then, and each that books usage its own way is wrapped too."""
+    built: its LLMs' classes are imported by then (one imported later is wrapped as its first call starts)."""
     global _job
     _job = _Job(send, max_tokens, max_llm_calls)
     for cls in _classes(BaseLLM):
-        if _BOOK in vars(cls) and not getattr(vars(cls)[_BOOK], "reports", False):
-            setattr(cls, _BOOK, _reporting(vars(cls)[_BOOK]))
-    if max_tokens or max_llm_calls:
-        register_before_llm_call_hook(_hold_when_spent)
+        _wrap(cls)
+    register_before_llm_call_hook(_before_call)
+
+
+def _wrap(cls: type) -> None:
+    if _BOOK in vars(cls) and not getattr(vars(cls)[_BOOK], "reports", False):
+        setattr(cls, _BOOK, _reporting(vars(cls)[_BOOK]))
 
 
 def _reporting(book: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(book)
     def booked(self: Any, *args: Any, **kwargs: Any) -> None:
         usage = getattr(self, "_token_usage", None)
-        if _job is None or _inside.__dict__.get("booking") or not isinstance(usage, dict):
+        job = _job
+        if job is None or _inside.__dict__.get("booking") or not isinstance(usage, dict):
             return book(self, *args, **kwargs)  # an override calling super(): counted once, by the outer
-        before = [usage.get(name, 0) for name in _COUNTS]
-        _inside.booking = True
-        try:
-            book(self, *args, **kwargs)
-        finally:
-            _inside.booking = False
-        prompt, completion, requests = (usage.get(name, 0) - was for name, was in zip(_COUNTS, before, strict=True))
-        if not (prompt or completion or requests):
-            return
-        with _job.lock:
-            _job.tokens += max(prompt, 0) + max(completion, 0)
-            _job.calls += max(requests, 0)
-            crossed = _job.over() == "max_tokens"
-        _job.send(Spent(str(getattr(self, "model", ""))[:MODEL_CHARS], prompt, completion, requests))
+        # One booking at a time: threads sharing an LLM would each count the other's tokens as their own.
+        with job.lock:
+            before = [usage.get(name, 0) for name in _COUNTS]
+            _inside.booking = True
+            try:
+                book(self, *args, **kwargs)
+            finally:
+                _inside.booking = False
+            prompt, completion, requests = (usage.get(name, 0) - was for name, was in zip(_COUNTS, before, strict=True))
+            if not (prompt or completion or requests):
+                return
+            job.tokens += max(prompt, 0) + max(completion, 0)
+            job.send(Spent(str(getattr(self, "model", ""))[:MODEL_CHARS], prompt, completion, requests))
+            crossed = job.crossed()
         if crossed:  # the supervisor stops the job on this Spent: the call never returns to its agent
             _hold()
 
@@ -119,16 +121,22 @@ def _reporting(book: Callable[..., None]) -> Callable[..., None]:
     return booked
 
 
-def _hold_when_spent(context: Any) -> None:
-    """A before-LLM-call hook: a call that would start once the budget is spent says so, and waits to be
-    stopped."""
-    if _job is None:
+def _before_call(context: Any) -> None:
+    """A before-LLM-call hook: takes the call's slot, or, once the budget is spent, says so and waits to be
+    stopped; and wraps the booking of an LLM class imported since ``report``."""
+    _wrap(type(getattr(context, "llm", None)))
+    job = _job
+    if job is None or not (job.max_tokens or job.max_llm_calls):
         return
-    with _job.lock:
-        spent = _job.over()
-    if spent is not None:
-        _job.send(OverBudget(spent))
-        _hold()
+    with job.lock:
+        spent = "max_tokens" if job.crossed() else None
+        if spent is None and job.max_llm_calls and job.started >= job.max_llm_calls:
+            spent = "max_llm_calls"
+        if spent is None:
+            job.started += 1
+            return
+        job.send(OverBudget(spent))
+    _hold()
 
 
 def _hold() -> None:

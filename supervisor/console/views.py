@@ -70,7 +70,7 @@ WORKER_COLUMNS: tuple[tuple[str, int, Callable[[dict[str, Any], float], Any]], .
     ("cpu s", 7, lambda w, now: dash(w["cpu_seconds"])),
     ("age", 6, lambda w, now: f"{w['age_seconds']:.0f}s"),
     ("events", 6, lambda w, now: plain(w["event_count"])),
-    ("idle", 6, lambda w, now: "-" if w["last_event_at"] is None else f"{max(now - w['last_event_at'], 0):.1f}s"),
+    ("idle", 6, lambda w, now: "-" if w["idle_seconds"] is None else f"{w['idle_seconds']:.1f}s"),  # its clock
 )
 DROPPED_FIRST = ("cpu s", "age", "events", "calls", "rss")  # where the width runs out; the rest always shows
 

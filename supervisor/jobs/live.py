@@ -49,29 +49,35 @@ class Budget:
     max_llm_calls: int = 0
 
     @classmethod
-    def of(cls, max_tokens: int, max_llm_calls: int, own: Mapping[str, Any] | None) -> Budget:
-        """The lower of each pair; a crew's own that is no count is not taken."""
-        own = own or {}
-        return cls(_lower(max_tokens, own.get("max_tokens")), _lower(max_llm_calls, own.get("max_llm_calls")))
+    def own(cls, described: Any) -> Budget:
+        """A crew's own budget as its registry describes it; what is no count of tokens or calls counts as none."""
+        if not isinstance(described, Mapping):
+            return cls()
+        return cls(*(_count(described.get(name)) for name in ("max_tokens", "max_llm_calls")))
+
+    def within(self, other: Budget) -> Budget:
+        """The lower of each limit of the two, where 0 is none."""
+        return Budget(_lower(self.max_tokens, other.max_tokens), _lower(self.max_llm_calls, other.max_llm_calls))
 
     def breach(self, spent: Spending, held: str | None = None) -> Breach | None:
         """The limit ``spent`` is over: tokens crossed, more calls than allowed, or the worker holding a call
-        back (``held``: which limit it says is spent, as ``OverBudget`` does)."""
+        back (``held``: which of the job's limits it says is spent, as ``OverBudget`` does)."""
         proof = {"tokens": spent.tokens, "llm_calls": spent.llm_calls, "model": spent.model}
-        if held == "max_tokens" or (self.max_tokens and spent.tokens > self.max_tokens):
+        if self.max_tokens and (held == "max_tokens" or spent.tokens > self.max_tokens):
             message = f"the job spent {spent.tokens} LLM tokens, over its {self.max_tokens}"
             return Breach("token_limit_exceeded", message, {**proof, "limit": self.max_tokens})
-        if held == "max_llm_calls" or (self.max_llm_calls and spent.llm_calls > self.max_llm_calls):
+        if self.max_llm_calls and (held == "max_llm_calls" or spent.llm_calls > self.max_llm_calls):
             message = f"the job made its {self.max_llm_calls} LLM calls and would have made another"
             return Breach("llm_call_limit_exceeded", message, {**proof, "limit": self.max_llm_calls})
         return None
 
 
-def _lower(mine: int, theirs: Any) -> int:
-    """The lower of two limits where 0 is none; ``theirs`` only if it is a count."""
-    if not isinstance(theirs, int) or isinstance(theirs, bool) or theirs <= 0:
-        return mine
-    return min(mine, theirs) if mine else theirs
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _lower(one: int, other: int) -> int:
+    return min(one, other) if one and other else one or other
 
 
 @dataclasses.dataclass(eq=False)

@@ -9,7 +9,6 @@ there fails at once, certain (it did nothing), while running jobs go on until th
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import logging
 import os
@@ -62,9 +61,10 @@ class Runner:
         metrics: Metrics,
         state: Path,
         live: dict[str, LiveJob],
-        budgets: Mapping[str, Any],
+        budgets: Mapping[str, Budget],
     ) -> None:
         self.settings = settings
+        self.budget = Budget(settings.worker_max_tokens, settings.worker_max_llm_calls)
         self.budgets = budgets  # each crew's own LLM budget, as its registry entry asks (Registry.budgets)
         self.launcher = launcher
         self.limits = limits
@@ -82,10 +82,7 @@ class Runner:
         loop = asyncio.get_running_loop()
         now = loop.time()
         live = LiveJob(job.action_id, job.crew_id, job.operation, input, timeout_ms, now, now + timeout_ms / 1000)
-        settings = self.settings
-        live.budget = Budget.of(
-            settings.worker_max_tokens, settings.worker_max_llm_calls, self.budgets.get(job.crew_id)
-        )
+        live.budget = self.budget.within(self.budgets.get(job.crew_id, Budget()))
         self.live[job.action_id] = live
         if self.stopping or self.queue_closed:  # admitted as the queue closed: it ends as the others did
             live.ask_stop(StopReason.STOP if self.stopping else StopReason.DRAIN)
@@ -192,10 +189,9 @@ class Runner:
             await self.recorder.record_worker(job, worker)
             await self.limits.apply(worker)
             if job.stop is None:  # a stop asked while launching: the worker is killed before it has its job
-                budget = job.budget
-                start = Start(job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms, env, cwd)
+                limits = (job.budget.max_tokens, job.budget.max_llm_calls)
                 worker.send(
-                    dataclasses.replace(start, max_tokens=budget.max_tokens, max_llm_calls=budget.max_llm_calls)
+                    Start(job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms, env, cwd, *limits)
                 )
             job.move(Phase.RUNNING)
             self.limits.watch(worker, lambda breach: self._breach(job, breach))
@@ -258,7 +254,7 @@ class Runner:
                 continue
             elif isinstance(message, OverBudget):  # it holds a call back, and waits: stopped as over its budget
                 if (breach := job.budget.breach(job.spent, held=message.limit)) is None:
-                    fault = protocol_fault(message, "a job message")  # no limit of ours by that name
+                    fault = "protocol_error", f"the worker held a call back for a limit it has not: {message.limit!r}"
                 else:
                     self._breach(job, breach)
                     continue

@@ -6,6 +6,7 @@ housekeeping tick commits, samples and reaps. ``start`` and ``stop`` bring them 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 from collections.abc import Mapping
@@ -15,7 +16,7 @@ from typing import Any
 from supervisor.config import Settings
 from supervisor.jobs.admission import Admission
 from supervisor.jobs.housekeeping import Housekeeping
-from supervisor.jobs.live import LiveJob
+from supervisor.jobs.live import Budget, LiveJob
 from supervisor.jobs.phases import Phase
 from supervisor.jobs.recorder import Recorder
 from supervisor.jobs.runner import Runner
@@ -42,7 +43,9 @@ class Supervisor:
         budgets: Mapping[str, Any] | None = None,
     ) -> None:
         self.settings = settings
-        self.budgets = dict(budgets or {})  # each crew's own LLM budget, as the registry describes it
+        # Each crew's own LLM budget that holds (what its registry entry asks, read as counts), for /health.
+        owns = {crew_id: Budget.own(described) for crew_id, described in (budgets or {}).items()}
+        self.budgets = {crew_id: dataclasses.asdict(own) for crew_id, own in owns.items() if own != Budget()}
         self.journal = journal
         self.launcher = launcher
         self.crews = crews
@@ -52,9 +55,7 @@ class Supervisor:
         self.limits = limits
         self._stopped = False
         self.recorder = Recorder(settings, journal, self.live)
-        self.runner = Runner(
-            settings, launcher, self.limits, self.recorder, self.metrics, state, self.live, self.budgets
-        )
+        self.runner = Runner(settings, launcher, self.limits, self.recorder, self.metrics, state, self.live, owns)
         self.admission = Admission(settings, journal, crews, self._launch)
         self.housekeeping = Housekeeping(journal, self.limits, reaper, self.metrics, live=lambda: bool(self.live))
         journal.on_pending = self.housekeeping.poke

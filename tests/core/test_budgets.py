@@ -65,12 +65,14 @@ async def test_a_worker_that_holds_a_call_back_is_stopped_as_over_that_budget(tm
         assert (data["llm_calls"], data["limit"]) == (2, 2) and data["stop_confirmed"] is True
 
 
+@pytest.mark.parametrize("limit", ["max_dollars", "max_tokens"])  # no such limit; one this job was not given
 @in_loop
-async def test_a_hold_for_no_budget_of_ours_is_a_protocol_fault(tmp_path: Path) -> None:
-    async with core(tmp_path) as it:
-        await it.start(["started", "over-budget:max_dollars", "hang"])
+async def test_a_hold_for_a_limit_the_job_has_not_is_a_protocol_fault(tmp_path: Path, limit: str) -> None:
+    async with core(tmp_path, worker_max_llm_calls="5") as it:
+        await it.start(["started", f"over-budget:{limit}", "hang"])
         event, data = await it.settled()
         assert event == "failed" and data["reason"] == "protocol_error" and data["stop_confirmed"] is True
+        assert repr(limit) in data["message"]
 
 
 @in_loop

@@ -24,7 +24,8 @@ def job(action_id: str, crew: str, operation: str, status: str) -> dict[str, Any
 def worker(action_id: str, crew: str, operation: str) -> dict[str, Any]:
     return {"action_id": action_id, "crew_id": crew, "operation": operation, "phase": "launching", "pid": 4194304,
             "rss_bytes": 160 << 20, "cpu_percent": 99.5, "cpu_seconds": 1234.5, "age_seconds": 3600,
-            "event_count": 1234, "last_event_at": NOW - 3, "tokens": 21111, "llm_calls": 61}  # fmt: skip
+            "event_count": 1234, "last_event_at": NOW - 3, "idle_seconds": 3.0, "tokens": 21111,
+            "llm_calls": 61}  # fmt: skip
 
 
 def rendered(table: Any, width: int) -> list[str]:

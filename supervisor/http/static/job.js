@@ -21,6 +21,8 @@ const REASONS = {
   output_limit_exceeded: "it wrote too much to stdout and stderr",
   event_limit_exceeded: "it sent too many events",
   event_too_large: "an event or its output was too large",
+  token_limit_exceeded: "it spent more LLM tokens than its budget",
+  llm_call_limit_exceeded: "it would have made more LLM calls than its budget",
   stray_processes: "it left processes running after it answered",
   worker_exited: "its worker exited without an answer",
   worker_killed: "its worker was killed from outside",

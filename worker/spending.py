@@ -22,9 +22,6 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from crewai.hooks import register_before_llm_call_hook
-from crewai.llms.base_llm import BaseLLM
-
 from protocol import Message, OverBudget, Spent
 
 MODEL_CHARS = 200  # of a model's name, as a Spent frame carries it
@@ -81,6 +78,10 @@ _job: _Job | None = None
 def report(send: Callable[[Message], None], max_tokens: int = 0, max_llm_calls: int = 0) -> None:
     """From now on, each call that books usage also sends it, and the budget holds. Once the job's crew is
     built: its LLMs' classes are imported by then (one imported later is wrapped as its first call starts)."""
+    # Here, not at the top: importing CrewAI writes under HOME, which is the job's only once the worker set it up.
+    from crewai.hooks import register_before_llm_call_hook
+    from crewai.llms.base_llm import BaseLLM
+
     global _job
     _job = _Job(send, max_tokens, max_llm_calls)
     for cls in _classes(BaseLLM):

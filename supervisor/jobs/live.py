@@ -67,7 +67,11 @@ class Budget:
             message = f"the job spent {spent.tokens} LLM tokens, over its {self.max_tokens}"
             return Breach("token_limit_exceeded", message, {**proof, "limit": self.max_tokens})
         if self.max_llm_calls and (held == "max_llm_calls" or spent.llm_calls > self.max_llm_calls):
-            message = f"the job made its {self.max_llm_calls} LLM calls and would have made another"
+            message = (
+                f"the job made its {self.max_llm_calls} LLM calls and would have made another"
+                if held == "max_llm_calls"
+                else f"the job made {spent.llm_calls} LLM calls, over its {self.max_llm_calls}"
+            )
             return Breach("llm_call_limit_exceeded", message, {**proof, "limit": self.max_llm_calls})
         return None
 

@@ -65,9 +65,9 @@ MUTANTS = (
     Mutant(
         "fencing-skipped",
         "no orphan outlives a restart, and an interrupted job is fenced",
-        "supervisor/serve.py",
-        "        fenced = fence_restored(journal)\n",
-        "        fenced = []\n",
+        "supervisor/jobs/supervisor.py",
+        "            if fenced := await fence_restored(journal):\n",
+        "            if fenced := []:\n",
         ("tests/integration/test_fencing.py::test_an_orphan_that_survived_a_crash_is_killed_at_restart",),
     ),
     Mutant(

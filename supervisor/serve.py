@@ -1,4 +1,5 @@
-"""Serving: check everything that can be checked, fence the past, then listen; drain on SIGTERM.
+"""Serving: check everything that can be checked, open the supervisor (which fences the past), then listen;
+drain on SIGTERM.
 
 Imported only by ``crew-supervisor serve``: the operator commands start without uvicorn or the job machinery.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import shutil
 import signal
@@ -26,14 +28,11 @@ from uvicorn.server import HANDLED_SIGNALS
 from supervisor import config, hardening, listener
 from supervisor.http.app import create_app
 from supervisor.http.connections import Bounds, budget, guarded_protocol
-from supervisor.jobs.fencing import fence_restored
-from supervisor.jobs.leftovers import remove_stale_partials
-from supervisor.jobs.runner import worker_env
 from supervisor.jobs.supervisor import Supervisor
+from supervisor.journal.schema import JournalError
 from supervisor.journal.statefiles import WORKER_PLACES, check_state_files, prepare_directory, prepare_places
-from supervisor.journal.store import Journal, JournalError
 from supervisor.processes.forkserver import ForkServerLauncher
-from supervisor.processes.launcher import LaunchError, SpawnLauncher
+from supervisor.processes.launcher import Launcher, LaunchError, SpawnLauncher
 from supervisor.processes.limits import Limits
 from supervisor.processes.reaper import Reaper, become_subreaper
 
@@ -57,12 +56,13 @@ def serve(settings: config.Settings, log_level: str) -> None:
     ephemeral = None if settings.state_file else Path(tempfile.mkdtemp(prefix="crew-supervisor-"))
     journal_path = ephemeral / "journal.db" if ephemeral else Path(settings.state_file).absolute()
     try:
-        sup = _prepare(settings, journal_path)
-    except (JournalError, LaunchError, OSError) as exc:
-        listening.close()
+        _prepare_state(settings, journal_path)
+        become_subreaper()
+    except (JournalError, OSError) as exc:
+        _remove(ephemeral)
         sys.exit(f"crew-supervisor: {exc}")
     config = uvicorn.Config(
-        _Dated(create_app(sup)),
+        _Dated(),  # given the app once the supervisor is open (``_DrainingServer.serve``)
         host=settings.host,
         port=settings.port,
         http=guarded_protocol(
@@ -84,27 +84,54 @@ def serve(settings: config.Settings, log_level: str) -> None:
         log_config=None,  # our handler (logs.configure) formats uvicorn's records too
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
     )
-    server = _DrainingServer(config, sup, ephemeral)
-    try:
-        server.run(sockets=[listening])  # listening starts here, once everything is ready
-    finally:
-        server.release()
+    server = _DrainingServer(config, settings, journal_path, ephemeral)
+    server.run(sockets=[listening])  # listening starts there, once the supervisor is open
+    if server.unready is not None:
+        sys.exit(f"crew-supervisor: {server.unready}")
 
 
 class _DrainingServer(uvicorn.Server):
-    """On SIGTERM (or SIGINT), drain while still listening: new starts answer 503, running jobs get
-    ``DRAIN_SECONDS`` to finish (a second signal ends the wait), then the jobs left are stopped: their
-    waiters and streams then end, and uvicorn's shutdown closes the connections.
+    """uvicorn's server around one ``Supervisor.open``: the supervisor opens on the serving loop before anything
+    listens, and on SIGTERM (or SIGINT) drains while still listening: new starts answer 503, running jobs get
+    ``DRAIN_SECONDS`` to finish (a second signal ends the wait), then the jobs left are stopped: their waiters and
+    streams then end, and uvicorn's shutdown closes the connections.
 
-    Everything is released before uvicorn re-raises the signal to end the process with it.
+    Everything is released (every job ended, the journal committed and closed) before the signal is re-raised to
+    end the process with it.
     """
 
-    def __init__(self, config: uvicorn.Config, sup: Supervisor, ephemeral: Path | None) -> None:
+    def __init__(
+        self, config: uvicorn.Config, settings: config.Settings, journal: Path, ephemeral: Path | None
+    ) -> None:
         super().__init__(config)
-        self.sup = sup
+        self.settings = settings
+        self.journal = journal
         self.ephemeral = ephemeral
+        self.unready: str | None = None  # why the supervisor could not open: nothing listened
+        self._sup: Supervisor | None = None
         self._signalled: asyncio.Event | None = None
         self._skip_drain: asyncio.Event | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        with self.capture_signals():
+            async with contextlib.AsyncExitStack() as stack:
+                stack.callback(_remove, self.ephemeral)  # last: after the journal's close
+                try:
+                    opening = Supervisor.open(self.settings, self.journal, functools.partial(_launcher, self.settings))
+                    self._sup = await stack.enter_async_context(opening)
+                except (JournalError, LaunchError, OSError) as exc:
+                    self.unready = str(exc)
+                    return
+                log.info(
+                    "serving crews %s on %s:%d with launcher %s",
+                    ", ".join(self._sup.crews),
+                    self.settings.host,
+                    self.settings.port,
+                    self._sup.launcher.name,
+                )
+                assert isinstance(self.config.app, _Dated)
+                self.config.app.app = create_app(self._sup)
+                await self._serve(sockets)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -142,36 +169,31 @@ class _DrainingServer(uvicorn.Server):
 
     async def main_loop(self) -> None:
         """uvicorn's loop without its tick: the tick refreshed the Date header (``_Dated`` stamps it now)
-        and looked for a signal, which now wakes this loop itself. An idle supervisor wakes for nothing.
-        The drain runs here, before uvicorn's shutdown stops listening: while jobs finish, their streams
-        and waiters, ``/health``, reads and cancels are still served."""
-        assert self._signalled is not None and self._skip_drain is not None
+        and looked for a signal, which now wakes this loop itself. An idle supervisor wakes for nothing."""
+        assert self._signalled is not None
         while not await self.on_tick(0):
             await self._signalled.wait()
             self._signalled.clear()
-        await self.sup.drain(self.sup.settings.drain_seconds, self._skip_drain)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        await self.sup.stop()
+        """The drain and the stop come before uvicorn's shutdown stops listening: while jobs finish, their
+        streams and waiters, ``/health``, reads and cancels are still served."""
+        assert self._sup is not None and self._skip_drain is not None
+        await self._sup.stop(self.settings.drain_seconds, self._skip_drain)
         await super().shutdown(sockets)
-        self.release()
-
-    def release(self) -> None:
-        self.sup.journal.close()
-        if self.ephemeral:
-            shutil.rmtree(self.ephemeral, ignore_errors=True)
 
 
 class _Dated:
     """The app, with the ``date`` header uvicorn would send (first, as uvicorn puts it), stamped when each
     response starts."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp | None = None) -> None:
         self.app = app
         self._second = -1
         self._date = b""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        assert self.app is not None
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
 
@@ -189,40 +211,20 @@ class _Dated:
         return self._date
 
 
-def _prepare(settings: config.Settings, journal_path: Path) -> Supervisor:
-    """Lock and open the journal, learn the crews, fence jobs a dead supervisor left running."""
+def _prepare_state(settings: config.Settings, journal_path: Path) -> None:
+    """The state directory private, its files checked, the workers' places made."""
     state = journal_path.parent
     if (was := prepare_directory(state, settings.worker_ids)) is not None:
         log.warning("state directory %s had mode %04o, which let others list it: made it private", state, was)
     check_state_files(journal_path)
     prepare_places(state, WORKER_PLACES, settings.worker_ids)
-    journal = Journal(journal_path, settings.stream_checkpoint_events, settings.max_state_bytes)
-    if journal.imported_from:
-        log.warning(
-            "imported the reference journal at %s; the original is kept at %s", journal_path, journal.imported_from
-        )
-    if journal.upgraded_from:
-        log.warning("upgraded the journal at %s; the original is kept at %s", journal_path, journal.upgraded_from)
-    limits = Limits(settings)
-    try:
-        become_subreaper()
-        reaper = Reaper()
-        spawn = SpawnLauncher(reaper)
-        launcher = (
-            ForkServerLauncher(spawn, settings.prefork or 0, limits) if settings.launcher == "forkserver" else spawn
-        )
-        registry = asyncio.run(launcher.describe(worker_env(settings, state, ""), str(state / "scratch")))
-        crews = registry.crews
-        sup = Supervisor(settings, journal, launcher, limits, crews, state, reaper, registry.budgets)
-        fenced = fence_restored(journal)
-        remove_stale_partials(settings.training_dir)  # nothing runs yet: no such file is anyone's
-    except BaseException:
-        limits.stop()
-        journal.close()
-        raise
-    if fenced:
-        log.warning("fenced %d job(s) left running by a previous supervisor", len(fenced))
-    log.info(
-        "serving crews %s on %s:%d with launcher %s", ", ".join(crews), settings.host, settings.port, launcher.name
-    )
-    return sup
+
+
+def _launcher(settings: config.Settings, reaper: Reaper, limits: Limits) -> Launcher:
+    spawn = SpawnLauncher(reaper)
+    return ForkServerLauncher(spawn, settings.prefork or 0, limits) if settings.launcher == "forkserver" else spawn
+
+
+def _remove(ephemeral: Path | None) -> None:
+    if ephemeral is not None:
+        shutil.rmtree(ephemeral, ignore_errors=True)

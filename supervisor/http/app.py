@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -39,16 +37,10 @@ RETRY_AFTER_SECONDS: dict[type[admission.Refused], str] = {
 
 
 def create_app(sup: Supervisor) -> FastAPI:
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        sup.start()
-        yield
-        await sup.stop()
-
+    """The routes of a supervisor already open (``Supervisor.open`` starts and stops it, not the app's lifespan)."""
     app = FastAPI(
         title="crew-supervisor",
         version="0.1.0",
-        lifespan=lifespan,
         max_body_size=MAX_BODY_BYTES,
         # FastAPI's /docs and /redoc pages load their scripts from a CDN; /openapi.json stays.
         docs_url=None,

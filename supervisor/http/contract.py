@@ -58,7 +58,7 @@ async def health(sup: Sup) -> dict[str, Any]:
         "status": "draining" if sup.draining else "ready",
         "crews": sorted(sup.crews),
         "active_runs": len(sup.live),
-        "retained_runs": sup.journal.count(),
+        "retained_runs": sup.reader.count(),
         "max_retained_runs": settings.max_retained_runs,
         "durable_journal": bool(settings.state_file),
         "stream_checkpoint_events": settings.stream_checkpoint_events,
@@ -116,7 +116,7 @@ async def get_events(
     check_cursor(cursor, job.event_count)
     if "text/event-stream" in request.headers.get("accept", ""):
         return stream(sup, action_id, cursor)
-    events = sup.journal.stored_events(action_id, cursor, EVENTS_PER_PAGE, PAGE_DATA_BYTES)
+    events = sup.reader.stored_events(action_id, cursor, EVENTS_PER_PAGE, PAGE_DATA_BYTES)
     return Response(page(job, cursor, events), media_type="application/json")
 
 
@@ -129,7 +129,7 @@ async def cancel(sup: Sup, action_id: str, body: CancelRequest) -> dict[str, Any
     if job.crew_id != body.crew_id:
         raise HTTPException(404, "run was not found")
     await sup.runner.cancel(action_id, body.reason)
-    return view(sup, sup.journal.get(action_id) or job)
+    return view(sup, sup.reader.get(action_id) or job)
 
 
 @router.delete("/jobs/{action_id}", responses=errors(404, 409, 422, 428, 503, 507))
@@ -160,11 +160,11 @@ async def start_blocking(sup: Supervisor, body: StartRequest, key: str | None, l
     job = await sup.admission.admit(body, key, legacy)
     until = sup.runner.answer_by(job.action_id, loop.time() + body.timeout_ms / 1000)
     finished = await sup.runner.wait(job.action_id, until - loop.time())
-    job = sup.journal.get(job.action_id) or job
+    job = sup.reader.get(job.action_id) or job
     if not finished or job.status == "running":
         return JSONResponse({"detail": "timed out waiting; the job continues", **view(sup, job)}, 504)
     if job.status == "completed":
-        return JSONResponse(sup.journal.output(job.action_id))
+        return JSONResponse(sup.reader.output(job.action_id))
     detail = "run was cancelled" if job.status == "cancelled" else "run failed"
     return JSONResponse({"detail": detail, **view(sup, job)}, 409 if job.status == "cancelled" else 502)
 
@@ -172,7 +172,7 @@ async def start_blocking(sup: Supervisor, body: StartRequest, key: str | None, l
 def find(sup: Supervisor, action_id: str) -> Job:
     if problem := path_id_problem(action_id):
         raise HTTPException(422, problem)
-    job = sup.journal.get(action_id)
+    job = sup.reader.get(action_id)
     if job is None:
         raise HTTPException(404, "run was not found")
     return job
@@ -182,15 +182,14 @@ def view(sup: Supervisor, job: Job) -> dict[str, Any]:
     """The reference's record, then ours: the terminal event's data, the worker's exit status, where a running
     job is (``phase``: queued, launching, running or settling; null once terminal), and when it was admitted
     and ended (Unix seconds; ``ended_at`` null while it runs), and its LLM spend so far while it runs."""
-    journal = sup.journal
-    last = journal.last_event(job.action_id) if job.status != "running" else None
+    last = sup.reader.last_event(job.action_id) if job.status != "running" else None
     return {
         "action_id": job.action_id,
         "crew_id": job.crew_id,
         "operation": job.operation,
         "status": job.status,
         "event_count": job.event_count,
-        "output": journal.output(job.action_id) if job.status == "completed" else None,
+        "output": sup.reader.output(job.action_id) if job.status == "completed" else None,
         "terminal": last.data if last is not None and last.terminal else None,
         "exit_status": job.exit_status,
         "phase": sup.phase_of(job.action_id, job.status),

@@ -58,7 +58,7 @@ async def list_jobs(
         raise HTTPException(422, f"unknown query parameter {sorted(unknown)[0]!r}")
     before = decode_cursor(cursor) if cursor else None
     among = None if phase is None else [job.action_id for job in sup.live.values() if job.phase == phase]
-    rows = sup.journal.list_jobs(status, crew_id, operation, before, limit + 1, among)
+    rows = sup.reader.list_jobs(status, crew_id, operation, before, limit + 1, among)
     page = [{**row, "phase": sup.phase_of(row["action_id"], row["status"])} for row in rows[:limit]]
     more = len(rows) > limit
     return {"jobs": page, "next_cursor": encode_cursor(page[-1]) if more else None}
@@ -101,11 +101,11 @@ async def output(sup: Sup, action_id: str) -> dict[str, Any]:
     if live is not None:
         worker = live.worker
         streams = Streams.of(worker.stdout, worker.stderr, live.secrets) if worker is not None else NOTHING_CAPTURED
-    elif sup.journal.get(action_id) is None:
+    elif sup.reader.get(action_id) is None:
         raise HTTPException(404, "run was not found")
     else:
         # A job that never launched, or settled before this table existed, captured nothing.
-        streams = sup.journal.streams(action_id) or NOTHING_CAPTURED
+        streams = sup.reader.streams(action_id) or NOTHING_CAPTURED
     return {
         "action_id": action_id,
         "live": live is not None,

@@ -99,7 +99,7 @@ class Admission:
             raise WrongRoute("this route starts only the run operation")
         bad_key = key_problem(key)
         digest = request_hash(body, key) if bad_key is None and key is not None else ""
-        existing = self.journal.get(body.action_id)
+        existing = self.journal.reader.get(body.action_id)
         if existing is not None and existing.request_hash == digest:
             return existing
         if self.stopped:
@@ -117,12 +117,12 @@ class Admission:
             raise CrewNotFound("crew was not found")
         if existing is not None:
             raise ConflictingReuse("action id was already admitted with different request material")
-        if self.journal.count() + len(self._admitting) >= self.settings.max_retained_runs:
+        if self.journal.reader.count() + len(self._admitting) >= self.settings.max_retained_runs:
             raise JournalFull("journal holds the maximum number of retained runs; archive some")
-        if self.journal.size_bytes() >= self.settings.max_state_bytes:
+        if self.journal.reader.size_bytes() >= self.settings.max_state_bytes:
             raise JournalFull("journal has reached its byte limit; archive some runs")
         try:
-            free = self.journal.free_bytes()
+            free = self.journal.reader.free_bytes()
         except OSError as exc:
             raise JournalFull(f"the free space of the journal's filesystem cannot be read: {exc.strerror}") from None
         if free < self.settings.min_free_disk_mb * MiB:

@@ -30,7 +30,6 @@ class Recorder:
         self.settings = settings
         self.journal = journal
         self.live = live
-        journal.on_commit = self._wake  # readers see only committed events: look again after each commit
 
     async def record(self, job: LiveJob, name: str, data: dict[str, Any]) -> tuple[str, str] | None:
         """Append a non-terminal event, or say which bound it breaks (the last slot is the terminal's) or
@@ -41,12 +40,11 @@ class Recorder:
         encoded = orjson.dumps(data)
         if len(encoded) > self.settings.max_event_bytes:
             return "event_too_large", f"an event of {len(encoded)} bytes exceeds {self.settings.max_event_bytes}"
-        group = self.journal.append(job.action_id, name, data, encoded)
-        if name == "started":
-            self.journal.flush()  # committed at once: start latency is what clients feel first
+        started = name == "started"  # committed at once, not awaited: start latency is what clients feel first
+        group = self.journal.append(job.action_id, name, data, encoded, commit=started)
         job.event_count += 1
         job.last_event_at = time.time()
-        if group is not None:  # a checkpoint: relay no more of this job until it is durable
+        if group is not None and not started:  # a checkpoint: relay no more of this job until it is durable
             try:
                 await group
             except JournalError as exc:
@@ -81,7 +79,7 @@ class Recorder:
         while True:
             job = self.live.get(action_id)
             changed = job.changed if job is not None else None  # taken before reading: no lost wake-up
-            events = self.journal.stored_events(action_id, cursor, EVENTS_PER_READ, BATCH_BYTES)
+            events = self.journal.reader.stored_events(action_id, cursor, EVENTS_PER_READ, BATCH_BYTES)
             terminal = next((i for i, event in enumerate(events) if event.terminal), None)
             if terminal is not None:
                 yield events[: terminal + 1]
@@ -97,9 +95,10 @@ class Recorder:
             except TimeoutError:
                 yield None
 
-    def _wake(self, action_ids: set[str]) -> None:
-        """Only the followers of jobs with newly committed events: hundreds of streams must not all
-        query the journal on every commit."""
-        for action_id in action_ids:
-            if (job := self.live.get(action_id)) is not None:
-                job.wake()
+
+def wake_followers(live: dict[str, LiveJob], action_ids: frozenset[str]) -> None:
+    """Readers see only committed events: after each commit, the followers of jobs with newly committed events
+    look again. Only those: hundreds of streams must not all query the journal on every commit."""
+    for action_id in action_ids:
+        if (job := live.get(action_id)) is not None:
+            job.wake()

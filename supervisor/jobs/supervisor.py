@@ -1,25 +1,30 @@
 """The job lifecycle, wired: admission (validate, fence, admit) hands jobs to the runner (queue, spawn,
 relay, settle), which writes through the recorder (events into the journal, followers woken); one
-housekeeping tick commits, samples and reaps. ``start`` and ``stop`` bring them up and down in order;
-``drain`` comes before ``stop`` on SIGTERM."""
+housekeeping tick samples and reaps. ``open`` brings them up on the serving loop and down again; ``stop``
+(drain, then every job ended, then the services) is the one way down, whoever asks first."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import functools
 import logging
 import secrets
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from protocol import Registry
 from supervisor.config import Settings
 from supervisor.jobs.admission import Admission
+from supervisor.jobs.fencing import fence_restored
 from supervisor.jobs.housekeeping import Housekeeping
+from supervisor.jobs.leftovers import remove_stale_partials
 from supervisor.jobs.live import Budget, LiveJob
 from supervisor.jobs.phases import Phase
-from supervisor.jobs.recorder import Recorder
-from supervisor.jobs.runner import Runner
+from supervisor.jobs.recorder import Recorder, wake_followers
+from supervisor.jobs.runner import Runner, worker_env
 from supervisor.journal.records import Job
 from supervisor.journal.store import Journal
 from supervisor.metrics import Metrics
@@ -37,44 +42,87 @@ class Supervisor:
         journal: Journal,
         launcher: Launcher,
         limits: Limits,
-        crews: list[str],
-        state: Path,
         reaper: Reaper,
-        budgets: Mapping[str, Any] | None = None,
+        registry: Registry,
+        state: Path,
+        metrics: Metrics,
+        live: dict[str, LiveJob],
     ) -> None:
         self.settings = settings
         # Each crew's own LLM budget that holds (what its registry entry asks, read as counts), for /health.
-        owns = {crew_id: Budget.own(described) for crew_id, described in (budgets or {}).items()}
+        owns = {crew_id: Budget.own(described) for crew_id, described in registry.budgets.items()}
         self.budgets = {crew_id: dataclasses.asdict(own) for crew_id, own in owns.items() if own != Budget()}
         self.journal = journal
+        self.reader = journal.reader
         self.launcher = launcher
-        self.crews = crews
+        self.crews = registry.crews
         self.instance = secrets.token_hex(8)  # this life of the supervisor: a restart changes it
-        self.live: dict[str, LiveJob] = {}  # jobs without a terminal event, shared by the parts below
-        self.metrics = Metrics()
+        self.live = live  # jobs without a terminal event, shared by the parts below
+        self.metrics = metrics
         self.limits = limits
-        self._stopped = False
-        self.recorder = Recorder(settings, journal, self.live)
-        self.runner = Runner(settings, launcher, self.limits, self.recorder, self.metrics, state, self.live, owns)
-        self.admission = Admission(settings, journal, crews, self._launch)
-        self.housekeeping = Housekeeping(journal, self.limits, reaper, self.metrics, live=lambda: bool(self.live))
-        journal.on_pending = self.housekeeping.poke
-        journal.commit_seconds = self.metrics.commit_latency.observe
-        self.metrics.observe_with(
-            running=lambda: sum(job.phase in (Phase.LAUNCHING, Phase.RUNNING) for job in self.live.values()),
-            queued=lambda: sum(job.phase is Phase.QUEUED for job in self.live.values()),
-            journal_bytes=journal.size_bytes,
+        self._stopping: asyncio.Future[None] | None = None
+        self.recorder = Recorder(settings, journal, live)
+        self.runner = Runner(settings, launcher, limits, self.recorder, metrics, state, live, owns)
+        self.admission = Admission(settings, journal, self.crews, self._launch)
+        self.housekeeping = Housekeeping(limits, reaper, metrics, live=lambda: bool(live))
+        metrics.observe_with(
+            running=lambda: sum(job.phase in (Phase.LAUNCHING, Phase.RUNNING) for job in live.values()),
+            queued=lambda: sum(job.phase is Phase.QUEUED for job in live.values()),
+            journal_bytes=journal.reader.size_bytes,
             restarts=lambda: getattr(launcher, "restarts", 0),
             idle_workers=lambda: getattr(launcher, "idle_workers", 0),
         )
 
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(
+        cls, settings: Settings, journal_path: Path, launcher_for: Callable[[Reaper, Limits], Launcher]
+    ) -> AsyncIterator[Supervisor]:
+        """On the serving loop, before anything listens: open the journal, describe the crews, fence what a dead
+        supervisor left running, start the launcher and housekeeping. On the way out ``stop`` (if nobody has
+        yet), then the launcher, the limits' cgroups and last the journal, whose close commits what is queued."""
+        state = journal_path.parent
+        loop = asyncio.get_running_loop()
+        live: dict[str, LiveJob] = {}
+        metrics = Metrics()
+
+        def committed(action_ids: frozenset[str]) -> None:  # on the journal's writer thread
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is left to wake
+                loop.call_soon_threadsafe(functools.partial(wake_followers, live, action_ids))
+
+        async with contextlib.AsyncExitStack() as stack:  # closed in reverse: the journal last
+            journal = Journal(
+                journal_path,
+                settings.stream_checkpoint_events,
+                settings.max_state_bytes,
+                on_commit=committed,
+                commit_seconds=metrics.commit_latency.observe,
+            )
+            stack.callback(journal.close)
+            for what, backup in (
+                ("imported the reference", journal.imported_from),
+                ("upgraded the", journal.upgraded_from),
+            ):
+                if backup is not None:
+                    log.warning("%s journal at %s; the original is kept at %s", what, journal_path, backup)
+            limits = Limits(settings)
+            stack.callback(limits.stop)
+            reaper = Reaper()
+            launcher = launcher_for(reaper, limits)
+            stack.push_async_callback(launcher.stop)
+            registry = await launcher.describe(worker_env(settings, state, ""), str(state / "scratch"))
+            sup = cls(settings, journal, launcher, limits, reaper, registry, state, metrics, live)
+            stack.push_async_callback(sup.stop)
+            if fenced := await fence_restored(journal):
+                log.warning("fenced %d job(s) left running by a previous supervisor", len(fenced))
+            remove_stale_partials(settings.training_dir)  # nothing runs yet: no such file is anyone's
+            launcher.start()
+            sup.housekeeping.start()
+            yield sup
+
     def _launch(self, job: Job, input: dict[str, Any], timeout_ms: int) -> None:
         self.runner.launch(job, input, timeout_ms)
         self.housekeeping.poke()  # a live job is sampled and its orphans reaped
-
-    def start(self) -> None:
-        self.launcher.start()
-        self.housekeeping.start()
 
     def phase_of(self, action_id: str, status: str) -> Phase | None:
         """Where a job of ``status`` running (as the journal says) is: queued, launching, running or settling; None
@@ -96,13 +144,29 @@ class Supervisor:
         """From a drain's start (or a stop's) to the end: new starts answer 503."""
         return self.admission.stopped
 
-    async def drain(self, seconds: float, skip: asyncio.Event) -> None:
-        """New starts answer 503 and queued jobs fail, certain; running jobs get up to ``seconds`` to finish,
-        or until ``skip`` is set. Whatever still runs is ``stop``'s to kill. The server keeps serving
-        meanwhile: streams, blocking waiters, reads and cancels of the jobs still running."""
+    async def stop(self, drain_seconds: float | None = None, skip: asyncio.Event | None = None) -> None:
+        """The one way down, run once whoever asks first (a signal, ``open``'s exit, a test); later callers wait for
+        it. New starts answer 503; with ``drain_seconds`` (SIGTERM), queued jobs fail, certain, and running jobs get
+        that long to finish (or until ``skip`` is set); then every job left ends (see ``Runner.stop``), and the
+        services stop."""
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._stop(drain_seconds, skip or asyncio.Event()))
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self, drain_seconds: float | None, skip: asyncio.Event) -> None:
+        await self.admission.stop()
+        if drain_seconds is not None:
+            await self._drain(drain_seconds, skip)
+        self.journal.stop_waiting()
+        await self.runner.stop()
+        await self.housekeeping.stop()
+
+    async def _drain(self, seconds: float, skip: asyncio.Event) -> None:
+        """Queued jobs fail, certain; running jobs get up to ``seconds`` to finish, or until ``skip`` is set.
+        The server keeps serving meanwhile: streams, blocking waiters, reads and cancels of the jobs still
+        running."""
         loop = asyncio.get_running_loop()
         began = loop.time()
-        await self.admission.stop()
         queued = await self.runner.close_queue()
         log.warning("drain began", extra={"seconds": seconds, "running": len(self.live), "queued": queued})
         pending = [job.done for job in self.live.values()]
@@ -118,16 +182,3 @@ class Supervisor:
         reason = "jobs_finished" if not pending else "skipped" if skip.is_set() else "grace_expired"
         duration_ms = round((loop.time() - began) * 1000, 1)
         log.warning("drain ended", extra={"reason": reason, "duration_ms": duration_ms, "running": len(self.live)})
-
-    async def stop(self) -> None:
-        """New starts answer 503, then every job ends (see ``Runner.stop``), then the services stop.
-        Idempotent: the signal handler and the app's lifespan both call it."""
-        if self._stopped:
-            return
-        self._stopped = True
-        self.journal.stop_waiting()
-        await self.admission.stop()
-        await self.runner.stop()
-        await self.housekeeping.stop()
-        await self.launcher.stop()
-        self.limits.stop()

@@ -6,6 +6,12 @@ transaction (one fsync for several), each write in a savepoint of its own so tha
 rolls back only itself. A write whose transaction SQLite rolled back whole (an I/O error) fails; the
 others of its round commit in the next.
 
+Events are group-committed here too: queued one by one, they wait in the thread's group, which is written
+(in one statement: a statement per event was most of the supervisor's CPU per relayed event) when an event
+ends it (a checkpoint, a ``started``), when any other write comes (so everything commits in the order it
+was queued), or ``GROUP_SECONDS`` after its first event: the thread's own timed wait, so no caller ever
+flushes. After each commit ``on_commit`` is called, on this thread, with the jobs whose events it wrote.
+
 Another process holding the journal's write lock (a crew runs as our uid, a backup, an operator's
 ``sqlite3``) makes ``BEGIN IMMEDIATE`` wait ``BUSY_TIMEOUT_MS`` inside SQLite; the thread then fails the
 writes whose patience ran out with ``JournalBusy``, takes in the writes queued meanwhile and tries again.
@@ -27,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -35,7 +42,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Generator
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from supervisor.journal.schema import JournalError
 
@@ -44,6 +51,7 @@ T = TypeVar("T")
 BUSY_TIMEOUT_MS = 50  # one wait for the lock inside SQLite, after which the thread looks at deadlines again
 FULL_RETRY_SECONDS = 0.25  # a full disk is tried again this often (new writes are taken in meanwhile)
 LOG_EVERY_SECONDS = 5.0
+GROUP_SECONDS = 0.05  # how long an event may wait in its group before readers can see it
 
 
 class JournalBusy(JournalError):
@@ -71,24 +79,36 @@ class _Write:
     durable: bool  # committed with an fsync (``synchronous=FULL``), else ``NORMAL``
     deadline: float  # monotonic; past it a write still waiting for the lock fails (inf: never)
     future: concurrent.futures.Future[Any]
+    touched: frozenset[str] = frozenset()  # the jobs whose events it writes: their readers look again
+
+
+class _Event(NamedTuple):
+    """A non-terminal event, queued for the group; ``ends`` (a future) ends the group, committed at once."""
+
+    action_id: str
+    event: str
+    data: bytes  # compact JSON
+    ends: concurrent.futures.Future[None] | None
 
 
 class Writer:
-    def __init__(self, db: sqlite3.Connection, commit_seconds: Callable[[float], None]) -> None:
+    def __init__(
+        self,
+        db: sqlite3.Connection,
+        on_commit: Callable[[frozenset[str]], None],
+        commit_seconds: Callable[[float], None],
+    ) -> None:
         self._db = db
-        self._commit_seconds = commit_seconds  # called on the writer thread
+        self._on_commit = on_commit  # both called on the writer thread
+        self._commit_seconds = commit_seconds
         db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         self._synchronous = db.execute("PRAGMA synchronous").fetchone()[0]
-        self._directory = os.path.dirname(db.execute("PRAGMA database_list").fetchone()[2])
-        self._queue: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()  # None: close
+        self._queue: queue.SimpleQueue[_Write | _Event | None] = queue.SimpleQueue()  # None: close
+        self._group = _Group()
+        self._urgent = threading.Event()  # set with whatever must not wait for the group's time
         self._closed = False
         self._grace = 0.0
-        self._give_up_at = math.inf  # set once the close is taken in
-        self._stop_waiting_at = math.inf  # set by ``stop_waiting``
-        self._busy_since: float | None = None
-        self._busy_logged = 0.0
-        self._full_since: float | None = None
-        self._full_logged = 0.0
+        self._waits = _Waits(os.path.dirname(db.execute("PRAGMA database_list").fetchone()[2]))
         self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
         self._thread.start()
 
@@ -99,23 +119,33 @@ class Writer:
         durable: bool = True,
         patience: float | None = None,
         fallback: Callable[[sqlite3.Connection], T] | None = None,
+        touched: frozenset[str] = frozenset(),
     ) -> concurrent.futures.Future[T]:
         """Queue a write; ``patience`` is how long it may wait for another process's lock (None: until it
-        commits)."""
+        commits); ``touched``: the jobs whose events it writes."""
         if self._closed:
             raise JournalError("journal is closed")
         deadline = math.inf if patience is None else time.monotonic() + patience
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        # Running from now on, so that it cannot be cancelled: an awaiting task that is cancelled (a job's
-        # timeout while its group waits for space) must neither drop the write nor make its result fail.
-        future.set_running_or_notify_cancel()
-        self._queue.put(_Write(apply, fallback, durable, deadline, future))
+        future: concurrent.futures.Future[T] = _running()
+        self._put(_Write(apply, fallback, durable, deadline, future, touched))
         return future
+
+    def append(
+        self, action_id: str, event: str, data: bytes, *, ends_group: bool
+    ) -> concurrent.futures.Future[None] | None:
+        """Queue a non-terminal event for the group; ``ends_group``: the group is written at once, and the
+        future returned resolves when it has committed. A group that fails is logged and lost: readers
+        never saw it, and the next events take its sequences."""
+        if self._closed:
+            raise JournalError("journal is closed")
+        ends: concurrent.futures.Future[None] | None = _running() if ends_group else None
+        self._put(_Event(action_id, event, data, ends))
+        return ends
 
     def stop_waiting(self, grace: float) -> None:
         """Writes still waiting for another process's lock or for disk space ``grace`` seconds from now
         fail then: the supervisor is stopping, and a restart fences what they would have recorded."""
-        self._stop_waiting_at = time.monotonic() + grace
+        self._waits.stop_at = time.monotonic() + grace
 
     def close(self, grace: float) -> None:
         """Commit what is queued, then stop; a write still waiting for the lock after ``grace`` fails."""
@@ -123,17 +153,24 @@ class Writer:
             return
         self._closed = True
         self._grace = grace
-        self._queue.put(None)
+        self._put(None)
         self._thread.join()
+
+    def _put(self, item: _Write | _Event | None) -> None:
+        self._queue.put(item)
+        if not isinstance(item, _Event) or item.ends is not None:  # a plain event waits for its group's time
+            self._urgent.set()
 
     # The thread ------------------------------------------------------------------------------------
 
     def _run(self) -> None:
         pending: list[_Write] = []
         while True:
-            if not pending and self._give_up_at < math.inf:
+            if not pending and self._waits.closing:
                 return
-            self._take(pending, wait=None if not pending else FULL_RETRY_SECONDS if self._full_since else 0)
+            self._take(pending, self._wait(pending))
+            if not pending:
+                continue
             try:
                 pending = self._round(pending)
             except Exception as exc:  # a bug here must not leave a waiter hanging forever
@@ -143,18 +180,42 @@ class Writer:
                 _fail(pending, JournalError(f"journal write failed: {exc}"))
                 pending = []
 
+    def _wait(self, pending: list[_Write]) -> float | None:
+        """How long to wait for the next write: until the group is due, or (with writes waiting for the
+        lock or for space) not at all, or until space may have been freed; None: until one comes."""
+        if pending:
+            return FULL_RETRY_SECONDS if self._waits.full_since is not None else 0
+        if self._group.due < math.inf:
+            return max(self._group.due - time.monotonic(), 0)
+        return None
+
     def _take(self, pending: list[_Write], wait: float | None) -> None:
-        """Everything queued now, after waiting up to ``wait`` seconds for the first (None: until it comes)."""
+        """Everything queued now, after waiting up to ``wait`` seconds for the first (None: until it comes);
+        the group joins ``pending`` when something ends it or it is due."""
+        if wait and not pending and self._group.due < math.inf:
+            # Only the group waits: until it is due or something urgent comes. Its events queue meanwhile
+            # without waking this thread, which would cost a hand-off of the GIL per relayed event.
+            self._urgent.wait(wait)
+            self._urgent.clear()  # before taking: whatever is queued after this wakes the next wait
+            wait = 0
         try:
             item = self._queue.get(wait != 0, wait)
             while True:
-                if item is None:
-                    self._give_up_at = time.monotonic() + self._grace
+                if isinstance(item, _Event):
+                    self._group.add(item)
+                    if item.ends is not None:
+                        self._group.write_into(pending, item.ends)
                 else:
-                    pending.append(item)
+                    self._group.write_into(pending)  # whatever comes after an event commits with it or after it
+                    if item is None:
+                        self._waits.close_at = time.monotonic() + self._grace
+                    else:
+                        pending.append(item)
                 item = self._queue.get_nowait()
         except queue.Empty:
             pass
+        if time.monotonic() >= self._group.due:
+            self._group.write_into(pending)
 
     def _round(self, pending: list[_Write]) -> list[_Write]:
         """One transaction for ``pending``; returns the writes to try again (the lock was busy, or SQLite
@@ -166,18 +227,18 @@ class Writer:
             if not _busy(exc):
                 _fail(pending, JournalError(f"journal write failed: {exc}"))
                 return []
-            return self._still_busy(pending)
-        self._lock_taken()
+            return self._waits.busy(pending)
+        self._waits.lock_taken()
         started = time.monotonic()
         results: list[tuple[_Write, Any]] = []
         failures: list[tuple[_Write, Exception]] = []
         for write in pending:
             try:
-                results.append((write, self._apply(write)))
+                results.append((write, _apply(self._db, write)))
             except _RolledBack:  # its fallback goes again, with the rest
                 return pending
             except (sqlite3.Error, JournalError) as exc:
-                if self._out_of_disk(exc):
+                if self._waits.out_of_disk(self._db, exc):
                     return self._disk_full(pending, failures, exc)
                 failures.append((write, _journal_error(exc)))
                 if not self._db.in_transaction:  # SQLite rolled back the whole round: the rest go again
@@ -186,7 +247,7 @@ class Writer:
         try:
             self._db.execute("COMMIT")
         except sqlite3.Error as exc:
-            if self._out_of_disk(exc):
+            if self._waits.out_of_disk(self._db, exc):
                 return self._disk_full(pending, failures, exc)
             if self._db.in_transaction:
                 self._db.execute("ROLLBACK")
@@ -197,102 +258,21 @@ class Writer:
             _fail(retry, JournalError(f"journal commit failed: {exc}"))
             return []
         self._commit_seconds(time.monotonic() - started)
-        if self._full_since is not None:
-            log.warning("journal disk writable again after %.1f s", time.monotonic() - self._full_since)
-            self._full_since = None
+        self._waits.committed()
         _resolve(results, failures)
+        if touched := frozenset().union(*(write.touched for write, _ in results)):
+            self._on_commit(touched)
         return []
-
-    def _apply(self, write: _Write) -> Any:
-        """One write in its own savepoint; if it fails, its fallback (once) in a fresh one."""
-        while True:
-            self._db.execute("SAVEPOINT write")
-            try:
-                result = write.apply(self._db)
-            except (sqlite3.Error, JournalError):
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK TO write")
-                    self._db.execute("RELEASE write")
-                if write.fallback is None:
-                    raise
-                write.apply, write.fallback = write.fallback, None
-                if not self._db.in_transaction:
-                    raise _RolledBack from None
-                continue
-            self._db.execute("RELEASE write")
-            return result
-
-    def _still_busy(self, pending: list[_Write]) -> list[_Write]:
-        """Fail the writes whose patience ran out; the others wait on, and the wait is logged."""
-        now = time.monotonic()
-        waiting = []
-        for write in pending:
-            if now >= min(write.deadline, self._give_up_at, self._stop_waiting_at):
-                write.future.set_exception(JournalBusy("the journal's write lock is held by another process"))
-            else:
-                waiting.append(write)
-        if not waiting:
-            self._busy_since = None
-        elif self._busy_since is None:
-            self._busy_since = self._busy_logged = now
-        elif waiting and now - self._busy_logged >= LOG_EVERY_SECONDS:
-            self._busy_logged = now
-            log.warning(
-                "journal write lock held by another process for %.1f s; %d write(s) waiting",
-                now - self._busy_since,
-                len(waiting),
-            )
-        return waiting
-
-    def _out_of_disk(self, exc: Exception) -> bool:
-        """``SQLITE_FULL`` from the disk, not from the journal's own ceiling (``max_page_count``): the disk
-        has less room than the pages SQLite would still allow."""
-        # ENOSPC surfaces as SQLITE_FULL, or as an I/O error where the kernel reports it late (at fsync,
-        # growing the shared-memory file): either counts when the disk is what lacks room.
-        if getattr(exc, "sqlite_errorcode", 0) & 0xFF not in (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR):
-            return False
-        try:
-            (count,), (ceiling,), (size,) = (
-                self._db.execute(f"PRAGMA {name}").fetchone() for name in ("page_count", "max_page_count", "page_size")
-            )
-            disk = os.statvfs(self._directory)
-        except (OSError, sqlite3.Error):  # cannot tell: fail the writes as any other error would
-            return False
-        return disk.f_bavail * disk.f_frsize < (ceiling - count) * size
 
     def _disk_full(
         self, pending: list[_Write], failures: list[tuple[_Write, Exception]], exc: sqlite3.Error
     ) -> list[_Write]:
-        """Roll the round back; fail the writes with a deadline (and those past the close's grace), keep
-        the rest, each in its smaller form if it has one, to try again once space may have been freed."""
+        """Roll the round back; the writes that failed on their own are told, the others wait for space."""
         if self._db.in_transaction:
             self._db.execute("ROLLBACK")
         _resolve([], failures)
         failed = {id(write) for write, _ in failures}
-        error = JournalError(f"journal write failed: {exc}")
-        waiting = []
-        for write in pending:
-            if id(write) in failed:
-                continue
-            if write.deadline < math.inf or time.monotonic() >= min(self._give_up_at, self._stop_waiting_at):
-                write.future.set_exception(error)
-                continue
-            if write.fallback is not None:
-                write.apply, write.fallback = write.fallback, None
-            waiting.append(write)
-        now = time.monotonic()
-        if self._full_since is None:
-            self._full_since = self._full_logged = now
-            log.error("journal disk full (%s); %d write(s) wait for space", exc, len(waiting))
-        elif now - self._full_logged >= LOG_EVERY_SECONDS:
-            self._full_logged = now
-            log.error("journal disk full for %.1f s; %d write(s) wait for space", now - self._full_since, len(waiting))
-        return waiting
-
-    def _lock_taken(self) -> None:
-        if self._busy_since is not None:
-            log.warning("journal write lock free again after %.1f s", time.monotonic() - self._busy_since)
-            self._busy_since = None
+        return self._waits.full([write for write in pending if id(write) not in failed], exc)
 
     def _set_synchronous(self, durable: bool) -> None:
         """FULL when any write of the round must survive a power loss; SQLite takes it outside a transaction."""
@@ -302,8 +282,148 @@ class Writer:
             self._synchronous = level
 
 
+class _Group:
+    """Events taken in by the writer thread, not yet written: one write (one statement) once something ends
+    the group or it is due, committed after everything queued before its events."""
+
+    def __init__(self) -> None:
+        self._events: list[tuple[str, str, bytes]] = []
+        self.due = math.inf  # monotonic: when it is written, if nothing ends it before
+
+    def add(self, event: _Event) -> None:
+        if not self._events:
+            self.due = time.monotonic() + GROUP_SECONDS
+        self._events.append((event.action_id, event.event, event.data))
+
+    def write_into(self, pending: list[_Write], future: concurrent.futures.Future[None] | None = None) -> None:
+        """Hand the events to the round as one write (``future``: its waiter's), and begin a new group."""
+        if not self._events:
+            return
+        events, self._events, self.due = self._events, [], math.inf
+        future = future or _running()
+        future.add_done_callback(_log_failed_group)
+        touched = frozenset(action_id for action_id, _, _ in events)
+        pending.append(_Write(functools.partial(_insert_group, events), None, True, math.inf, future, touched))
+
+
+class _Waits:
+    """Writes waiting for another process's lock or for disk space: which give up when, and the wait logged."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory  # the journal's: where space is looked for
+        self.close_at = math.inf  # set once the close is taken in: then every wait ends after its grace
+        self.stop_at = math.inf  # set by ``Writer.stop_waiting``
+        self.busy_since: float | None = None
+        self.full_since: float | None = None
+        self._logged = 0.0  # when the current wait was last logged
+
+    @property
+    def closing(self) -> bool:
+        return self.close_at < math.inf
+
+    def _over(self, now: float) -> bool:
+        return now >= min(self.close_at, self.stop_at)
+
+    def busy(self, pending: list[_Write]) -> list[_Write]:
+        """The lock is held: fail the writes whose patience ran out; the others wait on, and the wait is logged."""
+        now = time.monotonic()
+        waiting = []
+        for write in pending:
+            if now >= write.deadline or self._over(now):
+                write.future.set_exception(JournalBusy("the journal's write lock is held by another process"))
+            else:
+                waiting.append(write)
+        if not waiting:
+            self.busy_since = None
+        elif self.busy_since is None:
+            self.busy_since = self._logged = now
+        elif now - self._logged >= LOG_EVERY_SECONDS:
+            self._logged = now
+            log.warning(
+                "journal write lock held by another process for %.1f s; %d write(s) waiting",
+                now - self.busy_since,
+                len(waiting),
+            )
+        return waiting
+
+    def lock_taken(self) -> None:
+        if self.busy_since is not None:
+            log.warning("journal write lock free again after %.1f s", time.monotonic() - self.busy_since)
+            self.busy_since = None
+
+    def full(self, pending: list[_Write], exc: sqlite3.Error) -> list[_Write]:
+        """The disk is full: fail the writes with a deadline (and all once past the close's grace), keep the
+        rest, each in its smaller form if it has one, to try again once space may have been freed."""
+        now = time.monotonic()
+        error = JournalError(f"journal write failed: {exc}")
+        waiting = []
+        for write in pending:
+            if write.deadline < math.inf or self._over(now):
+                write.future.set_exception(error)
+                continue
+            if write.fallback is not None:
+                write.apply, write.fallback = write.fallback, None
+            waiting.append(write)
+        if self.full_since is None:
+            self.full_since = self._logged = now
+            log.error("journal disk full (%s); %d write(s) wait for space", exc, len(waiting))
+        elif now - self._logged >= LOG_EVERY_SECONDS:
+            self._logged = now
+            log.error("journal disk full for %.1f s; %d write(s) wait for space", now - self.full_since, len(waiting))
+        return waiting
+
+    def out_of_disk(self, db: sqlite3.Connection, exc: Exception) -> bool:
+        """``SQLITE_FULL`` from the disk, not from the journal's own ceiling (``max_page_count``): the disk
+        has less room than the pages SQLite would still allow."""
+        # ENOSPC surfaces as SQLITE_FULL, or as an I/O error where the kernel reports it late (at fsync,
+        # growing the shared-memory file): either counts when the disk is what lacks room.
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF not in (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR):
+            return False
+        try:
+            (count,), (ceiling,), (size,) = (
+                db.execute(f"PRAGMA {name}").fetchone() for name in ("page_count", "max_page_count", "page_size")
+            )
+            disk = os.statvfs(self.directory)
+        except (OSError, sqlite3.Error):  # cannot tell: fail the writes as any other error would
+            return False
+        return disk.f_bavail * disk.f_frsize < (ceiling - count) * size
+
+    def committed(self) -> None:
+        if self.full_since is not None:
+            log.warning("journal disk writable again after %.1f s", time.monotonic() - self.full_since)
+            self.full_since = None
+
+
 class _RolledBack(Exception):
     """SQLite rolled back the whole transaction while a write failed; its fallback takes its place."""
+
+
+def _apply(db: sqlite3.Connection, write: _Write) -> Any:
+    """One write in its own savepoint; if it fails, its fallback (once) in a fresh one."""
+    while True:
+        db.execute("SAVEPOINT write")
+        try:
+            result = write.apply(db)
+        except (sqlite3.Error, JournalError):
+            if db.in_transaction:
+                db.execute("ROLLBACK TO write")
+                db.execute("RELEASE write")
+            if write.fallback is None:
+                raise
+            write.apply, write.fallback = write.fallback, None
+            if not db.in_transaction:
+                raise _RolledBack from None
+            continue
+        db.execute("RELEASE write")
+        return result
+
+
+def _running() -> concurrent.futures.Future[Any]:
+    """A write's future, running from now on so that it cannot be cancelled: an awaiting task that is cancelled (a
+    job's timeout while its group waits for space) must neither drop the write nor make its result fail."""
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    future.set_running_or_notify_cancel()
+    return future
 
 
 def _busy(exc: sqlite3.Error) -> bool:
@@ -325,3 +445,26 @@ def _fail(writes: list[_Write], exc: JournalError) -> None:
     for write in writes:
         if not write.future.done():
             write.future.set_exception(exc)
+
+
+def _insert_group(group: list[tuple[str, str, bytes]], db: sqlite3.Connection) -> None:
+    """A group of events in one statement, one count per job, numbered from each job's count: the writer
+    is the only one that writes them, so a failed group leaves no gap."""
+    counts: dict[str, int] = {}
+    rows = []
+    for action_id, event, data in group:
+        sequence = counts.get(action_id)
+        if sequence is None:
+            row = db.execute("SELECT event_count FROM jobs WHERE action_id = ?", (action_id,)).fetchone()
+            if row is None:
+                raise JournalError(f"journal append failed: no job {action_id!r}")
+            (sequence,) = row
+        rows.append((action_id, sequence, event, data))
+        counts[action_id] = sequence + 1
+    db.executemany("INSERT INTO events (action_id, sequence, event, data) VALUES (?, ?, ?, ?)", rows)
+    db.executemany("UPDATE jobs SET event_count = ? WHERE action_id = ?", [(n, a) for a, n in counts.items()])
+
+
+def _log_failed_group(future: concurrent.futures.Future[None]) -> None:
+    if not future.cancelled() and (exc := future.exception()) is not None:
+        log.error("group commit failed; its events are lost: %s", exc)

@@ -45,7 +45,8 @@ class ScriptedLauncher:
 
     name = "scripted"
 
-    def __init__(self, reaper: Reaper) -> None:
+    def __init__(self, reaper: Reaper, budgets: dict[str, Any]) -> None:
+        self.budgets = budgets  # the crews' own, as a registry would describe them
         self._spawn = SpawnLauncher(reaper, [sys.executable, str(SCRIPTED_WORKER)])
         self.gate = asyncio.Event()
         self.gate.set()
@@ -54,7 +55,7 @@ class ScriptedLauncher:
         self.workers: list[WorkerProcess] = []
 
     async def describe(self, env: Mapping[str, str], cwd: str) -> Registry:
-        return Registry([CREW], [])
+        return Registry([CREW], [], budgets=self.budgets)
 
     def start(self) -> None:
         pass
@@ -99,7 +100,7 @@ class Core:
         return name, data
 
     def events(self, action_id: str = "job") -> list[tuple[str, dict[str, Any]]]:
-        stored = self.journal.stored_events(action_id, 0, 10_000, 1 << 30)
+        stored = self.journal.reader.stored_events(action_id, 0, 10_000, 1 << 30)
         return [(event.event, orjson.loads(event.data)) for event in stored]
 
     async def running(self, action_id: str = "job") -> None:
@@ -137,22 +138,20 @@ def settings(journal: Path, **overrides: str) -> config.Settings:
 
 @contextlib.asynccontextmanager
 async def core(tmp: Path, budgets: dict[str, Any] | None = None, **overrides: str) -> AsyncIterator[Core]:
-    """A started supervisor over ``tmp`` (``budgets``: its crews' own, as a registry would describe them),
+    """A supervisor opened over ``tmp`` (``budgets``: its crews' own, as a registry would describe them),
     stopped (every job ended, every worker gone) on the way out."""
     state = tmp / "state"
     prepare_directory(state)
     prepare_places(state, WORKER_PLACES)
     chosen = settings(state / "journal.db", **overrides)
-    journal = Journal(Path(chosen.state_file), chosen.stream_checkpoint_events, chosen.max_state_bytes)
-    reaper = Reaper()
-    launcher = ScriptedLauncher(reaper)
-    sup = Supervisor(chosen, journal, launcher, Limits(chosen), [CREW], state, reaper, budgets)
-    try:
-        sup.start()
-        yield Core(sup, launcher, journal)
-    finally:
-        await sup.stop()
-        journal.close()
+    launchers: list[ScriptedLauncher] = []
+
+    def launcher_for(reaper: Reaper, limits: Limits) -> ScriptedLauncher:
+        launchers.append(ScriptedLauncher(reaper, budgets or {}))
+        return launchers[0]
+
+    async with Supervisor.open(chosen, state / "journal.db", launcher_for) as sup:
+        yield Core(sup, launchers[0], sup.journal)
 
 
 def in_loop(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:

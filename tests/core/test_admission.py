@@ -23,7 +23,7 @@ async def refusal(it: Core, key: str | None = "key", legacy: bool = False, **fie
     try:
         await it.sup.admission.admit(body, key, legacy)
     except admission.Refused as exc:
-        assert it.journal.get(body.action_id) is None
+        assert it.journal.reader.get(body.action_id) is None
         return type(exc)
     return None
 
@@ -85,7 +85,7 @@ async def test_the_queue_keeps_order_and_the_journal_its_capacity(tmp_path: Path
         for name in ("first", "second", "third"):
             assert (await it.settled(name))[0] == "completed"
         # One slot, taken in admission order: the workers were spawned in that order.
-        pids = [it.journal.get(name).worker_pid for name in ("first", "second", "third")]  # type: ignore[union-attr]
+        pids = [it.journal.reader.get(name).worker_pid for name in ("first", "second", "third")]  # type: ignore[union-attr]
         assert pids == [worker.pid for worker in it.launcher.workers]
 
 
@@ -108,7 +108,7 @@ async def test_after_a_drain_began_only_an_exact_repeat_is_answered(tmp_path: Pa
     async with core(tmp_path) as it:
         await it.start(["started", "complete"], action_id="before")
         await it.settled("before")
-        await it.sup.drain(0, asyncio.Event())
+        await it.sup.stop(drain_seconds=0)
         assert it.sup.draining
         assert (await it.start(["started", "complete"], action_id="before")).status == "completed"
         assert await refusal(it, input={"script": []}) is admission.ShuttingDown

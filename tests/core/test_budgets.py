@@ -33,7 +33,7 @@ async def test_a_job_over_its_budget_is_stopped_with_the_evidence(
         assert {key: data[key] for key in evidence} == evidence and data["model"] == "scripted-model"
         assert data["uncertain_outcome"] is True and data["stop_confirmed"] is True and data["signal"] == "SIGKILL"
         assert gone(*identity(it))
-        job = it.journal.get("job")
+        job = it.journal.reader.get("job")
         assert job is not None and job.status == "failed"
 
 

@@ -19,7 +19,7 @@ async def test_a_completed_job_moves_through_every_phase(tmp_path: Path, phases:
         assert [name for name, _ in it.events()] == ["started", "chunk", "chunk", "completed"]
         assert it.events()[0][1] == {"status": "running", "operation": "run", "pid": worker.pid}
         assert phases["job"] == ["launching", "running", "settling", "settled"]
-        job = it.journal.get("job")
+        job = it.journal.reader.get("job")
         assert job is not None and job.status == "completed" and job.exit_status == 0
         assert (job.worker_pid, job.worker_start_time) == (worker.pid, worker.create_time)
         assert gone(worker.pid, worker.create_time)
@@ -82,7 +82,7 @@ async def test_a_worker_that_answers_but_stays_is_killed_and_its_answer_kept(tmp
         await it.start(["started", "complete", "linger"])
         event, data = await it.settled()
         assert event == "completed" and data["raw"] == "done"
-        job = it.journal.get("job")
+        job = it.journal.reader.get("job")
         assert job is not None and job.exit_status == -9  # killed after EXIT_WAIT_SECONDS
         assert gone(*identity(it))
 

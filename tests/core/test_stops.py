@@ -151,11 +151,13 @@ async def test_a_drain_fails_the_queued_certain_and_lets_the_running_finish(tmp_
         await it.start(["started", "hang"], action_id="running")
         await it.start(["started", "complete"], action_id="queued")
         await it.running("running")
-        await it.sup.drain(0.2, asyncio.Event())
+        skip = asyncio.Event()
+        stopping = asyncio.ensure_future(it.sup.stop(60, skip))
         event, data = await it.settled("queued")
         assert event == "failed" and data["reason"] == "supervisor_stopped" and data["uncertain_outcome"] is False
-        assert "running" in it.sup.live  # a drain kills nothing: what still runs is the stop's
-        await it.sup.stop()
+        assert "running" in it.sup.live and not stopping.done()  # a drain kills nothing while it waits
+        skip.set()  # a second signal: the wait ends, and what still runs is killed
+        await stopping
         event, data = await it.settled("running")
         assert event == "failed" and data["reason"] == "supervisor_stopped"
         assert data["uncertain_outcome"] is True and data["stop_confirmed"] is True

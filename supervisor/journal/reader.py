@@ -1,0 +1,153 @@
+"""The journal's reads: a connection of their own, opened read-only, which sees only what has committed, so a
+client never reads an event that a crash could take back (and whose sequence a restart would reuse). In WAL
+mode a reader never waits for the writer's lock, so reads run on the caller's thread."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import urllib.parse
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from supervisor.journal.records import Event, Job, StoredEvent, Streams
+from supervisor.journal.schema import INCONSISTENT
+
+_JOB_COLUMNS = (
+    "action_id, crew_id, operation, request_hash, status, event_count, worker_pid, worker_start_time, worker_pgid,"
+    " exit_status, admitted_at, ended_at"
+)
+
+
+class Reader:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._db = sqlite3.connect(
+            f"file:{urllib.parse.quote(str(path.absolute()))}?mode=ro",
+            uri=True,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+
+    def close(self) -> None:
+        self._db.close()
+
+    def inconsistent(self) -> tuple[str, str] | None:
+        """A job whose record and events disagree, and how (``schema.INCONSISTENT``)."""
+        row = self._db.execute(INCONSISTENT).fetchone()
+        return (row[0], row[1]) if row is not None else None
+
+    def get(self, action_id: str) -> Job | None:
+        row = self._db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE action_id = ?", (action_id,)).fetchone()
+        return Job(*row) if row else None
+
+    def output(self, action_id: str) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT output FROM jobs WHERE action_id = ?", (action_id,)).fetchone()
+        return orjson.loads(row[0]) if row and row[0] is not None else None
+
+    def stored_events(
+        self, action_id: str, cursor: int, limit: int = 1000, max_bytes: int | None = None
+    ) -> list[StoredEvent]:
+        """A job's events from ``cursor``, each one's data as stored (compact JSON). With ``max_bytes``, only as many
+        as fit in that many bytes of data, but never none: an event larger than the bound comes alone, so
+        a reader paging on from the next one never sticks."""
+        if max_bytes is not None:
+            limit = self._fitting(action_id, cursor, limit, max_bytes)
+        rows = self._db.execute(
+            "SELECT event, sequence, data FROM events WHERE action_id = ? AND sequence >= ? ORDER BY sequence LIMIT ?",
+            (action_id, cursor, limit),
+        )
+        return list(map(StoredEvent._make, rows))
+
+    def _fitting(self, action_id: str, cursor: int, limit: int, max_bytes: int) -> int:
+        """How many of the ``limit`` events from ``cursor`` fit in ``max_bytes`` of data (at least one),
+        counted from their lengths alone: no event past the bound is read. Later commits only append, so
+        the events counted here are the first ones a read right after finds."""
+        count = total = 0
+        # Closed when left early: an unfinished statement would hold its read transaction open.
+        with contextlib.closing(
+            self._db.execute(
+                "SELECT length(data) FROM events WHERE action_id = ? AND sequence >= ? ORDER BY sequence LIMIT ?",
+                (action_id, cursor, limit),
+            )
+        ) as sizes:
+            for (size,) in sizes:
+                total += size
+                if count and total > max_bytes:
+                    break
+                count += 1
+        return count
+
+    def last_event(self, action_id: str) -> Event | None:
+        row = self._db.execute(
+            "SELECT event, sequence, data FROM events WHERE action_id = ? ORDER BY sequence DESC LIMIT 1", (action_id,)
+        ).fetchone()
+        return Event(row[0], row[1], orjson.loads(row[2])) if row else None
+
+    def list_jobs(
+        self,
+        status: str | None = None,
+        crew_id: str | None = None,
+        operation: str | None = None,
+        before: tuple[float, str] | None = None,
+        limit: int = 50,
+        among: Collection[str] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Newest first; ``before`` is the (admitted_at, action_id) of the previous page's last row (keyset
+        paging: each page costs one index range however deep it is); ``among``: only these action ids."""
+        filters = {"j.status": status, "j.crew_id": crew_id, "j.operation": operation}
+        clauses = [f"{column} = ?" for column, value in filters.items() if value is not None]
+        params: list[Any] = [value for value in filters.values() if value is not None]
+        if among is not None:  # one parameter however many: SQLite bounds their number
+            clauses.append("j.action_id IN (SELECT value FROM json_each(?))")
+            params.append(orjson.dumps(list(among)).decode())
+        if before is not None:
+            clauses.append("(j.admitted_at, j.action_id) < (?, ?)")
+            params += before
+        # A failed or cancelled job's reason, from its terminal event (the last: one key lookup a row).
+        rows = self._db.execute(
+            "SELECT j.action_id, j.crew_id, j.operation, j.status, j.event_count, j.admitted_at, j.ended_at,"
+            " CASE WHEN j.status IN ('failed', 'cancelled') THEN json_extract(CAST(e.data AS TEXT), '$.reason') END"
+            " FROM jobs AS j LEFT JOIN events AS e ON e.action_id = j.action_id AND e.sequence = j.event_count - 1"
+            f" {'WHERE ' + ' AND '.join(clauses) if clauses else ''}"
+            " ORDER BY j.admitted_at DESC, j.action_id DESC LIMIT ?",
+            (*params, limit),
+        )
+        names = ("action_id", "crew_id", "operation", "status", "event_count", "admitted_at", "ended_at", "reason")
+        return [dict(zip(names, row, strict=True)) for row in rows]
+
+    def streams(self, action_id: str) -> Streams | None:
+        row = self._db.execute(
+            "SELECT stdout, stderr, stdout_total, stderr_total FROM outputs WHERE action_id = ?", (action_id,)
+        ).fetchone()
+        return Streams(*row) if row else None
+
+    def running(self) -> list[Job]:
+        rows = self._db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE status = 'running' ORDER BY admitted_at")
+        return [Job(*row) for row in rows]
+
+    def count(self) -> int:
+        return int(self._db.execute("SELECT count(*) FROM jobs").fetchone()[0])
+
+    def size_bytes(self) -> int:
+        return size_bytes(self.path)
+
+    def free_bytes(self) -> int:
+        return free_bytes(self.path.parent)
+
+
+def size_bytes(journal: Path) -> int:
+    """The journal's size as admission counts it against MAX_STATE_BYTES: the file and its WAL."""
+    return sum(
+        os.stat(p).st_size if os.path.exists(p) else 0 for p in (journal, journal.with_name(journal.name + "-wal"))
+    )
+
+
+def free_bytes(directory: Path) -> int:
+    """Space left on ``directory``'s filesystem for an unprivileged writer."""
+    info = os.statvfs(directory)
+    return info.f_bavail * info.f_frsize

@@ -54,7 +54,7 @@ MUTANTS = (
     Mutant(
         "descendants-spared",
         "a cancel kills the whole tree, the processes that left the group included",
-        "supervisor/jobs/runner.py",
+        "supervisor/jobs/relay.py",
         "        return await worker.kill(grace, self.limits.tree(worker).descendants())\n",
         "        return await worker.kill(grace, ())\n",
         (

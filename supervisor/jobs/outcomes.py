@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from protocol import (
     TERMINAL,
@@ -16,6 +16,10 @@ from protocol import (
     UnknownMessage,
     VersionMismatch,
 )
+from supervisor.jobs.phases import StopReason
+
+if TYPE_CHECKING:
+    from supervisor.jobs.live import LiveJob
 
 # Signals the kernel sends a process for its own fault, as opposed to someone killing it.
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT, signal.SIGSYS})
@@ -111,3 +115,20 @@ def after_terminal(trailing: list[Message | FrameError]) -> Outcome:
         return failure("protocol_duplicate_terminal", "the worker sent a second terminal message", True)
     kinds = sorted({type(message).__name__ for message in trailing})
     return failure("protocol_message_after_terminal", f"the worker sent {', '.join(kinds)} after its result", True)
+
+
+def interrupted(job: LiveJob, proof: dict[str, Any]) -> Outcome:
+    """What a stop ends a job with; a supervisor stopping, or its timeout, is uncertain if the job had begun."""
+    launched = proof.get("launched", True)
+    if job.stop is StopReason.LIMIT and job.breach is not None:
+        return failure(job.breach.error_type, job.breach.message, True, **job.breach.proof, **proof)
+    if job.stop is StopReason.CANCEL:
+        data = {"status": "cancelled", "reason": job.cancel_reason, **proof}
+        return Outcome("cancelled", data, exit_status=proof.get("exit_status"))
+    if job.stop is StopReason.TIMEOUT and launched:
+        return failure("timeout", f"job exceeded timeout_ms={job.timeout_ms}", True, **proof)
+    if job.stop is StopReason.TIMEOUT:
+        return failure("timeout", f"no worker slot within timeout_ms={job.timeout_ms}", False)
+    if launched:
+        return failure("supervisor_stopped", "the supervisor stopped before the job finished", True, **proof)
+    return failure("supervisor_stopped", "the supervisor stopped before the job started", False, **proof)

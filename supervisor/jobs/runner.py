@@ -18,36 +18,26 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-import orjson
-
 from protocol import (
     READ_ONLY_OPERATIONS,
     WORKER_IDS,
-    Chunk,
-    Completed,
-    Failed,
-    Hello,
-    OverBudget,
-    Spent,
     Start,
-    Started,
 )
 from supervisor.config import PREFIX, Settings
 from supervisor.jobs.leftovers import remove_partial
 from supervisor.jobs.live import Budget, LiveJob
-from supervisor.jobs.outcomes import Outcome, after_terminal, exit_failure, failure, protocol_fault
+from supervisor.jobs.outcomes import Outcome, failure, interrupted
 from supervisor.jobs.phases import Phase, StopReason
 from supervisor.jobs.recorder import Recorder
+from supervisor.jobs.relay import Relay
 from supervisor.journal.records import Job
 from supervisor.metrics import Metrics
 from supervisor.processes.launcher import Launcher, LaunchError
-from supervisor.processes.limits import Breach, Limits
-from supervisor.processes.process import CONFIRM_SECONDS, StopEvidence, WorkerProcess
-from supervisor.redaction import redact, secrets_in
+from supervisor.processes.limits import Limits
+from supervisor.processes.process import CONFIRM_SECONDS
+from supervisor.redaction import secrets_in
 
 log = logging.getLogger("crew_supervisor.jobs")
-EXIT_WAIT_SECONDS = 2.0  # after its terminal frame a worker leaves at once; past this it is killed
-TRAILING_SECONDS = 0.5  # after a worker's exit its event pipe reaches EOF at once; a descendant may hold it
 T = TypeVar("T")
 
 
@@ -70,6 +60,7 @@ class Runner:
         self.limits = limits
         self.recorder = recorder
         self.metrics = metrics
+        self.relay = Relay(settings, limits, recorder, metrics)
         self.state = state
         self.live = live
         self.queue_closed = False  # draining: no queued job starts
@@ -164,7 +155,7 @@ class Runner:
         if acquired and job.stop is not None:  # a slot and a stop in the same instant: nothing has started yet
             self._slots.release()
         if not acquired or job.stop is not None:
-            return self._interruption(job, {"stop_confirmed": True, "launched": False})
+            return interrupted(job, {"stop_confirmed": True, "launched": False})
         try:
             job.move(Phase.LAUNCHING)
             return await self._spawn_and_supervise(job)
@@ -194,21 +185,21 @@ class Runner:
                     Start(job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms, env, cwd, *limits)
                 )
             job.move(Phase.RUNNING)
-            self.limits.watch(worker, lambda breach: self._breach(job, breach))
-            result = await self._unless_stopped(job, lambda: self._relay(job, worker))
+            self.limits.watch(worker, lambda breach: self.relay.breach(job, breach))
+            result = await self._unless_stopped(job, lambda: self.relay.run(job, worker))
             job.move(Phase.SETTLING)
             if result is None:
                 # A job over a limit gets no grace: it would spend it growing.
-                evidence = await self._kill(worker, 0 if job.stop is StopReason.LIMIT else self._grace)
-                return self._interruption(job, evidence.as_dict())
+                evidence = await self.relay.kill(worker, 0 if job.stop is StopReason.LIMIT else self._grace)
+                return interrupted(job, evidence.as_dict())
             if isinstance(result, Outcome):
                 return result
-            return await self._conclude(job, worker, result)
+            return await self.relay.conclude(job, worker, result)
         finally:
             if job.worker is not None:
                 self.limits.unwatch(job.worker)
                 if not job.worker.exited.done():
-                    await self._kill(job.worker)
+                    await self.relay.kill(job.worker)
                 self.limits.release(job.worker)
                 if job.operation == "train" and job.worker.exited.done():  # gone: nothing writes the file now
                     remove_partial(self.settings.training_dir, job.input["artifact_name"], job.action_id)
@@ -231,63 +222,6 @@ class Runner:
         # Done first, it stands, even with a stop asked in the same instant.
         return None if work.cancelled() else work.result()
 
-    async def _relay(self, job: LiveJob, worker: WorkerProcess) -> Completed | Failed | Outcome:
-        """Record the worker's frames until its terminal message, or fault it."""
-        hello = await worker.next_message()
-        if hello is None:
-            return await self._ended(worker)
-        if not isinstance(hello, Hello) or hello.pid != worker.pid:
-            return await self._fault(worker, *protocol_fault(hello, "hello"))
-        while True:
-            message = await worker.next_message()
-            if isinstance(message, Completed | Failed):
-                return message
-            if isinstance(message, Started):
-                self.limits.begin(worker)
-                self.metrics.start_latency.observe(asyncio.get_running_loop().time() - job.admitted)
-                started = {"status": "running", "operation": job.operation, "pid": worker.pid}
-                fault = await self.recorder.record(job, "started", started)
-            elif isinstance(message, Chunk):
-                fault = await self.recorder.record(job, "chunk", message.data)
-            elif isinstance(message, Spent):
-                self._spend(job, message)
-                continue
-            elif isinstance(message, OverBudget):  # it holds a call back, and waits: stopped as over its budget
-                if (breach := job.budget.breach(job.spent, held=message.limit)) is None:
-                    fault = "protocol_error", f"the worker held a call back for a limit it has not: {message.limit!r}"
-                else:
-                    self._breach(job, breach)
-                    continue
-            elif message is None:
-                return await self._ended(worker)
-            else:
-                fault = protocol_fault(message, "a job message")
-            if fault is not None:
-                return await self._fault(worker, *fault)
-
-    async def _conclude(self, job: LiveJob, worker: WorkerProcess, message: Completed | Failed) -> Outcome:
-        """The worker answered; it must also leave. Its exit status joins the proof."""
-        status = await worker.wait_exit(EXIT_WAIT_SECONDS)
-        proof: dict[str, Any] = {"exit_status": status}
-        strays = len(self.limits.tree(worker).leftovers()) if status is not None else 0
-        if status is None or strays:
-            proof = (await self._kill(worker)).as_dict()
-        if isinstance(message, Failed):  # its message may quote a key the crew was given, as a provider's does
-            text = redact(message.message, job.secrets)
-            return failure(message.reason, text, message.uncertain_outcome, error_type=message.error_type, **proof)
-        if strays:  # work escaped the worker: its result cannot be trusted to be all of it
-            return failure("stray_processes", f"the worker left {strays} process(es) running; killed", False, **proof)
-        trailing = await worker.trailing_messages(TRAILING_SECONDS)
-        if trailing:
-            return after_terminal(trailing)
-        # The client takes the completed event's data as the output: it must carry all of it, or the job
-        # fails as the reference's does. Never a completed event without its output.
-        size, bound = len(orjson.dumps(message.output)), self.settings.max_event_bytes
-        if size > bound:
-            message_text = f"an output of {size} bytes exceeds {PREFIX}MAX_EVENT_BYTES ({bound})"
-            return failure("event_too_large", message_text, True, output_bytes=size, limit_bytes=bound, **proof)
-        return Outcome("completed", message.output, message.output, exit_status=proof.get("exit_status"))
-
     async def _settle(self, job: LiveJob, outcome: Outcome) -> None:
         if job.phase is not Phase.SETTLING:  # it never ran: queued, or its launch failed
             job.move(Phase.SETTLING)  # nothing stops it now: its terminal event waits for the journal
@@ -295,77 +229,29 @@ class Runner:
             outcome.data["uncertain_outcome"] = False  # nothing it did can have changed the world
         await self.recorder.finish(job, outcome)
         evidence = outcome.data if outcome.event != "completed" else {}  # completed data is the output itself
-        log.info(
-            "job finished",
-            extra={
-                "action_id": job.action_id,
-                "crew_id": job.crew_id,
-                "operation": job.operation,
-                "outcome": outcome.event,
-                "error_type": evidence.get("error_type"),
-                "reason": evidence.get("reason"),
-                "duration_ms": round((asyncio.get_running_loop().time() - job.admitted) * 1000, 1),
-                "signal": evidence.get("signal"),  # set when the supervisor killed the worker
-                "tokens": job.spent.tokens,
-                "llm_calls": job.spent.llm_calls,
-            },
-        )
+        log.info("job finished", extra=_finished(job, outcome.event, evidence))
         job.move(Phase.SETTLED)
         self.metrics.finished.labels(job.operation, outcome.event).inc()
         if "signal" in evidence:  # the supervisor killed the worker: say why
             self.metrics.kills.labels(evidence.get("reason") or outcome.event).inc()
 
-    def _spend(self, job: LiveJob, spent: Spent) -> None:
-        """One LLM call's usage: the job's running totals and the supervisor's counters; over its budget, the
-        job is stopped as for any broken limit."""
-        counted = job.spent.add(spent)
-        self.metrics.llm_tokens.labels(job.crew_id, "prompt").inc(counted.prompt_tokens)
-        self.metrics.llm_tokens.labels(job.crew_id, "completion").inc(counted.completion_tokens)
-        self.metrics.llm_calls.labels(job.crew_id).inc(counted.requests)
-        if (breach := job.budget.breach(job.spent)) is not None:
-            self._breach(job, breach)
-
     # How a job is stopped ------------------------------------------------------------------------------
 
-    async def _kill(self, worker: WorkerProcess, grace: float = 0.0) -> StopEvidence:
-        """Kill the worker's group and the rest of its tree, as the limits know it right now."""
-        return await worker.kill(grace, self.limits.tree(worker).descendants())
 
-    async def _ended(self, worker: WorkerProcess) -> Outcome:
-        """The event pipe closed before a result: the worker died, or it closed the pipe and runs on."""
-        status = await worker.wait_exit(EXIT_WAIT_SECONDS)
-        if worker.exited.done():
-            breach = self.limits.oom_breach(worker)
-            if breach is not None:  # the kernel stopped it at its memory cap: the rest of its tree goes too
-                evidence = await self._kill(worker)
-                return failure(breach.error_type, breach.message, True, **breach.proof, **evidence.as_dict())
-            return exit_failure(status, worker.pid)
-        return await self._fault(worker, "frame_pipe_closed", "the worker closed its event pipe and kept running")
-
-    async def _fault(self, worker: WorkerProcess, reason: str, message: str) -> Outcome:
-        evidence = await self._kill(worker)
-        return failure(reason, message, True, **evidence.as_dict())
-
-    def _breach(self, job: LiveJob, breach: Breach) -> None:
-        """Stop a job over a limit the way a cancel does, unless it is already stopping or ending."""
-        if job.phase is Phase.RUNNING and job.ask_stop(StopReason.LIMIT):
-            job.breach = breach
-
-    def _interruption(self, job: LiveJob, proof: dict[str, Any]) -> Outcome:
-        """What a stop ends a job with; a supervisor stopping, or its timeout, is uncertain if the job had begun."""
-        launched = proof.get("launched", True)
-        if job.stop is StopReason.LIMIT and job.breach is not None:
-            return failure(job.breach.error_type, job.breach.message, True, **job.breach.proof, **proof)
-        if job.stop is StopReason.CANCEL:
-            data = {"status": "cancelled", "reason": job.cancel_reason, **proof}
-            return Outcome("cancelled", data, exit_status=proof.get("exit_status"))
-        if job.stop is StopReason.TIMEOUT and launched:
-            return failure("timeout", f"job exceeded timeout_ms={job.timeout_ms}", True, **proof)
-        if job.stop is StopReason.TIMEOUT:
-            return failure("timeout", f"no worker slot within timeout_ms={job.timeout_ms}", False)
-        if launched:
-            return failure("supervisor_stopped", "the supervisor stopped before the job finished", True, **proof)
-        return failure("supervisor_stopped", "the supervisor stopped before the job started", False, **proof)
+def _finished(job: LiveJob, event: str, evidence: dict[str, Any]) -> dict[str, Any]:
+    """What the log says of a job that ended: what it was, how it ended, how long it took and what it spent."""
+    return {
+        "action_id": job.action_id,
+        "crew_id": job.crew_id,
+        "operation": job.operation,
+        "outcome": event,
+        "error_type": evidence.get("error_type"),
+        "reason": evidence.get("reason"),
+        "duration_ms": round((asyncio.get_running_loop().time() - job.admitted) * 1000, 1),
+        "signal": evidence.get("signal"),  # set when the supervisor killed the worker
+        "tokens": job.spent.tokens,
+        "llm_calls": job.spent.llm_calls,
+    }
 
 
 ALWAYS_PASSED = ("PATH", "PYTHONPATH")  # what finds the interpreter's tools and the crews' code

@@ -1,0 +1,122 @@
+"""The relay: one worker's frames into its job's events, until its terminal message, and how the worker's end
+is read (an answer and an exit, a death, a fault); the kill that ends whatever it left."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+
+from protocol import Chunk, Completed, Failed, Hello, OverBudget, Spent, Started
+from supervisor.config import PREFIX, Settings
+from supervisor.jobs.live import LiveJob
+from supervisor.jobs.outcomes import Outcome, after_terminal, exit_failure, failure, protocol_fault
+from supervisor.jobs.phases import Phase, StopReason
+from supervisor.jobs.recorder import Recorder
+from supervisor.metrics import Metrics
+from supervisor.processes.limits import Breach, Limits
+from supervisor.processes.process import StopEvidence, WorkerProcess
+from supervisor.redaction import redact
+
+EXIT_WAIT_SECONDS = 2.0  # after its terminal frame a worker leaves at once; past this it is killed
+TRAILING_SECONDS = 0.5  # after a worker's exit its event pipe reaches EOF at once; a descendant may hold it
+
+
+class Relay:
+    def __init__(self, settings: Settings, limits: Limits, recorder: Recorder, metrics: Metrics) -> None:
+        self.settings = settings
+        self.limits = limits
+        self.recorder = recorder
+        self.metrics = metrics
+
+    async def run(self, job: LiveJob, worker: WorkerProcess) -> Completed | Failed | Outcome:
+        """Record the worker's frames until its terminal message, or fault it."""
+        hello = await worker.next_message()
+        if hello is None:
+            return await self._ended(worker)
+        if not isinstance(hello, Hello) or hello.pid != worker.pid:
+            return await self._fault(worker, *protocol_fault(hello, "hello"))
+        while True:
+            message = await worker.next_message()
+            if isinstance(message, Completed | Failed):
+                return message
+            if isinstance(message, Started):
+                self.limits.begin(worker)
+                self.metrics.start_latency.observe(asyncio.get_running_loop().time() - job.admitted)
+                started = {"status": "running", "operation": job.operation, "pid": worker.pid}
+                fault = await self.recorder.record(job, "started", started)
+            elif isinstance(message, Chunk):
+                fault = await self.recorder.record(job, "chunk", message.data)
+            elif isinstance(message, Spent):
+                self._spend(job, message)
+                continue
+            elif isinstance(message, OverBudget):  # it holds a call back, and waits: stopped as over its budget
+                if (breach := job.budget.breach(job.spent, held=message.limit)) is None:
+                    fault = "protocol_error", f"the worker held a call back for a limit it has not: {message.limit!r}"
+                else:
+                    self.breach(job, breach)
+                    continue
+            elif message is None:
+                return await self._ended(worker)
+            else:
+                fault = protocol_fault(message, "a job message")
+            if fault is not None:
+                return await self._fault(worker, *fault)
+
+    async def conclude(self, job: LiveJob, worker: WorkerProcess, message: Completed | Failed) -> Outcome:
+        """The worker answered; it must also leave. Its exit status joins the proof."""
+        status = await worker.wait_exit(EXIT_WAIT_SECONDS)
+        proof: dict[str, Any] = {"exit_status": status}
+        strays = len(self.limits.tree(worker).leftovers()) if status is not None else 0
+        if status is None or strays:
+            proof = (await self.kill(worker)).as_dict()
+        if isinstance(message, Failed):  # its message may quote a key the crew was given, as a provider's does
+            text = redact(message.message, job.secrets)
+            return failure(message.reason, text, message.uncertain_outcome, error_type=message.error_type, **proof)
+        if strays:  # work escaped the worker: its result cannot be trusted to be all of it
+            return failure("stray_processes", f"the worker left {strays} process(es) running; killed", False, **proof)
+        trailing = await worker.trailing_messages(TRAILING_SECONDS)
+        if trailing:
+            return after_terminal(trailing)
+        # The client takes the completed event's data as the output: it must carry all of it, or the job
+        # fails as the reference's does. Never a completed event without its output.
+        size, bound = len(orjson.dumps(message.output)), self.settings.max_event_bytes
+        if size > bound:
+            message_text = f"an output of {size} bytes exceeds {PREFIX}MAX_EVENT_BYTES ({bound})"
+            return failure("event_too_large", message_text, True, output_bytes=size, limit_bytes=bound, **proof)
+        return Outcome("completed", message.output, message.output, exit_status=proof.get("exit_status"))
+
+    def _spend(self, job: LiveJob, spent: Spent) -> None:
+        """One LLM call's usage: the job's running totals and the supervisor's counters; over its budget, the
+        job is stopped as for any broken limit."""
+        counted = job.spent.add(spent)
+        self.metrics.llm_tokens.labels(job.crew_id, "prompt").inc(counted.prompt_tokens)
+        self.metrics.llm_tokens.labels(job.crew_id, "completion").inc(counted.completion_tokens)
+        self.metrics.llm_calls.labels(job.crew_id).inc(counted.requests)
+        if (breach := job.budget.breach(job.spent)) is not None:
+            self.breach(job, breach)
+
+    async def kill(self, worker: WorkerProcess, grace: float = 0.0) -> StopEvidence:
+        """Kill the worker's group and the rest of its tree, as the limits know it right now."""
+        return await worker.kill(grace, self.limits.tree(worker).descendants())
+
+    async def _ended(self, worker: WorkerProcess) -> Outcome:
+        """The event pipe closed before a result: the worker died, or it closed the pipe and runs on."""
+        status = await worker.wait_exit(EXIT_WAIT_SECONDS)
+        if worker.exited.done():
+            breach = self.limits.oom_breach(worker)
+            if breach is not None:  # the kernel stopped it at its memory cap: the rest of its tree goes too
+                evidence = await self.kill(worker)
+                return failure(breach.error_type, breach.message, True, **breach.proof, **evidence.as_dict())
+            return exit_failure(status, worker.pid)
+        return await self._fault(worker, "frame_pipe_closed", "the worker closed its event pipe and kept running")
+
+    async def _fault(self, worker: WorkerProcess, reason: str, message: str) -> Outcome:
+        evidence = await self.kill(worker)
+        return failure(reason, message, True, **evidence.as_dict())
+
+    def breach(self, job: LiveJob, breach: Breach) -> None:
+        """Stop a job over a limit the way a cancel does, unless it is already stopping or ending."""
+        if job.phase is Phase.RUNNING and job.ask_stop(StopReason.LIMIT):
+            job.breach = breach

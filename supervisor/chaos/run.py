@@ -126,31 +126,8 @@ def _run(
     ) as progress:
         task = progress.add_task("chaos", total=args.iterations, jobs=0, violations=0)
         for _ in range(args.iterations):
-            # A local supervisor is SIGKILLed with requests in flight. Stopping it gracefully (no supervisor
-            # fault), or a deployment's command that both kills and restarts it, waits for the load to
-            # stop: jobs admitted after it would still run when the invariants are read.
-            crash = isinstance(target, Local) and "supervisor" in chosen
-            before: list[Seen] = []
-            with Load(target, rng, args.concurrency, record, acked, findings.violations, crews) as load:
-                _inject(target, rng, record, mid_run, load)
-                if crash and isinstance(target, Local):
-                    before, problem = target.kill(record)
-                    findings.add([problem] if problem else [])
-            for what, count in load.requests.items():
-                requests[what] = requests.get(what, 0) + count
-            if load.stuck:
+            if not _iteration(args, rng, chosen, target, mid_run, crews, record, findings, acked, requests):
                 break
-            try:
-                if isinstance(target, Local):
-                    before = before if crash else target.stop()
-                target.restart()
-            except (testing.StartError, RestartError) as exc:  # a restart refused is a finding too
-                findings.add([f"the supervisor did not restart: {str(exc).splitlines()[0]}"])
-                break
-            if isinstance(target, Deployment):
-                record.count("supervisor")  # confirmed: another instance answers
-            with target.client(timeout=30) as client:
-                check_restart(client, acked, before, _journal(target), record, findings)
             progress.update(task, advance=1, jobs=len(acked), violations=len(findings.violations))
             if not console.is_terminal:  # no bar in a log: a line per iteration instead
                 done = int(progress.tasks[0].completed)
@@ -175,6 +152,47 @@ def _run(
         "not_checked": [] if isinstance(target, Local) else list(OUT_OF_SIGHT),
         "violations": findings.violations,
     }
+
+
+def _iteration(
+    args: argparse.Namespace,
+    rng: random.Random,
+    chosen: list[str],
+    target: Local | Deployment,
+    mid_run: dict[str, Fault],
+    crews: Crews,
+    record: Record,
+    findings: Findings,
+    acked: dict[str, dict[str, Any]],
+    requests: dict[str, int],
+) -> bool:
+    """Load with faults, a stop or a crash, a restart, the invariants checked; False: the run cannot go on."""
+    # A local supervisor is SIGKILLed with requests in flight. Stopping it gracefully (no supervisor fault),
+    # or a deployment's command that both kills and restarts it, waits for the load to stop: jobs admitted
+    # after it would still run when the invariants are read.
+    crash = isinstance(target, Local) and "supervisor" in chosen
+    before: list[Seen] = []
+    with Load(target, rng, args.concurrency, record, acked, findings.violations, crews) as load:
+        _inject(target, rng, record, mid_run, load)
+        if crash and isinstance(target, Local):
+            before, problem = target.kill(record)
+            findings.add([problem] if problem else [])
+    for what, count in load.requests.items():
+        requests[what] = requests.get(what, 0) + count
+    if load.stuck:
+        return False
+    try:
+        if isinstance(target, Local):
+            before = before if crash else target.stop()
+        target.restart()
+    except (testing.StartError, RestartError) as exc:  # a restart refused is a finding too
+        findings.add([f"the supervisor did not restart: {str(exc).splitlines()[0]}"])
+        return False
+    if isinstance(target, Deployment):
+        record.count("supervisor")  # confirmed: another instance answers
+    with target.client(timeout=30) as client:
+        check_restart(client, acked, before, _journal(target), record, findings)
+    return True
 
 
 def _journal(target: Local | Deployment) -> Path | None:

@@ -7,6 +7,7 @@ command failed (said in one line on stderr), 3 the followed job failed, 4 it was
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import textwrap
@@ -45,6 +46,7 @@ def exit_status(*codes: tuple[int, str]) -> str:
 
 
 COULD_NOT = (EXIT_ERROR, "it could not do its work (refused, 401, 404, ...): one line says why")
+DONE = ((0, "done"), COULD_NOT)
 FOLLOWED = (
     COULD_NOT,
     (EXIT_FAILED, "the job failed"),
@@ -85,23 +87,35 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     common.add_argument("--token", help="bearer token (env AIP_CREWAI_BEARER_TOKEN)")
     common.add_argument("--token-file", help="file holding the bearer token (env AIP_CREWAI_BEARER_TOKEN_FILE)")
     common.add_argument("--json", action="store_true", help="machine-readable output")
+    command = functools.partial(_command, commands, common)
+    _add_reads(command)
+    _add_actions(command)
 
-    def command(
-        name: str, handler: Any, help: str, description: str, codes: tuple[tuple[int, str], ...]
-    ) -> argparse.ArgumentParser:
-        parser = commands.add_parser(
-            name,
-            parents=[common],
-            help=help,
-            description=description,
-            epilog=exit_status(*codes),
-            formatter_class=argparse.RawDescriptionHelpFormatter,  # the texts above are laid out by hand
-        )
-        parser.set_defaults(handler=handler)
-        return parser
 
-    done = ((0, "done"), COULD_NOT)
-    jobs = command("jobs", list_jobs, "list jobs, newest first", JOBS, done)
+def _command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: argparse.ArgumentParser,
+    name: str,
+    handler: Any,
+    help: str,
+    description: str,
+    codes: tuple[tuple[int, str], ...],
+) -> argparse.ArgumentParser:
+    parser = commands.add_parser(
+        name,
+        parents=[common],
+        help=help,
+        description=description,
+        epilog=exit_status(*codes),
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the texts above are laid out by hand
+    )
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def _add_reads(command: Callable[..., argparse.ArgumentParser]) -> None:
+    """The commands that only look: jobs, show, events, output, top."""
+    jobs = command("jobs", list_jobs, "list jobs, newest first", JOBS, DONE)
     jobs.add_argument(
         "--status",
         choices=PHASES + OUTCOMES,
@@ -111,7 +125,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     jobs.add_argument("--operation", choices=OPERATIONS, help="only this operation")
     jobs.add_argument("--limit", type=int, default=50, help="jobs per page (1-500)")
     jobs.add_argument("--cursor", help="the next_cursor of a previous page")
-    show_parser = command("show", show, "one job's record and terminal event", SHOW, done)
+    show_parser = command("show", show, "one job's record and terminal event", SHOW, DONE)
     show_parser.add_argument("action_id", help="the job's action id")
     events = command(
         "events",
@@ -122,10 +136,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     events.add_argument("action_id", help="the job's action id")
     events.add_argument("--follow", "-f", action="store_true", help="stream live, resuming after a dropped link")
-    cancel_parser = command("cancel", cancel, "kill a job's worker and wait until it is confirmed gone", CANCEL, done)
-    cancel_parser.add_argument("action_id", help="the job's action id")
-    cancel_parser.add_argument("--reason", help="recorded in the cancelled event")
-    output_parser = command("output", output, "what a job's worker wrote to stdout and stderr", OUTPUT, done)
+    output_parser = command("output", output, "what a job's worker wrote to stdout and stderr", OUTPUT, DONE)
     output_parser.add_argument("action_id", help="the job's action id")
     output_parser.add_argument("--stream", choices=("stdout", "stderr"), help="only this one (default: both)")
     top_parser = command(
@@ -137,6 +148,13 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     top_parser.add_argument("--once", action="store_true", help="print one frame and exit")
     top_parser.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+
+
+def _add_actions(command: Callable[..., argparse.ArgumentParser]) -> None:
+    """The commands that act: cancel, run."""
+    cancel_parser = command("cancel", cancel, "kill a job's worker and wait until it is confirmed gone", CANCEL, DONE)
+    cancel_parser.add_argument("action_id", help="the job's action id")
+    cancel_parser.add_argument("--reason", help="recorded in the cancelled event")
     run_parser = command("run", run, "start a job and follow it to its end", RUN, ((0, "the job completed"), *FOLLOWED))
     run_parser.add_argument("crew_id", help="the crew to run: its id in the supervisor's registry")
     run_parser.add_argument(

@@ -112,3 +112,19 @@ def test_the_worker_imports_crewai_only_once_its_environment_is_set() -> None:
     probe = "import sys, worker.__main__, worker.job, worker.forkserver; print('crewai' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stdout + done.stderr
+
+
+MAX_CLASS_LINES = 200  # a class past this holds two concerns (issue 28)
+MAX_FUNCTION_LINES = 60
+
+
+def test_no_class_or_function_in_the_supervisor_outgrows_one_concern() -> None:
+    too_long = []
+    for path in sorted((ROOT / "supervisor").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            bound = MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else MAX_FUNCTION_LINES
+            if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > bound:
+                    too_long.append(f"{path.relative_to(ROOT)}: {node.name} has {lines} lines (at most {bound})")
+    assert not too_long, "\n".join(too_long)

@@ -94,7 +94,6 @@ class ForkServerLauncher:
 
     def start(self) -> None:
         if self._server is not None:
-            self._server.attach()
             self._refill()
 
     async def spawn(self, env: Mapping[str, str], cwd: str) -> WorkerProcess:
@@ -198,7 +197,6 @@ class ForkServerLauncher:
         except LaunchError as exc:
             log.error("fork server did not restart: %s", exc)
             return
-        self._server.attach()
         self.restarts += 1
         log.warning("fork server restarted (pid %d)", self._server.pid)
         self._refill()
@@ -219,7 +217,6 @@ class _ForkServer:
     channel: socket.socket
     registry: Registry
     alive: bool = True
-    _attached: bool = False
     _lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     _pending: asyncio.Future[int] | None = None  # the reply to the fork in flight: the new worker's pid
     _exited: asyncio.Future[int | None] | None = None  # its own exit, watched once it is stopped
@@ -261,10 +258,11 @@ class _ForkServer:
             if failed is not None and failed.reason == WARMUP_FAILED:
                 raise _Refused(failed.message)
             raise LaunchError(failed.message if failed is not None else "it exited")
-        return cls(reaper, pid, ours, answer[0])
+        server = cls(reaper, pid, ours, answer[0])
+        asyncio.get_running_loop().add_reader(ours.fileno(), server._on_readable)  # its replies, and its death
+        return server
 
     async def fork(self, env: Mapping[str, str], cwd: str, prefault: bool) -> WorkerProcess:
-        self.attach()
         async with self._lock:  # one request in flight: replies come in order
             if not self.alive:
                 raise _Unavailable("it exited")
@@ -306,12 +304,6 @@ class _ForkServer:
             raise LaunchError(f"forked worker {pid} died at once") from exc
         return WorkerProcess(pid, ours, self.reaper, self.reaper.watch(pid), "forkserver")
 
-    def attach(self) -> None:
-        """Listen for replies on the serving loop (startup ran on another loop)."""
-        if not self._attached:
-            self._attached = True
-            asyncio.get_running_loop().add_reader(self.channel.fileno(), self._on_readable)
-
     def _on_readable(self) -> None:
         while self.alive:
             try:
@@ -343,9 +335,8 @@ class _ForkServer:
         if not self.alive:
             return
         self.alive = False
-        if self._attached:
-            with contextlib.suppress(Exception):
-                asyncio.get_running_loop().remove_reader(self.channel.fileno())
+        with contextlib.suppress(Exception):
+            asyncio.get_running_loop().remove_reader(self.channel.fileno())
         if self._pending is not None and not self._pending.done():
             self._pending.set_exception(_Unavailable("the fork server exited"))
         self.channel.close()

@@ -109,6 +109,7 @@ class _DrainingServer(uvicorn.Server):
         self.ephemeral = ephemeral
         self.unready: str | None = None  # why the supervisor could not open: nothing listened
         self._sup: Supervisor | None = None
+        self._opening: asyncio.Task[None] | None = None  # the start-up, while the supervisor opens
         self._signalled: asyncio.Event | None = None
         self._skip_drain: asyncio.Event | None = None
 
@@ -116,12 +117,20 @@ class _DrainingServer(uvicorn.Server):
         with self.capture_signals():
             async with contextlib.AsyncExitStack() as stack:
                 stack.callback(_remove, self.ephemeral)  # last: after the journal's close
+                self._opening = asyncio.current_task()
                 try:
                     opening = Supervisor.open(self.settings, self.journal, functools.partial(_launcher, self.settings))
                     self._sup = await stack.enter_async_context(opening)
                 except (JournalError, LaunchError, OSError) as exc:
                     self.unready = str(exc)
                     return
+                except asyncio.CancelledError:
+                    if not self.should_exit:
+                        raise
+                    self._opening.uncancel()  # a signal during start-up: what was opened is closed, then it ends us
+                    return
+                finally:
+                    self._opening = None
                 log.info(
                     "serving crews %s on %s:%d with launcher %s",
                     ", ".join(self._sup.crews),
@@ -151,10 +160,10 @@ class _DrainingServer(uvicorn.Server):
             signal.raise_signal(captured)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        """Called on the loop (``capture_signals``), so it may log. The first signal starts the drain; a
-        later one, SIGTERM or SIGINT alike, ends its wait. Unlike uvicorn's, a second SIGINT does not force
-        the exit: the stop after the drain is bounded anyway, and done in order the streams still get their
-        jobs' terminal events before the connections close."""
+        """Called on the loop (``capture_signals``), so it may log. The first signal starts the drain (during
+        start-up, it ends the start-up at once); a later one, SIGTERM or SIGINT alike, ends its wait. Unlike
+        uvicorn's, a second SIGINT does not force the exit: the stop after the drain is bounded anyway, and done
+        in order the streams still get their jobs' terminal events before the connections close."""
         name = signal.Signals(sig).name
         if self.should_exit:
             log.warning("received %s again: the drain's wait ends", name, extra={"signal": name})
@@ -164,6 +173,8 @@ class _DrainingServer(uvicorn.Server):
             log.warning("received %s: draining", name, extra={"signal": name})
         self._captured_signals.append(sig)  # re-raised at exit, as uvicorn does
         self.should_exit = True
+        if self._opening is not None:  # nothing serves yet: the start-up ends now, not after the crews' import
+            self._opening.cancel()
         if self._signalled is not None:
             self._signalled.set()
 

@@ -1,4 +1,4 @@
-"""The HTTP app: bearer middleware, the routers (contract, operator, metrics; the console's when on), the lifespan."""
+"""The HTTP app: bearer middleware, the routers (contract, operator, metrics; the console's when on)."""
 
 from __future__ import annotations
 

@@ -235,8 +235,6 @@ class Runner:
         if "signal" in evidence:  # the supervisor killed the worker: say why
             self.metrics.kills.labels(evidence.get("reason") or outcome.event).inc()
 
-    # How a job is stopped ------------------------------------------------------------------------------
-
 
 def _finished(job: LiveJob, event: str, evidence: dict[str, Any]) -> dict[str, Any]:
     """What the log says of a job that ended: what it was, how it ended, how long it took and what it spent."""

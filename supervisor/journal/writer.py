@@ -60,7 +60,7 @@ class JournalBusy(JournalError):
 
 class Written(Generic[T]):
     """A write handed to the writer thread: ``await`` it on an event loop, or ``wait()`` for it on a
-    thread that may block (start-up, tests). It is written whether or not anybody waits for it."""
+    thread that may block. It is written whether or not anybody waits for it."""
 
     def __init__(self, future: concurrent.futures.Future[T]) -> None:
         self.future = future
@@ -89,6 +89,7 @@ class _Event(NamedTuple):
     event: str
     data: bytes  # compact JSON
     ends: concurrent.futures.Future[None] | None
+    at: float  # monotonic, when it was appended: its group is due GROUP_SECONDS after its first event's
 
 
 class Writer:
@@ -139,7 +140,7 @@ class Writer:
         if self._closed:
             raise JournalError("journal is closed")
         ends: concurrent.futures.Future[None] | None = _running() if ends_group else None
-        self._put(_Event(action_id, event, data, ends))
+        self._put(_Event(action_id, event, data, ends, time.monotonic()))
         return ends
 
     def stop_waiting(self, grace: float) -> None:
@@ -259,9 +260,10 @@ class Writer:
             return []
         self._commit_seconds(time.monotonic() - started)
         self._waits.committed()
-        _resolve(results, failures)
+        # Followers are woken before any waiter resumes: a write awaited has had its readers told.
         if touched := frozenset().union(*(write.touched for write, _ in results)):
             self._on_commit(touched)
+        _resolve(results, failures)
         return []
 
     def _disk_full(
@@ -292,7 +294,7 @@ class _Group:
 
     def add(self, event: _Event) -> None:
         if not self._events:
-            self.due = time.monotonic() + GROUP_SECONDS
+            self.due = event.at + GROUP_SECONDS
         self._events.append((event.action_id, event.event, event.data))
 
     def write_into(self, pending: list[_Write], future: concurrent.futures.Future[None] | None = None) -> None:

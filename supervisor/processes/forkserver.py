@@ -243,6 +243,11 @@ class _ForkServer:
             async with asyncio.timeout(DESCRIBE_SECONDS):
                 data = await asyncio.get_running_loop().sock_recv(ours, MAX_FRAME_BYTES)
             answer = MessageReader().feed(data)
+        except asyncio.CancelledError:  # the supervisor stops during start-up: no import is worth waiting for
+            ours.close()
+            os.kill(pid, signal.SIGKILL)  # not yet reaped, so the pid is still its own
+            await reaper.watch(pid)
+            raise
         except (TimeoutError, FrameError, OSError) as exc:
             answer = [
                 Failed(

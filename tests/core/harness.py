@@ -144,14 +144,13 @@ async def core(tmp: Path, budgets: dict[str, Any] | None = None, **overrides: st
     prepare_directory(state)
     prepare_places(state, WORKER_PLACES)
     chosen = settings(state / "journal.db", **overrides)
-    launchers: list[ScriptedLauncher] = []
 
     def launcher_for(reaper: Reaper, limits: Limits) -> ScriptedLauncher:
-        launchers.append(ScriptedLauncher(reaper, budgets or {}))
-        return launchers[0]
+        return ScriptedLauncher(reaper, budgets or {})
 
     async with Supervisor.open(chosen, state / "journal.db", launcher_for) as sup:
-        yield Core(sup, launchers[0], sup.journal)
+        assert isinstance(sup.launcher, ScriptedLauncher)
+        yield Core(sup, sup.launcher, sup.journal)
 
 
 def in_loop(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.conftest import gone
-from tests.core.harness import core, identity, in_loop
+from tests.core.harness import DEADLINE, core, identity, in_loop
 
 
 @in_loop
@@ -94,3 +94,23 @@ async def test_too_many_events_fail_the_job_and_keep_the_last_slot_for_its_termi
         event, data = await it.settled()
         assert event == "failed" and data["reason"] == "event_limit_exceeded"
         assert len(it.events()) == 4  # started, two chunks, the terminal
+
+
+@in_loop
+async def test_a_follower_is_woken_by_each_commit_not_by_its_heartbeat(tmp_path: Path) -> None:
+    """The journal's writer thread tells the loop which jobs have new events; a follower waiting on a job that
+    gets one reads it then. Without that wake-up it would wait for its heartbeat, which here is the test's
+    whole deadline."""
+    go = tmp_path / "go"
+    async with core(tmp_path) as it:
+        await it.start(["started", "await-go", "chunk", "hang"], go=str(go), timeout_ms=int(2 * DEADLINE * 1000))
+        await it.running()
+        names: list[str] = []
+        async for batch in it.sup.recorder.follow("job", 0, heartbeat=DEADLINE):
+            assert batch is not None, "the follower waited for its heartbeat: no commit woke it"
+            names += [event.event for event in batch]
+            if names == ["started"]:
+                go.touch()  # the chunk comes once the follower has read `started` and waits, then nothing more
+            elif names == ["started", "chunk"]:
+                await it.cancel()
+        assert names == ["started", "chunk", "cancelled"]

@@ -153,10 +153,12 @@ async def test_a_drain_fails_the_queued_certain_and_lets_the_running_finish(tmp_
         await it.running("running")
         skip = asyncio.Event()
         stopping = asyncio.ensure_future(it.sup.stop(60, skip))
-        event, data = await it.settled("queued")
-        assert event == "failed" and data["reason"] == "supervisor_stopped" and data["uncertain_outcome"] is False
-        assert "running" in it.sup.live and not stopping.done()  # a drain kills nothing while it waits
-        skip.set()  # a second signal: the wait ends, and what still runs is killed
+        try:
+            event, data = await it.settled("queued")
+            assert event == "failed" and data["reason"] == "supervisor_stopped" and data["uncertain_outcome"] is False
+            assert "running" in it.sup.live and not stopping.done()  # a drain kills nothing while it waits
+        finally:
+            skip.set()  # a second signal: the wait ends, and what still runs is killed
         await stopping
         event, data = await it.settled("running")
         assert event == "failed" and data["reason"] == "supervisor_stopped"

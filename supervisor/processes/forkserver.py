@@ -128,9 +128,8 @@ class ForkServerLauncher:
             await self._server.stop()
 
     async def _start(self) -> _ForkServer:
-        server = await _ForkServer.spawn(self.fallback.reaper, self.fallback.argv, self._env, self._cwd)
-        server.on_death = self._replace  # replace it as soon as it is seen dead, not at the next job
-        return server
+        # Replaced as soon as it is seen dead, not at the next job.
+        return await _ForkServer.spawn(self.fallback.reaper, self.fallback.argv, self._env, self._cwd, self._replace)
 
     def _replace(self) -> None:
         if self._stopping:
@@ -216,14 +215,16 @@ class _ForkServer:
     pid: int
     channel: socket.socket
     registry: Registry
+    on_death: Callable[[], None]  # it was seen dead: called once, on the loop
     alive: bool = True
     _lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
     _pending: asyncio.Future[int] | None = None  # the reply to the fork in flight: the new worker's pid
     _exited: asyncio.Future[int | None] | None = None  # its own exit, watched once it is stopped
-    on_death: Callable[[], None] = lambda: None
 
     @classmethod
-    async def spawn(cls, reaper: Reaper, argv: list[str], env: Mapping[str, str], cwd: str) -> _ForkServer:
+    async def spawn(
+        cls, reaper: Reaper, argv: list[str], env: Mapping[str, str], cwd: str, on_death: Callable[[], None]
+    ) -> _ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         command = [*argv, "forkserver", "--parent-pid", str(os.getpid()), "--cwd", cwd]
@@ -263,7 +264,7 @@ class _ForkServer:
             if failed is not None and failed.reason == WARMUP_FAILED:
                 raise _Refused(failed.message)
             raise LaunchError(failed.message if failed is not None else "it exited")
-        server = cls(reaper, pid, ours, answer[0])
+        server = cls(reaper, pid, ours, answer[0], on_death)
         asyncio.get_running_loop().add_reader(ours.fileno(), server._on_readable)  # its replies, and its death
         return server
 

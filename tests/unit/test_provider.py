@@ -135,7 +135,8 @@ def test_a_failing_call_answers_its_status_with_an_openai_error(provider: Provid
 def test_a_slow_call_answers_no_sooner_than_its_delay(provider: Provider) -> None:
     answer = post(provider, "slow-300+fail-500")  # directives join with +
     assert answer.status_code == 500
-    (call,) = provider.calls
+    # Recorded once the answer is written, so a moment after the client has read it: waited for, not assumed.
+    (call,) = provider.wait(lambda calls: len(calls) == 1 and calls[0].answered is not None, 30)
     assert call.answered is not None and call.answered - call.started >= 0.3
 
 

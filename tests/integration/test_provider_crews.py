@@ -90,7 +90,8 @@ def test_a_job_streams_the_provider_s_answer(llm_server: Server, provider: Provi
     assert [e["event"] for e in events][:1] == ["started"] and events[-1]["event"] == "completed"
     output = events[-1]["data"]
     assert output["raw"].startswith("the provider reports finding ")
-    calls = calls_after(provider, before)
+    # The provider records an answer's time after writing it: waited for, so a fast job cannot outrun the record.
+    calls = provider.wait(lambda calls: all(call.answered for call in calls[before:]), 30)[before:]
     assert len(calls) == 2 and all(call.stream and call.answered for call in calls)  # a run streams: two tasks
     text = "".join(e["data"]["content"] for e in events if e["event"] == "chunk")
     assert output["raw"] in text and "Final Answer:" in text  # the provider's words, as CrewAI streamed them
@@ -129,7 +130,8 @@ def test_a_timeout_while_the_provider_holds_the_call_closes_its_connection(
     terminal = events[-1]
     assert terminal["event"] == "failed" and terminal["data"]["reason"] == "timeout"
     assert terminal["data"]["stop_confirmed"] is True
-    (call,) = calls_after(provider, before)
+    # The provider sees the connection close on its own thread, a moment after the kill: waited for.
+    (call,) = provider.wait(lambda calls: all(call.hung_up for call in calls[before:]), 30)[before:]
     assert call.hung_up is not None and call.answered is None
     assert call.hung_up - call.started < 3.0 + 30  # closed by the kill, not left open
     assert gone(terminal["data"]["pid"])

@@ -19,7 +19,7 @@ from supervisor.http.routing import StrictJSONRoute, Sup
 from supervisor.jobs.supervisor import Supervisor
 from supervisor.journal.records import Job, StoredEvent
 from supervisor.journal.store import JournalError
-from supervisor.journal.writer import JournalBusy
+from supervisor.journal.waits import JournalBusy
 from supervisor.models import CancelRequest, StartRequest, path_id_problem
 
 # A JSON page of events: at most this many, and this many bytes of their data (each event's ``data`` as

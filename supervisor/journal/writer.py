@@ -45,17 +45,13 @@ from collections.abc import Callable, Generator
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from supervisor.journal.schema import JournalError
+from supervisor.journal.waits import Waits
 
 log = logging.getLogger("crew_supervisor.journal")
 T = TypeVar("T")
 BUSY_TIMEOUT_MS = 50  # one wait for the lock inside SQLite, after which the thread looks at deadlines again
 FULL_RETRY_SECONDS = 0.25  # a full disk is tried again this often (new writes are taken in meanwhile)
-LOG_EVERY_SECONDS = 5.0
 GROUP_SECONDS = 0.05  # how long an event may wait in its group before readers can see it
-
-
-class JournalBusy(JournalError):
-    """Another process held the journal's write lock for longer than the write could wait."""
 
 
 class Written(Generic[T]):
@@ -109,7 +105,7 @@ class Writer:
         self._urgent = threading.Event()  # set with whatever must not wait for the group's time
         self._closed = False
         self._grace = 0.0
-        self._waits = _Waits(os.path.dirname(db.execute("PRAGMA database_list").fetchone()[2]))
+        self._waits = Waits(os.path.dirname(db.execute("PRAGMA database_list").fetchone()[2]))
         self._thread = threading.Thread(target=self._run, name="journal-writer", daemon=True)
         self._thread.start()
 
@@ -306,94 +302,6 @@ class _Group:
         future.add_done_callback(_log_failed_group)
         touched = frozenset(action_id for action_id, _, _ in events)
         pending.append(_Write(functools.partial(_insert_group, events), None, True, math.inf, future, touched))
-
-
-class _Waits:
-    """Writes waiting for another process's lock or for disk space: which give up when, and the wait logged."""
-
-    def __init__(self, directory: str) -> None:
-        self.directory = directory  # the journal's: where space is looked for
-        self.close_at = math.inf  # set once the close is taken in: then every wait ends after its grace
-        self.stop_at = math.inf  # set by ``Writer.stop_waiting``
-        self.busy_since: float | None = None
-        self.full_since: float | None = None
-        self._logged = 0.0  # when the current wait was last logged
-
-    @property
-    def closing(self) -> bool:
-        return self.close_at < math.inf
-
-    def _over(self, now: float) -> bool:
-        return now >= min(self.close_at, self.stop_at)
-
-    def busy(self, pending: list[_Write]) -> list[_Write]:
-        """The lock is held: fail the writes whose patience ran out; the others wait on, and the wait is logged."""
-        now = time.monotonic()
-        waiting = []
-        for write in pending:
-            if now >= write.deadline or self._over(now):
-                write.future.set_exception(JournalBusy("the journal's write lock is held by another process"))
-            else:
-                waiting.append(write)
-        if not waiting:
-            self.busy_since = None
-        elif self.busy_since is None:
-            self.busy_since = self._logged = now
-        elif now - self._logged >= LOG_EVERY_SECONDS:
-            self._logged = now
-            log.warning(
-                "journal write lock held by another process for %.1f s; %d write(s) waiting",
-                now - self.busy_since,
-                len(waiting),
-            )
-        return waiting
-
-    def lock_taken(self) -> None:
-        if self.busy_since is not None:
-            log.warning("journal write lock free again after %.1f s", time.monotonic() - self.busy_since)
-            self.busy_since = None
-
-    def full(self, pending: list[_Write], exc: sqlite3.Error) -> list[_Write]:
-        """The disk is full: fail the writes with a deadline (and all once past the close's grace), keep the
-        rest, each in its smaller form if it has one, to try again once space may have been freed."""
-        now = time.monotonic()
-        error = JournalError(f"journal write failed: {exc}")
-        waiting = []
-        for write in pending:
-            if write.deadline < math.inf or self._over(now):
-                write.future.set_exception(error)
-                continue
-            if write.fallback is not None:
-                write.apply, write.fallback = write.fallback, None
-            waiting.append(write)
-        if self.full_since is None:
-            self.full_since = self._logged = now
-            log.error("journal disk full (%s); %d write(s) wait for space", exc, len(waiting))
-        elif now - self._logged >= LOG_EVERY_SECONDS:
-            self._logged = now
-            log.error("journal disk full for %.1f s; %d write(s) wait for space", now - self.full_since, len(waiting))
-        return waiting
-
-    def out_of_disk(self, db: sqlite3.Connection, exc: Exception) -> bool:
-        """``SQLITE_FULL`` from the disk, not from the journal's own ceiling (``max_page_count``): the disk
-        has less room than the pages SQLite would still allow."""
-        # ENOSPC surfaces as SQLITE_FULL, or as an I/O error where the kernel reports it late (at fsync,
-        # growing the shared-memory file): either counts when the disk is what lacks room.
-        if getattr(exc, "sqlite_errorcode", 0) & 0xFF not in (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR):
-            return False
-        try:
-            (count,), (ceiling,), (size,) = (
-                db.execute(f"PRAGMA {name}").fetchone() for name in ("page_count", "max_page_count", "page_size")
-            )
-            disk = os.statvfs(self.directory)
-        except (OSError, sqlite3.Error):  # cannot tell: fail the writes as any other error would
-            return False
-        return disk.f_bavail * disk.f_frsize < (ceiling - count) * size
-
-    def committed(self) -> None:
-        if self.full_since is not None:
-            log.warning("journal disk writable again after %.1f s", time.monotonic() - self.full_since)
-            self.full_since = None
 
 
 class _RolledBack(Exception):

@@ -20,7 +20,8 @@ from supervisor.journal import store, writer
 from supervisor.journal.records import Event, Job, Streams
 from supervisor.journal.statefiles import JournalLocked, prepare_directory
 from supervisor.journal.store import REFUSE_AFTER_SECONDS, Journal, JournalError
-from supervisor.journal.writer import JournalBusy, Written
+from supervisor.journal.waits import JournalBusy
+from supervisor.journal.writer import Written
 from tests.conftest import ROOT, wait_until
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import httpx
 import psutil
-import pytest
 
 from tests.conftest import Server, gone, gone_for_good, ours, sse_events, start_body, start_server, wait_until
 
@@ -28,26 +27,6 @@ def alive_and_restarts(client: httpx.Client) -> tuple[bool, int]:
     return health["alive"], health["restarts"]
 
 
-def test_killing_the_fork_server_falls_back_to_spawning_and_it_comes_back(tmp_path: Path) -> None:
-    server = start_server(tmp_path / "state", env={"AIP_CREWAI_LAUNCHER": "forkserver"})
-    try:
-        with server.client() as client:
-            assert alive_and_restarts(client) == (True, 0)
-            first = fork_server_of(server)
-            assert client.post("/jobs", json=start_body("demo", "warm-1"), headers=KEY).status_code == 200
-            first.send_signal(signal.SIGKILL)
-            # Admitted while it is dead: on an idle worker it forked, or spawned cold; done all the same.
-            assert client.post("/jobs", json=start_body("demo", "cold-1"), headers=KEY).status_code == 200
-            assert wait_until(lambda: alive_and_restarts(client) == (True, 1), timeout=60)
-            second = fork_server_of(server)
-            assert second.pid != first.pid and gone(first.pid)
-            assert client.post("/jobs", json=start_body("demo", "warm-2"), headers=KEY).status_code == 200
-            started = client.get("/jobs/warm-2/events").json()["events"][0]["data"]["pid"]
-            assert gone(started)  # the warm worker came from the new fork server and is gone after its job
-    finally:
-        server.stop()
-
-
 def test_a_fork_server_with_a_second_thread_refuses_and_jobs_still_run(tmp_path: Path) -> None:
     env = {"AIP_CREWAI_LAUNCHER": "forkserver", "AIP_CREWAI_REGISTRY": "tests.threaded_crews:registry"}
     server = start_server(tmp_path / "state", env=env)
@@ -55,44 +34,24 @@ def test_a_fork_server_with_a_second_thread_refuses_and_jobs_still_run(tmp_path:
         with server.client() as client:
             response = client.post("/jobs", json=start_body("demo", "threaded-1"), headers=KEY)
             assert response.status_code == 200  # spawned cold instead
+            assert 'crew_supervisor_worker_starts_total{launcher="spawn"} 1.0' in client.get("/metrics").text
             # Warming finds the thread before any fork: the fork server refuses to start.
             assert "import-time thread" in client.get("/health").json()["forkserver"]["refused"]
     finally:
         server.stop()
 
 
-def test_supervisor_death_takes_the_fork_server_and_its_workers(tmp_path: Path) -> None:
-    server = start_server(tmp_path / "state", env={"AIP_CREWAI_LAUNCHER": "forkserver"})
-    with (
-        server.client() as client,
-        client.stream("POST", "/jobs/stream", json=start_body("demo-slow", "chain-1"), headers=KEY) as response,
-    ):
-        for line in response.iter_lines():
-            if line.startswith("event: chunk"):
-                break
-        tree = psutil.Process(server.process.pid).children(recursive=True)
-    assert len(tree) >= 2  # the fork server and the job's worker
-    server.kill()
-    assert wait_until(lambda: all(gone(p.pid, p.create_time()) for p in tree), timeout=10)
-
-
-@pytest.mark.parametrize(
-    ("mode", "says"),
-    [("renamed", "its event bus has no _loop_thread"), ("stuck", "threads still running after warm-up: never-ending")],
-)
-def test_a_fork_server_that_cannot_warm_refuses_in_one_line_and_jobs_run_cold(
-    tmp_path: Path, mode: str, says: str
-) -> None:
+def test_a_fork_server_that_cannot_warm_refuses_in_one_line(tmp_path: Path) -> None:
+    """And does not come back; jobs then start cold (the test above runs one). A thread left running by the
+    warm-up is refused too: the doctor's warm-up check shows it (tests/integration/test_doctor.py)."""
     env = {"AIP_CREWAI_LAUNCHER": "forkserver", "AIP_CREWAI_REGISTRY": "tests.unwarmable_crews:registry"}
-    server = start_server(tmp_path / "state", env={**env, "UNWARMABLE": mode})
+    server = start_server(tmp_path / "state", env={**env, "UNWARMABLE": "renamed"})
+    says = "its event bus has no _loop_thread"
     try:
         with server.client() as client:
             health = client.get("/health").json()["forkserver"]
             assert health["alive"] is False and says in health["refused"]
             assert server.forkserver() is None  # it left; no restart is attempted
-            response = client.post("/jobs", json=start_body("demo", "cold-1"), headers=KEY)
-            assert response.status_code == 200  # spawned cold instead
-            assert 'crew_supervisor_worker_starts_total{launcher="spawn"} 1.0' in client.get("/metrics").text
         refusals = [line for line in server.log.read_text().splitlines() if "refused to start" in line]
         assert len(refusals) == 1 and says in refusals[0]
     finally:
@@ -177,18 +136,30 @@ def test_running_jobs_and_idle_workers_outlive_the_fork_server(tmp_path: Path) -
             meanwhile_pid = client.get("/jobs/meanwhile/events").json()["events"][0]["data"]["pid"]
             assert meanwhile_pid in {p.pid for p in idle} - {running}
             assert wait_until(lambda: alive_and_restarts(client) == (True, 1), timeout=60)
+            second = fork_server_of(server)
+            assert second.pid != first.pid and gone(first.pid)
             assert wait_until(lambda: client.get("/health").json()["forkserver"]["idle_workers"] == 2, timeout=30)
+            # The pool is the new fork server's: a job now runs on one of its workers, which is gone after.
+            assert client.post("/jobs", json=start_body("demo", "after"), headers=KEY).status_code == 200
+            assert gone(client.get("/jobs/after/events").json()["events"][0]["data"]["pid"])
     finally:
         server.stop()
     # Stopped, the supervisor killed the idle workers and released their limits: their cgroups are gone.
     assert all(c is None or not c.exists() for c in cgroups)
 
 
-def test_idle_workers_die_with_the_supervisor(tmp_path: Path) -> None:
+def test_supervisor_death_takes_the_fork_server_its_idle_workers_and_the_running_job(tmp_path: Path) -> None:
     server = start_server(tmp_path / "state", env={"AIP_CREWAI_LAUNCHER": "forkserver", "AIP_CREWAI_PREFORK": "2"})
     with server.client() as client:
         assert wait_until(lambda: client.get("/health").json()["forkserver"]["idle_workers"] == 2, timeout=30)
-    tree = server.processes()
-    assert len(tree) == 3  # the fork server and two idle workers
+        with client.stream(
+            "POST", "/jobs/stream", json=start_body("demo-slow", "chain-1", input={"seconds": 60}), headers=KEY
+        ) as response:
+            events = sse_events(response)
+            job = next(e for e in events if e["event"] == "started")["data"]["pid"]
+            next(e for e in events if e["event"] == "chunk")  # running
+            assert wait_until(lambda: client.get("/health").json()["forkserver"]["idle_workers"] == 2, timeout=30)
+            tree = server.processes()
+    assert job in {p.pid for p in tree} and len(tree) == 4  # the fork server, two idle workers, the job's worker
     server.kill()
     assert wait_until(lambda: all(gone(p.pid, p.create_time()) for p in tree), timeout=10)

@@ -1,8 +1,9 @@
 """A registry that changes CrewAI's event bus the way a new release might, so warming cannot quiesce it.
 
 ``UNWARMABLE=renamed``: the bus keeps its loop thread under another name (an attribute warming relies on
-is missing). ``UNWARMABLE=stuck``: the first emit also starts a thread that never ends. Either way the
-fork server must refuse to start in one line, and jobs run on cold-spawned workers.
+is missing). ``UNWARMABLE=stuck``: the first emit also starts a thread that never ends. Either way warming
+must refuse in one line: the fork server's test shows ``renamed`` (tests/integration/test_forkserver.py), the
+doctor's warm-up check ``stuck`` (tests/integration/test_doctor.py).
 """
 
 from __future__ import annotations

@@ -75,9 +75,9 @@ def deployment_chaos(tmp_path: Path, iterations: int, restart: list[str]) -> tup
 
 @pytest.mark.timeout(900)
 def test_chaos_against_a_deployment_by_url_and_restart_command(tmp_path: Path) -> None:
-    code, report, output = deployment_chaos(tmp_path, 1, [])
+    code, report, output = deployment_chaos(tmp_path, 2, [])
     assert code == 0, output[-4000:]
-    assert report["violations"] == [] and report["confirmed"] == {"supervisor": 1}
+    assert report["violations"] == [] and report["confirmed"] == {"supervisor": 2}
     assert report["jobs_admitted"] > 0  # and each restart was confirmed by a new instance (above)
     assert report["not_checked"]  # what it could not see is said, not passed over
 

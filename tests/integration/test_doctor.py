@@ -114,7 +114,8 @@ def test_a_good_deployment_is_ready(deployment: Deployment) -> None:
 
 
 def test_the_text_report_has_a_line_per_check_and_a_verdict(deployment: Deployment) -> None:
-    """A listable state directory is a warning, not a problem: serve makes it private (the doctor does not)."""
+    """One line per check, ok or warning, then the verdict. A listable state directory is one of those warnings,
+    not a problem: serve makes it private when it starts (the doctor changes nothing)."""
     deployment.state.chmod(0o755)
     answer = doctor(deployment)
     assert answer.code == 0, answer.out + answer.err
@@ -149,7 +150,7 @@ def _free_mib(path: Path) -> int:
 def test_a_problem_that_stops_the_checks_is_one_line_with_its_fix(
     deployment: Deployment, case: str, check: str, fix: str
 ) -> None:
-    """Settings, or a registry the workers cannot load: that one problem, and no check that needs it run."""
+    """Settings, or a registry the workers cannot load: that one problem alone, with its fix."""
     if case == "token file 0644":
         deployment.token.chmod(0o644)
     elif case == "registry that does not import":

@@ -1,4 +1,4 @@
-"""The fork server: warm workers, a fallback to cold spawning when it dies or refuses, and its return."""
+"""The fork server: warm workers, cold spawning when it refuses, its workers outliving its death, and its return."""
 
 from __future__ import annotations
 
@@ -104,12 +104,14 @@ def pids_cgroup(pid: int) -> Path | None:
     return None
 
 
-def test_running_jobs_and_idle_workers_outlive_the_fork_server(tmp_path: Path) -> None:
-    """Each worker is the supervisor's own child (double fork): SIGKILL of the fork server takes none."""
+def test_running_jobs_and_idle_workers_outlive_the_fork_server_which_comes_back(tmp_path: Path) -> None:
+    """Each worker is the supervisor's own child (double fork): SIGKILL of the fork server takes none, and a new
+    one is started and forks the pool again."""
     server = start_server(tmp_path / "state", env={"AIP_CREWAI_LAUNCHER": "forkserver", "AIP_CREWAI_PREFORK": "2"})
     try:
         with server.client() as client:
             assert wait_until(lambda: client.get("/health").json()["forkserver"]["idle_workers"] == 2, timeout=30)
+            assert alive_and_restarts(client) == (True, 0)
             first = fork_server_of(server)
             idle = idle_workers(server)
             assert len(idle) == 2 and all(p.ppid() == server.pid for p in idle)
@@ -139,9 +141,12 @@ def test_running_jobs_and_idle_workers_outlive_the_fork_server(tmp_path: Path) -
             second = fork_server_of(server)
             assert second.pid != first.pid and gone(first.pid)
             assert wait_until(lambda: client.get("/health").json()["forkserver"]["idle_workers"] == 2, timeout=30)
-            # The pool is the new fork server's: a job now runs on one of its workers, which is gone after.
+            pool = idle_workers(server)
+            assert any(p.create_time() >= second.create_time() for p in pool)  # forked by the new fork server
+            # A job runs on the pool as before (on the oldest idle worker), and its worker is gone after it.
             assert client.post("/jobs", json=start_body("demo", "after"), headers=KEY).status_code == 200
-            assert gone(client.get("/jobs/after/events").json()["events"][0]["data"]["pid"])
+            after = client.get("/jobs/after/events").json()["events"][0]["data"]["pid"]
+            assert after in {p.pid for p in pool} and gone(after)
     finally:
         server.stop()
     # Stopped, the supervisor killed the idle workers and released their limits: their cgroups are gone.

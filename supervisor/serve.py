@@ -149,13 +149,18 @@ class _DrainingServer(uvicorn.Server):
         loop = asyncio.get_running_loop()
         self._signalled = asyncio.Event()
         self._skip_drain = asyncio.Event()
+        # The loop's removal leaves SIG_DFL; the handlers found are put back, as uvicorn does, so that the signal
+        # re-raised below reaches whoever embedded us (coverage's SIGTERM handler saves its data on it).
+        found = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}
         for sig in HANDLED_SIGNALS:
             loop.add_signal_handler(sig, self.handle_exit, sig, None)
         try:
             yield
         finally:
-            for sig in HANDLED_SIGNALS:
+            for sig, handler in found.items():
                 loop.remove_signal_handler(sig)
+                if handler is not None:
+                    signal.signal(sig, handler)
         for captured in reversed(self._captured_signals):  # exit with the signal, as uvicorn does
             signal.raise_signal(captured)
 

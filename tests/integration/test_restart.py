@@ -112,13 +112,30 @@ def test_bad_startup_fails_with_one_clear_line(tmp_path: Path) -> None:
         assert last.startswith("crew-supervisor:") and named in last, result.stderr[-2000:]
 
 
+# A handler the supervisor finds installed when it starts, as coverage's or a host's would be: it notes that it ran.
+EMBEDDER = """
+import os, pathlib, signal, sys
+
+def _handled(sig, frame):
+    (pathlib.Path(__file__).parent / "handled").write_text(str(os.getpid()))
+    signal.signal(sig, signal.SIG_DFL)
+    os.kill(os.getpid(), sig)
+
+if sys.orig_argv[1:4] == ["-m", "supervisor", "serve"]:
+    signal.signal(signal.SIGTERM, _handled)
+"""
+
+
 def test_sigterm_drains_kills_with_evidence_and_restart_reports_uncertain(tmp_path: Path) -> None:
     """DRAIN_SECONDS=0: no wait for running jobs, every one is killed at once (tests/integration/test_drain.py
     has the drain's wait)."""
     state = tmp_path / "state"
     # The worker's grace makes the stop last long enough to see a 503: the stubborn crew ignores SIGTERM.
     env = {"AIP_CREWAI_STOP_GRACE_MS": "2000", "AIP_CREWAI_MAX_CONCURRENCY": "1", "AIP_CREWAI_DRAIN_SECONDS": "0"}
-    server = start_server(state, env=env)
+    embedder = tmp_path / "embedder"
+    embedder.mkdir()
+    (embedder / "sitecustomize.py").write_text(EMBEDDER)
+    server = start_server(state, env=env, path=[str(embedder)])
     with (
         server.client() as client,
         client.stream("POST", "/jobs/stream", json=start_body("stubborn", "term-1"), headers=KEY) as response,
@@ -137,6 +154,8 @@ def test_sigterm_drains_kills_with_evidence_and_restart_reports_uncertain(tmp_pa
         rest = list(lines)
     # uvicorn ends the process with the signal it handled, after the drain and the journal's close.
     assert server.process.wait(30) == -signal.SIGTERM and time.monotonic() - stopped_at < 30
+    # ...through the SIGTERM handler it found at start (as coverage's saves its data), not around it.
+    assert (embedder / "handled").read_text() == str(server.process.pid)
     assert "event: failed" in rest  # the stream ended with the job, not with the connection
     assert all(gone(p.pid, p.create_time()) for p in tree), "a worker outlived the supervisor"
     records = [json.loads(line) for line in server.log.read_text().splitlines() if line.startswith("{")]

@@ -1,6 +1,8 @@
 """The six operations beside ``run``, each in a real worker process running real CrewAI offline.
 
-A worker costs ~5 s to start (the CrewAI import), so each test tells one story with as few launches as it can.
+The workers are forked from one fork server for the module, as the supervisor's default launcher forks them:
+a worker spawned cold costs a CrewAI import (~4 s of CPU), a forked one a few ms. The fork server lives on a
+loop of its own; each test hands it its coroutines.
 """
 
 from __future__ import annotations
@@ -9,14 +11,16 @@ import asyncio
 import os
 import pickle
 import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 from protocol import Chunk, Completed, Failed, FrameError, Start, Started, partial_name
+from supervisor.processes.forkserver import ForkServerLauncher
 from supervisor.processes.launcher import SpawnLauncher
 from supervisor.processes.limits import JobTree
 from supervisor.processes.process import StopEvidence, WorkerProcess
@@ -25,9 +29,41 @@ from tests.conftest import gone, worker_env
 from tests.crews import CALL_LOG, HEARTBEAT
 
 TRAINING_DIR_ENV = "AIP_CREWAI_TRAINING_DIR"
+T = TypeVar("T")
 
 
-pytestmark = pytest.mark.usefixtures("subreaper")  # tests/conftest.py: orphans come to us, so gone means reaped
+class Forks:
+    """A fork server on a loop in a thread of its own, for the module: ``run`` runs a coroutine there."""
+
+    def __init__(self, home: Path) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="forks", daemon=True)
+        self.thread.start()
+        self.launcher = self.run(self._open(home))
+
+    @staticmethod
+    async def _open(home: Path) -> ForkServerLauncher:
+        launcher = ForkServerLauncher(SpawnLauncher(Reaper()))
+        await launcher.describe(worker_env(home), str(home))
+        assert launcher.alive, launcher.refused  # a cold fallback would spawn every worker, and prove nothing new
+        return launcher
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def close(self) -> None:
+        self.run(self.launcher.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def forks(subreaper: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Forks]:
+    """The module's fork server, in the test process made a subreaper: its workers are ours to reap."""
+    forks = Forks(tmp_path_factory.mktemp("forkserver"))
+    yield forks
+    forks.close()
 
 
 def env(tmp: Path) -> dict[str, str]:
@@ -36,16 +72,16 @@ def env(tmp: Path) -> dict[str, str]:
     return {**worker_env(tmp), TRAINING_DIR_ENV: str(training)}
 
 
-async def launch(tmp: Path, crew: str, operation: str, inputs: dict[str, Any]) -> WorkerProcess:
+async def launch(forks: Forks, tmp: Path, crew: str, operation: str, inputs: dict[str, Any]) -> WorkerProcess:
     # cwd = tmp: CrewAI's training files and the recorder's evidence land there, as in a job's scratch dir.
-    worker = await SpawnLauncher(Reaper()).spawn(env(tmp), str(tmp))
+    worker = await forks.launcher.spawn(env(tmp), str(tmp))
     worker.send(Start("job-1", crew, operation, inputs, 600_000))
     return worker
 
 
-async def finish(tmp: Path, crew: str, operation: str, inputs: dict[str, Any]) -> list[Any]:
+async def finish(forks: Forks, tmp: Path, crew: str, operation: str, inputs: dict[str, Any]) -> list[Any]:
     """Every message of one job, after checking the worker left with status 0."""
-    worker = await launch(tmp, crew, operation, inputs)
+    worker = await launch(forks, tmp, crew, operation, inputs)
     messages = []
     try:
         while (message := await asyncio.wait_for(worker.next_message(), 90)) is not None:
@@ -59,9 +95,9 @@ async def finish(tmp: Path, crew: str, operation: str, inputs: dict[str, Any]) -
     return messages
 
 
-def job(tmp: Path, crew: str, operation: str, inputs: dict[str, Any]) -> Any:
+def job(forks: Forks, tmp: Path, crew: str, operation: str, inputs: dict[str, Any]) -> Any:
     """The terminal message of one job."""
-    return asyncio.run(finish(tmp, crew, operation, inputs))[-1]
+    return forks.run(finish(forks, tmp, crew, operation, inputs))[-1]
 
 
 def completed(message: Any) -> dict[str, Any]:
@@ -74,7 +110,7 @@ def calls(tmp: Path) -> list[str]:
     return log.read_text().split() if log.exists() else []
 
 
-def stop_blocked(tmp: Path, crew: str, operation: str, inputs: dict[str, Any]) -> None:
+def stop_blocked(forks: Forks, tmp: Path, crew: str, operation: str, inputs: dict[str, Any]) -> None:
     """Start a job whose model blocks (ignoring SIGTERM) while beating a file; kill it; prove nothing runs on."""
     beat = tmp / HEARTBEAT
 
@@ -82,7 +118,7 @@ def stop_blocked(tmp: Path, crew: str, operation: str, inputs: dict[str, Any]) -
         return beat.stat().st_size if beat.exists() else 0
 
     async def scenario() -> tuple[StopEvidence, WorkerProcess, list[Any]]:
-        worker = await launch(tmp, crew, operation, inputs)
+        worker = await launch(forks, tmp, crew, operation, inputs)
         try:
             while not isinstance(message := await asyncio.wait_for(worker.next_message(), 60), Started):
                 assert message is not None and not isinstance(message, FrameError | Failed), message
@@ -95,7 +131,7 @@ def stop_blocked(tmp: Path, crew: str, operation: str, inputs: dict[str, Any]) -
         tree = JobTree(worker.pid).descendants()
         return await worker.kill(grace=0.2, descendants=tree), worker, tree
 
-    evidence, worker, tree = asyncio.run(scenario())
+    evidence, worker, tree = forks.run(scenario())
     stopped_at = size()
     time.sleep(0.5)  # 25 heartbeats' worth
     assert size() == stopped_at, "the blocked call still runs after kill() returned"
@@ -112,8 +148,10 @@ async def eventually(predicate: Callable[[], bool], timeout: float) -> bool:
     return True
 
 
-def test_batch_run_kicks_off_once_per_input_without_streaming(tmp_path: Path) -> None:
-    messages = asyncio.run(finish(tmp_path, "demo", "batch_run", {"inputs": [{"topic": "alpha"}, {"topic": "beta"}]}))
+def test_batch_run_kicks_off_once_per_input_without_streaming(forks: Forks, tmp_path: Path) -> None:
+    messages = forks.run(
+        finish(forks, tmp_path, "demo", "batch_run", {"inputs": [{"topic": "alpha"}, {"topic": "beta"}]})
+    )
     assert not any(isinstance(m, Chunk) for m in messages)
     output = completed(messages[-1])
     assert output["count"] == len(output["results"]) == 2
@@ -124,8 +162,8 @@ def test_batch_run_kicks_off_once_per_input_without_streaming(tmp_path: Path) ->
 
 
 @pytest.mark.timeout(400)
-def test_replay_in_a_later_process_reuses_the_stored_outputs(tmp_path: Path) -> None:
-    run = completed(job(tmp_path, "recorder", "run", {"mode": "answer"}))
+def test_replay_in_a_later_process_reuses_the_stored_outputs(forks: Forks, tmp_path: Path) -> None:
+    run = completed(job(forks, tmp_path, "recorder", "run", {"mode": "answer"}))
     first, second = run["replay_task_ids"]
     assert [t["description"] for t in run["tasks_output"]] == [
         "Gather notes in answer mode.",
@@ -134,7 +172,7 @@ def test_replay_in_a_later_process_reuses_the_stored_outputs(tmp_path: Path) -> 
     assert calls(tmp_path) == ["Gather", "Write"]
 
     # A fresh process, a fresh crew: the first task's output comes from storage, its model is not called.
-    replayed = completed(job(tmp_path, "recorder", "replay", {"task_id": second}))
+    replayed = completed(job(forks, tmp_path, "recorder", "replay", {"task_id": second}))
     assert calls(tmp_path) == ["Gather", "Write", "Write"]
     # The output holds both tasks: the first as stored by the earlier process, the second new.
     assert replayed["tasks_output"][0]["raw"] == run["tasks_output"][0]["raw"]
@@ -143,20 +181,20 @@ def test_replay_in_a_later_process_reuses_the_stored_outputs(tmp_path: Path) -> 
     # The replayed task got this crew's new id; the reused one kept its stored id.
     assert replayed["replay_task_ids"][0] == first and replayed["replay_task_ids"][1] != second
 
-    unknown = job(tmp_path, "recorder", "replay", {"task_id": "no-such-task"})
+    unknown = job(forks, tmp_path, "recorder", "replay", {"task_id": "no-such-task"})
     assert isinstance(unknown, Failed) and unknown.error_type == "ReplayError" and not unknown.uncertain_outcome
     assert "not in this crew's latest kickoff" in unknown.message
-    other_crew = job(tmp_path, "demo", "replay", {"task_id": first})
+    other_crew = job(forks, tmp_path, "demo", "replay", {"task_id": first})
     assert isinstance(other_crew, Failed) and other_crew.error_type == "ReplayError"
     assert "does not match the stored task outputs" in other_crew.message
     assert calls(tmp_path) == ["Gather", "Write", "Write"]  # failures ran no model
 
-    stop_blocked(tmp_path, "recorder", "replay", {"task_id": first, "inputs": {"mode": "block"}})
+    stop_blocked(forks, tmp_path, "recorder", "replay", {"task_id": first, "inputs": {"mode": "block"}})
 
 
-def test_train_with_feedback_publishes_a_loadable_artifact(tmp_path: Path) -> None:
+def test_train_with_feedback_publishes_a_loadable_artifact(forks: Forks, tmp_path: Path) -> None:
     inputs = {"n_iterations": 2, "artifact_name": "recorder-v1.pkl", "inputs": {"mode": "answer"}}
-    output = completed(job(tmp_path, "recorder", "train", {**inputs, "feedback": "Cite your sources."}))
+    output = completed(job(forks, tmp_path, "recorder", "train", {**inputs, "feedback": "Cite your sources."}))
     assert output == {"status": "completed", "artifact_name": "recorder-v1.pkl", "n_iterations": 2}
     training = tmp_path / "training"
     assert os.listdir(training) == ["recorder-v1.pkl"]  # no temporary left beside it
@@ -169,23 +207,23 @@ def test_train_with_feedback_publishes_a_loadable_artifact(tmp_path: Path) -> No
     assert [iterations[i]["human_feedback"] for i in (0, 1)] == ["Cite your sources."] * 2
 
 
-def test_train_without_feedback_fails_before_training(tmp_path: Path) -> None:
-    failed = job(tmp_path, "recorder", "train", {"n_iterations": 1, "artifact_name": "never"})
+def test_train_without_feedback_fails_before_training(forks: Forks, tmp_path: Path) -> None:
+    failed = job(forks, tmp_path, "recorder", "train", {"n_iterations": 1, "artifact_name": "never"})
     assert isinstance(failed, Failed) and failed.error_type == "TrainingError" and not failed.uncertain_outcome
     assert "feedback" in failed.message
     assert calls(tmp_path) == [] and os.listdir(tmp_path / "training") == []  # no model was ever called
 
 
-def test_train_stopped_mid_call_leaves_no_artifact(tmp_path: Path) -> None:
+def test_train_stopped_mid_call_leaves_no_artifact(forks: Forks, tmp_path: Path) -> None:
     inputs = {"n_iterations": 1, "artifact_name": "blocked", "feedback": "Good.", "inputs": {"mode": "block"}}
-    stop_blocked(tmp_path, "recorder", "train", inputs)
+    stop_blocked(forks, tmp_path, "recorder", "train", inputs)
     # No artifact: only the job's own hidden file, opened before training, which a killed worker cannot
     # remove and the supervisor does (tests/integration/test_leftovers.py); its name is known to both.
     assert os.listdir(tmp_path / "training") == [partial_name("blocked", "job-1")]
 
 
-def test_test_scores_every_task_with_an_offline_evaluator(tmp_path: Path) -> None:
-    output = completed(job(tmp_path, "demo", "test", {"n_iterations": 2, "eval_llm": "offline-eval"}))
+def test_test_scores_every_task_with_an_offline_evaluator(forks: Forks, tmp_path: Path) -> None:
+    output = completed(job(forks, tmp_path, "demo", "test", {"n_iterations": 2, "eval_llm": "offline-eval"}))
     assert {k: output[k] for k in ("status", "n_iterations", "eval_llm")} == {
         "status": "completed",
         "n_iterations": 2,
@@ -196,15 +234,19 @@ def test_test_scores_every_task_with_an_offline_evaluator(tmp_path: Path) -> Non
         assert score["quality"] == 8.0 and score["model"] == "offline-eval" and score["execution_duration"] >= 0
 
 
-def test_test_stopped_mid_call(tmp_path: Path) -> None:
+def test_test_stopped_mid_call(forks: Forks, tmp_path: Path) -> None:
     stop_blocked(
-        tmp_path, "recorder", "test", {"n_iterations": 1, "eval_llm": "offline-eval", "inputs": {"mode": "block"}}
+        forks,
+        tmp_path,
+        "recorder",
+        "test",
+        {"n_iterations": 1, "eval_llm": "offline-eval", "inputs": {"mode": "block"}},
     )
 
 
-def test_knowledge_query_finds_the_matching_fact_offline(tmp_path: Path) -> None:
+def test_knowledge_query_finds_the_matching_fact_offline(forks: Forks, tmp_path: Path) -> None:
     query = {"query": ["What does cancelling a job kill?"], "results_limit": 2}
-    results = completed(job(tmp_path, "demo-knowledge", "knowledge_query", query))["results"]
+    results = completed(job(forks, tmp_path, "demo-knowledge", "knowledge_query", query))["results"]
     assert 1 <= len(results) <= 2
     assert results[0]["content"].startswith("Cancelling a job kills")
     assert all(r["score"] >= 0.35 for r in results)
@@ -218,8 +260,8 @@ def test_knowledge_query_finds_the_matching_fact_offline(tmp_path: Path) -> None
         ("memory", "Failed to reset memory memory: Memory memory system is not initialized"),
     ],
 )
-def test_memory_reset(tmp_path: Path, command_type: str, expected: dict[str, Any] | str) -> None:
-    outcome = job(tmp_path, "demo", "memory_reset", {"command_type": command_type})
+def test_memory_reset(forks: Forks, tmp_path: Path, command_type: str, expected: dict[str, Any] | str) -> None:
+    outcome = job(forks, tmp_path, "demo", "memory_reset", {"command_type": command_type})
     if isinstance(expected, dict):
         assert completed(outcome) == expected
     else:

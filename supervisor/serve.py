@@ -112,6 +112,10 @@ class _DrainingServer(uvicorn.Server):
         self._opening: asyncio.Task[None] | None = None  # the start-up, while the supervisor opens
         self._signalled: asyncio.Event | None = None
         self._skip_drain: asyncio.Event | None = None
+        # The handlers this process had before ``asyncio.run`` put its own on SIGINT (one that only cancels the
+        # main task): put back at exit, not the loop's SIG_DFL, so the signal re-raised then reaches whoever
+        # embedded us (coverage's SIGTERM handler saves its data on it), and SIGINT still ends us as SIGINT.
+        self._found = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         with self.capture_signals():
@@ -149,15 +153,12 @@ class _DrainingServer(uvicorn.Server):
         loop = asyncio.get_running_loop()
         self._signalled = asyncio.Event()
         self._skip_drain = asyncio.Event()
-        # The loop's removal leaves SIG_DFL; the handlers found are put back, as uvicorn does, so that the signal
-        # re-raised below reaches whoever embedded us (coverage's SIGTERM handler saves its data on it).
-        found = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}
         for sig in HANDLED_SIGNALS:
             loop.add_signal_handler(sig, self.handle_exit, sig, None)
         try:
             yield
         finally:
-            for sig, handler in found.items():
+            for sig, handler in self._found.items():
                 loop.remove_signal_handler(sig)
                 if handler is not None:
                     signal.signal(sig, handler)

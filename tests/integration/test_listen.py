@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import psutil
+import pytest
 
 from supervisor.journal.store import Journal
 from tests.conftest import gone, start_server, wait_until
@@ -40,7 +41,8 @@ from tests.crews import registry
 """
 
 
-def test_a_signal_during_start_up_ends_it_at_once_and_leaves_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_start_up_ends_it_at_once_and_leaves_nothing(tmp_path: Path, sig: signal.Signals) -> None:
     (tmp_path / "slow_registry.py").write_text(SLOW_REGISTRY)
     state = tmp_path / "state"
     server = start_server(state, registry="slow_registry:registry", path=[str(tmp_path)], wait=False)
@@ -50,12 +52,12 @@ def test_a_signal_during_start_up_ends_it_at_once_and_leaves_nothing(tmp_path: P
 
     assert wait_until(lambda: bool(describing()), timeout=EXIT_SECONDS)
     children = describing()
-    server.process.send_signal(signal.SIGTERM)
+    server.process.send_signal(sig)
     try:
         returncode = server.process.wait(EXIT_SECONDS)  # far below the registry's ten minutes
     except subprocess.TimeoutExpired:
         server.kill()
         raise AssertionError("a signal during start-up did not end it") from None
-    assert returncode == -signal.SIGTERM  # ended by the signal, as a serving supervisor is
+    assert returncode == -sig  # ended by the signal, as a serving supervisor is (SIGINT too, not by a traceback)
     assert children and all(gone(*child) for child in children)  # the describing process too
     Journal(state / "journal.db", checkpoint_events=1).close()  # its lock was let go

@@ -105,8 +105,9 @@ def pids_cgroup(pid: int) -> Path | None:
 
 
 def test_running_jobs_and_idle_workers_outlive_the_fork_server_which_comes_back(tmp_path: Path) -> None:
-    """Each worker is the supervisor's own child (double fork): SIGKILL of the fork server takes none, and a new
-    one is started and forks the pool again."""
+    """Each worker is the supervisor's own child (double fork): SIGKILL of the fork server takes none, a job
+    asked for once no idle worker is left is spawned cold while a new one warms, and the new one forks the pool
+    again."""
     server = start_server(tmp_path / "state", env={"AIP_CREWAI_LAUNCHER": "forkserver", "AIP_CREWAI_PREFORK": "2"})
     try:
         with server.client() as client:
@@ -131,15 +132,29 @@ def test_running_jobs_and_idle_workers_outlive_the_fork_server_which_comes_back(
                 # Admitted while the fork server is dead: started on the idle worker left, and done.
                 meanwhile = client.post("/jobs", json=start_body("demo", "meanwhile"), headers=KEY)
                 assert meanwhile.status_code == 200
+                # The pool is empty, and the replacement held before it can answer: the next job is spawned cold.
+                assert wait_until(lambda: (found := server.forkserver()) is not None and found.pid != first.pid, 30)
+                replacement = fork_server_of(server)
+                replacement.send_signal(signal.SIGSTOP)
+                try:
+                    assert alive_and_restarts(client) == (False, 0)  # held while it warms, not once it was up
+                    cold = client.post("/jobs", json=start_body("demo", "cold"), headers=KEY)
+                    assert cold.status_code == 200, cold.text
+                    spawned = 'crew_supervisor_worker_starts_total{launcher="spawn"} 1.0'
+                    assert spawned in client.get("/metrics").text
+                finally:
+                    replacement.send_signal(signal.SIGCONT)
                 assert [e["event"] for e in events][-1] == "completed"
             job = client.get("/jobs/through").json()
             assert job["status"] == "completed" and job["exit_status"] == 0  # its real exit status, read by us
             assert gone(running) and client.get("/jobs/meanwhile").json()["exit_status"] == 0
             meanwhile_pid = client.get("/jobs/meanwhile/events").json()["events"][0]["data"]["pid"]
             assert meanwhile_pid in {p.pid for p in idle} - {running}
+            cold_pid = client.get("/jobs/cold/events").json()["events"][0]["data"]["pid"]
+            assert gone(cold_pid)
             assert wait_until(lambda: alive_and_restarts(client) == (True, 1), timeout=60)
             second = fork_server_of(server)
-            assert second.pid != first.pid and gone(first.pid)
+            assert second.pid == replacement.pid and gone(first.pid)
             assert wait_until(lambda: client.get("/health").json()["forkserver"]["idle_workers"] == 2, timeout=30)
             pool = idle_workers(server)
             assert any(p.create_time() >= second.create_time() for p in pool)  # forked by the new fork server

@@ -113,8 +113,9 @@ class _DrainingServer(uvicorn.Server):
         self._signalled: asyncio.Event | None = None
         self._skip_drain: asyncio.Event | None = None
         # The handlers this process had before ``asyncio.run`` put its own on SIGINT (one that only cancels the
-        # main task): put back at exit, not the loop's SIG_DFL, so the signal re-raised then reaches whoever
-        # embedded us (coverage's SIGTERM handler saves its data on it), and SIGINT still ends us as SIGINT.
+        # main task), taken now: a Python one is put back at exit, so the signal re-raised then reaches whoever
+        # embedded us (coverage's SIGTERM handler saves its data on it). Otherwise the loop's removal leaves its
+        # own (SIG_DFL; Python's for SIGINT): an inherited SIG_IGN put back would turn the re-raise into exit 0.
         self._found = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
@@ -160,7 +161,7 @@ class _DrainingServer(uvicorn.Server):
         finally:
             for sig, handler in self._found.items():
                 loop.remove_signal_handler(sig)
-                if handler is not None:
+                if callable(handler):
                     signal.signal(sig, handler)
         for captured in reversed(self._captured_signals):  # exit with the signal, as uvicorn does
             signal.raise_signal(captured)

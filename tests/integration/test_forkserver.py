@@ -126,20 +126,26 @@ def test_running_jobs_and_idle_workers_outlive_the_fork_server_which_comes_back(
             with client.stream("POST", "/jobs/stream", json=body, headers=KEY) as response:
                 events = sse_events(response)
                 running = next(e for e in events if e["event"] == "started")["data"]["pid"]
+                # The worker it took is replaced in the pool by this fork server, before it dies.
+                assert wait_until(lambda: client.get("/health").json()["forkserver"]["idle_workers"] == 2, 30)
                 first = ours(server, first.pid)  # alive, and the supervisor's, before it is killed
                 first.send_signal(signal.SIGKILL)
                 assert gone_for_good(first)
-                # Admitted while the fork server is dead: started on the idle worker left, and done.
-                meanwhile = client.post("/jobs", json=start_body("demo", "meanwhile"), headers=KEY)
-                assert meanwhile.status_code == 200
-                # The pool is empty, and the replacement held before it can answer: the next job is spawned cold.
+                # Admitted while the fork server is dead: each started on an idle worker left, and done.
+                for action_id in ("meanwhile", "meanwhile-2"):
+                    assert client.post("/jobs", json=start_body("demo", action_id), headers=KEY).status_code == 200
+                assert client.get("/health").json()["forkserver"]["idle_workers"] == 0
+                # None left, and the replacement held before it can answer: the next job is spawned cold.
                 assert wait_until(lambda: (found := server.forkserver()) is not None and found.pid != first.pid, 30)
                 replacement = fork_server_of(server)
                 replacement.send_signal(signal.SIGSTOP)
                 try:
                     assert alive_and_restarts(client) == (False, 0)  # held while it warms, not once it was up
-                    cold = client.post("/jobs", json=start_body("demo", "cold"), headers=KEY)
-                    assert cold.status_code == 200, cold.text
+                    with (
+                        server.client(timeout=300) as patient,  # a cold worker imports CrewAI before it starts
+                        patient.stream("POST", "/jobs/stream", json=start_body("demo", "cold"), headers=KEY) as cold,
+                    ):
+                        assert next(sse_events(cold))["event"] == "started"
                     spawned = 'crew_supervisor_worker_starts_total{launcher="spawn"} 1.0'
                     assert spawned in client.get("/metrics").text
                 finally:
@@ -150,8 +156,8 @@ def test_running_jobs_and_idle_workers_outlive_the_fork_server_which_comes_back(
             assert gone(running) and client.get("/jobs/meanwhile").json()["exit_status"] == 0
             meanwhile_pid = client.get("/jobs/meanwhile/events").json()["events"][0]["data"]["pid"]
             assert meanwhile_pid in {p.pid for p in idle} - {running}
-            cold_pid = client.get("/jobs/cold/events").json()["events"][0]["data"]["pid"]
-            assert gone(cold_pid)
+            assert wait_until(lambda: client.get("/jobs/cold").json()["status"] == "completed", timeout=60)
+            assert gone(client.get("/jobs/cold/events").json()["events"][0]["data"]["pid"])
             assert wait_until(lambda: alive_and_restarts(client) == (True, 1), timeout=60)
             second = fork_server_of(server)
             assert second.pid == replacement.pid and gone(first.pid)

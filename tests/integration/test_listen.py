@@ -58,6 +58,6 @@ def test_a_signal_during_start_up_ends_it_at_once_and_leaves_nothing(tmp_path: P
     except subprocess.TimeoutExpired:
         server.kill()
         raise AssertionError("a signal during start-up did not end it") from None
-    assert returncode == -sig  # ended by the signal, as a serving supervisor is (SIGINT too, not by a traceback)
+    assert returncode == -sig  # ended by the signal, as a serving supervisor is (SIGINT: by its KeyboardInterrupt)
     assert children and all(gone(*child) for child in children)  # the describing process too
     Journal(state / "journal.db", checkpoint_events=1).close()  # its lock was let go

@@ -39,20 +39,47 @@ class Forks:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="forks", daemon=True)
         self.thread.start()
-        self.launcher = self.run(self._open(home))
+        try:
+            self.launcher = self.run(self._open(home))
+        except BaseException:
+            self._end_loop()
+            raise
 
     @staticmethod
     async def _open(home: Path) -> ForkServerLauncher:
         launcher = ForkServerLauncher(SpawnLauncher(Reaper()))
         await launcher.describe(worker_env(home), str(home))
-        assert launcher.alive, launcher.refused  # a cold fallback would spawn every worker, and prove nothing new
+        if not launcher.alive:  # a cold fallback would spawn every worker, and prove nothing new
+            await launcher.stop()
+            raise AssertionError(f"no fork server: {launcher.refused}")
         return launcher
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+        """Its result; interrupted (a timeout, a failure), the coroutine is cancelled too, so that its own
+        cleanup (killing its worker) runs as under ``asyncio.run``."""
+        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
 
     def close(self) -> None:
-        self.run(self.launcher.stop())
+        """Whatever a test left running is cancelled and done with, then the fork server is stopped."""
+
+        async def settle() -> None:
+            left = asyncio.all_tasks() - {asyncio.current_task()}
+            for task in left:
+                task.cancel()
+            await asyncio.gather(*left, return_exceptions=True)
+            await self.launcher.stop()
+
+        try:
+            self.run(settle())
+        finally:
+            self._end_loop()
+
+    def _end_loop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join()
         self.loop.close()
@@ -75,6 +102,7 @@ def env(tmp: Path) -> dict[str, str]:
 async def launch(forks: Forks, tmp: Path, crew: str, operation: str, inputs: dict[str, Any]) -> WorkerProcess:
     # cwd = tmp: CrewAI's training files and the recorder's evidence land there, as in a job's scratch dir.
     worker = await forks.launcher.spawn(env(tmp), str(tmp))
+    assert worker.launched_by == "forkserver"  # not a cold fallback: the fork server died
     worker.send(Start("job-1", crew, operation, inputs, 600_000))
     return worker
 

@@ -102,7 +102,9 @@ def env(tmp: Path) -> dict[str, str]:
 async def launch(forks: Forks, tmp: Path, crew: str, operation: str, inputs: dict[str, Any]) -> WorkerProcess:
     # cwd = tmp: CrewAI's training files and the recorder's evidence land there, as in a job's scratch dir.
     worker = await forks.launcher.spawn(env(tmp), str(tmp))
-    assert worker.launched_by == "forkserver"  # not a cold fallback: the fork server died
+    if worker.launched_by != "forkserver":  # a cold fallback: what this module proves is the forked path
+        await worker.kill()
+        raise AssertionError("the module's fork server died: a worker was spawned cold")
     worker.send(Start("job-1", crew, operation, inputs, 600_000))
     return worker
 

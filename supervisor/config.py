@@ -51,6 +51,7 @@ class Settings:
     stream_checkpoint_events: int
     training_dir: str
     launcher: str
+    warmup: str
     prefork: int | None  # None until ``load`` sizes it
     log_format: str
     stop_grace_ms: int

@@ -181,6 +181,15 @@ SPEC: dict[str, Setting] = {
         " provider CrewAI routes to natively against a loopback provider of its own, so that no worker repeats"
         " that first-use work; see [Architecture](architecture.md#how-it-works)",
     ),
+    "WARMUP": Setting(
+        _choice("providers", "offline"),
+        "providers",
+        "what the fork server warms before it listens: providers (its offline crews, then each installed provider"
+        " over HTTP) or offline (its offline crews alone)",
+        "offline starts the fork server sooner (about 2 s less CPU here) for crews that never call a provider over"
+        " HTTP, such as a test suite's offline crews; a crew on CrewAI's own `LLM` class then pays its provider's"
+        " first use in every job (~0.5 s); see [Architecture](architecture.md#how-it-works)",
+    ),
     "PREFORK": Setting(
         _or_auto(_integer(0, 64)),
         "",

@@ -30,8 +30,17 @@ pytest_plugins = ["supervisor.pytest_plugin"]  # the entry point registers it on
 ROOT = Path(__file__).resolve().parent.parent
 TEST_REGISTRY = "tests.crews:registry"
 # Every supervisor of the suite: the test registry, heartbeats every 0.5 s, run from this tree, 300 s to be ready
-# (a refused fork server means two cold imports of CrewAI before listening: 20 s quiet, minutes at load 10).
-SETTINGS: dict[str, Any] = {"registry": TEST_REGISTRY, "heartbeat_seconds": 0.5, "cwd": ROOT, "ready_seconds": 300}
+# (a refused fork server means two cold imports of CrewAI before listening: 20 s quiet, minutes at load 10), its
+# fork server warmed on the offline crews alone: ~2 s of CPU less a start, and the suite starts about a hundred
+# (the modules that run crews on CrewAI's own LLM class warm the providers, as a deployment does by default).
+SETTINGS: dict[str, Any] = {
+    "registry": TEST_REGISTRY,
+    "heartbeat_seconds": 0.5,
+    "cwd": ROOT,
+    "ready_seconds": 300,
+    "warmup": "offline",
+}
+WARM_PROVIDERS = {"AIP_CREWAI_WARMUP": "providers"}  # the default, for a supervisor whose crews call a provider
 
 
 @pytest.fixture(scope="module")

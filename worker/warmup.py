@@ -6,7 +6,8 @@ first use (the openai SDK's lazily built resources and response models, the http
 parsing: ~450-600 ms a job measured before this). The fork server does that work once, on small crews
 of our own (never a registry crew): offline, then for each provider CrewAI routes to natively whose
 package is installed, streamed, blocking and with a tool call, against a provider it serves itself on
-loopback (``worker/provider.py``) and stops before it checks it is single-threaded. Never a network
+loopback (``worker/provider.py``) and stops before it checks it is single-threaded (the offline crews
+alone where the ``WARMUP`` setting says ``offline``). Never a network
 call beyond loopback; a throwaway storage directory, so no crew's replay storage is touched. Then it
 quiesces what the kickoffs started: CrewAI's event bus keeps a loop thread and a handler pool alive after
 a kickoff, and a fork with those threads alive can hang the child. We stop them and mark the bus
@@ -36,6 +37,7 @@ from typing import Any
 from worker import operations, provider, tls
 
 STORAGE_ENV = "CREWAI_STORAGE_DIR"
+WARMUP = "AIP_CREWAI_WARMUP"  # set by the supervisor from its settings: providers (the default) or offline
 # The event bus's attributes quiescing needs (crewai 1.15's CrewAIEventsBus).
 BUS_ATTRIBUTES = ("flush", "_loop", "_loop_thread", "_sync_executor", "_executor_initialized", "_has_pending_events")
 KICKOFFS = 2  # a second kickoff still finds first-use work (measured: child CPU ~83 -> ~71 ms)
@@ -76,9 +78,10 @@ def warm(ours: Iterable[threading.Thread] = ()) -> Warmth:
     # Native threads importing started (numpy's OpenBLAS pool) stay: forks already live with them.
     native = Threads(frozenset([threading.current_thread(), *ours]), Threads.now().kernel)
     sockets = _sockets()  # the supervisor's channel: any other socket left open would be every worker's
+    providers = os.environ.get(WARMUP) != "offline"
     try:
         for _ in range(KICKOFFS):
-            warmth = rehearse()
+            warmth = rehearse(providers)
     except WarmupError:
         raise
     except Exception as exc:  # a timeout included
@@ -106,7 +109,7 @@ def rehearse(providers: bool = True) -> Warmth:
     os.environ[STORAGE_ENV] = storage
     try:
         _kickoff(operations.run, _crew(), streamed=True)
-        return _rehearse_providers() if providers else Warmth()
+        return _rehearse_providers() if providers else Warmth(not_warmed={"providers": f"{WARMUP}=offline"})
     finally:
         if saved is None:
             os.environ.pop(STORAGE_ENV, None)

@@ -279,6 +279,7 @@ def worker_env(settings: Settings, state: Path, crew_id: str) -> dict[str, str]:
         TMPDIR=str(state / "tmp"),
     )
     env[PREFIX + "WORKER_NICE"] = str(settings.worker_nice)
+    env[PREFIX + "WARMUP"] = settings.warmup
     # What `python -m worker` switches to first (worker/__main__.py); never taken from our own environment.
     env.pop(WORKER_IDS, None)
     if settings.worker_ids is not None:

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.conftest import Server, start_server, stop_server, worker_env
+from tests.conftest import WARM_PROVIDERS, Server, start_server, stop_server, worker_env
 from tests.helpers.kickoff import comparable
 from worker.provider import URL_ENV, Provider
 
@@ -97,6 +97,7 @@ def fidelity(tmp_path_factory: pytest.TempPathFactory, provider: Provider) -> It
             "AIP_CREWAI_REGISTRY": REGISTRY,
             "AIP_CREWAI_ALLOWED_OPERATIONS": "run,batch_run,replay",
             **provided,
+            **WARM_PROVIDERS,
         }
         server = start_server(root / "state", env=settings)  # starts while the references are computed
         outputs = finish_reference(reference, root)

@@ -22,6 +22,7 @@ from supervisor.testing import Server
 from tests.conftest import (
     ROOT,
     TEST_REGISTRY,
+    WARM_PROVIDERS,
     gone,
     memory_stop_checked,
     sse_events,
@@ -44,6 +45,7 @@ reason_limit = {"llm_call_limit_exceeded": "max_llm_calls", "token_limit_exceede
 @pytest.fixture(scope="module")
 def llm_server(provider: Provider, evidence: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     env = {
+        **WARM_PROVIDERS,
         URL_ENV: provider.url,
         "CREW_TEST_EVIDENCE_DIR": str(evidence),
         "AIP_CREWAI_WORKER_MAX_MEMORY_MB": str(MEMORY_LIMIT_MB),

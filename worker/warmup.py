@@ -75,7 +75,10 @@ def warm(ours: Iterable[threading.Thread] = ()) -> Warmth:
     """Run our own crews on every first-use path, then quiesce CrewAI; raises WarmupError. No Python thread may
     be left but this one and ``ours`` (a doctor's check worker has its control thread; a fork server none): a
     thread the registry started when imported is refused like one the warm-up left."""
-    # Native threads importing started (numpy's OpenBLAS pool) stay: forks already live with them.
+    # Native threads importing started (numpy's OpenBLAS pool) stay: forks already live with them. CrewAI is
+    # imported first, for a registry that imports it only in its factories: its native threads are not the warm-up's.
+    import crewai  # noqa: F401
+
     native = Threads(frozenset([threading.current_thread(), *ours]), Threads.now().kernel)
     sockets = _sockets()  # the supervisor's channel: any other socket left open would be every worker's
     providers = os.environ.get(WARMUP) != "offline"

@@ -55,8 +55,9 @@ class Answer:
 
 @pytest.fixture
 def deployment(tmp_path: Path) -> Deployment:
-    """A state directory (0700), a token file (0600) and a registry of one crew, in a clean environment:
-    no AIP_CREWAI_* setting and no telemetry switch but what a test sets."""
+    """A state directory (0700), a token file (0600) and a registry of one crew that imports no CrewAI, in a
+    clean environment: no AIP_CREWAI_* setting and no telemetry switch but what a test sets, and WARMUP=offline
+    (its crews are offline, as the suite's supervisors; the good deployment's run has the default)."""
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     token = tmp_path / "token"
@@ -70,6 +71,7 @@ def deployment(tmp_path: Path) -> Deployment:
         AIP_CREWAI_STATE_FILE=str(state / "journal.db"),
         AIP_CREWAI_BEARER_TOKEN_FILE=str(token),
         AIP_CREWAI_PORT=str(free_port()),  # its own: the listen check must not meet another test's
+        AIP_CREWAI_WARMUP="offline",
     )
     return Deployment(state, token, env, tmp_path)
 
@@ -93,6 +95,7 @@ def findings(answer: Answer) -> list[dict[str, Any]]:
 
 
 def test_a_good_deployment_is_ready(deployment: Deployment) -> None:
+    del deployment.env["AIP_CREWAI_WARMUP"]  # the default: the providers warmed too
     answer = doctor(deployment, "--demo", "--json")
     assert answer.code == 0, answer.out + answer.err
     found = findings(answer)
@@ -115,7 +118,9 @@ def test_a_good_deployment_is_ready(deployment: Deployment) -> None:
 
 def test_the_text_report_has_a_line_per_check_and_a_verdict(deployment: Deployment) -> None:
     """One line per check, ok or warning, then the verdict. A listable state directory is one of those warnings,
-    not a problem: serve makes it private when it starts (the doctor changes nothing)."""
+    not a problem: serve makes it private when it starts (the doctor changes nothing). The warm-up is ok though
+    the registry imports no CrewAI (the native threads CrewAI's import starts are not left by the warm-up), and
+    says what WARMUP=offline leaves out."""
     deployment.state.chmod(0o755)
     answer = doctor(deployment)
     assert answer.code == 0, answer.out + answer.err
@@ -123,6 +128,9 @@ def test_the_text_report_has_a_line_per_check_and_a_verdict(deployment: Deployme
     assert lines[-1].startswith("doctor: ready to serve")
     assert all(line.split(" ", 1)[0] in ("ok", "warning") for line in lines[:-1])
     assert "light_crews:registry: 1 of 1 crews build (plain)" in answer.out
+    [warm_up] = [line for line in lines if line.split()[1] == "warm-up"]
+    assert warm_up.startswith("ok ") and "warms CrewAI offline; " in warm_up, warm_up
+    assert warm_up.endswith("not warmed: providers: AIP_CREWAI_WARMUP=offline"), warm_up
     [state] = [line for line in answer.lines("warning") if line.split()[1] == "state"]
     assert "has mode 0755: other users can list it; serve makes it 0700 when it starts" in state
     assert "fix: chmod 700 " in state

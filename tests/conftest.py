@@ -62,6 +62,7 @@ def worker_env(tmp: Path, registry: str = TEST_REGISTRY) -> dict[str, str]:
         "AIP_CREWAI_REGISTRY": registry,
         "HOME": str(tmp / "home"),
         "CREWAI_STORAGE_DIR": str(tmp / "storage"),
+        "AIP_CREWAI_WARMUP": "offline",  # a fork server started on it warms as the suite's supervisors do
     }
 
 

@@ -1,11 +1,11 @@
 """The fork server: imports CrewAI and the registry once, warms CrewAI, forks a worker per job.
 
-Warming (``warmup.py``) runs kickoffs of our own crews, offline and on each installed provider against
-a provider of its own on loopback, so no child repeats CrewAI's first-use work, and parses the TLS
-contexts a job's HTTP clients will take (``tls.py``); then it stops the event-bus threads the kickoffs
-started: forking with them alive hangs the child. If that cannot be done the fork server refuses to
-start, saying why in one line, and the supervisor spawns workers cold. It must stay single-threaded: it
-checks before every fork and refuses, then exits, if not.
+Warming (``warmup.py``) runs kickoffs of our own crews, offline and (unless ``WARMUP=offline``) on each
+installed provider against a provider of its own on loopback, so no child repeats CrewAI's first-use
+work, and parses the TLS contexts a job's HTTP clients will take (``tls.py``); then it stops the
+event-bus threads the kickoffs started: forking with them alive hangs the child. If that cannot be done
+the fork server refuses to start, saying why in one line, and the supervisor spawns workers cold. It must
+stay single-threaded: it checks before every fork and refuses, then exits, if not.
 Each worker is forked through a middle process that leaves at once, so the worker is the supervisor's
 own child (the supervisor is a subreaper): the supervisor reaps it and reads its exit status, and the
 fork server's death takes no worker with it. A worker leads a process group, ties its death signal to
@@ -51,7 +51,7 @@ def serve(socket_fd: int) -> NoReturn:
     lifecycle.set_dumpable(False)
     lifecycle.prepare_environment()
     out = lifecycle.FrameWriter(socket_fd)  # SOCK_SEQPACKET: each frame is one whole packet
-    crews = job.load(out)  # imports crewai and the registry, once for every job to come
+    crews = job.load(out)  # imports the registry (and crewai, here or in warm), once for every job to come
     if crews is None:
         os._exit(1)
     try:

@@ -2,16 +2,16 @@
 
 Every forked worker would otherwise repeat CrewAI's first-kickoff work (pydantic's first validations,
 lazy imports, the event bus's first emit) and, for a crew on CrewAI's own ``LLM`` class, its provider's
-first use (the openai SDK's lazily built resources and response models, the httpx transport, SSE
-parsing: ~450-600 ms a job measured before this). The fork server does that work once, on small crews
-of our own (never a registry crew): offline, then for each provider CrewAI routes to natively whose
-package is installed, streamed, blocking and with a tool call, against a provider it serves itself on
-loopback (``worker/provider.py``) and stops before it checks it is single-threaded (the offline crews
-alone where the ``WARMUP`` setting says ``offline``). Never a network
-call beyond loopback; a throwaway storage directory, so no crew's replay storage is touched. Then it
-quiesces what the kickoffs started: CrewAI's event bus keeps a loop thread and a handler pool alive after
-a kickoff, and a fork with those threads alive can hang the child. We stop them and mark the bus
-uninitialised, so CrewAI starts them afresh, lazily, in each child on its first emit.
+first use (the openai SDK's lazily built resources and response models, the httpx transport, SSE parsing:
+~450-600 ms a job measured before this). The fork server does that work once, on small crews of our own
+(never a registry crew): offline, then for each provider CrewAI routes to natively whose package is
+installed, streamed, blocking and with a tool call, against a provider it serves itself on loopback
+(``worker/provider.py``) and stops before it checks it is single-threaded (the offline crews alone where
+the ``WARMUP`` setting says ``offline``). Never a network call beyond loopback; a throwaway storage
+directory, so no crew's replay storage is touched. Then it quiesces what the kickoffs started: CrewAI's
+event bus keeps a loop thread and a handler pool alive after a kickoff, and a fork with those threads
+alive can hang the child. We stop them and mark the bus uninitialised, so CrewAI starts them afresh,
+lazily, in each child on its first emit.
 
 What quiescing relies on is read from crewai 1.15's ``CrewAIEventsBus`` (``events/event_bus.py``):
 ``flush``, ``_loop``, ``_loop_thread``, ``_sync_executor``, ``_executor_initialized``,
@@ -72,13 +72,17 @@ class Warmth:
 
 
 def warm(ours: Iterable[threading.Thread] = ()) -> Warmth:
-    """Run our own crews on every first-use path, then quiesce CrewAI; raises WarmupError. No Python thread may
+    """Run our own crews on every first-use path (offline ones alone with ``WARMUP=offline``), then quiesce
+    CrewAI; raises WarmupError. No Python thread may
     be left but this one and ``ours`` (a doctor's check worker has its control thread; a fork server none): a
     thread the registry started when imported is refused like one the warm-up left."""
-    # Native threads importing started (numpy's OpenBLAS pool) stay: forks already live with them. CrewAI is
-    # imported first, for a registry that imports it only in its factories: its native threads are not the warm-up's.
-    import crewai  # noqa: F401
-
+    # Native threads importing started (numpy's OpenBLAS pool, which CrewAI's import brings) stay: forks already
+    # live with them. So CrewAI is imported before they are counted, for a registry that imports it only in its
+    # factories: they are not the warm-up's.
+    try:
+        import crewai  # noqa: F401
+    except Exception as exc:
+        raise WarmupError(f"cannot import CrewAI: {type(exc).__name__}: {exc}") from None
     native = Threads(frozenset([threading.current_thread(), *ours]), Threads.now().kernel)
     sockets = _sockets()  # the supervisor's channel: any other socket left open would be every worker's
     providers = os.environ.get(WARMUP) != "offline"

@@ -1,10 +1,10 @@
 """What the workers will meet: the registry and each crew's factory, the fork server's warm-up, and CrewAI's
 network switches.
 
-The registry is loaded, the fork server's warm-up rehearsed (our own crews, offline and on each installed
-provider against a provider of its own on loopback) and every crew built in a worker process (``python -m
-worker check``), as the supervisor learns its crews (``python -m worker describe``): the supervisor never
-imports CrewAI.
+The registry is loaded, the fork server's warm-up rehearsed (our own crews, offline and, unless
+``WARMUP=offline``, on each installed provider against a provider of its own on loopback) and every crew
+built in a worker process (``python -m worker check``), as the supervisor learns its crews (``python -m
+worker describe``): the supervisor never imports CrewAI.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ def start(directory: Path, port: int) -> None:
         log=directory / "supervisor.log",
         max_retained_runs=100000,
         min_free_disk_mb=1,
-        warmup="offline",  # its crews are offline: as the suite's own supervisors (tests/conftest.py SETTINGS)
+        warmup="offline",  # chaos runs its offline crews only: as the suite's supervisors (tests/conftest.py SETTINGS)
     )
     (directory / "pid").write_text(str(server.pid))  # it outlives this script, as a service would
 

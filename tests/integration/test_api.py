@@ -92,9 +92,8 @@ def test_health_lists_crews_and_policy(server: Server) -> None:
     budget = health["llm_budget"]  # none set here; the crews of tests/crews.py that ask for one, their own
     assert (budget["max_tokens"], budget["max_llm_calls"]) == (0, 0)
     assert budget["crews"]["llm-loop-calls"] == {"max_tokens": 0, "max_llm_calls": 5} and "demo" not in budget["crews"]
-    if "forkserver" in health:  # the suite's fork servers warm their offline crews alone (SETTINGS): it says so
-        warmed = health["forkserver"]["warmed"]
-        assert warmed["paths"] == [] and warmed["not_warmed"] == {"providers": "AIP_CREWAI_WARMUP=offline"}
+    warmed = health["forkserver"]["warmed"]  # the suite's fork servers warm their offline crews alone (SETTINGS)
+    assert warmed["paths"] == [] and warmed["not_warmed"] == {"providers": "AIP_CREWAI_WARMUP=offline"}
 
 
 def test_metrics_parse_and_move_as_jobs_run(server: Server) -> None:

@@ -119,8 +119,8 @@ def test_a_good_deployment_is_ready(deployment: Deployment) -> None:
 def test_the_text_report_has_a_line_per_check_and_a_verdict(deployment: Deployment) -> None:
     """One line per check, ok or warning, then the verdict. A listable state directory is one of those warnings,
     not a problem: serve makes it private when it starts (the doctor changes nothing). The warm-up is ok though
-    the registry imports no CrewAI (the native threads CrewAI's import starts are not left by the warm-up), and
-    says what WARMUP=offline leaves out."""
+    the registry imports no CrewAI (the native threads CrewAI's import starts are not left by the warm-up: OpenBLAS
+    starts one per core but one, so a 1-core machine cannot show it), and says what WARMUP=offline leaves out."""
     deployment.state.chmod(0o755)
     answer = doctor(deployment)
     assert answer.code == 0, answer.out + answer.err

@@ -36,6 +36,7 @@ def test_worker_env_passes_only_what_it_names(tmp_path: Path, listed: str) -> No
     names = names_a_crew_sees(tmp_path, AIP_CREWAI_WORKER_ENV=listed)
     assert {"KEEP_ONE", "KEEP_TWO", "ALSO", "PATH", "PYTHONPATH"} <= names
     assert {"HOME", "CREWAI_STORAGE_DIR", "TMPDIR", "AIP_CREWAI_REGISTRY"} <= names  # the worker's own, set for it
+    assert {"AIP_CREWAI_WORKER_NICE", "AIP_CREWAI_WARMUP"} <= names  # settings the worker and fork server read
     assert "DROP" not in names and "AIP_CREWAI_BEARER_TOKEN_HINT" not in names
 
 

@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TEST_REGISTRY = "tests.crews:registry"
 # Every supervisor of the suite: the test registry, heartbeats every 0.5 s, run from this tree, 300 s to be ready
 # (a refused fork server means two cold imports of CrewAI before listening: 20 s quiet, minutes at load 10), its
-# fork server warmed on the offline crews alone: ~2 s of CPU less a start, and the suite starts about a hundred
-# (the modules that run crews on CrewAI's own LLM class warm the providers, as a deployment does by default).
+# fork server warmed on the offline crews alone: ~2 s of CPU less a start (docs/tests.md); the modules whose crews
+# call a provider warm the providers too, as a deployment does by default.
 SETTINGS: dict[str, Any] = {
     "registry": TEST_REGISTRY,
     "heartbeat_seconds": 0.5,

@@ -73,9 +73,9 @@ class Warmth:
 
 def warm(ours: Iterable[threading.Thread] = ()) -> Warmth:
     """Run our own crews on every first-use path (offline ones alone with ``WARMUP=offline``), then quiesce
-    CrewAI; raises WarmupError. No Python thread may
-    be left but this one and ``ours`` (a doctor's check worker has its control thread; a fork server none): a
-    thread the registry started when imported is refused like one the warm-up left."""
+    CrewAI; raises WarmupError. No Python thread may be left but this one and ``ours`` (a doctor's check
+    worker has its control thread; a fork server none): a thread the registry started when imported is
+    refused like one the warm-up left."""
     # Native threads importing started (numpy's OpenBLAS pool, which CrewAI's import brings) stay: forks already
     # live with them. So CrewAI is imported before they are counted, for a registry that imports it only in its
     # factories: they are not the warm-up's.
@@ -89,6 +89,8 @@ def warm(ours: Iterable[threading.Thread] = ()) -> Warmth:
     try:
         for _ in range(KICKOFFS):
             warmth = rehearse(providers)
+        if not providers:
+            warmth.not_warmed["providers"] = f"{WARMUP}=offline"
     except WarmupError:
         raise
     except Exception as exc:  # a timeout included
@@ -116,7 +118,7 @@ def rehearse(providers: bool = True) -> Warmth:
     os.environ[STORAGE_ENV] = storage
     try:
         _kickoff(operations.run, _crew(), streamed=True)
-        return _rehearse_providers() if providers else Warmth(not_warmed={"providers": f"{WARMUP}=offline"})
+        return _rehearse_providers() if providers else Warmth()
     finally:
         if saved is None:
             os.environ.pop(STORAGE_ENV, None)

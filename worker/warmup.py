@@ -220,14 +220,16 @@ def _kickoff(operation: operations.Operation, crew: Any, streamed: bool) -> None
 
 @dataclasses.dataclass(frozen=True)
 class Threads:
-    """A process's threads at one moment: Python's, and how many the kernel counts (native ones too)."""
+    """A process's threads at one moment: Python's, and the kernel's task ids (native threads too).
+
+    Ids, not a count: a thread of the baseline that ended would hide a new native one from a count."""
 
     python: frozenset[threading.Thread]
-    kernel: int
+    kernel: frozenset[str]
 
     @classmethod
     def now(cls) -> Threads:
-        return cls(frozenset(threading.enumerate()), len(os.listdir("/proc/self/task")))
+        return cls(frozenset(threading.enumerate()), frozenset(os.listdir("/proc/self/task")))
 
 
 def quiesce(native: Threads) -> None:
@@ -263,8 +265,8 @@ def _other_threads(native: Threads) -> list[str]:
     while True:
         now = Threads.now()
         names = [thread.name for thread in now.python - native.python]
-        extra = now.kernel - native.kernel
-        if not names and extra <= 0:
+        extra = len(now.kernel - native.kernel)
+        if not names and not extra:
             return []
         if time.monotonic() > deadline:
             return names or [f"{extra} thread(s) unknown to Python"]

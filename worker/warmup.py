@@ -22,6 +22,7 @@ connection open, ``WarmupError`` says so in one line and the fork server refuses
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import importlib.util
@@ -32,6 +33,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from worker import operations, provider, tls
@@ -77,8 +79,8 @@ def warm(ours: Iterable[threading.Thread] = ()) -> Warmth:
     worker has its control thread; a fork server none): a thread the registry started when imported is
     refused like one the warm-up left."""
     # Native threads importing started (numpy's OpenBLAS pool, which CrewAI's import brings) stay: forks already
-    # live with them. So CrewAI is imported before they are counted, for a registry that imports it only in its
-    # factories: they are not the warm-up's.
+    # live with them. So CrewAI is imported before the baseline is taken, for a registry that imports it only in
+    # its factories: they are not the warm-up's.
     try:
         import crewai  # noqa: F401
     except Exception as exc:
@@ -222,7 +224,8 @@ def _kickoff(operation: operations.Operation, crew: Any, streamed: bool) -> None
 class Threads:
     """A process's threads at one moment: Python's, and the kernel's task ids (native threads too).
 
-    Ids, not a count: a thread of the baseline that ended would hide a new native one from a count."""
+    Ids, not a count: a thread of the baseline that ended would hide a new native one from a count. So a native
+    pool that replaces one of its threads during the warm-up is refused too: its new thread is not the old."""
 
     python: frozenset[threading.Thread]
     kernel: frozenset[str]
@@ -265,12 +268,23 @@ def _other_threads(native: Threads) -> list[str]:
     while True:
         now = Threads.now()
         names = [thread.name for thread in now.python - native.python]
-        extra = len(now.kernel - native.kernel)
+        extra = now.kernel - native.kernel
         if not names and not extra:
             return []
         if time.monotonic() > deadline:
-            return names or [f"{extra} thread(s) unknown to Python"]
+            return names or [f"{len(extra)} thread(s) unknown to Python ({_comms(extra)})"]
         time.sleep(0.005)
+
+
+def _comms(tasks: Iterable[str]) -> str:
+    """The kernel's names of threads of this process (what ``top -H`` shows), each once with its count."""
+    names: collections.Counter[str] = collections.Counter()
+    for task in tasks:
+        try:
+            names[Path(f"/proc/self/task/{task}/comm").read_text().strip()] += 1
+        except OSError:  # it has ended since
+            names["ended"] += 1
+    return ", ".join(name if count == 1 else f"{name} x{count}" for name, count in sorted(names.items()))
 
 
 def _sockets() -> set[str]:

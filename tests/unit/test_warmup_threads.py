@@ -5,6 +5,7 @@ from __future__ import annotations
 import _thread
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -25,9 +26,17 @@ def native_thread() -> Iterator[str]:
         release.acquire()
 
     _thread.start_new_thread(park, ())
-    assert started.acquire(timeout=10)
-    yield str(tid[0])
-    release.release()
+    try:
+        assert started.acquire(timeout=10)
+        yield str(tid[0])
+    finally:
+        release.release()
+
+
+def unknown(task: str) -> list[str]:
+    """What the check says of one thread Python does not know: with the kernel's name for it."""
+    name = Path(f"/proc/self/task/{task}/comm").read_text().strip()
+    return [f"1 thread(s) unknown to Python ({name})"]
 
 
 @pytest.fixture(autouse=True)
@@ -43,11 +52,11 @@ def test_the_threads_there_before_pass(native_thread: str) -> None:
 def test_a_native_thread_left_behind_is_found(native_thread: str) -> None:
     now = warmup.Threads.now()
     before = warmup.Threads(now.python, now.kernel - {native_thread})
-    assert warmup._other_threads(before) == ["1 thread(s) unknown to Python"]
+    assert warmup._other_threads(before) == unknown(native_thread)
 
 
 def test_a_thread_of_the_baseline_that_ended_does_not_hide_a_new_one(native_thread: str) -> None:
     now = warmup.Threads.now()
     ended = "0"  # no task has id 0: a thread that was there at the baseline and has ended since
     before = warmup.Threads(now.python, now.kernel - {native_thread} | {ended})
-    assert warmup._other_threads(before) == ["1 thread(s) unknown to Python"]
+    assert warmup._other_threads(before) == unknown(native_thread)

@@ -71,6 +71,7 @@ class Registry(Message):
     eval_llms: list[str]
     warmed: dict[str, Any] = dataclasses.field(default_factory=dict)
     budgets: dict[str, Any] = dataclasses.field(default_factory=dict)  # crew id -> its own {max_tokens, max_llm_calls}
+    contained: bool = False  # its processes cannot change any cgroup file (so no job can leave its cgroups)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,9 +54,9 @@ MUTANTS = (
     Mutant(
         "descendants-spared",
         "a cancel kills the whole tree, the processes that left the group included",
-        "supervisor/jobs/relay.py",
-        "        return await worker.kill(grace, self.limits.tree(worker).descendants())\n",
-        "        return await worker.kill(grace, ())\n",
+        "supervisor/processes/process.py",
+        "        stopped = {process.pid: process for process in [*snapshot, *containment.kill(snapshot)]}\n",
+        "        stopped: dict[int, psutil.Process] = {}\n",
         (
             "tests/core/test_stops.py::test_a_cancel_kills_the_workers_tree_even_what_left_its_group",
             "tests/integration/test_api.py::test_cancel_over_http_kills_a_child_and_a_grandchild_that_left_the_group",

@@ -115,6 +115,34 @@ def tree() -> Crew:
     return _single(MisbehavingLLM(model="tree", mode="tree"))
 
 
+FAMILY = "family.pids"  # in EVIDENCE_DIR, or the worker's cwd: a family crew's members (tests/helpers/family.py)
+
+
+class FamilyLLM(BaseLLM):
+    """Starts a family of processes (``tests/helpers/family.py``: a child in the worker's group, a setsid
+    grandchild, a grandchild that tries to leave the job's cgroups, a child in a group of its own), waits until
+    each has said what it is in FAMILY, then ``ending``: ``block`` (until the job is stopped), ``answer`` or
+    ``raise``."""
+
+    ending: str
+
+    def call(self, messages: Any, *args: Any, **kwargs: Any) -> str:
+        evidence = str(_evidence() / FAMILY)
+        if not os.path.exists(evidence):  # once a job: CrewAI calls again after a raise
+            for role in ("child", "mover"):
+                subprocess.Popen([sys.executable, "-m", "tests.helpers.family", evidence, role])
+        wait_until(lambda: os.path.exists(evidence) and len(Path(evidence).read_text().splitlines()) == 4, 60)
+        if self.ending == "raise":
+            raise RuntimeError("the family is started")
+        if self.ending == "block":
+            time.sleep(HOUR)
+        return "Final Answer: the family is started"
+
+
+def family(ending: str) -> Callable[[], Crew]:
+    return lambda: _single(FamilyLLM(model=f"family-{ending}", ending=ending))
+
+
 def boom() -> Crew:
     return _single(MisbehavingLLM(model="boom", mode="raise"))
 
@@ -300,6 +328,7 @@ registry: dict[str, Callable[[], Crew]] = {
     "stubborn": stubborn,
     "spawner": spawner,
     "tree": tree,
+    **{f"family-{ending}": family(ending) for ending in ("block", "answer", "raise")},
     "boom": boom,
     "broken-factory": broken_factory,
     "huge": huge,

@@ -11,6 +11,7 @@ import threading
 import setproctitle
 
 from protocol import QUIET_CREWAI, FrameError, Message, MessageReader, Start, Stop, pack
+from worker import landlock
 
 NICE = "AIP_CREWAI_WORKER_NICE"  # set by the supervisor from its settings
 PR_SET_PDEATHSIG = 1
@@ -85,6 +86,8 @@ def confine(ids: tuple[int, int] | None = None) -> None:
       change clears the other capabilities. It also clears PR_SET_PDEATHSIG: the caller arms it after.
       Without ``ids`` the uid stays: same-uid reach (signals, the state directory) remains, see
       docs/security.md.
+    - Last, no cgroup file can be changed (``landlock.deny_cgroup_writes``, with no_new_privs): a job cannot
+      leave its cgroup, however it got the rights to a root cgroup's files.
     """
     os.umask(0o077)
     libc = ctypes.CDLL(None, use_errno=True)
@@ -106,6 +109,7 @@ def confine(ids: tuple[int, int] | None = None) -> None:
         os.setresuid(uid, uid, uid)
     if capable and libc.capset(ctypes.byref(header), (_CapData * 2)()) != 0:
         raise OSError(ctypes.get_errno(), "capset failed")
+    landlock.deny_cgroup_writes()
 
 
 def set_dumpable(dumpable: bool) -> None:

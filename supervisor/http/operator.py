@@ -10,7 +10,7 @@ import asyncio
 import base64
 import binascii
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -23,7 +23,8 @@ from supervisor.jobs.live import LiveJob
 from supervisor.jobs.phases import Phase
 from supervisor.journal.records import Streams, shown
 from supervisor.models import Operation, path_id_problem
-from supervisor.processes.limits import Limits, children_by_parent
+from supervisor.processes.containment import ProcessTable
+from supervisor.processes.limits import Limits
 from supervisor.processes.process import WorkerProcess
 
 DEFAULT_PAGE = 50
@@ -67,8 +68,8 @@ async def list_jobs(
 @router.get("/workers")
 async def workers(sup: Sup) -> dict[str, Any]:
     jobs = sorted(sup.live.values(), key=lambda job: job.admitted)
-    children = children_by_parent()  # one scan of the process table for every job's tree
-    readings = [memory_reading(job, sup.limits, children) for job in jobs]
+    table = ProcessTable.scan()  # one scan of the process table for every job's tree
+    readings = [memory_reading(job, sup.limits, table) for job in jobs]
     # Off the loop: a PSS reading walks each process's mappings in the kernel.
     memory = await asyncio.to_thread(lambda: [read() if read is not None else (None, None) for read in readings])
     now = asyncio.get_running_loop().time()
@@ -81,13 +82,11 @@ async def workers(sup: Sup) -> dict[str, Any]:
     }
 
 
-def memory_reading(
-    job: LiveJob, limits: Limits, children: Mapping[int, list[int]]
-) -> Callable[[], tuple[int | None, str]] | None:
+def memory_reading(job: LiveJob, limits: Limits, table: ProcessTable) -> Callable[[], tuple[int | None, str]] | None:
     if job.worker is None or job.worker.exited.done():
         return None
     try:
-        return limits.tree(job.worker).memory_view(children)
+        return limits.tree(job.worker).memory_view(table)
     except psutil.NoSuchProcess:  # it has just exited
         return None
 

@@ -1,23 +1,49 @@
-"""Restart fencing: before serving, every job a dead supervisor left running fails, uncertain, and its
-worker, if still alive with the same pid and start time, is killed with its group first."""
+"""Restart fencing: before serving, every job a dead supervisor left running fails, uncertain, and everything of
+it still alive is killed first: its worker (same pid and start time), every member of its cgroups and group, every
+descendant a sample saw (``containment.kill_remains``), even long after the worker itself died."""
 
 from __future__ import annotations
 
-from supervisor.jobs.outcomes import failure
-from supervisor.journal.store import Journal
-from supervisor.processes.process import kill_orphan
+import asyncio
+import logging
+import time
 
+import psutil
+
+from supervisor.jobs.outcomes import failure
+from supervisor.journal.records import Job
+from supervisor.journal.store import Journal
+from supervisor.processes.containment import Boundary, kill_remains, running
+from supervisor.processes.process import CONFIRM_SECONDS
+
+log = logging.getLogger("crew_supervisor.jobs")
 RESTART_MESSAGE = "sidecar restarted before CrewAI produced a terminal result"  # the reference's words
+MAX_PIDS_RECORDED = 100  # of the processes a fence killed, named in its evidence (all are counted)
 
 
 async def fence_restored(journal: Journal) -> list[str]:
     """The action ids fenced."""
     fenced = []
     for job in journal.reader.running():
-        orphan = False
-        if job.worker_pid and job.worker_start_time and job.worker_pgid:
-            orphan = kill_orphan(job.worker_pid, job.worker_start_time, job.worker_pgid)
-        outcome = failure("supervisor_restarted", RESTART_MESSAGE, True, orphan_killed=orphan)
+        killed = await asyncio.to_thread(_kill_remains, job)
+        evidence = {
+            "orphan_killed": bool(killed),
+            "orphans_killed": len(killed),
+            "orphan_pids": sorted(process.pid for process in killed)[:MAX_PIDS_RECORDED],
+        }
+        if killed:
+            log.warning("killed what a dead supervisor's job left", extra={"action_id": job.action_id, **evidence})
+        outcome = failure("supervisor_restarted", RESTART_MESSAGE, True, **evidence)
         await journal.finish(job.action_id, outcome.event, outcome.data)
         fenced.append(job.action_id)
     return fenced
+
+
+def _kill_remains(job: Job) -> list[psutil.Process]:
+    """Kill, then wait (``CONFIRM_SECONDS`` at most) until none of them runs. A zombie is dead already: only its
+    new parent can reap it, and one that never does would make the wait last until the deadline."""
+    killed = kill_remains(job.worker_pid, job.worker_start_time, job.worker_pgid, Boundary.decode(job.boundary))
+    deadline = time.monotonic() + CONFIRM_SECONDS
+    while any(running(process) for process in killed) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return killed

@@ -16,6 +16,7 @@ from supervisor.jobs.live import LiveJob
 from supervisor.jobs.outcomes import Outcome
 from supervisor.journal.records import StoredEvent, Streams
 from supervisor.journal.store import Journal, JournalError
+from supervisor.processes.containment import Boundary
 from supervisor.processes.process import WorkerProcess
 
 log = logging.getLogger("crew_supervisor.jobs")
@@ -51,9 +52,13 @@ class Recorder:
                 return "journal_error", str(exc)
         return None
 
-    async def record_worker(self, job: LiveJob, worker: WorkerProcess) -> None:
-        """Committed before the worker gets its job, so a restart can find and fence it."""
-        await self.journal.set_worker(job.action_id, worker.pid, worker.create_time, worker.pgid)
+    async def record_worker(self, job: LiveJob, worker: WorkerProcess, boundary: Boundary) -> None:
+        """Committed before the worker gets its job, so a restart can find and fence it and all it starts."""
+        await self.journal.set_worker(job.action_id, worker.pid, worker.create_time, worker.pgid, boundary.encode())
+
+    def record_boundary(self, job: LiveJob, boundary: Boundary) -> None:
+        """Samples found more of the job's processes: journaled for a restart to kill, not waited for."""
+        self.journal.set_boundary(job.action_id, boundary.encode())
 
     async def finish(self, job: LiveJob, outcome: Outcome) -> None:
         """The terminal event, the record's status, output and exit status, and the worker's stdout/stderr

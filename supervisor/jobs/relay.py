@@ -71,6 +71,7 @@ class Relay:
         strays = len(self.limits.tree(worker).leftovers()) if status is not None else 0
         if status is None or strays:
             proof = (await self.kill(worker)).as_dict()
+            strays = proof["descendants_killed"]
         if isinstance(message, Failed):  # its message may quote a key the crew was given, as a provider's does
             text = redact(message.message, job.secrets)
             return failure(message.reason, text, message.uncertain_outcome, error_type=message.error_type, **proof)
@@ -98,8 +99,8 @@ class Relay:
             self.breach(job, breach)
 
     async def kill(self, worker: WorkerProcess, grace: float = 0.0) -> StopEvidence:
-        """Kill the worker's group and the rest of its tree, as the limits know it right now."""
-        return await worker.kill(grace, self.limits.tree(worker).descendants())
+        """Kill the worker's group and everything else of its job, as its containment holds it."""
+        return await worker.kill(grace, self.limits.tree(worker))
 
     async def _ended(self, worker: WorkerProcess) -> Outcome:
         """The event pipe closed before a result: the worker died, or it closed the pipe and runs on."""
@@ -109,7 +110,10 @@ class Relay:
             if breach is not None:  # the kernel stopped it at its memory cap: the rest of its tree goes too
                 evidence = await self.kill(worker)
                 return failure(breach.error_type, breach.message, True, **breach.proof, **evidence.as_dict())
-            return exit_failure(status, worker.pid)
+            outcome = exit_failure(status, worker.pid)
+            if self.limits.tree(worker).leftovers():  # what it started dies with it, counted
+                outcome.data["descendants_killed"] = (await self.kill(worker)).descendants_killed
+            return outcome
         return await self._fault(worker, "frame_pipe_closed", "the worker closed its event pipe and kept running")
 
     async def _fault(self, worker: WorkerProcess, reason: str, message: str) -> Outcome:

@@ -177,15 +177,16 @@ class Runner:
                 return failure("launch_failed", str(exc), False)
             job.worker = worker
             self.metrics.worker_starts.labels(worker.launched_by).inc()
-            await self.recorder.record_worker(job, worker)
-            await self.limits.apply(worker)
+            await self.limits.apply(worker)  # its cgroups first: the journal names them before its job starts
+            await self.recorder.record_worker(job, worker, self.limits.tree(worker).boundary())
             if job.stop is None:  # a stop asked while launching: the worker is killed before it has its job
                 limits = (job.budget.max_tokens, job.budget.max_llm_calls)
                 worker.send(
                     Start(job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms, env, cwd, *limits)
                 )
             job.move(Phase.RUNNING)
-            self.limits.watch(worker, lambda breach: self.relay.breach(job, breach))
+            breached, found = lambda breach: self.relay.breach(job, breach), self.recorder.record_boundary
+            self.limits.watch(worker, breached, lambda boundary: found(job, boundary))
             result = await self._unless_stopped(job, lambda: self.relay.run(job, worker))
             job.move(Phase.SETTLING)
             if result is None:
@@ -200,6 +201,8 @@ class Runner:
                 self.limits.unwatch(job.worker)
                 if not job.worker.exited.done():
                     await self.relay.kill(job.worker)
+                elif left := self.limits.tree(job.worker).kill():  # each way a job ends kills its remains first
+                    log.warning("killed %d process(es) a job left", len(left), extra={"action_id": job.action_id})
                 self.limits.release(job.worker)
                 if job.operation == "train" and job.worker.exited.done():  # gone: nothing writes the file now
                     remove_partial(self.settings.training_dir, job.input["artifact_name"], job.action_id)

@@ -56,6 +56,7 @@ class Supervisor:
         self.reader = journal.reader
         self.launcher = launcher
         self.crews = registry.crews
+        limits.contained = registry.contained
         self.instance = secrets.token_hex(8)  # this life of the supervisor: a restart changes it
         self.live = live  # jobs without a terminal event, shared by the parts below
         self.metrics = metrics
@@ -115,6 +116,8 @@ class Supervisor:
             stack.push_async_callback(sup.stop)
             if fenced := await fence_restored(journal):
                 log.warning("fenced %d job(s) left running by a previous supervisor", len(fenced))
+            if stale := await asyncio.to_thread(limits.remove_stale):
+                log.warning("killed %d process(es) left in a dead supervisor's job cgroups", len(stale))
             remove_stale_partials(settings.training_dir)  # nothing runs yet: no such file is anyone's
             launcher.start()
             sup.housekeeping.start()

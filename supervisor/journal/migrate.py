@@ -135,6 +135,8 @@ def upgrade(db: sqlite3.Connection, path: Path, version: int) -> Path:
             _unwrap_completed(db)
         if version < 3:  # when the jobs ended before is not known: null
             db.execute("ALTER TABLE jobs ADD COLUMN ended_at REAL")
+        if version < 4:  # a running job's worker is still fenced by its pid, start time and group
+            db.execute("ALTER TABLE jobs ADD COLUMN boundary BLOB")
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         db.execute("COMMIT")
     except BaseException:

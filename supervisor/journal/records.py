@@ -27,6 +27,7 @@ class Job:
     exit_status: int | None = None  # the worker's, once the job is terminal (negative: killed by that signal)
     admitted_at: float | None = None  # wall clock, as the journal keeps it (None: not read from it)
     ended_at: float | None = None  # wall clock: when its terminal event was written (None: running, or unknown)
+    boundary: bytes | None = None  # JSON: what identifies its processes beside its worker (``containment.Boundary``)
 
 
 @dataclasses.dataclass(frozen=True)

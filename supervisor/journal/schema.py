@@ -6,7 +6,8 @@ class JournalError(Exception):
 
 
 # 2: completed events hold the output itself; the worker's exit status is in jobs. 3: when a job ended (ended_at).
-SCHEMA_VERSION = 3
+# 4: what identifies a job's processes beside its worker (boundary: its cgroups, the descendants samples saw).
+SCHEMA_VERSION = 4
 TERMINAL_EVENTS = ("completed", "failed", "cancelled")
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -22,7 +23,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     worker_start_time REAL,
     worker_pgid INTEGER,
     exit_status INTEGER,
-    ended_at REAL
+    ended_at REAL,
+    boundary BLOB
 );
 CREATE TABLE IF NOT EXISTS events (
     action_id TEXT NOT NULL,

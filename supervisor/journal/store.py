@@ -132,8 +132,9 @@ class Journal:
 
         return self._write(insert, patience=REFUSE_AFTER_SECONDS)
 
-    def set_worker(self, action_id: str, pid: int, start_time: float, pgid: int) -> Written[None]:
-        """Committed before the worker gets its job, so a restarted supervisor can find and fence it.
+    def set_worker(self, action_id: str, pid: int, start_time: float, pgid: int, boundary: bytes) -> Written[None]:
+        """Committed before the worker gets its job, so a restarted supervisor can find and fence it, and
+        everything it starts (``boundary``: its cgroups; ``set_boundary`` adds what samples find later).
 
         Committed without an fsync (``synchronous=NORMAL``) unless a write that needs one shares its
         commit: what it must survive is this process crashing, never the machine, since a worker does
@@ -142,9 +143,18 @@ class Journal:
 
         def update(db: sqlite3.Connection) -> None:
             db.execute(
-                "UPDATE jobs SET worker_pid = ?, worker_start_time = ?, worker_pgid = ? WHERE action_id = ?",
-                (pid, start_time, pgid, action_id),
+                "UPDATE jobs SET worker_pid = ?, worker_start_time = ?, worker_pgid = ?, boundary = ?"
+                " WHERE action_id = ?",
+                (pid, start_time, pgid, boundary, action_id),
             )
+
+        return self._write(update, durable=False)
+
+    def set_boundary(self, action_id: str, boundary: bytes) -> Written[None]:
+        """What identifies a running job's processes now (samples found more); committed as ``set_worker`` is."""
+
+        def update(db: sqlite3.Connection) -> None:
+            db.execute("UPDATE jobs SET boundary = ? WHERE action_id = ?", (boundary, action_id))
 
         return self._write(update, durable=False)
 

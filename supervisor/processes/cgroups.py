@@ -1,10 +1,13 @@
-"""Kernel caps per worker: a pids cgroup and a memory cgroup, where the kernel lets us make them.
+"""Kernel caps per worker: a pids cgroup (always: it is what holds the job), a memory cgroup and a CPU count,
+where the kernel lets us make them.
 
 Sampling sees a fork bomb or a memory hog only after the fact. A cgroup's ``pids.max`` makes the kernel
 refuse the fork itself, and its member list names every process of the job, even one that left with
-setsid; its memory limit makes the kernel's OOM killer stop the job at the limit, however fast it
-grows, and counts the kill. RLIMIT_NPROC cannot do the first (it counts all processes of the user, and
-root ignores it), RLIMIT_AS not the second (it counts address space, not memory).
+setsid (no job can leave its cgroups: its worker denies itself every cgroup write, ``worker/landlock.py``);
+its memory limit makes the kernel's OOM killer stop the job at the limit, however fast it grows, and
+counts the kill; its CPU count (``cpuacct``; ``cpu.stat`` on v2) holds what every member used, one that
+re-forked and ended too. RLIMIT_NPROC cannot do the first (it counts all processes of the user, and root
+ignores it), RLIMIT_AS not the second (it counts address space, not memory).
 
 Cgroup v1 (a ``pids`` and a ``memory`` hierarchy) and v2 (one unified tree) are both read. On v2 our own
 cgroup's parent must already enable the controllers for it (a delegated subtree, e.g. the root of a
@@ -20,13 +23,16 @@ import contextlib
 import dataclasses
 import logging
 import os
+import signal
+import time
 from pathlib import Path
 
 log = logging.getLogger("crew_supervisor.cgroups")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-PIDS, MEMORY = "pids", "memory"
-# What proves a directory of ours is a cgroup with the controller: its cap's file, v1 then v2.
-CAP_FILES = {PIDS: ("pids.max",), MEMORY: ("memory.limit_in_bytes", "memory.max")}
+PIDS, MEMORY, CPU = "pids", "memory", "cpuacct"
+# What proves a directory of ours is a cgroup with the controller: its cap's (or count's) file, v1 then v2.
+CAP_FILES = {PIDS: ("pids.max",), MEMORY: ("memory.limit_in_bytes", "memory.max"), CPU: ("cpuacct.usage", "cpu.stat")}
+BASE_PREFIX, JOB_PREFIX = "crew-supervisor-", "worker-"  # a supervisor's directory, a job's within it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,11 +54,36 @@ class JobCgroup:
     def caps_memory(self) -> bool:
         return MEMORY in self._paths
 
+    def paths(self) -> tuple[str, ...]:
+        return tuple(sorted({str(path) for path, _ in self._paths.values()}))
+
     def pids(self) -> list[int]:
+        """Every member: any of the job's cgroups lists them all, since none of them can leave."""
         for directory in {path for path, _ in self._paths.values()}:
             with contextlib.suppress(OSError):
                 return [int(line) for line in (directory / "cgroup.procs").read_text().split()]
         return []
+
+    def kill(self) -> None:
+        """On v2, the kernel kills every member at once (``cgroup.kill``, Linux 5.14); v1 has no such file."""
+        for directory, v1 in self._paths.values():
+            if not v1:
+                with contextlib.suppress(OSError):
+                    (directory / "cgroup.kill").write_text("1")
+                return
+
+    def cpu_seconds(self) -> float | None:
+        """All the CPU the job's members used while they were members, ended ones included; None without the count."""
+        place = self._paths.get(CPU)
+        if place is None:
+            return None
+        with contextlib.suppress(OSError, ValueError):
+            if place[1]:
+                return int((place[0] / "cpuacct.usage").read_text()) / 1e9
+            for line in (place[0] / "cpu.stat").read_text().splitlines():
+                if line.startswith("usage_usec "):
+                    return int(line.split()[1]) / 1e6
+        return None
 
     def refused_forks(self) -> int:
         """How many forks ``pids.max`` refused (the ``max`` line of ``pids.events``)."""
@@ -117,13 +148,12 @@ class Cgroups:
         found = []
         for name in wanted:
             for candidate, v1 in _own_directories(root, name):
-                base = candidate / f"crew-supervisor-{os.getpid()}"
+                base = candidate / f"{BASE_PREFIX}{os.getpid()}"
                 try:
                     base.mkdir(mode=0o755, exist_ok=True)
                 except OSError:
                     continue
                 if any((base / cap).exists() for cap in CAP_FILES[name]) and _delegate(base, name, v1):
-                    _remove_stale(candidate)
                     found.append(Controller(name, base, v1))
                     break
                 with contextlib.suppress(OSError):
@@ -135,12 +165,12 @@ class Cgroups:
         ``memory_bytes``; a controller that refuses is left out (and said so), the others still hold."""
         paths: dict[str, tuple[Path, bool]] = {}
         for controller in self.controllers:
-            path = controller.base / name
+            path = controller.base / f"{JOB_PREFIX}{name}"
             try:
-                path.mkdir(mode=0o755, exist_ok=not controller.v1)  # v2: one directory for both
+                path.mkdir(mode=0o755, exist_ok=not controller.v1)  # v2: one directory for all
                 if controller.name == PIDS:
-                    (path / "pids.max").write_text(str(processes))
-                else:
+                    (path / "pids.max").write_text(str(processes) if processes else "max")
+                elif controller.name == MEMORY:
                     _cap_memory(path, memory_bytes, controller.v1)
                 (path / "cgroup.procs").write_text(str(pid))
             except OSError as exc:
@@ -150,6 +180,20 @@ class Cgroups:
                 continue
             paths[controller.name] = (path, controller.v1)
         return JobCgroup(paths) if paths else None
+
+    def remove_stale(self) -> list[int]:
+        """Empty and remove what supervisors that died left (their jobs' processes are killed first: nothing of a
+        job outlives its supervisor); the pids killed. Run once this supervisor has fenced its own journal."""
+        killed: list[int] = []
+        for candidate in {controller.base.parent for controller in self.controllers}:
+            for base in candidate.glob(f"{BASE_PREFIX}*"):
+                pid = base.name.removeprefix(BASE_PREFIX)
+                if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                    for job in (child for child in base.iterdir() if child.is_dir()):
+                        killed.extend(_empty(job))
+                    with contextlib.suppress(OSError):
+                        base.rmdir()
+        return killed
 
     def remove(self) -> None:
         for base in {controller.base for controller in self.controllers}:
@@ -161,10 +205,44 @@ class Cgroups:
                 base.rmdir()
 
 
+def is_job_cgroup(path: Path) -> bool:
+    """Whether ``path`` is a job's cgroup as a supervisor names it, under the cgroup root."""
+    return (
+        path.is_absolute()
+        and ".." not in path.parts
+        and CGROUP_ROOT in path.parents
+        and path.name.startswith(JOB_PREFIX)
+        and path.parent.name.startswith(BASE_PREFIX)
+    )
+
+
+def members_of(path: Path) -> list[int]:
+    with contextlib.suppress(OSError, ValueError):
+        return [int(line) for line in (path / "cgroup.procs").read_text().split()]
+    return []
+
+
+def _empty(job: Path) -> list[int]:
+    """Kill every member of a dead supervisor's job cgroup until none is left, then remove it; the pids killed."""
+    killed: set[int] = set()
+    for _ in range(100):  # a member with SIGKILL pending cannot fork: each round leaves fewer
+        members = members_of(job)
+        if not members:
+            break
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+        time.sleep(0.01)  # the kernel takes a moment to take a killed process out of the list
+    with contextlib.suppress(OSError):
+        job.rmdir()
+    return sorted(killed)
+
+
 def _delegate(base: Path, name: str, v1: bool) -> bool:
     """On v2 a job's directory has the controller's files only if ``base`` enables it for its children
-    (allowed: ``base`` holds no process). v1 hierarchies need nothing."""
-    if v1:
+    (allowed: ``base`` holds no process). v1 hierarchies need nothing, nor v2's CPU count (``cpu.stat``)."""
+    if v1 or name == CPU:
         return True
     try:
         (base / "cgroup.subtree_control").write_text(f"+{name}")
@@ -201,16 +279,3 @@ def _own_directories(root: Path, controller: str) -> list[tuple[Path, bool]]:
             elif controllers == "":
                 found.extend([(root / relative, False), (root / "unified" / relative, False)])
     return [(path, v1) for path, v1 in found if path.is_dir()]
-
-
-def _remove_stale(directory: Path) -> None:
-    """Empty directories left by supervisors that died without cleaning up."""
-    for child in directory.glob("crew-supervisor-*"):
-        pid = child.name.rpartition("-")[2]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            for job in child.iterdir():
-                if job.is_dir():
-                    with contextlib.suppress(OSError):
-                        job.rmdir()
-            with contextlib.suppress(OSError):
-                child.rmdir()

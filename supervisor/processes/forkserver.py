@@ -305,7 +305,7 @@ class _ForkServer:
         if pid == 0:  # the kernel refused a fork (a process or memory limit): this worker only
             raise LaunchError("the fork server could not fork")
         try:
-            self.reaper.register(pid)
+            self.reaper.register(pid, kill_group=False)  # a job's worker: its group is its containment's
         except OSError as exc:
             raise LaunchError(f"forked worker {pid} died at once") from exc
         return WorkerProcess(pid, ours, self.reaper, self.reaper.watch(pid), "forkserver")

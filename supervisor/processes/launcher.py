@@ -45,9 +45,11 @@ class Launcher(Interface):
         ...
 
 
-def spawn_process(reaper: Reaper, argv: list[str], env: Mapping[str, str], fds: Mapping[int, int]) -> int:
+def spawn_process(
+    reaper: Reaper, argv: list[str], env: Mapping[str, str], fds: Mapping[int, int], kill_group: bool = True
+) -> int:
     """posix_spawn ``argv`` leading a new process group, with exactly ``fds`` (target: source) open; ``reaper``
-    reaps it.
+    reaps it (``kill_group``: see ``Reaper.register``).
 
     In our session, not a new one: where the kernel groups scheduling by session (autogroup), a session of
     its own would weigh as much as ours whatever its nice value, so ``WORKER_NICE`` would not hold. Called
@@ -58,7 +60,7 @@ def spawn_process(reaper: Reaper, argv: list[str], env: Mapping[str, str], fds: 
     try:
         actions = [(os.POSIX_SPAWN_DUP2, source, target) for target, source in moved.items()]
         pid = os.posix_spawn(argv[0], argv, dict(env), file_actions=actions, setpgroup=0)
-        reaper.register(pid)
+        reaper.register(pid, kill_group)
         return pid
     except OSError as exc:
         raise LaunchError(f"cannot start {argv[0]}: {exc.strerror}") from None
@@ -107,7 +109,8 @@ class SpawnLauncher:
         argv = [*self.argv, mode, "--parent-pid", str(os.getpid()), "--cwd", cwd]
         try:
             fds = {0: null, 1: theirs.stdout, 2: theirs.stderr, CONTROL_FD: theirs.control, EVENT_FD: theirs.events}
-            pid = spawn_process(self.reaper, argv, env, fds)
+            # A job's worker leaves its group to its job's containment, which counts what it kills.
+            pid = spawn_process(self.reaper, argv, env, fds, kill_group=mode != "job")
         except LaunchError:
             ours.close()
             raise

@@ -4,35 +4,29 @@ Kernel limits are set on the worker from here (``prlimit``, not a request to the
 address space, a pids and a memory cgroup (where they can be made) before it is given its job, a CPU backstop once
 the job starts. A sampler measures every worker's whole tree each period and names the limit a job broke.
 
-Each bounded worker's tree is a ``JobTree``: its cgroup, the samples and every descendant they saw.
-The limits make one in ``apply`` (or ``watch``) and drop it in ``release``; whoever kills the worker
-asks it for the descendants to kill beside the group.
+Each bounded worker's processes are a ``Containment`` (``containment.py``): its cgroups, the samples and
+every descendant they saw. The limits make one in ``apply`` (or ``watch``) and drop it in ``release``;
+whoever kills the worker has it kill everything else of the job.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
 import dataclasses
 import logging
-import os
 import resource
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
-import psutil
-
 from supervisor.config import Settings
-from supervisor.processes.cgroups import MEMORY, PIDS, Cgroups, JobCgroup
+from supervisor.processes.cgroups import CPU, MEMORY, PIDS, Cgroups
+from supervisor.processes.containment import Boundary, Containment, ProcessTable
 from supervisor.processes.process import WorkerProcess
 
 log = logging.getLogger("crew_supervisor.limits")
 MiB = 1024 * 1024
 # RLIMIT_CPU is per process and counts from its start; it backs up the sampler, which should act first.
 CPU_BACKSTOP_SECONDS = 5
-MAX_REMEMBERED = 4096  # descendants remembered per worker (a fork bomb is capped well below this)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,107 +34,6 @@ class Breach:
     error_type: str
     message: str
     proof: dict[str, Any]
-
-
-@dataclasses.dataclass(frozen=True)
-class Usage:
-    """One sample of a worker's tree: the worker and every descendant still running."""
-
-    rss_bytes: int
-    cpu_seconds: float  # user + system, reaped children included
-    cpu_percent: float  # since the previous sample; 100 is one core
-    processes: int
-    threads: int  # in all processes: what a pids cgroup counts
-    sampled_at: float  # wall clock
-
-
-class JobTree:
-    """One worker's tree as the limits see it: the worker, its cgroups (if the kernel gave any), its
-    descendants and the samples taken of them. Remembers every descendant a sample saw, so one that
-    leaves the tree (setsid and a double fork) is still known to be this job's."""
-
-    def __init__(self, pid: int, cgroup: JobCgroup | None = None) -> None:
-        self.pid = pid
-        self.cgroup = cgroup
-        self.usage: Usage | None = None  # the latest sample (see ``sample``)
-        self.peak_rss = 0
-        self.cpu_baseline: float | None = None  # CPU seconds used before the job began (a cold start's imports)
-        self._seen: dict[int, psutil.Process] = {}  # every descendant a sample found, by pid
-
-    def descendants(self, children: Mapping[int, list[int]] | None = None) -> list[psutil.Process]:
-        """Every other process of this job: the worker's tree, its cgroup's members, and any
-        descendant a sample saw that has since left the tree (by setsid and a double fork).
-
-        ``children`` is one scan of the process table (``children_by_parent``), shared by a round of samples.
-        """
-        pids = _tree(children if children is not None else children_by_parent(), self.pid)
-        pids.update(self.cgroup.pids() if self.cgroup is not None else ())
-        pids.discard(self.pid)
-        found = {}
-        for pid in pids:
-            known = self._seen.get(pid)
-            with contextlib.suppress(psutil.NoSuchProcess):
-                found[pid] = known if known is not None and known.is_running() else psutil.Process(pid)
-        for pid, process in self._seen.items():
-            if pid not in found and _running(process):
-                found[pid] = process
-        return list(found.values())
-
-    def cpu_seconds(self) -> float:
-        """The worker's own CPU time so far (and its reaped children's); 0 once it is gone."""
-        try:
-            times = psutil.Process(self.pid).cpu_times()
-        except psutil.NoSuchProcess:
-            return 0.0
-        return times.user + times.system + times.children_user + times.children_system
-
-    def proportional_memory(self, children: Mapping[int, list[int]] | None = None) -> int:
-        """The tree's PSS: pages shared with the fork server or each other count by share. Exact but
-        slow (the kernel walks every mapping, ~6 ms for a CrewAI process), so asked only when RSS is high."""
-        return sum(_pss(process) for process in [psutil.Process(self.pid), *self.descendants(children)])
-
-    def memory_view(self, children: Mapping[int, list[int]]) -> Callable[[], tuple[int | None, str]]:
-        """What the job's memory is, as its cap measures it, as a reading to take off the loop (a PSS takes ms a
-        process): the cgroup's charge where one caps it, else the PSS of the processes its tree has now
-        (``children``: one scan of the process table, shared by the readings of one view)."""
-        cgroup = self.cgroup if self.cgroup is not None and self.cgroup.caps_memory else None
-        if cgroup is not None:
-            return lambda: (cgroup.memory_current(), "cgroup")
-        processes = [psutil.Process(self.pid), *self.descendants(children)]
-        return lambda: (sum(_pss(process) for process in processes), "pss")
-
-    def leftovers(self) -> list[psutil.Process]:
-        """Processes of this job still running after the worker itself has exited. Its children went
-        to us (the subreaper) when it died, so no scan from its pid would find them: the cgroup and
-        the samples are what know them."""
-        return [process for process in self.descendants(children={}) if _running(process)]
-
-    def sample(self, children: Mapping[int, list[int]] | None = None) -> Usage | None:
-        """Measure the tree now; None once the worker is gone. Remembers every descendant it sees."""
-        try:
-            tree = [psutil.Process(self.pid), *self.descendants(children)]
-        except psutil.NoSuchProcess:
-            return None
-        rss, cpu, alive, threads = 0, 0.0, 0, 0
-        for process in tree:
-            try:
-                with process.oneshot():
-                    rss += process.memory_info().rss
-                    times = process.cpu_times()
-                    threads += process.num_threads()
-            except psutil.NoSuchProcess:
-                continue
-            cpu += times.user + times.system + times.children_user + times.children_system
-            alive += 1
-            if process.pid != self.pid and len(self._seen) < MAX_REMEMBERED:
-                self._seen.setdefault(process.pid, process)
-        now = time.time()
-        previous = self.usage
-        elapsed = now - previous.sampled_at if previous else 0.0
-        percent = max(cpu - previous.cpu_seconds, 0.0) / elapsed * 100 if previous and elapsed > 0 else 0.0
-        self.usage = Usage(rss, round(cpu, 3), round(percent, 1), alive, threads, now)
-        self.peak_rss = max(self.peak_rss, rss)
-        return self.usage
 
 
 class Limits:
@@ -152,18 +45,32 @@ class Limits:
         self.address_space = settings.worker_max_address_space_mb * MiB
         self.output_bytes = settings.worker_max_output_bytes
         self.period = settings.limit_sample_ms / 1000
-        wanted = [name for name, cap in ((PIDS, self.processes), (MEMORY, self.memory_bytes)) if cap]
+        # A pids cgroup always: capped or not, it is what holds every process of a job.
+        wanted = [PIDS, *(name for name, cap in ((MEMORY, self.memory_bytes), (CPU, self.cpu_seconds)) if cap)]
         self.cgroups = Cgroups.find(wanted) if settings.cgroups == "auto" else None
-        self._trees: dict[WorkerProcess, JobTree] = {}
-        self._watched: dict[WorkerProcess, Callable[[Breach], None]] = {}
+        self.contained = False  # the workers deny themselves cgroup writes (their registry says): none leaves its own
+        self._trees: dict[WorkerProcess, Containment] = {}
+        self._watched: dict[WorkerProcess, tuple[Callable[[Breach], None], Callable[[Boundary], None]]] = {}
 
     def health(self) -> dict[str, object]:
         """Which kind of limit holds each cap: the kernel's (a cgroup per job) or our sampling."""
         kernel = self.cgroups.names if self.cgroups is not None else set()
         return {
-            "process_limit": "cgroup" if PIDS in kernel else "sampled" if self.processes else "off",
+            "process_limit": "cgroup" if PIDS in kernel and self.processes else "sampled" if self.processes else "off",
             "memory_limit": "cgroup" if MEMORY in kernel else "sampled" if self.memory_bytes else "off",
+            "cpu_limit": "cgroup" if CPU in kernel else "sampled" if self.cpu_seconds else "off",
+            "containment": self.containment(),
         }
+
+    def containment(self) -> str:
+        """What holds every process of a job: its cgroup, which it cannot leave; else its group and the samples."""
+        if self.cgroups is None or PIDS not in self.cgroups.names:
+            return "group and samples"
+        return "cgroup" if self.contained else "cgroup, leavable: the workers cannot deny themselves cgroup writes"
+
+    def remove_stale(self) -> list[int]:
+        """Kill what dead supervisors' jobs left in their cgroups, and remove those: the pids killed."""
+        return self.cgroups.remove_stale() if self.cgroups is not None else []
 
     async def apply(self, worker: WorkerProcess) -> None:
         """Bound a worker that has not yet been given its job; once (a pre-forked one is bounded while idle)."""
@@ -175,21 +82,21 @@ class Limits:
         cgroup = None
         if self.cgroups is not None:
             # Off the loop: moving a process between cgroups waits on the kernel (~15 ms measured).
-            name = f"worker-{worker.pid}-{worker.create_time:.2f}"  # a pid is reused; with its start time it is not
+            name = f"{worker.pid}-{worker.create_time:.2f}"  # a pid is reused; with its start time it is not
             cgroup = await asyncio.to_thread(self.cgroups.join, name, worker.pid, self.processes, self.memory_bytes)
-        self._trees[worker] = JobTree(worker.pid, cgroup)
+        self._trees[worker] = Containment(worker.pid, worker.create_time, cgroup)
 
     def begin(self, worker: WorkerProcess) -> None:
         """The job starts now: CPU counts from here (not a cold start's imports), with a kernel backstop."""
         tree = self._bounded(worker)
-        tree.cpu_baseline = tree.cpu_seconds()
+        tree.cpu_baseline = tree.job_cpu_seconds(tree.cpu_seconds())
         if self.cpu_seconds:
             soft = int(tree.cpu_baseline) + self.cpu_seconds + CPU_BACKSTOP_SECONDS
             _prlimit(worker.pid, resource.RLIMIT_CPU, soft, soft + 1)  # SIGXCPU first, SIGKILL a second later
 
-    def tree(self, worker: WorkerProcess) -> JobTree:
-        """What the limits know of ``worker``'s tree; a worker not (yet) bounded gets a fresh look."""
-        return self._trees.get(worker) or JobTree(worker.pid)
+    def tree(self, worker: WorkerProcess) -> Containment:
+        """What the limits know of ``worker``'s processes; a worker not (yet) bounded gets a fresh look."""
+        return self._trees.get(worker) or Containment(worker.pid, worker.create_time)
 
     def release(self, worker: WorkerProcess) -> None:
         """The worker is gone: forget its tree and remove its cgroup."""
@@ -202,7 +109,7 @@ class Limits:
         if self.cgroups is not None:
             self.cgroups.remove()
 
-    def check(self, worker: WorkerProcess, children: Mapping[int, list[int]] | None = None) -> Breach | None:
+    def check(self, worker: WorkerProcess, table: ProcessTable | None = None) -> Breach | None:
         """Sample the worker's tree now; the first limit it breaks, if any."""
         output = worker.stdout.total + worker.stderr.total
         if self.output_bytes and output > self.output_bytes:
@@ -212,7 +119,7 @@ class Limits:
                 {"output_bytes": output},
             )
         tree = self._bounded(worker)
-        usage = tree.sample(children)
+        usage = tree.sample(table)
         if usage is None:
             return None
         refused = tree.cgroup.refused_forks() if tree.cgroup is not None else 0
@@ -228,7 +135,7 @@ class Limits:
         # RSS counts pages shared with the fork server once per process; PSS, the measure, never exceeds it.
         capped = tree.cgroup is not None and tree.cgroup.caps_memory
         if self.memory_bytes and not capped and usage.rss_bytes > self.memory_bytes:
-            memory = tree.proportional_memory(children)
+            memory = tree.proportional_memory(table)
             if memory > self.memory_bytes:
                 return Breach(
                     "memory_limit_exceeded",
@@ -268,10 +175,13 @@ class Limits:
             },
         )
 
-    def watch(self, worker: WorkerProcess, on_breach: Callable[[Breach], None]) -> None:
-        """Sample ``worker`` in every round until ``unwatch``; ``on_breach`` is told once of the limit it broke."""
+    def watch(
+        self, worker: WorkerProcess, on_breach: Callable[[Breach], None], on_found: Callable[[Boundary], None]
+    ) -> None:
+        """Sample ``worker`` in every round until ``unwatch``; ``on_breach`` is told once of the limit it broke,
+        ``on_found`` of its boundary each time a round found processes of the job it had not seen."""
         self._bounded(worker)
-        self._watched[worker] = on_breach
+        self._watched[worker] = (on_breach, on_found)
 
     def unwatch(self, worker: WorkerProcess) -> None:
         self._watched.pop(worker, None)
@@ -281,11 +191,11 @@ class Limits:
         """Whether any worker is sampled each period."""
         return bool(self._watched)
 
-    def _bounded(self, worker: WorkerProcess) -> JobTree:
-        """The tree kept for ``worker`` until ``release``: made now if ``apply`` did not run."""
+    def _bounded(self, worker: WorkerProcess) -> Containment:
+        """The containment kept for ``worker`` until ``release``: made now if ``apply`` did not run."""
         tree = self._trees.get(worker)
         if tree is None:
-            tree = self._trees[worker] = JobTree(worker.pid)
+            tree = self._trees[worker] = Containment(worker.pid, worker.create_time)
         return tree
 
     def sample(self) -> None:
@@ -293,9 +203,11 @@ class Limits:
         this every ``period``)."""
         if not self._watched:
             return
-        children = children_by_parent()
-        for worker, on_breach in list(self._watched.items()):
-            breach = None if worker.exited.done() else self.check(worker, children)
+        table = ProcessTable.scan()
+        for worker, (on_breach, on_found) in list(self._watched.items()):
+            breach = None if worker.exited.done() else self.check(worker, table)
+            if self._trees[worker].boundary_grew:
+                on_found(self._trees[worker].boundary())
             if breach is not None:
                 self.unwatch(worker)
                 on_breach(breach)
@@ -313,52 +225,3 @@ def _prlimit(pid: int, kind: int, soft: int, hard: int) -> None:
         resource.prlimit(pid, kind, (min(soft, hard), hard))
     except (OSError, ValueError) as exc:
         log.warning("could not set worker limit %d: %s", kind, type(exc).__name__, extra={"pid": pid})
-
-
-def children_by_parent() -> dict[int, list[int]]:
-    """One pass over /proc: each pid's children. psutil's ``children()`` makes this pass per call."""
-    children: dict[int, list[int]] = collections.defaultdict(list)
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as stat:
-                data = stat.read()
-            # After the command's closing parenthesis: state, then the parent's pid.
-            parent = int(data[data.rindex(b")") + 2 :].split(None, 2)[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children[parent].append(int(name))
-    return children
-
-
-def _tree(children: Mapping[int, list[int]], root: int) -> set[int]:
-    found: set[int] = set()
-    pending = list(children.get(root, ()))
-    while pending:
-        pid = pending.pop()
-        if pid not in found:
-            found.add(pid)
-            pending.extend(children.get(pid, ()))
-    return found
-
-
-def _pss(process: psutil.Process) -> int:
-    try:
-        with open(f"/proc/{process.pid}/smaps_rollup", "rb") as rollup:
-            for line in rollup:
-                if line.startswith(b"Pss:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    try:
-        return int(process.memory_info().rss)  # no rollup (an old kernel): RSS bounds PSS from above
-    except psutil.NoSuchProcess:
-        return 0
-
-
-def _running(process: psutil.Process) -> bool:
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False

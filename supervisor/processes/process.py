@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import os
 import signal
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import psutil
 
 from protocol import FrameError, Message, pack
+from supervisor.processes.containment import Containment
 from supervisor.processes.pipes import QUEUE_HIGH, QUEUE_LOW, Frames, PipeEnds, Tail
 from supervisor.processes.reaper import Reaper, signal_group
 
@@ -102,27 +101,24 @@ class WorkerProcess:
         except TimeoutError:
             return None
 
-    async def kill(self, grace: float = 0.0, descendants: Sequence[psutil.Process] = ()) -> StopEvidence:
-        """Stop the worker's whole group and ``descendants``, then prove they are all gone.
-
-        ``descendants`` is the rest of the job's tree, snapshotted by the caller before the kill
-        (``limits.JobTree.descendants``): a grandchild may have left the group with setsid.
-        """
+    async def kill(self, grace: float = 0.0, containment: Containment | None = None) -> StopEvidence:
+        """Stop the worker's whole group and every other process of its job (``containment``: its cgroups and
+        the descendants samples saw), then prove they are all gone. ``descendants_killed`` counts the job's
+        processes but the worker that were running when the stop began, or were found and killed during it."""
         started = time.monotonic()
-        tree = list(descendants)
+        containment = containment or Containment(self.pid, self.create_time)
+        snapshot = containment.descendants()  # before any signal: a grandchild may have left the group
         sent = signal.SIGKILL
         if grace > 0 and not self.exited.done():
             signal_group(self.pgid, signal.SIGTERM)
             await self.wait_exit(grace)
             if self.exited.done():
                 sent = signal.SIGTERM
-        if not self.exited.done():
+        if not self.exited.done():  # an unreaped leader holds its group's id: the group is still the job's
             signal_group(self.pgid, signal.SIGKILL)
-        for process in tree:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.kill()  # psutil refuses a pid that now names another process
+        stopped = {process.pid: process for process in [*snapshot, *containment.kill(snapshot)]}
         status = await self.wait_exit(CONFIRM_SECONDS)
-        confirmed = self.exited.done() and await self._reaper.confirm_gone(tree, CONFIRM_SECONDS)
+        confirmed = self.exited.done() and await self._reaper.confirm_gone(list(stopped.values()), CONFIRM_SECONDS)
         self.close_control()
         return StopEvidence(
             stop_confirmed=confirmed,
@@ -130,27 +126,6 @@ class WorkerProcess:
             pgid=self.pgid,
             signal=signal.Signals(sent).name,
             exit_status=status,
-            descendants_killed=len(tree),
+            descendants_killed=len(stopped),
             elapsed_ms=round((time.monotonic() - started) * 1000, 3),
         )
-
-
-def kill_orphan(pid: int, start_time: float, pgid: int) -> bool:
-    """Kill a worker left by an earlier supervisor; True if it was found alive. A reused pid is never
-    signalled. A zombie is dead already (only its new parent can reap it, and one that never does, as a
-    process above us that became a subreaper, would make a wait for it last until the deadline); its
-    group may still hold live descendants, so the group is killed all the same."""
-    try:
-        process = psutil.Process(pid)
-        if process.create_time() != start_time:
-            return False
-        tree = [] if process.status() == psutil.STATUS_ZOMBIE else [process, *process.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return False
-    if pgid == pid:
-        signal_group(pgid, signal.SIGKILL)
-    for member in tree:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            member.kill()
-    psutil.wait_procs(tree, timeout=CONFIRM_SECONDS)
-    return bool(tree)

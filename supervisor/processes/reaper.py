@@ -10,7 +10,8 @@ Two kinds of process end here:
   children are never reaped this way: their status belongs to whoever watches them.
 
 Every process we watch leads its own process group (a forked worker calls setpgid; ``spawn_process``
-starts the others in a group of their own). When one exits, what it left in its group is killed.
+starts the others in a group of their own). When one exits, what it left in its group is killed; but a job's
+worker's group is its job's to kill (``containment.Containment``), which counts what it kills.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def _subreaper(flag: int) -> None:
 @dataclasses.dataclass(eq=False)
 class _Child:
     pidfd: int  # opened at spawn: the pid cannot name another process while we hold it
+    kill_group: bool  # at its exit, kill what it left in its group
     exited: asyncio.Future[int | None] | None = None  # made by the first ``watch``
 
 
@@ -59,9 +61,10 @@ class Reaper:
         # A forked worker in flight: ours once its middle process leaves, registered once its pid is known.
         self.adopting = False
 
-    def register(self, pid: int) -> None:
-        """``pid`` is a child we just spawned: reaped only where it is watched, never as an orphan."""
-        self._children[pid] = _Child(os.pidfd_open(pid))
+    def register(self, pid: int, kill_group: bool = True) -> None:
+        """``pid`` is a child we just spawned: reaped only where it is watched, never as an orphan. Without
+        ``kill_group`` what it leaves in its group at its exit is its caller's to kill (a job's worker)."""
+        self._children[pid] = _Child(os.pidfd_open(pid), kill_group)
 
     def watch(self, pid: int) -> asyncio.Future[int | None]:
         """The exit status of ``pid``, a registered child, once it has exited (on the running loop)."""
@@ -77,7 +80,8 @@ class Reaper:
         os.close(child.pidfd)
         # Until it is reaped the leader is a zombie and its pid (the group id) cannot be reused:
         # anything it left running in its group goes with it.
-        signal_group(pid, signal.SIGKILL)
+        if child.kill_group:
+            signal_group(pid, signal.SIGKILL)
         del self._children[pid]
         _, status = os.waitpid(pid, 0)
         if child.exited is not None and not child.exited.done():

@@ -15,7 +15,8 @@ import orjson
 import psutil
 import pytest
 
-from supervisor.processes.process import CONFIRM_SECONDS, kill_orphan
+from supervisor.processes.containment import Boundary, kill_remains
+from supervisor.processes.process import CONFIRM_SECONDS
 from tests.conftest import gone, start_body, start_server, wait_until
 from tests.crews import EVIDENCE_DIR
 from tests.hostile_crews import EXIT_REFUSED
@@ -150,7 +151,7 @@ def test_a_worker_left_as_a_zombie_is_dead_not_an_orphan_and_costs_no_wait() -> 
         os.kill(zombie.pid, signal.SIGKILL)
         assert wait_until(lambda: psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE, timeout=10)
         began = time.monotonic()
-        assert kill_orphan(zombie.pid, started, zombie.pid) is False
+        assert kill_remains(zombie.pid, started, zombie.pid, Boundary()) == []
         assert time.monotonic() - began < CONFIRM_SECONDS  # a wait for a reap that never comes would take all of it
     finally:
         zombie.kill()

@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 import pytest
 
 from protocol import Chunk, Completed, Failed, FrameError, Start, Started, partial_name
+from supervisor.processes.containment import Containment
 from supervisor.processes.forkserver import ForkServerLauncher
 from supervisor.processes.launcher import SpawnLauncher
-from supervisor.processes.limits import JobTree
 from supervisor.processes.process import StopEvidence, WorkerProcess
 from supervisor.processes.reaper import Reaper
 from tests.conftest import gone, worker_env
@@ -158,8 +158,8 @@ def stop_blocked(forks: Forks, tmp: Path, crew: str, operation: str, inputs: dic
         except BaseException:
             await worker.kill()
             raise
-        tree = JobTree(worker.pid).descendants()
-        return await worker.kill(grace=0.2, descendants=tree), worker, tree
+        tree = Containment(worker.pid, worker.create_time).descendants()
+        return await worker.kill(grace=0.2), worker, tree
 
     evidence, worker, tree = forks.run(scenario())
     stopped_at = size()

@@ -358,7 +358,9 @@ def test_a_schema_2_journal_gains_when_each_job_ends(path: Path) -> None:
     journal.finish("before", "failed", {"status": "failed", "reason": "x"}).wait()
     journal.close()
     with contextlib.closing(sqlite3.connect(path)) as db:  # as schema 2 wrote it
-        db.executescript("ALTER TABLE jobs DROP COLUMN ended_at; PRAGMA user_version = 2;")
+        db.executescript(
+            "ALTER TABLE jobs DROP COLUMN ended_at; ALTER TABLE jobs DROP COLUMN boundary; PRAGMA user_version = 2;"
+        )
     journal = Journal(path, checkpoint_events=3)
     assert journal.upgraded_from == path.with_name("journal.db.v2.backup")
     assert journal.reader.get("before").ended_at is None  # type: ignore[union-attr]  # not known: not made up
@@ -413,7 +415,7 @@ from supervisor.journal.store import Journal
 journal = Journal(Path(sys.argv[1]), checkpoint_events=100)
 journal.admit(Job("a", "demo", "run", "h", "running", 0)).wait()
 journal.append("a", "chunk", {"n": 0})
-journal.set_worker("a", 4242, 1234.5, 4242).wait()
+journal.set_worker("a", 4242, 1234.5, 4242, b"{}").wait()
 os._exit(0)  # a crash right after: the worker would now get its Start
 """
 
@@ -472,7 +474,7 @@ def test_writes_queued_together_commit_together(path: Path) -> None:
     del commits[:]
     with held_lock(path):
         journal.append("a", "chunk", {"n": 0})
-        journal.set_worker("b", 4242, 1.0, 4242)
+        journal.set_worker("b", 4242, 1.0, 4242, b"{}")
         finished = [journal.finish(name, "completed", {"raw": name}) for name in "abc"]
         # Until the writer, retrying the lock, has taken in every queued write: then they share its next round.
         assert wait_until(journal._writer._queue.empty, timeout=10)

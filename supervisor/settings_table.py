@@ -267,6 +267,15 @@ SPEC: dict[str, Setting] = {
     "WORKER_MAX_OUTPUT_BYTES": Setting(
         _integer(0, 1 << 40), str(64 * MiB), "stdout+stderr bytes a job may write (0: off)"
     ),
+    "WORKER_MAX_DISK_MB": Setting(
+        _integer(0, 1 << 30),
+        "1024",
+        "what a job may write to its scratch directory and its crew's HOME and storage, and the largest file it"
+        " may write anywhere (RLIMIT_FSIZE) (0: off)",
+        "its scratch directory counts whole, its crew's places by what they grew since the job started (jobs of"
+        " one crew share them, so each is charged all of it); sampled every LIMIT_SAMPLE_MS, the job stopped,"
+        " failed with `disk_limit_exceeded`",
+    ),
     "WORKER_MAX_TOKENS": Setting(
         _integer(0, 1 << 40),
         "0",

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 from crewai import Agent, Crew, Task
 from crewai.llms.base_llm import BaseLLM, llm_call_context
 from crewai.tools import tool
@@ -122,25 +123,42 @@ class FamilyLLM(BaseLLM):
     """Starts a family of processes (``tests/helpers/family.py``: a child in the worker's group, a setsid
     grandchild, a grandchild that tries to leave the job's cgroups, a child in a group of its own), waits until
     each has said what it is in FAMILY, then ``ending``: ``block`` (until the job is stopped), ``answer`` or
-    ``raise``."""
+    ``raise``; or ``slow``: for the seconds the prompt says, then it kills its family, as a crew that stops the
+    tools' servers it started does, and answers (for ``crew-supervisor chaos``, whose jobs must end clean)."""
 
     ending: str
 
     def call(self, messages: Any, *args: Any, **kwargs: Any) -> str:
-        evidence = str(_evidence() / FAMILY)
-        if not os.path.exists(evidence):  # once a job: CrewAI calls again after a raise
+        evidence = _evidence() / FAMILY
+        if not evidence.exists():  # once a job: CrewAI calls again after a raise
             for role in ("child", "mover"):
-                subprocess.Popen([sys.executable, "-m", "tests.helpers.family", evidence, role])
-        wait_until(lambda: os.path.exists(evidence) and len(Path(evidence).read_text().splitlines()) == 4, 60)
+                subprocess.Popen([sys.executable, "-m", "tests.helpers.family", str(evidence), role])
+        wait_until(lambda: evidence.exists() and len(evidence.read_text().splitlines()) == 4, 60)
         if self.ending == "raise":
             raise RuntimeError("the family is started")
         if self.ending == "block":
             time.sleep(HOUR)
+        if self.ending == "slow":
+            time.sleep(float(re.findall(r"for ([\d.]+) seconds", prompt_text(messages))[0]))
+            members = [psutil.Process(int(line.split()[1])) for line in evidence.read_text().splitlines()]
+            for member in members:
+                member.kill()
+            psutil.wait_procs(members, timeout=10)  # our children are reaped; the others are the supervisor's
         return "Final Answer: the family is started"
 
 
 def family(ending: str) -> Callable[[], Crew]:
-    return lambda: _single(FamilyLLM(model=f"family-{ending}", ending=ending))
+    if ending != "slow":
+        return lambda: _single(FamilyLLM(model=f"family-{ending}", ending=ending))
+
+    def slow() -> Crew:
+        agent = Agent(role="Keeper", goal="Keep a family", backstory="A test.", llm=FamilyLLM(model="f", ending=ending))
+        task = Task(description="Keep a family for {seconds} seconds.", expected_output="Nothing.", agent=agent)
+        return Crew(
+            agents=[agent], tasks=[task], before_kickoff_callbacks=[lambda inputs: {"seconds": 1, **(inputs or {})}]
+        )
+
+    return slow
 
 
 def boom() -> Crew:
@@ -328,7 +346,7 @@ registry: dict[str, Callable[[], Crew]] = {
     "stubborn": stubborn,
     "spawner": spawner,
     "tree": tree,
-    **{f"family-{ending}": family(ending) for ending in ("block", "answer", "raise")},
+    **{f"family-{ending}": family(ending) for ending in ("block", "answer", "raise", "slow")},
     "boom": boom,
     "broken-factory": broken_factory,
     "huge": huge,

@@ -33,6 +33,7 @@ from worker.demo import OfflineLLM
 PR_SET_PDEATHSIG = 1
 MiB = 1024 * 1024
 FLOOD_BYTES = 24 * MiB
+RELAY_SECONDS = 0.3  # of CPU, each process of runaway-reforker's relay
 DAEMON_SEEN = "daemon.seen"  # in EVIDENCE_DIR: the test's word that a sample counted runaway-daemon's daemon
 HOLD_SECONDS = 30  # the longest a crew here waits for something it needs before failing its job
 EXIT_REFUSED = "exit-refused.pids"  # in EVIDENCE_DIR: immortal workers that were told to exit and did not
@@ -110,6 +111,31 @@ def _daemon_seen_by_a_sample() -> None:
     seen.unlink()
 
 
+def _burn_in_relays() -> None:
+    """CPU burnt by a relay of short-lived processes, each started through a middle one that exits at once: none
+    is this worker's child when it ends (the supervisor, a subreaper, reaps it), so no count of the worker's tree
+    includes what it used. Each burns ``RELAY_SECONDS`` and ends; the worker starts the next."""
+    for _ in range(10_000):
+        middle = os.fork()
+        if middle == 0:
+            if os.fork() == 0:
+                burnt_by = time.process_time() + RELAY_SECONDS
+                while time.process_time() < burnt_by:
+                    pass
+            os._exit(0)
+        os.waitpid(middle, 0)
+        time.sleep(RELAY_SECONDS)  # one relay at a time: the next starts as this one ends
+
+
+def _fill_places(place: Path) -> None:
+    """Write 1 MiB files into ``place`` (the job's scratch directory, or its crew's HOME) until stopped, 4 GiB at
+    most; say where in EVIDENCE_DIR first (``disk.place``)."""
+    (Path(os.environ[EVIDENCE_DIR]) / "disk.place").write_text(str(place))
+    block = os.urandom(MiB)
+    for number in range(4096):
+        (place / f"fill-{number}").write_bytes(block)
+
+
 class RunawayLLM(OfflineLLM):
     """Work that runs away inside a provider call (where a tool's code would run). Each is bounded on its
     own (4 GiB, 2,000 processes, 1 GiB of output), so a broken limit fails a test, not the machine."""
@@ -123,6 +149,10 @@ class RunawayLLM(OfflineLLM):
         elif self.mode == "cpu":
             while True:
                 pass
+        elif self.mode == "reforker":
+            _burn_in_relays()
+        elif self.mode in ("disk", "disk-home"):
+            _fill_places(Path.cwd() if self.mode == "disk" else Path(os.environ["HOME"]))
         elif self.mode == "forkbomb":
             for _ in range(2000):
                 try:
@@ -246,7 +276,10 @@ def immortal() -> Crew:
     return stubborn()  # blocks in an LLM call, writing nothing that could fail on a dead pipe
 
 
-RUNAWAY = ("memory", "cpu", "forkbomb", "files", "events", "stdout", "stdout-endless", "daemon", "orphan")
+RUNAWAY = (
+    *("memory", "cpu", "reforker", "disk", "disk-home", "forkbomb", "files"),
+    *("events", "stdout", "stdout-endless", "daemon", "orphan"),
+)
 registry = {
     **base_registry,
     "immortal": immortal,

@@ -50,6 +50,38 @@ def cgroups(settings: Settings) -> Finding:
     return warning("cgroups", f"{detail}; {meaning}", fix)
 
 
+def containment(settings: Settings, contained: bool) -> Finding:
+    """What holds every process of a job, as ``/health`` says it: ``contained`` is the check worker's word that
+    it denies itself cgroup writes (Landlock), as every worker does."""
+    limits = Limits(settings)
+    try:
+        limits.contained = contained
+        held = limits.containment()
+    finally:
+        limits.stop()
+    if held == "cgroup":
+        return ok(
+            "containment",
+            "cgroup: every process a job starts stays in its cgroups (no worker can write a cgroup"
+            " file), and is killed when the job ends or at the next start after a crash",
+        )
+    if held.startswith("cgroup"):
+        return warning(
+            "containment",
+            f"{held}: a job's process that owns a cgroup file (uid 0 owns the root cgroups') can leave its cgroups,"
+            " its caps and its kill",
+            f"a kernel with Landlock (5.13 or later, with landlock in its lsm= list), or a {PREFIX}WORKER_USER",
+        )
+    return warning(
+        "containment",
+        f"{held}: no cgroup per job, so a process that leaves the job's group between two samples outlives the job",
+        f"set {PREFIX}CGROUPS=auto"
+        if settings.cgroups == "off"
+        else "run the supervisor where it can write a pids"
+        " cgroup (cgroup v1, or a delegated v2 subtree such as a container's own)",
+    )
+
+
 def rlimits(settings: Settings) -> Finding:
     """What ``prlimit`` gives each worker: the setting, or this environment's hard limit if lower (the
     supervisor only lowers a limit)."""

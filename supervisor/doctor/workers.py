@@ -18,6 +18,7 @@ from typing import Any
 
 from protocol import NOT_A_FACTORY, QUIET_CREWAI, Built, factory_fix
 from supervisor.config import PREFIX, Settings
+from supervisor.doctor import host
 from supervisor.doctor.findings import Finding, ok, problem, warning
 from supervisor.jobs.runner import worker_env
 from supervisor.processes.launcher import LaunchError, SpawnLauncher, expect_registry
@@ -85,7 +86,7 @@ async def _build(settings: Settings, env: Mapping[str, str], cwd: str) -> list[F
             worker = await SpawnLauncher(Reaper()).launch("check", env, cwd)
             described = await expect_registry(worker)
             listed = described.crews
-            rehearsed.append(warmed(settings, described.warmed))
+            rehearsed += [warmed(settings, described.warmed), host.containment(settings, described.contained)]
             while len(built) < len(listed):
                 message = await worker.next_message()
                 if not isinstance(message, Built):  # it exited (None), or broke the protocol

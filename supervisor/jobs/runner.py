@@ -32,6 +32,7 @@ from supervisor.jobs.recorder import Recorder
 from supervisor.jobs.relay import Relay
 from supervisor.journal.records import Job
 from supervisor.metrics import Metrics
+from supervisor.processes.containment import Places
 from supervisor.processes.launcher import Launcher, LaunchError
 from supervisor.processes.limits import Limits
 from supervisor.processes.process import CONFIRM_SECONDS
@@ -186,7 +187,8 @@ class Runner:
                 )
             job.move(Phase.RUNNING)
             breached, found = lambda breach: self.relay.breach(job, breach), self.recorder.record_boundary
-            self.limits.watch(worker, breached, lambda boundary: found(job, boundary))
+            places = Places(scratch, (Path(env["HOME"]), Path(env["CREWAI_STORAGE_DIR"])))
+            self.limits.watch(worker, places, breached, lambda boundary: found(job, boundary))
             result = await self._unless_stopped(job, lambda: self.relay.run(job, worker))
             job.move(Phase.SETTLING)
             if result is None:

@@ -116,8 +116,7 @@ class Supervisor:
             stack.push_async_callback(sup.stop)
             if fenced := await fence_restored(journal):
                 log.warning("fenced %d job(s) left running by a previous supervisor", len(fenced))
-            if stale := await asyncio.to_thread(limits.remove_stale):
-                log.warning("killed %d process(es) left in a dead supervisor's job cgroups", len(stale))
+            limits.remove_stale()
             remove_stale_partials(settings.training_dir)  # nothing runs yet: no such file is anyone's
             launcher.start()
             sup.housekeeping.start()

@@ -23,8 +23,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import signal
-import time
 from pathlib import Path
 
 log = logging.getLogger("crew_supervisor.cgroups")
@@ -181,19 +179,19 @@ class Cgroups:
             paths[controller.name] = (path, controller.v1)
         return JobCgroup(paths) if paths else None
 
-    def remove_stale(self) -> list[int]:
-        """Empty and remove what supervisors that died left (their jobs' processes are killed first: nothing of a
-        job outlives its supervisor); the pids killed. Run once this supervisor has fenced its own journal."""
-        killed: list[int] = []
+    def remove_stale(self) -> None:
+        """Remove the empty cgroups supervisors that died left. Run once this supervisor has fenced its journal,
+        which killed what its dead predecessor's jobs left in theirs; a cgroup still holding a process is another
+        journal's job's, for its own supervisor to fence (and so to record what it killed)."""
         for candidate in {controller.base.parent for controller in self.controllers}:
             for base in candidate.glob(f"{BASE_PREFIX}*"):
                 pid = base.name.removeprefix(BASE_PREFIX)
                 if pid.isdigit() and not Path(f"/proc/{pid}").exists():
                     for job in (child for child in base.iterdir() if child.is_dir()):
-                        killed.extend(_empty(job))
+                        with contextlib.suppress(OSError):
+                            job.rmdir()
                     with contextlib.suppress(OSError):
                         base.rmdir()
-        return killed
 
     def remove(self) -> None:
         for base in {controller.base for controller in self.controllers}:
@@ -222,21 +220,12 @@ def members_of(path: Path) -> list[int]:
     return []
 
 
-def _empty(job: Path) -> list[int]:
-    """Kill every member of a dead supervisor's job cgroup until none is left, then remove it; the pids killed."""
-    killed: set[int] = set()
-    for _ in range(100):  # a member with SIGKILL pending cannot fork: each round leaves fewer
-        members = members_of(job)
-        if not members:
-            break
-        for pid in members:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-                killed.add(pid)
-        time.sleep(0.01)  # the kernel takes a moment to take a killed process out of the list
-    with contextlib.suppress(OSError):
-        job.rmdir()
-    return sorted(killed)
+def remove_job_cgroup(path: Path) -> None:
+    """A dead supervisor's job cgroup (``is_job_cgroup``), emptied by its fencing; then its supervisor's, once
+    that is empty too."""
+    for directory in (path, path.parent):
+        with contextlib.suppress(OSError):
+            directory.rmdir()
 
 
 def _delegate(base: Path, name: str, v1: bool) -> bool:

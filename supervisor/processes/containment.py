@@ -24,8 +24,9 @@ from pathlib import Path
 import orjson
 import psutil
 
-from supervisor.processes.cgroups import JobCgroup, is_job_cgroup, members_of
+from supervisor.processes.cgroups import JobCgroup, is_job_cgroup, members_of, remove_job_cgroup
 
+MAX_PLACE_ENTRIES = 10_000  # files and directories one reading of a job's places walks, at most
 MAX_REMEMBERED = 4096  # descendants remembered per worker (a fork bomb is capped well below this)
 KILL_SECONDS = 5.0  # a kill that still finds new members after this has met something it cannot outrun
 
@@ -64,6 +65,44 @@ class Boundary:
             )
         except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
             return cls()
+
+
+@dataclasses.dataclass
+class Places:
+    """Where a job writes: its scratch directory (its own, removed when it ends) and its crew's HOME and CrewAI
+    storage (kept, and shared with the crew's other jobs). What it wrote is all of the first and what the others
+    grew by since it started, in blocks the disk holds (a sparse file's hole costs nothing)."""
+
+    scratch: Path
+    kept: tuple[Path, ...]
+    baseline: int = 0
+
+    def start(self) -> None:
+        self.baseline = _disk_use(self.kept)[0]
+
+    def written(self) -> tuple[int, int]:
+        """Bytes written and the files and directories walked to count them (at most ``MAX_PLACE_ENTRIES`` + 1:
+        past it the count stops, and the job has made too many to count)."""
+        scratch, entries = _disk_use((self.scratch,))
+        kept, more = _disk_use(self.kept, MAX_PLACE_ENTRIES - entries)
+        return scratch + max(kept - self.baseline, 0), entries + more
+
+
+def _disk_use(paths: Iterable[Path], entries: int = MAX_PLACE_ENTRIES) -> tuple[int, int]:
+    """The bytes on disk beneath ``paths`` (links not followed) and how many entries were walked, stopping past
+    ``entries``."""
+    used, walked, pending = 0, 0, [str(path) for path in paths]
+    while pending and walked <= entries:
+        with contextlib.suppress(OSError), os.scandir(pending.pop()) as listing:
+            for entry in listing:
+                walked += 1
+                if walked > entries:
+                    break
+                with contextlib.suppress(OSError):
+                    used += entry.stat(follow_symlinks=False).st_blocks * 512
+                    if entry.is_dir(follow_symlinks=False):
+                        pending.append(entry.path)
+    return used, walked
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +155,7 @@ class Containment:
         self.pgid = pid  # the worker leads its own process group
         self.create_time = create_time
         self.cgroup = cgroup
+        self.places: Places | None = None  # where its job writes, once it has one
         self.usage: Usage | None = None  # the latest sample (see ``sample``)
         self.peak_rss = 0
         self.cpu_baseline: float | None = None  # CPU seconds used before the job began (a cold start's imports)
@@ -259,7 +299,17 @@ def kill_remains(
                 process.kill()
                 killed[process.pid] = process
         if not fresh or time.monotonic() > deadline:
-            return list(killed.values())
+            break
+    for path in map(Path, boundary.cgroups):  # removable once the kernel has taken the killed out of it
+        if is_job_cgroup(path):
+            _wait_empty(path, deadline)
+            remove_job_cgroup(path)
+    return list(killed.values())
+
+
+def _wait_empty(cgroup: Path, deadline: float) -> None:
+    while members_of(cgroup) and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def _remains(

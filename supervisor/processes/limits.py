@@ -20,7 +20,7 @@ from typing import Any
 
 from supervisor.config import Settings
 from supervisor.processes.cgroups import CPU, MEMORY, PIDS, Cgroups
-from supervisor.processes.containment import Boundary, Containment, ProcessTable
+from supervisor.processes.containment import MAX_PLACE_ENTRIES, Boundary, Containment, Places, ProcessTable
 from supervisor.processes.process import WorkerProcess
 
 log = logging.getLogger("crew_supervisor.limits")
@@ -44,6 +44,7 @@ class Limits:
         self.open_files = settings.worker_max_open_files
         self.address_space = settings.worker_max_address_space_mb * MiB
         self.output_bytes = settings.worker_max_output_bytes
+        self.disk_bytes = settings.worker_max_disk_mb * MiB
         self.period = settings.limit_sample_ms / 1000
         # A pids cgroup always: capped or not, it is what holds every process of a job.
         wanted = [PIDS, *(name for name, cap in ((MEMORY, self.memory_bytes), (CPU, self.cpu_seconds)) if cap)]
@@ -68,15 +69,21 @@ class Limits:
             return "group and samples"
         return "cgroup" if self.contained else "cgroup, leavable: the workers cannot deny themselves cgroup writes"
 
-    def remove_stale(self) -> list[int]:
-        """Kill what dead supervisors' jobs left in their cgroups, and remove those: the pids killed."""
-        return self.cgroups.remove_stale() if self.cgroups is not None else []
+    def remove_stale(self) -> None:
+        """Remove the empty cgroups dead supervisors left (once the journal is fenced)."""
+        if self.cgroups is not None:
+            self.cgroups.remove_stale()
 
     async def apply(self, worker: WorkerProcess) -> None:
         """Bound a worker that has not yet been given its job; once (a pre-forked one is bounded while idle)."""
         if worker in self._trees:
             return
-        for kind, value in ((resource.RLIMIT_NOFILE, self.open_files), (resource.RLIMIT_AS, self.address_space)):
+        rlimits = (
+            (resource.RLIMIT_NOFILE, self.open_files),
+            (resource.RLIMIT_AS, self.address_space),
+            (resource.RLIMIT_FSIZE, self.disk_bytes),  # no one file past the disk cap, whatever its place
+        )
+        for kind, value in rlimits:
             if value:
                 _prlimit(worker.pid, kind, value, value)
         cgroup = None
@@ -147,6 +154,16 @@ class Limits:
                         "enforced_by": "sampling",
                     },
                 )
+        if self.disk_bytes and tree.places is not None:
+            written, entries = tree.places.written()
+            if written > self.disk_bytes or entries > MAX_PLACE_ENTRIES:
+                what = f"{written // MiB} MiB" if entries <= MAX_PLACE_ENTRIES else f"over {MAX_PLACE_ENTRIES} files"
+                return Breach(
+                    "disk_limit_exceeded",
+                    f"the job wrote {what} to its scratch directory and its crew's places, over its"
+                    f" {self.disk_bytes // MiB} MiB (WORKER_MAX_DISK_MB)",
+                    {"disk_bytes": written, "limit_bytes": self.disk_bytes, "files": entries},
+                )
         used = usage.cpu_seconds - (tree.cpu_baseline or 0.0)
         if self.cpu_seconds and tree.cpu_baseline is not None and used > self.cpu_seconds:
             return Breach(
@@ -176,11 +193,19 @@ class Limits:
         )
 
     def watch(
-        self, worker: WorkerProcess, on_breach: Callable[[Breach], None], on_found: Callable[[Boundary], None]
+        self,
+        worker: WorkerProcess,
+        places: Places,
+        on_breach: Callable[[Breach], None],
+        on_found: Callable[[Boundary], None],
     ) -> None:
-        """Sample ``worker`` in every round until ``unwatch``; ``on_breach`` is told once of the limit it broke,
-        ``on_found`` of its boundary each time a round found processes of the job it had not seen."""
-        self._bounded(worker)
+        """Sample ``worker`` (and what its job wrote to ``places``) in every round until ``unwatch``; ``on_breach``
+        is told once of the limit it broke, ``on_found`` of its boundary each time a round found processes of the
+        job it had not seen."""
+        tree = self._bounded(worker)
+        tree.places = places
+        if self.disk_bytes:
+            places.start()
         self._watched[worker] = (on_breach, on_found)
 
     def unwatch(self, worker: WorkerProcess) -> None:

@@ -1,6 +1,8 @@
 """The chaos harness users run (``crew-supervisor chaos``), run here too: 8 supervisor kills under load
 with every mid-run fault (workers and the fork server SIGKILLed, the supervisor frozen and thawed, the
-journal's disk filled), every invariant checked. Seed 4 schedules each fault at least once."""
+journal's disk filled), every invariant checked. Seed 4 schedules each fault at least once. Its slow jobs
+start a family of processes each (``family-slow`` in tests/crews.py: a child, a setsid grandchild, one that
+tries to leave its cgroups, one in a group of its own), which no kill may leave alive."""
 
 from __future__ import annotations
 
@@ -33,7 +35,9 @@ def eight_kills(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     report_path = root / "report.json"
     command = [sys.executable, "-m", "supervisor", "chaos", "--iterations", str(ITERATIONS), "--seed", "4"]
     command += ["--faults", ",".join(faults), *disk, "--state", str(root / "run"), "--json", str(report_path)]
-    env = {**os.environ, "AIP_CREWAI_WARMUP": "offline"}  # offline crews: each restart warms for them alone
+    command += ["--registry", "tests.crews:registry", "--slow-crew", "family-slow"]
+    # Offline crews: each restart warms for them alone. The registry is in this tree, as are its workers' family.
+    env = {**os.environ, "AIP_CREWAI_WARMUP": "offline", "PYTHONPATH": str(ROOT)}
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=880)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return dict(json.loads(report_path.read_text()))

@@ -102,9 +102,12 @@ def test_a_good_deployment_is_ready(deployment: Deployment) -> None:
     assert {f["status"] for f in found} <= {"ok", "warning"}
     checks = [f["check"] for f in found]
     assert checks == [
-        "names", "settings", "state", "journal", "token", "registry", "warm-up", "telemetry", "listen", "cgroups",
-        "rlimits", "llm budget", "disk",
+        "names", "settings", "state", "journal", "token", "registry", "warm-up", "containment", "telemetry",
+        "listen", "cgroups", "rlimits", "llm budget", "disk",
     ]  # fmt: skip
+    containment = next(f for f in found if f["check"] == "containment")
+    if os.geteuid() == 0:  # root makes a cgroup per job here, and the workers cannot leave it (Landlock)
+        assert containment["status"] == "ok" and containment["detail"].startswith("cgroup: "), containment
     budget = next(f for f in found if f["check"] == "llm budget")
     assert budget["detail"].startswith("per job: tokens unbounded (AIP_CREWAI_WORKER_MAX_TOKENS=0)")
     registry = next(f for f in found if f["check"] == "registry")

@@ -33,6 +33,8 @@ from tests.hostile_crews import DAEMON_SEEN, FLOOD_BYTES
 KEY = {"Idempotency-Key": "runaway"}
 MEMORY_MB = 400
 CPU_SECONDS = 2
+DISK_MB = 64
+MiB = 1024 * 1024
 PROCESSES = 32
 OPEN_FILES = 256
 
@@ -47,6 +49,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, evidence: Path) -> Iterator
         WORKER_MAX_PROCESSES=str(PROCESSES),
         WORKER_MAX_OPEN_FILES=str(OPEN_FILES),
         WORKER_MAX_OUTPUT_BYTES=str(32 * 1024 * 1024),
+        WORKER_MAX_DISK_MB=str(DISK_MB),
     )
     yield running
     stop_server(running)
@@ -105,6 +108,29 @@ def test_cpu_spinner_is_killed_after_its_cpu_seconds(server: Server) -> None:
     terminal = run_beside_neighbour(server, "runaway-cpu", "spinner")
     assert terminal["error_type"] == "cpu_limit_exceeded"
     assert CPU_SECONDS < terminal["cpu_seconds"] < CPU_SECONDS + 2
+
+
+def test_cpu_burnt_by_a_relay_of_processes_counts_against_the_job(server: Server) -> None:
+    """Each burner ends, reaped by the supervisor, before the job's tree could count it: the job's cgroup still
+    does (where there is one; else the samples remember what each burner they saw had used)."""
+    terminal = run_beside_neighbour(server, "runaway-reforker", "relay")
+    assert terminal["error_type"] == "cpu_limit_exceeded", terminal
+    assert CPU_SECONDS < terminal["cpu_seconds"] < CPU_SECONDS + 2
+
+
+@pytest.mark.parametrize("place", ["scratch", "home"])
+def test_a_job_filling_its_places_is_stopped_at_its_disk_cap(server: Server, evidence: Path, place: str) -> None:
+    """1 MiB files, as fast as it can, into its scratch directory (removed when the job ends) or its crew's HOME
+    (kept: only what it grew by counts)."""
+    terminal = run_beside_neighbour(server, "runaway-disk" if place == "scratch" else "runaway-disk-home", place)
+    assert terminal["error_type"] == "disk_limit_exceeded", terminal
+    assert terminal["limit_bytes"] == DISK_MB * MiB < terminal["disk_bytes"], terminal
+    filled = Path((evidence / "disk.place").read_text())
+    if place == "scratch":
+        assert not filled.exists(), "a job's scratch directory outlived it"
+    else:
+        for file in filled.glob("fill-*"):  # the crew's HOME is kept: leave room for the next test
+            file.unlink()
 
 
 def test_event_flood_ends_at_the_event_limit(server: Server) -> None:

@@ -256,7 +256,7 @@ class Containment:
             tree = [psutil.Process(self.pid), *self.descendants(table)]
         except psutil.NoSuchProcess:
             return None
-        rss, alive, threads, worker_cpu = 0, 0, 0, 0.0
+        rss, alive, threads, tree_cpu, worker_cpu = 0, 0, 0, 0.0, 0.0
         for process in tree:
             try:
                 with process.oneshot():
@@ -265,14 +265,17 @@ class Containment:
                     threads += process.num_threads()
             except psutil.NoSuchProcess:
                 continue
-            cpu = times.user + times.system + times.children_user + times.children_system
+            own = times.user + times.system
+            tree_cpu += own + times.children_user + times.children_system
             alive += 1
-            if process.pid != self.pid and (process.pid in self._seen or len(self._seen) < MAX_REMEMBERED):
+            if process.pid == self.pid:
+                worker_cpu = own
+            elif process.pid in self._seen or len(self._seen) < MAX_REMEMBERED:
                 self._seen.setdefault(process.pid, process)
-                self._cpu_seen[process.pid] = cpu
-            elif process.pid == self.pid:
-                worker_cpu = cpu
-        sampled = worker_cpu + sum(self._cpu_seen.values()) if alive else 0.0
+                self._cpu_seen[process.pid] = own
+        # The tree now, with what its members reaped; or every process seen, ended ones too, each by its own time
+        # (one that ended unreaped by the tree, as a relay's, counts only there): never one counted twice.
+        sampled = max(tree_cpu, worker_cpu + sum(self._cpu_seen.values())) if alive else 0.0
         cpu_total = self.job_cpu_seconds(sampled)
         now = time.time()
         previous = self.usage

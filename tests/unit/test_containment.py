@@ -1,0 +1,70 @@
+"""A job's boundary in process: what the journal keeps of it, what a restart kills from it, what the Landlock rules
+leave writable, what a job's places count as written. Real processes and files, no supervisor."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from supervisor.processes.containment import MAX_PLACE_ENTRIES, Boundary, Places, kill_remains
+from tests.conftest import gone, wait_until
+from worker.landlock import allowed_around
+
+
+def test_a_boundary_survives_the_journal_and_a_malformed_one_is_empty() -> None:
+    boundary = Boundary(("/sys/fs/cgroup/pids/crew-supervisor-1/worker-2-3.00",), ((12, 34.5),))
+    assert Boundary.decode(boundary.encode()) == boundary
+    for raw in (None, b"", b"not json", b"[1, 2]", b'{"tree": [[1]]}', b'{"cgroups": 5}'):
+        assert Boundary.decode(raw) == Boundary()
+
+
+def test_a_restart_kills_the_sampled_tree_by_pid_and_start_time_never_a_reused_pid() -> None:
+    left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    try:
+        started = psutil.Process(left.pid).create_time()
+        other = psutil.Process(bystander.pid).create_time()
+        # The worker long gone (no pid), its group empty: only what a sample saw names them.
+        boundary = Boundary(tree=((left.pid, started), (bystander.pid, other - 100)))
+        killed = kill_remains(None, None, None, boundary)
+        assert [process.pid for process in killed] == [left.pid]
+        assert wait_until(lambda: left.poll() is not None and gone(left.pid), timeout=10)
+        assert bystander.poll() is None, "a process whose start time differs is another's"
+    finally:
+        for process in (left, bystander):
+            process.kill()
+            process.wait()
+
+
+def test_a_journal_naming_a_cgroup_not_a_jobs_is_not_read() -> None:
+    """The root cgroup lists every process: a journal is data, and only a job cgroup of ours names members."""
+    assert kill_remains(None, None, None, Boundary(cgroups=("/sys/fs/cgroup/pids",))) == []
+
+
+def test_landlock_rules_cover_everything_but_the_denied_places(tmp_path: Path) -> None:
+    for directory in ("a/b/c", "a/d", "e"):
+        (tmp_path / directory).mkdir(parents=True)
+    (tmp_path / "f").write_text("")
+    (tmp_path / "link").symlink_to(tmp_path / "a" / "b")
+    allowed = set(allowed_around({tmp_path / "a" / "b"}, tmp_path))
+    assert allowed == {tmp_path / "a" / "d", tmp_path / "e", tmp_path / "f"}  # no rule through the link
+
+
+def test_places_count_all_of_scratch_and_what_kept_places_grew_by(tmp_path: Path) -> None:
+    scratch, home = tmp_path / "scratch", tmp_path / "home"
+    scratch.mkdir()
+    home.mkdir()
+    (home / "before").write_bytes(b"x" * 1_000_000)
+    places = Places(scratch, (home,))
+    places.start()
+    assert places.written() == (0, 1)  # the file home had is not the job's
+    (scratch / "a").write_bytes(b"x" * 300_000)
+    (home / "b").write_bytes(b"x" * 200_000)
+    written, entries = places.written()
+    assert 500_000 <= written < 600_000 and entries == 3  # in blocks on disk
+    for number in range(MAX_PLACE_ENTRIES + 5):
+        (scratch / f"many-{number}").touch()
+    assert places.written()[1] > MAX_PLACE_ENTRIES  # past it the count stops: too many to count

@@ -26,6 +26,7 @@ from crewai.types.usage_metrics import UsageMetrics
 from protocol import EVENT_FD, PROTOCOL_VERSION, Completed, pack
 from tests.crews import EVIDENCE_DIR, HOUR, _single, stubborn
 from tests.crews import registry as base_registry
+from tests.helpers import family
 from tests.helpers.waiting import wait_until
 from worker import lifecycle
 from worker.demo import OfflineLLM
@@ -143,17 +144,20 @@ class RunawayLLM(OfflineLLM):
     mode: str
 
     def call(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
-        if self.mode == "memory":
+        mode = self.mode.removeprefix("escape-")
+        if mode != self.mode:  # first try to leave the job's cgroups, and its caps with them
+            (Path(os.environ[EVIDENCE_DIR]) / f"{self.mode}.result").write_text(family.escape())
+        if mode == "memory":
             hoard = [b"\x01" * (16 * MiB) for _ in range(256) if not time.sleep(0.005)]  # touched, so resident
             del hoard
-        elif self.mode == "cpu":
+        elif mode == "cpu":
             while True:
                 pass
-        elif self.mode == "reforker":
+        elif mode == "reforker":
             _burn_in_relays()
-        elif self.mode in ("disk", "disk-home"):
-            _fill_places(Path.cwd() if self.mode == "disk" else Path(os.environ["HOME"]))
-        elif self.mode == "forkbomb":
+        elif mode in ("disk", "disk-home"):
+            _fill_places(Path.cwd() if mode == "disk" else Path(os.environ["HOME"]))
+        elif mode == "forkbomb":
             for _ in range(2000):
                 try:
                     if os.fork() == 0:
@@ -162,7 +166,7 @@ class RunawayLLM(OfflineLLM):
                         os._exit(0)
                 except OSError:
                     break  # refused: the limit holds; wait to be stopped
-        elif self.mode == "files":
+        elif mode == "files":
             hoard = []
             try:
                 for _ in range(100_000):
@@ -173,22 +177,22 @@ class RunawayLLM(OfflineLLM):
                     held.close()
                 with open(os.path.join(os.environ[EVIDENCE_DIR], "files.count"), "w") as out:
                     out.write(str(len(hoard)))
-        elif self.mode == "events":
+        elif mode == "events":
             with llm_call_context():
                 for _ in range(100_000):
                     self._emit_stream_chunk_event(
                         chunk="e", from_task=None, from_agent=None, call_type=LLMCallType.LLM_CALL, response_id="flood"
                     )
-        elif self.mode in ("stdout", "stdout-endless"):
+        elif mode in ("stdout", "stdout-endless"):
             line = b"flood " * 10922 + b"\n"  # 64 KiB
-            for _ in range(FLOOD_BYTES // len(line) if self.mode == "stdout" else 16384):
+            for _ in range(FLOOD_BYTES // len(line) if mode == "stdout" else 16384):
                 os.write(1, line)
             os.write(2, b"flood done\n")
             return super().call(messages, *args, **kwargs)
-        elif self.mode == "orphan":
+        elif mode == "orphan":
             _orphan_that_exits()
             return super().call(messages, *args, **kwargs)
-        elif self.mode == "daemon":
+        elif mode == "daemon":
             _daemon_seen_by_a_sample()
             return super().call(messages, *args, **kwargs)
         time.sleep(HOUR)
@@ -277,7 +281,7 @@ def immortal() -> Crew:
 
 
 RUNAWAY = (
-    *("memory", "cpu", "reforker", "disk", "disk-home", "forkbomb", "files"),
+    *("memory", "cpu", "reforker", "disk", "disk-home", "forkbomb", "files", "escape-memory", "escape-forkbomb"),
     *("events", "stdout", "stdout-endless", "daemon", "orphan"),
 )
 registry = {

@@ -149,6 +149,20 @@ def test_fork_bomb_is_contained_and_every_process_killed(server: Server, evidenc
     assert wait_until(lambda: all(gone(pid) for pid in children), timeout=5)
 
 
+@pytest.mark.parametrize("cap", ["memory", "forkbomb"])
+def test_a_job_that_tries_to_leave_its_cgroups_first_still_meets_its_cap(
+    server: Server, evidence: Path, cap: str
+) -> None:
+    """It writes its pid into every root cgroup's ``cgroup.procs`` (as uid 0 it owns them), refused, then runs away."""
+    terminal = run_beside_neighbour(server, f"runaway-escape-{cap}", f"escape-{cap}")
+    escaped = (evidence / f"escape-{cap}.result").read_text()
+    assert escaped.startswith("denied:") and "EACCES" in escaped, escaped
+    reason = {"memory": "memory_limit_exceeded", "forkbomb": "process_limit_exceeded"}[cap]
+    assert terminal["error_type"] == reason, terminal
+    if cap == "memory":
+        assert_memory_stopped(server, terminal)
+
+
 def test_a_descriptor_hoarder_hits_the_open_files_limit(server: Server, evidence: Path) -> None:
     terminal = run_with_neighbour(server, start_body("runaway-files", "files"))
     assert terminal["error_type"] == "OSError" and terminal["reason"] == "operation_failed"  # the job's own error

@@ -26,11 +26,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.server import HANDLED_SIGNALS
 
 from supervisor import config, hardening, listener
+from supervisor.config import ConfigError
 from supervisor.http.app import create_app
 from supervisor.http.connections import Bounds, budget, guarded_protocol
+from supervisor.jobs.runner import worker_env
 from supervisor.jobs.supervisor import Supervisor
 from supervisor.journal.schema import JournalError
 from supervisor.journal.statefiles import WORKER_PLACES, check_state_files, prepare_directory, prepare_places
+from supervisor.processes import reach
 from supervisor.processes.forkserver import ForkServerLauncher
 from supervisor.processes.launcher import Launcher, LaunchError, SpawnLauncher
 from supervisor.processes.limits import Limits
@@ -55,6 +58,11 @@ def serve(settings: config.Settings, log_level: str) -> None:
         sys.exit(f"crew-supervisor: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}")
     ephemeral = None if settings.state_file else Path(tempfile.mkdtemp(prefix="crew-supervisor-"))
     journal_path = ephemeral / "journal.db" if ephemeral else Path(settings.state_file).absolute()
+    try:  # before the state is touched: workers that could not import as WORKER_USER are one line with its fix
+        reach.check(settings, worker_env(settings, journal_path.parent, ""))
+    except ConfigError as exc:
+        _remove(ephemeral)
+        sys.exit(f"crew-supervisor: {exc}; fix: {exc.fix}")
     try:
         _prepare_state(settings, journal_path)
         become_subreaper()

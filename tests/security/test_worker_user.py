@@ -6,7 +6,8 @@ pidfd_getfd and signals are refused; the journal, its lock and the state directo
 readable; its scratch directory, HOME and CrewAI storage are writable. A cancel still kills the worker
 and proves it, a memory hog is still measured (PSS needs root's access to another uid's /proc) and
 killed, and a worker whose uid changed still dies with its parent (the change clears PDEATHSIG, so it
-is armed after). Setting it without root, or to root, is refused in one line.
+is armed after). Setting it without root, or to root, is refused in one line, and so is a user that cannot
+run the interpreter: serve names the place it cannot pass and its fix.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import pwd
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import sysconfig
@@ -48,6 +50,8 @@ USER = "nobody"
 DENIED = {"EACCES", "EPERM"}
 MEMORY_MB = 300
 CONFIG = {"AIP_CREWAI_REGISTRY": "worker.demo:registry", "AIP_CREWAI_BEARER_TOKEN": "t", "AIP_CREWAI_STATE_FILE": "/x"}
+
+EXIT_SECONDS = 60.0  # the refusal comes before any worker: seconds even at load 10; more is a hang
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="only a root supervisor can run workers as another user")
 
@@ -90,6 +94,115 @@ def runtime(ids: tuple[int, int]) -> tuple[str, list[str]]:
             if probe.returncode == 0:
                 return python, packages
     pytest.skip(f"user {USER!r} can run no Python {minor} that reaches this tree and its packages")
+
+
+@pytest.fixture
+def closed_python(base: Path, runtime: tuple[str, list[str]]) -> tuple[str, Path]:
+    """The runtime's interpreter and standard library copied under a directory only root may enter (0700), as
+    a Python built under ``/root`` (pyenv's) or a private ``/opt`` holds them: started as root, a worker finds
+    its standard library there, and loses it when it takes the workers' uid. The directory, and the copy."""
+    python, _ = runtime
+    where = (
+        "import json, os, sys, sysconfig;"
+        " print(json.dumps([os.path.realpath(sys.executable), sysconfig.get_path('stdlib')]))"
+    )
+    executable, stdlib = json.loads(subprocess.run([python, "-c", where], capture_output=True, check=True).stdout)
+    closed = base / "closed"
+    closed.mkdir(mode=0o700)
+    minor = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    (closed / "bin").mkdir()
+    shutil.copy2(executable, closed / "bin" / minor)
+    skipped = shutil.ignore_patterns("site-packages", "dist-packages", "__pycache__", "test", "idlelib", "tkinter")
+    shutil.copytree(stdlib, closed / "lib" / minor, copy_function=_link, ignore=skipped)
+    copy = str(closed / "bin" / minor)
+    found = subprocess.run([copy, "-c", "import sys, sqlite3; print(sys.prefix)"], capture_output=True, text=True)
+    if found.stdout.strip() != str(closed):
+        pytest.skip(f"a copy of {executable} does not take the standard library beside it: {found.stderr.strip()}")
+    return copy, closed
+
+
+def _link(source: str, target: str) -> None:
+    """A hard link (no copy of 40 MB), or a copy across filesystems."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+@root_only
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("through", ["the interpreter", "a link to it"])
+def test_a_worker_user_that_cannot_reach_the_interpreter_is_refused_at_start(
+    base: Path, runtime: tuple[str, list[str]], closed_python: tuple[str, Path], through: str
+) -> None:
+    """Without the check its workers failed at their first import as that user ("No module named ..."). A
+    venv's ``bin/python`` is a link into the Python it was made from: the same refusal, through the link."""
+    _, packages = runtime
+    python, closed = closed_python
+    if through == "a link to it":
+        (base / "venv").mkdir(mode=0o755)
+        (base / "venv" / "python").symlink_to(python)
+        python = str(base / "venv" / "python")
+    state = base / "state"
+    server = start_server(
+        state, registry=REGISTRY, env={"AIP_CREWAI_WORKER_USER": USER}, python=python, path=packages, wait=False
+    )
+    try:
+        returncode = server.process.wait(EXIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        raise AssertionError("a supervisor whose workers cannot start did not exit") from None
+    lines = server.log_tail().strip().splitlines()
+    assert returncode == 1 and len(lines) == 1, lines
+    assert lines[0].startswith(f"crew-supervisor: workers as AIP_CREWAI_WORKER_USER='{USER}' (uid "), lines
+    assert f" cannot import sqlite3 (the standard library, {_stdlib(closed)}/sqlite3/__init__.py)" in lines[0], lines
+    assert f": it may not traverse {closed} (owner 0:0, mode 0700); fix: chmod o+x {closed}, or " in lines[0], lines
+    assert not state.exists()  # refused before the state directory was made, let alone a worker started
+
+
+@root_only
+@pytest.mark.timeout(120)
+def test_a_place_closed_by_an_acl_alone_is_refused_with_the_interpreters_own_error(
+    base: Path, ids: tuple[int, int], runtime: tuple[str, list[str]], closed_python: tuple[str, Path]
+) -> None:
+    """The modes say the user may pass (0755); an ACL entry for that user says not. Modes are all the refusal
+    reads, so it names no place: it quotes what the interpreter said, and still refuses before the state."""
+    _, packages = runtime
+    python, closed = closed_python
+    closed.chmod(0o755)
+    undefined = 0xFFFFFFFF  # the id of an entry that names none
+    # (tag, permissions, id): the owner rwx; that user nothing; the owning group, the mask and others r-x
+    entries = [
+        (0x01, 7, undefined),
+        (0x02, 0, ids[0]),
+        (0x04, 5, undefined),
+        (0x10, 5, undefined),
+        (0x20, 5, undefined),
+    ]
+    try:  # system.posix_acl_access's binary form: version 2, then (tag, permissions, id) per entry
+        os.setxattr(
+            closed, "system.posix_acl_access", struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+        )
+    except OSError as exc:
+        pytest.skip(f"no POSIX ACL on {closed}: {exc.strerror}")
+    state = base / "state"
+    server = start_server(
+        state, registry=REGISTRY, env={"AIP_CREWAI_WORKER_USER": USER}, python=python, path=packages, wait=False
+    )
+    try:
+        returncode = server.process.wait(EXIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        raise AssertionError("a supervisor whose workers cannot start did not exit") from None
+    lines = server.log_tail().strip().splitlines()
+    assert returncode == 1 and len(lines) == 1, lines
+    assert f" cannot run {python} and import what they need: ModuleNotFoundError: No module named " in lines[0], lines
+    assert f"; fix: make Python and the packages readable by uid {ids[0]}, or " in lines[0], lines
+    assert not state.exists()
+
+
+def _stdlib(closed: Path) -> Path:
+    return closed / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
 
 
 @root_only

@@ -17,7 +17,7 @@ from supervisor.doctor import names
 from supervisor.doctor.findings import OK, PROBLEM, WARNING, Finding, ok, problem
 from supervisor.escaping import json_line, visible
 
-BLOCKING = ("names", "settings")  # a problem here stops the checks that need it
+BLOCKING = ("names", "settings", "runtime")  # a problem here stops the checks that need it
 SETTINGS_FIX = f"change that setting: its flag or {config.PREFIX} variable (crew-supervisor serve --help lists each)"
 DESCRIPTION = f"""\
 Check a deployment without serving it: that this installation's packages are
@@ -57,7 +57,10 @@ def _deployment(flags: Mapping[str, str | None]) -> list[Finding]:
         return [problem("settings", str(exc), exc.fix or SETTINGS_FIX), *workers.telemetry()]
     where = settings.state_file or "a temporary directory"
     found = [ok("settings", f"registry {settings.registry}, journal in {where}, on {settings.host}:{settings.port}")]
-    found += files.state(settings) + files.token_and_training(settings) + workers.crews(settings) + workers.telemetry()
+    found += files.state(settings) + files.token_and_training(settings)
+    runtime = workers.runtime(settings)  # a worker that cannot start could only say "No module named ..."
+    found += runtime if any(f.status == PROBLEM for f in runtime) else runtime + workers.crews(settings)
+    found += workers.telemetry()
     return [
         *found,
         host.listen(settings),

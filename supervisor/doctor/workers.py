@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from protocol import NOT_A_FACTORY, QUIET_CREWAI, Built, factory_fix
-from supervisor.config import PREFIX, Settings
+from supervisor.config import PREFIX, ConfigError, Settings
 from supervisor.doctor import host
 from supervisor.doctor.findings import Finding, ok, problem, warning
 from supervisor.jobs.runner import worker_env
+from supervisor.processes import reach
 from supervisor.processes.launcher import LaunchError, SpawnLauncher, expect_registry
 from supervisor.processes.process import WorkerProcess
 from supervisor.processes.reaper import Reaper
@@ -49,6 +51,20 @@ def telemetry(environ: Mapping[str, str] = os.environ) -> list[Finding]:
         if environ.get(name, QUIET_CREWAI[name]).lower() not in OFF[name]
     ]
     return found or [ok("telemetry", f"off in the workers: {', '.join(QUIET_CREWAI)}")]
+
+
+def runtime(settings: Settings) -> list[Finding]:
+    """With ``WORKER_USER``: whether a worker still imports what it needs once it took that uid, as serve checks
+    it at start (``reach.check``); nothing to say without it."""
+    if settings.worker_ids is None:
+        return []
+    state = Path(settings.state_file).absolute().parent if settings.state_file else Path(tempfile.gettempdir())
+    try:
+        reach.check(settings, worker_env(settings, state, ""))
+    except ConfigError as exc:
+        return [problem("runtime", str(exc), exc.fix)]
+    what = "the standard library, this environment's packages and crew-supervisor, and finds the registry's module"
+    return [ok("runtime", f"a worker of {sys.executable} as uid {settings.worker_ids[0]} imports {what}")]
 
 
 def crews(settings: Settings) -> list[Finding]:

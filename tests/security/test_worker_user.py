@@ -7,7 +7,8 @@ readable; its scratch directory, HOME and CrewAI storage are writable. A cancel 
 and proves it, a memory hog is still measured (PSS needs root's access to another uid's /proc) and
 killed, and a worker whose uid changed still dies with its parent (the change clears PDEATHSIG, so it
 is armed after). Setting it without root, or to root, is refused in one line, and so is a user that cannot
-run the interpreter: serve names the place it cannot pass and its fix.
+run the interpreter (or import the registry's module): serve names the place it cannot pass and its fix, and
+the doctor says the same.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import orjson
 import psutil
 import pytest
 
@@ -34,6 +36,7 @@ from protocol import WORKER_IDS
 from supervisor.config import ConfigError, load
 from supervisor.journal.schema import JournalError
 from supervisor.journal.statefiles import WORKER_PLACES, prepare_directory, prepare_places
+from supervisor.testing import free_port
 from tests.conftest import (
     ROOT,
     gone,
@@ -52,6 +55,10 @@ MEMORY_MB = 300
 CONFIG = {"AIP_CREWAI_REGISTRY": "worker.demo:registry", "AIP_CREWAI_BEARER_TOKEN": "t", "AIP_CREWAI_STATE_FILE": "/x"}
 
 EXIT_SECONDS = 60.0  # the refusal comes before any worker: seconds even at load 10; more is a hang
+DOCTOR_SECONDS = 300  # the good case builds the crews in a worker (CrewAI's import) on a loaded machine
+LIGHT_REGISTRY = (
+    "class Plain:\n    def kickoff(self, inputs=None):\n        return None\n\n\nregistry = {'plain': Plain}\n"
+)
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="only a root supervisor can run workers as another user")
 
@@ -203,6 +210,70 @@ def test_a_place_closed_by_an_acl_alone_is_refused_with_the_interpreters_own_err
 
 def _stdlib(closed: Path) -> Path:
     return closed / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+
+
+@root_only
+@pytest.mark.timeout(120)
+def test_the_doctor_reports_a_worker_user_that_cannot_reach_the_interpreter(
+    base: Path, runtime: tuple[str, list[str]], closed_python: tuple[str, Path]
+) -> None:
+    """The same line, as a problem with its fix; the crews are not built (their worker could only fail)."""
+    _, packages = runtime
+    python, closed = closed_python
+    answer = _doctor(python, base, packages, "worker.demo:registry")
+    assert answer.returncode == 1, answer.stdout + answer.stderr
+    found = {f["check"]: f for f in orjson.loads(answer.stdout)}
+    assert found["runtime"]["status"] == "problem"
+    assert f"cannot import sqlite3 (the standard library, {_stdlib(closed)}/" in found["runtime"]["detail"]
+    assert f"it may not traverse {closed} (owner 0:0, mode 0700)" in found["runtime"]["detail"]
+    assert found["runtime"]["fix"].startswith(f"chmod o+x {closed}, or ")
+    assert "registry" not in found and "crew" not in found
+
+
+@root_only
+@pytest.mark.timeout(DOCTOR_SECONDS)
+def test_the_registry_module_must_be_reachable_by_the_worker_user(
+    base: Path, ids: tuple[int, int], runtime: tuple[str, list[str]]
+) -> None:
+    """A registry in a directory the user may not traverse: named with its fix. One it may traverse but not list
+    (0711) is fine, as for its workers: a worker lists the directories on its path at start, as root."""
+    python, packages = runtime
+    crews = base / "crews"
+    crews.mkdir(mode=0o700)
+    (crews / "light_crews.py").write_text(LIGHT_REGISTRY)
+    answer = _doctor(python, base, [str(crews), *packages], "light_crews:registry")
+    assert answer.returncode == 1, answer.stdout + answer.stderr
+    found = {f["check"]: f for f in orjson.loads(answer.stdout)}
+    runtime_found = found["runtime"]
+    assert f"cannot import light_crews (the registry's module, {crews / 'light_crews.py'})" in runtime_found["detail"]
+    assert f"it may not traverse {crews} (owner 0:0, mode 0700)" in runtime_found["detail"]
+    assert runtime_found["fix"].startswith(f"chmod o+x {crews}, or ")
+
+    crews.chmod(0o711)
+    answer = _doctor(python, base, [str(crews), *packages], "light_crews:registry")
+    found = {f["check"]: f for f in orjson.loads(answer.stdout)}
+    assert found["runtime"]["status"] == "ok", found["runtime"]
+    assert found["runtime"]["detail"].startswith(f"a worker of {python} as uid {ids[0]} imports ")
+    assert found["registry"]["status"] == "ok" and "1 of 1 crews build" in found["registry"]["detail"]
+
+
+def _doctor(python: str, base: Path, path: list[str], registry: str) -> subprocess.CompletedProcess[str]:
+    """``doctor --json`` on ``python`` with the workers' user, a state directory it may traverse and a token."""
+    token = base / "token"
+    token.write_text("a-token-for-the-doctor\n")
+    token.chmod(0o600)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIP_CREWAI_")}
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(ROOT), *path]),
+        AIP_CREWAI_REGISTRY=registry,
+        AIP_CREWAI_STATE_FILE=str(base / "state" / "journal.db"),
+        AIP_CREWAI_BEARER_TOKEN_FILE=str(token),
+        AIP_CREWAI_PORT=str(free_port()),
+        AIP_CREWAI_WARMUP="offline",
+        AIP_CREWAI_WORKER_USER=USER,
+    )
+    command = [python, "-m", "supervisor", "doctor", "--json"]
+    return subprocess.run(command, env=env, cwd=base, capture_output=True, text=True, timeout=DOCTOR_SECONDS)
 
 
 @root_only

@@ -9,6 +9,7 @@ import stat
 from pathlib import Path
 
 from supervisor.journal.schema import SCHEMA_VERSION, JournalError
+from supervisor.processes.reach import grants
 
 
 class JournalLocked(JournalError):
@@ -120,18 +121,11 @@ def check_directory(directory: Path, worker_ids: tuple[int, int] | None = None) 
         raise JournalError(f"state directory {directory} is owned by the workers' user (uid {worker_ids[0]})")
     for above in directory.absolute().parents:
         where = os.stat(above)
-        if not _grants(where, worker_ids, 0o1):
+        if not grants(where, worker_ids, 0o1):
             raise JournalError(f"the workers' user (uid {worker_ids[0]}) cannot traverse {above}, above the state")
-        if _grants(where, worker_ids, 0o2) and not where.st_mode & stat.S_ISVTX:
+        if grants(where, worker_ids, 0o2) and not where.st_mode & stat.S_ISVTX:
             raise JournalError(f"the workers' user (uid {worker_ids[0]}) can write to {above}, above the state")
     return stat.S_IMODE(info.st_mode)
-
-
-def _grants(info: os.stat_result, ids: tuple[int, int], bits: int) -> bool:
-    """Whether the mode's owner, group or other class (the one that applies to ``ids``, a process
-    without supplementary groups) holds ``bits``. ACLs are not read."""
-    shift = 6 if info.st_uid == ids[0] else 3 if info.st_gid == ids[1] else 0
-    return (info.st_mode >> shift) & bits == bits
 
 
 def journal_companions(journal: Path) -> list[tuple[Path, str]]:

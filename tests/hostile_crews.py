@@ -189,6 +189,11 @@ class RunawayLLM(OfflineLLM):
                 os.write(1, line)
             os.write(2, b"flood done\n")
             return super().call(messages, *args, **kwargs)
+        elif mode == "stdout-grandchild":  # a tool's subprocess that inherited the worker's stdout floods it
+            flood = "import os\nwhile True:\n    os.write(1, b'flood ' * 10922)"
+            subprocess.Popen(
+                [sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {flood!r}])"]
+            )
         elif mode == "orphan":
             _orphan_that_exits()
             return super().call(messages, *args, **kwargs)
@@ -282,7 +287,7 @@ def immortal() -> Crew:
 
 RUNAWAY = (
     *("memory", "cpu", "reforker", "disk", "disk-home", "forkbomb", "files", "escape-memory", "escape-forkbomb"),
-    *("events", "stdout", "stdout-endless", "daemon", "orphan"),
+    *("events", "stdout", "stdout-endless", "stdout-grandchild", "daemon", "orphan"),
 )
 registry = {
     **base_registry,

@@ -118,13 +118,6 @@ class Limits:
 
     def check(self, worker: WorkerProcess, table: ProcessTable | None = None) -> Breach | None:
         """Sample the worker's tree now; the first limit it breaks, if any."""
-        output = worker.stdout.total + worker.stderr.total
-        if self.output_bytes and output > self.output_bytes:
-            return Breach(
-                "output_limit_exceeded",
-                f"the job wrote {output} bytes to stdout/stderr, over {self.output_bytes}",
-                {"output_bytes": output},
-            )
         tree = self._bounded(worker)
         usage = tree.sample(table)
         if usage is None:
@@ -207,6 +200,21 @@ class Limits:
         if self.disk_bytes:
             places.start()
         self._watched[worker] = (on_breach, on_found)
+        if self.output_bytes:  # checked as it is read, not sampled: a flood passes nothing between two samples
+            worker.cap_output(self.output_bytes, lambda total: self._breached(worker, self._output_breach(total)))
+
+    def _output_breach(self, total: int) -> Breach:
+        return Breach(
+            "output_limit_exceeded",
+            f"the job wrote {total} bytes to stdout/stderr, over {self.output_bytes}",
+            {"output_bytes": total, "limit_bytes": self.output_bytes},
+        )
+
+    def _breached(self, worker: WorkerProcess, breach: Breach) -> None:
+        """Tell the job of the first limit its worker broke, once: it is watched no more."""
+        watched = self._watched.pop(worker, None)
+        if watched is not None:
+            watched[0](breach)
 
     def unwatch(self, worker: WorkerProcess) -> None:
         self._watched.pop(worker, None)
@@ -229,13 +237,12 @@ class Limits:
         if not self._watched:
             return
         table = ProcessTable.scan()
-        for worker, (on_breach, on_found) in list(self._watched.items()):
+        for worker, (_, on_found) in list(self._watched.items()):
             breach = None if worker.exited.done() else self.check(worker, table)
             if self._trees[worker].boundary_grew:
                 on_found(self._trees[worker].boundary())
             if breach is not None:
-                self.unwatch(worker)
-                on_breach(breach)
+                self._breached(worker, breach)
 
 
 def _prlimit(pid: int, kind: int, soft: int, hard: int) -> None:

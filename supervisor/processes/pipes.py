@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+from collections.abc import Callable
 
 from protocol import FrameError, Message, MessageReader, TruncatedFrame
 
@@ -22,12 +23,30 @@ class Tail(asyncio.Protocol):
         self.limit = limit
         self.total = 0
         self._buffer = bytearray()
+        self.transport: asyncio.ReadTransport | None = None
+        self.on_read: Callable[[], None] | None = None  # told after each read (the output cap's check)
+        self.stopped = False  # reads no more (``stop_reading``)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
         self.total += len(data)
         self._buffer += data
         if len(self._buffer) > self.limit:
             del self._buffer[: len(self._buffer) - self.limit]
+        if self.on_read is not None:
+            self.on_read()
+
+    def stop_reading(self) -> None:
+        """Read no more: whoever writes blocks once the pipe is full. Closed at the kill (``close``)."""
+        self.on_read, self.stopped = None, True
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
 
     def text(self) -> str:
         return self._buffer.decode(errors="replace")

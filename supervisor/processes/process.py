@@ -7,6 +7,7 @@ import dataclasses
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -74,6 +75,20 @@ class WorkerProcess:
         if self._control is not None:
             self._control.close()
 
+    def cap_output(self, limit: int, on_over: Callable[[int], None]) -> None:
+        """Once stdout and stderr together pass ``limit`` bytes, neither is read again and ``on_over`` is told the
+        total, once: checked as each read arrives, so what passes the cap is at most one read (the writers, a
+        grandchild that inherited the pipes too, then block on full pipes until the kill)."""
+
+        def check() -> None:
+            total = self.stdout.total + self.stderr.total
+            if total > limit:
+                for tail in (self.stdout, self.stderr):
+                    tail.stop_reading()
+                on_over(total)
+
+        self.stdout.on_read = self.stderr.on_read = check
+
     async def next_message(self) -> Message | FrameError | None:
         """The next message, a FrameError if the stream broke, or None at EOF."""
         message = await self._messages.get()
@@ -120,6 +135,9 @@ class WorkerProcess:
         status = await self.wait_exit(CONFIRM_SECONDS)
         confirmed = self.exited.done() and await self._reaper.confirm_gone(list(stopped.values()), CONFIRM_SECONDS)
         self.close_control()
+        for tail in (self.stdout, self.stderr):  # one that stopped reading at the output cap sees no EOF
+            if tail.stopped:
+                tail.close()
         return StopEvidence(
             stop_confirmed=confirmed,
             pid=self.pid,

@@ -151,6 +151,15 @@ def test_a_worker_user_that_cannot_reach_the_interpreter_is_refused_at_start(
         (base / "venv" / "python").symlink_to(python)
         python = str(base / "venv" / "python")
     state = base / "state"
+    lines = refusal(state, python, packages)
+    assert lines[0].startswith(f"crew-supervisor: workers as AIP_CREWAI_WORKER_USER='{USER}' (uid "), lines
+    assert f" cannot import sqlite3 (the standard library, {_stdlib(closed)}/sqlite3/__init__.py)" in lines[0], lines
+    assert f": it may not traverse {closed} (owner 0:0, mode 0700); fix: chmod o+x {closed}, or " in lines[0], lines
+    assert not state.exists()  # refused before the state directory was made, let alone a worker started
+
+
+def refusal(state: Path, python: str, packages: list[str]) -> list[str]:
+    """The one line a supervisor on ``python`` with the workers' user printed as it refused to start."""
     server = start_server(
         state, registry=REGISTRY, env={"AIP_CREWAI_WORKER_USER": USER}, python=python, path=packages, wait=False
     )
@@ -161,10 +170,7 @@ def test_a_worker_user_that_cannot_reach_the_interpreter_is_refused_at_start(
         raise AssertionError("a supervisor whose workers cannot start did not exit") from None
     lines = server.log_tail().strip().splitlines()
     assert returncode == 1 and len(lines) == 1, lines
-    assert lines[0].startswith(f"crew-supervisor: workers as AIP_CREWAI_WORKER_USER='{USER}' (uid "), lines
-    assert f" cannot import sqlite3 (the standard library, {_stdlib(closed)}/sqlite3/__init__.py)" in lines[0], lines
-    assert f": it may not traverse {closed} (owner 0:0, mode 0700); fix: chmod o+x {closed}, or " in lines[0], lines
-    assert not state.exists()  # refused before the state directory was made, let alone a worker started
+    return lines
 
 
 @root_only
@@ -193,16 +199,7 @@ def test_a_place_closed_by_an_acl_alone_is_refused_with_the_interpreters_own_err
     except OSError as exc:
         pytest.skip(f"no POSIX ACL on {closed}: {exc.strerror}")
     state = base / "state"
-    server = start_server(
-        state, registry=REGISTRY, env={"AIP_CREWAI_WORKER_USER": USER}, python=python, path=packages, wait=False
-    )
-    try:
-        returncode = server.process.wait(EXIT_SECONDS)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        raise AssertionError("a supervisor whose workers cannot start did not exit") from None
-    lines = server.log_tail().strip().splitlines()
-    assert returncode == 1 and len(lines) == 1, lines
+    lines = refusal(state, python, packages)
     assert f" cannot run {python} and import what they need: ModuleNotFoundError: No module named " in lines[0], lines
     assert f"; fix: make Python and the packages readable by uid {ids[0]}, or " in lines[0], lines
     assert not state.exists()

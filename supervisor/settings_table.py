@@ -273,8 +273,8 @@ SPEC: dict[str, Setting] = {
         "what a job may write to its scratch directory and its crew's HOME and storage, and the largest file it"
         " may write anywhere (RLIMIT_FSIZE) (0: off)",
         "its scratch directory counts whole, its crew's places by what they grew since the job started (jobs of"
-        " one crew share them, so each is charged all of it); sampled every LIMIT_SAMPLE_MS, the job stopped,"
-        " failed with `disk_limit_exceeded`",
+        " one crew share them, so each is charged all of it); measured about once a second, off the loop, the job"
+        " stopped, failed with `disk_limit_exceeded`",
     ),
     "WORKER_MAX_TOKENS": Setting(
         _integer(0, 1 << 40),

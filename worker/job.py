@@ -13,7 +13,7 @@ import threading
 from typing import Any, NoReturn
 
 from protocol import READ_ONLY_OPERATIONS, Built, Completed, Failed, Hello, Registry, Start, Started
-from worker import landlock, lifecycle, registry, spending, warmup
+from worker import lifecycle, registry, spending, warmup
 from worker.operations import OPERATIONS, OperationError, OutputTooLarge, Work, bounded
 
 MAX_CHECK_ERROR_CHARS = 1000  # one line of the doctor's report, not a traceback
@@ -62,7 +62,7 @@ def load(out: lifecycle.FrameWriter) -> dict[str, Any] | None:
 def describe_registry(crews: dict[str, Any], warmed: dict[str, Any] | None = None) -> Registry:
     eval_llms = sorted(registry.eval_llms(os.environ.get(registry.ENV, "")))
     budgets = spending.budgets(crews)
-    return Registry(sorted(crews), eval_llms, warmed or {}, budgets, contained=landlock.enforced)
+    return Registry(sorted(crews), eval_llms, warmed or {}, budgets, contained=lifecycle.contained)
 
 
 def rehearse_warmup(control: threading.Thread) -> dict[str, Any]:

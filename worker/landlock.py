@@ -7,8 +7,10 @@ privilege needed) is an allow-list the process cannot widen again and its childr
 right to change the file system is handled, and granted beneath every path but the cgroup file systems
 (each place one is mounted, ``/sys/fs/cgroup`` always). Reading is not handled here.
 
-Set in ``lifecycle.confine``: the fork server's domain is its workers' too. Where the kernel has no
-Landlock nothing is set, and the supervisor says so (``supervisor/processes/containment.py``).
+Set in ``lifecycle.confine``, with ``seccomp.refuse_clone3`` (the other way into another cgroup): the fork
+server's domain is its workers' too. Where the kernel has no Landlock, or only its first ABI (which refuses
+every rename across directories, so would break crews), nothing is set, and the supervisor says so
+(``/health``'s ``containment``).
 """
 
 from __future__ import annotations
@@ -47,7 +49,6 @@ WRITES_BY_ABI = {
 FILE_RIGHTS = WRITE_FILE | TRUNCATE  # all a rule on a file (not a directory) may grant
 
 _libc = ctypes.CDLL(None, use_errno=True)
-enforced = False  # whether this process denies itself cgroup writes (``deny_cgroup_writes``)
 _libc.syscall.restype = ctypes.c_long
 
 
@@ -61,7 +62,7 @@ def deny_cgroup_writes() -> bool:
     """From now on this process and its children cannot change any cgroup file system; True if the kernel
     enforces it. Sets no_new_privs, which Landlock needs without CAP_SYS_ADMIN."""
     version = abi()
-    if version < 1:
+    if version < 2:  # ABI 1 refuses every rename and link across directories: it would break crews
         return False
     handled = 0
     for since, rights in WRITES_BY_ABI.items():
@@ -75,8 +76,6 @@ def deny_cgroup_writes() -> bool:
         _check(_libc.syscall(RESTRICT_SELF, ruleset, 0), "restrict_self")
     finally:
         os.close(ruleset)
-    global enforced
-    enforced = True
     return True
 
 

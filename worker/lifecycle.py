@@ -11,7 +11,7 @@ import threading
 import setproctitle
 
 from protocol import QUIET_CREWAI, FrameError, Message, MessageReader, Start, Stop, pack
-from worker import landlock
+from worker import landlock, seccomp
 
 NICE = "AIP_CREWAI_WORKER_NICE"  # set by the supervisor from its settings
 PR_SET_PDEATHSIG = 1
@@ -25,6 +25,7 @@ EXIT_ORPHANED = 75
 EXIT_CONTROL_CLOSED = 76
 EXIT_STOPPED = 77
 EXIT_PROTOCOL = 78
+contained = False  # this process can leave no cgroup (``confine``)
 
 
 TITLE_CHARS = 200  # of a worker's command line (an action id may be 256 characters)
@@ -86,8 +87,9 @@ def confine(ids: tuple[int, int] | None = None) -> None:
       change clears the other capabilities. It also clears PR_SET_PDEATHSIG: the caller arms it after.
       Without ``ids`` the uid stays: same-uid reach (signals, the state directory) remains, see
       docs/security.md.
-    - Last, no cgroup file can be changed (``landlock.deny_cgroup_writes``, with no_new_privs): a job cannot
-      leave its cgroup, however it got the rights to a root cgroup's files.
+    - Last, no cgroup file can be changed (``landlock.deny_cgroup_writes``, with no_new_privs) and no child
+      started into another cgroup (``seccomp.refuse_clone3``): a job cannot leave its cgroups, however it got
+      the rights to a root cgroup's files. ``contained`` says whether both hold.
     """
     os.umask(0o077)
     libc = ctypes.CDLL(None, use_errno=True)
@@ -109,7 +111,8 @@ def confine(ids: tuple[int, int] | None = None) -> None:
         os.setresuid(uid, uid, uid)
     if capable and libc.capset(ctypes.byref(header), (_CapData * 2)()) != 0:
         raise OSError(ctypes.get_errno(), "capset failed")
-    landlock.deny_cgroup_writes()
+    global contained
+    contained = landlock.deny_cgroup_writes() and seccomp.refuse_clone3()
 
 
 def set_dumpable(dumpable: bool) -> None:

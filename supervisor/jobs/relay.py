@@ -68,10 +68,10 @@ class Relay:
         """The worker answered; it must also leave. Its exit status joins the proof."""
         status = await worker.wait_exit(EXIT_WAIT_SECONDS)
         proof: dict[str, Any] = {"exit_status": status}
-        strays = len(self.limits.tree(worker).leftovers()) if status is not None else 0
+        strays = len(await asyncio.to_thread(self.limits.tree(worker).leftovers)) if status is not None else 0
         if status is None or strays:
             proof = (await self.kill(worker)).as_dict()
-            strays = proof["descendants_killed"]
+            strays = proof["descendants_killed"] if strays else 0  # a worker slow to leave left nothing behind
         if isinstance(message, Failed):  # its message may quote a key the crew was given, as a provider's does
             text = redact(message.message, job.secrets)
             return failure(message.reason, text, message.uncertain_outcome, error_type=message.error_type, **proof)
@@ -111,7 +111,7 @@ class Relay:
                 evidence = await self.kill(worker)
                 return failure(breach.error_type, breach.message, True, **breach.proof, **evidence.as_dict())
             outcome = exit_failure(status, worker.pid)
-            if self.limits.tree(worker).leftovers():  # what it started dies with it, counted
+            if await asyncio.to_thread(self.limits.tree(worker).leftovers):  # what it started dies with it, counted
                 outcome.data["descendants_killed"] = (await self.kill(worker)).descendants_killed
             return outcome
         return await self._fault(worker, "frame_pipe_closed", "the worker closed its event pipe and kept running")

@@ -32,9 +32,9 @@ from supervisor.jobs.recorder import Recorder
 from supervisor.jobs.relay import Relay
 from supervisor.journal.records import Job
 from supervisor.metrics import Metrics
-from supervisor.processes.containment import Places
 from supervisor.processes.launcher import Launcher, LaunchError
 from supervisor.processes.limits import Limits
+from supervisor.processes.places import Places
 from supervisor.processes.process import CONFIRM_SECONDS
 from supervisor.redaction import secrets_in
 
@@ -203,7 +203,7 @@ class Runner:
                 self.limits.unwatch(job.worker)
                 if not job.worker.exited.done():
                     await self.relay.kill(job.worker)
-                elif left := self.limits.tree(job.worker).kill():  # each way a job ends kills its remains first
+                elif left := await asyncio.to_thread(self.limits.tree(job.worker).kill):  # each end kills its remains
                     log.warning("killed %d process(es) a job left", len(left), extra={"action_id": job.action_id})
                 self.limits.release(job.worker)
                 if job.operation == "train" and job.worker.exited.done():  # gone: nothing writes the file now

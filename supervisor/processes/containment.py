@@ -25,8 +25,8 @@ import orjson
 import psutil
 
 from supervisor.processes.cgroups import JobCgroup, is_job_cgroup, members_of, remove_job_cgroup
+from supervisor.processes.places import Places
 
-MAX_PLACE_ENTRIES = 10_000  # files and directories one reading of a job's places walks, at most
 MAX_REMEMBERED = 4096  # descendants remembered per worker (a fork bomb is capped well below this)
 KILL_SECONDS = 5.0  # a kill that still finds new members after this has met something it cannot outrun
 
@@ -65,44 +65,6 @@ class Boundary:
             )
         except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
             return cls()
-
-
-@dataclasses.dataclass
-class Places:
-    """Where a job writes: its scratch directory (its own, removed when it ends) and its crew's HOME and CrewAI
-    storage (kept, and shared with the crew's other jobs). What it wrote is all of the first and what the others
-    grew by since it started, in blocks the disk holds (a sparse file's hole costs nothing)."""
-
-    scratch: Path
-    kept: tuple[Path, ...]
-    baseline: int = 0
-
-    def start(self) -> None:
-        self.baseline = _disk_use(self.kept)[0]
-
-    def written(self) -> tuple[int, int]:
-        """Bytes written and the files and directories walked to count them (at most ``MAX_PLACE_ENTRIES`` + 1:
-        past it the count stops, and the job has made too many to count)."""
-        scratch, entries = _disk_use((self.scratch,))
-        kept, more = _disk_use(self.kept, MAX_PLACE_ENTRIES - entries)
-        return scratch + max(kept - self.baseline, 0), entries + more
-
-
-def _disk_use(paths: Iterable[Path], entries: int = MAX_PLACE_ENTRIES) -> tuple[int, int]:
-    """The bytes on disk beneath ``paths`` (links not followed) and how many entries were walked, stopping past
-    ``entries``."""
-    used, walked, pending = 0, 0, [str(path) for path in paths]
-    while pending and walked <= entries:
-        with contextlib.suppress(OSError), os.scandir(pending.pop()) as listing:
-            for entry in listing:
-                walked += 1
-                if walked > entries:
-                    break
-                with contextlib.suppress(OSError):
-                    used += entry.stat(follow_symlinks=False).st_blocks * 512
-                    if entry.is_dir(follow_symlinks=False):
-                        pending.append(entry.path)
-    return used, walked
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +128,7 @@ class Containment:
     def boundary(self) -> Boundary:
         """What identifies this job's processes, for the journal."""
         self._journaled = len(self._seen)
-        tree = tuple((pid, process.create_time()) for pid, process in self._seen.items())
+        tree = tuple((pid, process.create_time()) for pid, process in list(self._seen.items()))
         return Boundary(self.cgroup.paths() if self.cgroup is not None else (), tree)
 
     @property
@@ -190,9 +152,9 @@ class Containment:
             known = self._seen.get(pid)
             with contextlib.suppress(psutil.NoSuchProcess):
                 process = known if known is not None and known.is_running() else psutil.Process(pid)
-                if process.create_time() >= self.create_time:  # a group's id outlives its leader; its pid may not
+                if process.create_time() >= self.create_time and running(process):  # a group outlives its leader
                     found[pid] = process
-        for pid, process in self._seen.items():
+        for pid, process in list(self._seen.items()):
             if pid not in found and running(process):
                 found[pid] = process
         return list(found.values())
@@ -212,7 +174,7 @@ class Containment:
         while found:
             for process in found:
                 if process.pid not in killed and process.pid != self.pid and running(process):
-                    with contextlib.suppress(psutil.NoSuchProcess):
+                    with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
                         process.kill()  # psutil refuses a pid that now names another process
                         killed[process.pid] = process
             if self.cgroup is not None:
@@ -298,7 +260,7 @@ def kill_remains(
         found = _remains(worker_pid, start_time, pgid, boundary)
         fresh = [process for process in found if process.pid not in killed]
         for process in fresh:
-            with contextlib.suppress(psutil.NoSuchProcess):
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
                 process.kill()
                 killed[process.pid] = process
         if not fresh or time.monotonic() > deadline:
@@ -324,7 +286,7 @@ def _remains(
             pids.update(dict.fromkeys(members_of(Path(path)), None))
     if worker_pid and start_time:
         pids[worker_pid] = start_time
-        if pgid == worker_pid and _group_still_the_jobs(pgid, start_time):
+        if pgid == worker_pid and _alive_as(worker_pid, start_time):
             for pid in ProcessTable.scan().groups.get(pgid, ()):
                 pids.setdefault(pid, None)
     found = []
@@ -339,13 +301,13 @@ def _remains(
     return found
 
 
-def _group_still_the_jobs(pgid: int, start_time: float) -> bool:
-    """A group's id is its leader's pid, which the kernel does not reuse while the group has members: if a process
-    of that pid runs with another start time, the job's group emptied and the id is another's now."""
+def _alive_as(pid: int, start_time: float) -> bool:
+    """Whether the worker still exists (a zombie too): only then is its group's id surely still the job's. Once
+    its group has emptied, the id may name a new group, long after a crash."""
     try:
-        return psutil.Process(pgid).create_time() == start_time
+        return psutil.Process(pid).create_time() == start_time
     except psutil.NoSuchProcess:
-        return True
+        return False
 
 
 def _table_without_tree(cgroup: JobCgroup | None) -> ProcessTable:

@@ -20,7 +20,8 @@ from typing import Any
 
 from supervisor.config import Settings
 from supervisor.processes.cgroups import CPU, MEMORY, PIDS, Cgroups
-from supervisor.processes.containment import MAX_PLACE_ENTRIES, Boundary, Containment, Places, ProcessTable
+from supervisor.processes.containment import Boundary, Containment, ProcessTable
+from supervisor.processes.places import MAX_NEW_ENTRIES, Places
 from supervisor.processes.process import WorkerProcess
 
 log = logging.getLogger("crew_supervisor.limits")
@@ -147,16 +148,9 @@ class Limits:
                         "enforced_by": "sampling",
                     },
                 )
-        if self.disk_bytes and tree.places is not None:
-            written, entries = tree.places.written()
-            if written > self.disk_bytes or entries > MAX_PLACE_ENTRIES:
-                what = f"{written // MiB} MiB" if entries <= MAX_PLACE_ENTRIES else f"over {MAX_PLACE_ENTRIES} files"
-                return Breach(
-                    "disk_limit_exceeded",
-                    f"the job wrote {what} to its scratch directory and its crew's places, over its"
-                    f" {self.disk_bytes // MiB} MiB (WORKER_MAX_DISK_MB)",
-                    {"disk_bytes": written, "limit_bytes": self.disk_bytes, "files": entries},
-                )
+        reading = tree.places.poll() if self.disk_bytes and tree.places is not None else None
+        if reading is not None and (reading[0] > self.disk_bytes or reading[1] > MAX_NEW_ENTRIES):
+            return disk_breach(*reading, self.disk_bytes)
         used = usage.cpu_seconds - (tree.cpu_baseline or 0.0)
         if self.cpu_seconds and tree.cpu_baseline is not None and used > self.cpu_seconds:
             return Breach(
@@ -195,20 +189,11 @@ class Limits:
         """Sample ``worker`` (and what its job wrote to ``places``) in every round until ``unwatch``; ``on_breach``
         is told once of the limit it broke, ``on_found`` of its boundary each time a round found processes of the
         job it had not seen."""
-        tree = self._bounded(worker)
-        tree.places = places
-        if self.disk_bytes:
-            places.start()
+        self._bounded(worker).places = places
         self._watched[worker] = (on_breach, on_found)
         if self.output_bytes:  # checked as it is read, not sampled: a flood passes nothing between two samples
-            worker.cap_output(self.output_bytes, lambda total: self._breached(worker, self._output_breach(total)))
-
-    def _output_breach(self, total: int) -> Breach:
-        return Breach(
-            "output_limit_exceeded",
-            f"the job wrote {total} bytes to stdout/stderr, over {self.output_bytes}",
-            {"output_bytes": total, "limit_bytes": self.output_bytes},
-        )
+            cap = self.output_bytes
+            worker.cap_output(cap, lambda total: self._breached(worker, output_breach(total, cap)))
 
     def _breached(self, worker: WorkerProcess, breach: Breach) -> None:
         """Tell the job of the first limit its worker broke, once: it is watched no more."""
@@ -243,6 +228,24 @@ class Limits:
                 on_found(self._trees[worker].boundary())
             if breach is not None:
                 self._breached(worker, breach)
+
+
+def output_breach(total: int, limit: int) -> Breach:
+    return Breach(
+        "output_limit_exceeded",
+        f"the job wrote {total} bytes to stdout/stderr, over {limit}",
+        {"output_bytes": total, "limit_bytes": limit},
+    )
+
+
+def disk_breach(written: int, entries: int, limit: int) -> Breach:
+    what = f"{written // MiB} MiB" if entries <= MAX_NEW_ENTRIES else f"over {MAX_NEW_ENTRIES} new files"
+    return Breach(
+        "disk_limit_exceeded",
+        f"the job wrote {what} to its scratch directory and its crew's places, over its {limit // MiB} MiB"
+        " (WORKER_MAX_DISK_MB)",
+        {"disk_bytes": written, "limit_bytes": limit, "files": entries},
+    )
 
 
 def _prlimit(pid: int, kind: int, soft: int, hard: int) -> None:

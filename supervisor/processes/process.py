@@ -122,7 +122,10 @@ class WorkerProcess:
         processes but the worker that were running when the stop began, or were found and killed during it."""
         started = time.monotonic()
         containment = containment or Containment(self.pid, self.create_time)
-        snapshot = containment.descendants()  # before any signal: a grandchild may have left the group
+        # Before any signal: a grandchild may have left the group. Once the worker is reaped its pid may be
+        # another's, so nothing is looked up by it: only what the job holds (its cgroup, group, samples).
+        look = containment.leftovers if self.exited.done() else containment.descendants
+        snapshot = await asyncio.to_thread(look)  # a scan of /proc and a kill's rounds: off the loop
         sent = signal.SIGKILL
         if grace > 0 and not self.exited.done():
             signal_group(self.pgid, signal.SIGTERM)
@@ -131,7 +134,8 @@ class WorkerProcess:
                 sent = signal.SIGTERM
         if not self.exited.done():  # an unreaped leader holds its group's id: the group is still the job's
             signal_group(self.pgid, signal.SIGKILL)
-        stopped = {process.pid: process for process in [*snapshot, *containment.kill(snapshot)]}
+        killed = await asyncio.to_thread(containment.kill, snapshot)
+        stopped = {process.pid: process for process in [*snapshot, *killed]}
         status = await self.wait_exit(CONFIRM_SECONDS)
         confirmed = self.exited.done() and await self._reaper.confirm_gone(list(stopped.values()), CONFIRM_SECONDS)
         self.close_control()

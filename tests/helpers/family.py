@@ -13,9 +13,12 @@ with the errno names, or ``joined`` with the files it wrote into), then sleeps f
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import glob
 import os
+import signal
+import struct
 import subprocess
 import sys
 import time
@@ -25,8 +28,34 @@ import psutil
 ROLES = ("child", "setsid", "escaper", "mover")
 
 
+CLONE_INTO_CGROUP, CLONE3 = 0x200000000, 435
+
+
+def clone_into(cgroup: str) -> None:
+    """Start a child straight into the cgroup v2 directory ``cgroup`` (``clone3`` with CLONE_INTO_CGROUP), which
+    needs only to open it: the child exits at once. Raises OSError as the kernel refuses."""
+    fd = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        # struct clone_args: flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid,
+        # set_tid_size, cgroup: eleven 64-bit fields.
+        fields = (CLONE_INTO_CGROUP, 0, 0, 0, signal.SIGCHLD, 0, 0, 0, 0, 0, fd)
+        args = ctypes.create_string_buffer(struct.pack("=11Q", *fields), 88)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        pid = libc.syscall(CLONE3, args, ctypes.c_size_t(len(args.raw)))
+        if pid == 0:
+            os._exit(0)
+        if pid < 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code))
+        os.waitpid(pid, 0)
+    finally:
+        os.close(fd)
+
+
 def escape() -> str:
-    """Try every root cgroup: ``denied:EACCES,...`` when none took the pid, else ``joined:<files>``."""
+    """Try every root cgroup, by writing this pid into it and by starting a child into a v2 one: ``denied:`` with
+    the errno names when none let it in, else ``joined:`` with what did."""
     joined, refused = [], set()
     for procs in sorted({*glob.glob("/sys/fs/cgroup/*/cgroup.procs"), "/sys/fs/cgroup/cgroup.procs"}):
         try:
@@ -35,6 +64,13 @@ def escape() -> str:
             joined.append(procs)
         except OSError as exc:
             refused.add(errno.errorcode.get(exc.errno or 0, str(exc.errno)))
+    for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+        if os.path.exists(f"{root}/cgroup.controllers"):  # a v2 hierarchy
+            try:
+                clone_into(root)
+                joined.append(f"clone3:{root}")
+            except OSError as exc:
+                refused.add(errno.errorcode.get(exc.errno or 0, str(exc.errno)))
     return f"joined:{','.join(joined)}" if joined else f"denied:{','.join(sorted(refused))}"
 
 

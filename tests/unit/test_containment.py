@@ -9,7 +9,8 @@ from pathlib import Path
 
 import psutil
 
-from supervisor.processes.containment import MAX_PLACE_ENTRIES, Boundary, Places, kill_remains
+from supervisor.processes.containment import Boundary, kill_remains
+from supervisor.processes.places import MAX_NEW_ENTRIES, Places
 from tests.conftest import gone, wait_until
 from worker.landlock import allowed_around
 
@@ -58,13 +59,19 @@ def test_places_count_all_of_scratch_and_what_kept_places_grew_by(tmp_path: Path
     scratch.mkdir()
     home.mkdir()
     (home / "before").write_bytes(b"x" * 1_000_000)
+    for number in range(MAX_NEW_ENTRIES + 5):  # a crew's cache: not the job's, however large
+        (home / f"cached-{number}").touch()
     places = Places(scratch, (home,))
-    places.start()
-    assert places.written() == (0, 1)  # the file home had is not the job's
+    places.measure()  # the first reading notes what the crew's places held
+    places.measure()
+    assert places.reading == (0, 0)
     (scratch / "a").write_bytes(b"x" * 300_000)
     (home / "b").write_bytes(b"x" * 200_000)
-    written, entries = places.written()
-    assert 500_000 <= written < 600_000 and entries == 3  # in blocks on disk
-    for number in range(MAX_PLACE_ENTRIES + 5):
+    places.measure()
+    assert places.reading is not None
+    written, entries = places.reading
+    assert 500_000 <= written < 600_000 and entries == 2  # in blocks on disk
+    for number in range(MAX_NEW_ENTRIES + 5):
         (scratch / f"many-{number}").touch()
-    assert places.written()[1] > MAX_PLACE_ENTRIES  # past it the count stops: too many to count
+    places.measure()
+    assert places.reading[1] > MAX_NEW_ENTRIES

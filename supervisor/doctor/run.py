@@ -73,7 +73,7 @@ def _deployment(flags: Mapping[str, str | None]) -> list[Finding]:
 
 def _text(findings: list[Finding]) -> str:
     lines = [
-        f"{f.status:<8} {f.check:<10} {visible(f.detail)}" + (f"; fix: {visible(f.fix)}" if f.fix else "")
+        f"{f.status:<8} {f.check:<11} {visible(f.detail)}" + (f"; fix: {visible(f.fix)}" if f.fix else "")
         for f in findings
     ]
     counts = {status: sum(f.status == status for f in findings) for status in (PROBLEM, WARNING)}

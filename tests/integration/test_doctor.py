@@ -294,4 +294,4 @@ def test_another_distribution_of_one_of_our_names_is_reported(deployment: Deploy
     answer = doctor(deployment)
     assert answer.code == 1, answer.out + answer.err
     [line] = answer.lines("problem")
-    assert "names      the distribution supervisor 4.2.5 also installs supervisor; fix: install" in line
+    assert "names       the distribution supervisor 4.2.5 also installs supervisor; fix: install" in line

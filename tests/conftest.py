@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -155,6 +157,15 @@ def provider() -> Iterator[Provider]:
     ``url`` to a supervisor as ``CREW_PROVIDER_URL`` (``worker.demo.provider_llm``)."""
     with Provider() as running:
         yield running
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    """A directory every uid may traverse (pytest's own are 0700 root): for places another user must reach."""
+    made = Path(tempfile.mkdtemp(prefix="traversable-"))
+    made.chmod(0o711)
+    yield made
+    shutil.rmtree(made, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,6 @@ import struct
 import subprocess
 import sys
 import sysconfig
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,15 +69,6 @@ def ids() -> tuple[int, int]:
     except KeyError:
         pytest.skip(f"no user {USER!r} on this machine")
     return entry.pw_uid, entry.pw_gid
-
-
-@pytest.fixture
-def base() -> Iterator[Path]:
-    """A directory every uid may traverse (pytest's own are 0700 root): the state goes inside."""
-    made = Path(tempfile.mkdtemp(prefix="worker-user-"))
-    made.chmod(0o711)
-    yield made
-    shutil.rmtree(made, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

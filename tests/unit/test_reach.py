@@ -5,25 +5,11 @@ user. Read from the files' modes only, so it needs no root: the user is one that
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from supervisor.processes.reach import READ, SEARCH, Denied, _chmod, _walk
 
 STRANGER = (54321, 54321)  # owns nothing here, and is in none of its groups
-
-
-@pytest.fixture
-def base() -> Iterator[Path]:
-    """A directory the stranger may traverse (pytest's own are 0700): the places go inside."""
-    made = Path(tempfile.mkdtemp(prefix="reach-"))
-    made.chmod(0o711)
-    yield made
-    shutil.rmtree(made, ignore_errors=True)
 
 
 def test_a_link_is_followed_to_the_place_on_its_way_and_each_place_is_named_once(base: Path) -> None:

@@ -57,10 +57,7 @@ class JobCgroup:
 
     def pids(self) -> list[int]:
         """Every member: any of the job's cgroups lists them all, since none of them can leave."""
-        for directory in {path for path, _ in self._paths.values()}:
-            with contextlib.suppress(OSError):
-                return [int(line) for line in (directory / "cgroup.procs").read_text().split()]
-        return []
+        return members_of(next(iter(self._paths.values()))[0])
 
     def kill(self) -> None:
         """On v2, the kernel kills every member at once (``cgroup.kill``, Linux 5.14); v1 has no such file."""

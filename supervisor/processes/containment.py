@@ -27,7 +27,7 @@ import psutil
 from supervisor.processes.cgroups import JobCgroup, is_job_cgroup, members_of, remove_job_cgroup
 from supervisor.processes.places import Places
 
-MAX_REMEMBERED = 4096  # descendants remembered per worker (a fork bomb is capped well below this)
+MAX_REMEMBERED = 4096  # descendants remembered per worker (bounds the journaled boundary; a pids cap sits below it)
 KILL_SECONDS = 5.0  # a kill that still finds new members after this has met something it cannot outrun
 
 
@@ -194,7 +194,7 @@ class Containment:
 
     def job_cpu_seconds(self, sampled: float) -> float:
         """All the job's CPU so far: its cgroup's count where there is one (it counts every member, one that
-        re-forked and ended too), else ``sampled`` (the tree now) plus what departed members used."""
+        re-forked and ended too), else ``sampled`` (what ``sample`` counted of the tree and the processes it saw)."""
         counted = self.cgroup.cpu_seconds() if self.cgroup is not None else None
         return counted if counted is not None else sampled
 

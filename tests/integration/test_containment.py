@@ -77,7 +77,8 @@ def test_the_escaper_cannot_leave_its_cgroups(family_server: Server, evidence: P
     members = family_of(evidence)
     said = members["escaper"].said  # the cgroup files refused by Landlock; clone3 into a v2 cgroup by seccomp
     assert said.startswith("denied:") and "EACCES" in said and "ENOSYS" in said, said
-    assert health["containment"] == ("cgroup" if ON_V1_AS_ROOT else health["containment"])
+    if ON_V1_AS_ROOT:  # this project's VM and CI: a cgroup per job, which no worker can leave
+        assert health["containment"] == "cgroup", health
     # It completed its work, but left four processes running: killed, each counted, and the job says so.
     terminal = answer.json()["terminal"]
     assert answer.status_code == 502 and terminal["error_type"] == "stray_processes", answer.text

@@ -10,11 +10,12 @@ re-forked and ended too. RLIMIT_NPROC cannot do the first (it counts all process
 ignores it), RLIMIT_AS not the second (it counts address space, not memory).
 
 Cgroup v1 (a ``pids`` and a ``memory`` hierarchy) and v2 (one unified tree) are both read. On v2 our own
-cgroup's parent must already enable the controllers for it (a delegated subtree, e.g. the root of a
-container's cgroup namespace): a cgroup that holds processes cannot enable them for its children, so a
-supervisor started inside a plain leaf cgroup samples instead. Only v1 is exercised on this project's VM.
-A controller we cannot write (an unprivileged container) is left to sampling; the container's own limits
-stay the hard cap.
+cgroup must enable the controllers for the jobs' cgroups below it, which a cgroup holding processes cannot
+(the root excepted): at the root of a cgroup namespace (a container's own, mounted writable) the processes
+it holds move into a leaf first; a supervisor inside any other cgroup that holds processes (a login session)
+samples instead. This project's VM runs v1; ``scripts/smoke-cgroup2`` runs the containment tests on a v2
+kernel, in both layouts. A controller we cannot write (an unprivileged container, a read-only cgroup mount)
+is left to sampling; the container's own limits stay the hard cap.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ PIDS, MEMORY, CPU = "pids", "memory", "cpuacct"
 # What proves a directory of ours is a cgroup with the controller: its cap's (or count's) file, v1 then v2.
 CAP_FILES = {PIDS: ("pids.max",), MEMORY: ("memory.limit_in_bytes", "memory.max"), CPU: ("cpuacct.usage", "cpu.stat")}
 BASE_PREFIX, JOB_PREFIX = "crew-supervisor-", "worker-"  # a supervisor's directory, a job's within it
+LEAF = "init"  # v2, at a cgroup namespace's root: where the processes it held go (``_enable_below``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +145,8 @@ class Cgroups:
         found = []
         for name in wanted:
             for candidate, v1 in _own_directories(root, name):
+                if not v1 and name != CPU and not _enable_below(candidate, name, at_root=candidate == root):
+                    continue
                 base = candidate / f"{BASE_PREFIX}{os.getpid()}"
                 try:
                     base.mkdir(mode=0o755, exist_ok=True)
@@ -238,6 +242,37 @@ def _delegate(base: Path, name: str, v1: bool) -> bool:
     return True
 
 
+def _enable_below(ours: Path, name: str, *, at_root: bool) -> bool:
+    """On v2, our own cgroup must enable ``name`` for the jobs' cgroups below it, and hold no process then (the
+    host's root excepted): ``pids`` is threaded, so enabling it would go through, making ours a thread root whose
+    children can hold no domain. At the root of our view, a container's own cgroup namespace, its processes move
+    into a leaf (``LEAF``) first, as nested container engines do; elsewhere they may be others' (a login session's)."""
+    control = ours / "cgroup.subtree_control"
+    with contextlib.suppress(OSError):
+        if name in control.read_text().split():
+            return True
+    try:
+        if (ours / "cgroup.type").exists() and members_of(ours):  # the host's root has no type
+            if not at_root:
+                log.warning("cannot enable %s for job cgroups: %s holds processes", name, ours)
+                return False
+            _move_members(ours, ours / LEAF)
+        control.write_text(f"+{name}")
+    except OSError as exc:
+        log.warning("cannot enable %s for job cgroups in %s: %s", name, ours, exc.strerror)
+        return False
+    return True
+
+
+def _move_members(source: Path, leaf: Path) -> None:
+    leaf.mkdir(mode=0o755, exist_ok=True)
+    for _ in range(3):  # a process forked while we moved the others stays behind: take it on the next round
+        for pid in members_of(source):
+            with contextlib.suppress(OSError):  # it ended meanwhile
+                (leaf / "cgroup.procs").write_text(str(pid))
+    log.info("moved the processes of %s into %s, to enable controllers for job cgroups", source, leaf)
+
+
 def _cap_memory(path: Path, limit: int, v1: bool) -> None:
     """The limit before the process moves in, so what it charges from then on is capped (pages a forked
     worker copied ahead before joining stay charged to the supervisor's cgroup, ~20 MB). Swap is capped
@@ -263,5 +298,6 @@ def _own_directories(root: Path, controller: str) -> list[tuple[Path, bool]]:
             if controller in controllers.split(","):
                 found.append((root / controllers / relative, True))
             elif controllers == "":
+                relative = "" if relative == LEAF else relative  # moved there by a supervisor before us
                 found.extend([(root / relative, False), (root / "unified" / relative, False)])
     return [(path, v1) for path, v1 in found if path.is_dir()]

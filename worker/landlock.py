@@ -7,10 +7,10 @@ privilege needed) is an allow-list the process cannot widen again and its childr
 right to change the file system is handled, and granted beneath every path but the cgroup file systems
 (each place one is mounted, ``/sys/fs/cgroup`` always). Reading is not handled here.
 
-Set in ``lifecycle.confine``, with ``seccomp.refuse_clone3`` (the other way into another cgroup): the fork
-server's domain is its workers' too. Where the kernel has no Landlock, or only its first ABI (which refuses
-every rename across directories, so would break crews), nothing is set, and the supervisor says so
-(``/health``'s ``containment``).
+Set in ``lifecycle.confine``, after ``seccomp.refuse_unneeded_calls`` (whose clone3 refusal closes the other
+way into another cgroup): the fork server's domain is its workers' too. Where the kernel has no Landlock, or
+only its first ABI (which refuses every rename across directories, so would break crews), no rule is set, and
+the supervisor says so (``/health``'s ``containment``).
 """
 
 from __future__ import annotations

@@ -87,9 +87,10 @@ def confine(ids: tuple[int, int] | None = None) -> None:
       change clears the other capabilities. It also clears PR_SET_PDEATHSIG: the caller arms it after.
       Without ``ids`` the uid stays: same-uid reach (signals, the state directory) remains, see
       docs/security.md.
-    - Last, no cgroup file can be changed (``landlock.deny_cgroup_writes``, with no_new_privs) and no child
-      started into another cgroup (``seccomp.refuse_clone3``): a job cannot leave its cgroups, however it got
-      the rights to a root cgroup's files. ``contained`` says whether both hold.
+    - Last, no_new_privs and the seccomp deny-list (``seccomp.refuse_unneeded_calls``: ptrace, namespaces,
+      mounts, BPF and the other calls a crew never needs; clone3, so no child starts in another cgroup), then no
+      cgroup file can be changed (``landlock.deny_cgroup_writes``): a job cannot leave its cgroups, however it got
+      the rights to a root cgroup's files. ``contained`` says whether both of those hold.
     """
     os.umask(0o077)
     libc = ctypes.CDLL(None, use_errno=True)
@@ -112,7 +113,8 @@ def confine(ids: tuple[int, int] | None = None) -> None:
     if capable and libc.capset(ctypes.byref(header), (_CapData * 2)()) != 0:
         raise OSError(ctypes.get_errno(), "capset failed")
     global contained
-    contained = landlock.deny_cgroup_writes() and seccomp.refuse_clone3()
+    refused = seccomp.refuse_unneeded_calls()  # whether Landlock is there or not
+    contained = landlock.deny_cgroup_writes() and "clone3" in refused
 
 
 def set_dumpable(dumpable: bool) -> None:

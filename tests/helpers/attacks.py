@@ -1,0 +1,144 @@
+"""What a hostile crew tries on the kernel and on other processes, each through ctypes' ``syscall``: the name of the
+errno each call got, or ``ok``. Run inside a worker (``tests/security/trust_crews.py``'s prober) and in a process
+that installs the filter itself (``tests/unit/test_seccomp.py``). Every call is harmless should it pass: a mount
+on a path that does not exist, a clone whose child leaves at once, a tracee detached again."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import mmap
+import os
+import signal
+import struct
+from collections.abc import Callable
+
+from worker.seccomp import CLONE, REFUSED
+
+PTRACE_ATTACH, PTRACE_DETACH = 16, 17
+WALL = 0x40000000  # __WALL: wait for a tracee that is not our child
+CLONE_NEWUSER = 0x10000000
+KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING = 0, -3
+UFFD_USER_MODE_ONLY = 1
+NOWHERE = b"/nonexistent-crew-supervisor-mount"  # a mount the filter let through fails with ENOENT: nothing mounted
+I386_GETPID = bytes.fromhex("b814000000" + "cd80" + "c3")  # mov eax, 20 (i386's getpid); int 0x80; ret
+
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("length", ctypes.c_size_t)]
+
+
+def _call(name: str, *args: object) -> int:
+    """The call of that name in worker.seccomp's table (its x86_64 number); raises OSError as the kernel refuses."""
+    result = libc.syscall(ctypes.c_long(REFUSED[name].number), *args)
+    if result < 0:
+        raise OSError(ctypes.get_errno(), name)
+    return int(result)
+
+
+def _outcome(attack: Callable[[], object]) -> str:
+    try:
+        attack()
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno or 0, str(exc.errno))
+    return "ok"
+
+
+def _attach(pid: int) -> None:
+    _call("ptrace", ctypes.c_long(PTRACE_ATTACH), ctypes.c_long(pid), None, None)
+    os.waitpid(pid, WALL)  # it worked (the test will fail): leave the target running as it was
+    libc.ptrace(PTRACE_DETACH, pid, None, None)
+
+
+def _read_memory(pid: int) -> None:
+    with open(f"/proc/{pid}/maps") as maps:
+        start = int(maps.readline().split("-")[0], 16)
+    buffer = ctypes.create_string_buffer(64)
+    local, remote = _IoVec(ctypes.addressof(buffer), 64), _IoVec(start, 64)
+    _call("process_vm_readv", ctypes.c_long(pid), ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+
+
+def _steal_descriptor(pid: int) -> None:
+    pidfd = os.pidfd_open(pid)
+    try:
+        os.close(_call("pidfd_getfd", pidfd, 2, 0))
+    finally:
+        os.close(pidfd)
+
+
+def _child(number: int, *args: object) -> None:
+    """A clone-like call that, should it pass, makes a child that leaves at once."""
+    pid = libc.syscall(ctypes.c_long(number), *args)
+    if pid == 0:
+        os._exit(0)
+    if pid < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    os.waitpid(pid, 0)
+
+
+def _clone3() -> None:
+    args = ctypes.create_string_buffer(struct.pack("=8Q", 0, 0, 0, 0, signal.SIGCHLD, 0, 0, 0), 64)
+    _child(REFUSED["clone3"].number, args, ctypes.c_size_t(64))
+
+
+def _perf_event() -> None:
+    # struct perf_event_attr, its first version (64 bytes): the task's own CPU clock, disabled, user space only.
+    attr = struct.pack("=IIQQQQQII", 1, 64, 0, 0, 0, 0, 1 | 1 << 5 | 1 << 6, 0, 0) + bytes(8)
+    os.close(_call("perf_event_open", attr, 0, -1, -1, 0))
+
+
+def _bpf_map() -> None:
+    attr = struct.pack("=IIII", 2, 4, 4, 1)  # BPF_MAP_CREATE of an array: one 4-byte value at a 4-byte key
+    os.close(_call("bpf", 0, attr, len(attr)))
+
+
+def _open_by_handle() -> None:
+    handle = struct.pack("=Ii", 8, 1) + bytes(8)  # struct file_handle: 8 bytes of handle, type 1
+    root = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.close(_call("open_by_handle_at", root, handle, os.O_RDONLY))
+    finally:
+        os.close(root)
+
+
+def attacks(target: int) -> dict[str, str]:
+    """Each attack's outcome: on ``target`` (another process, alive and ours to reach but for the filter), on the
+    kernel, and clone3 (ENOSYS under the filter)."""
+    return {
+        "ptrace": _outcome(lambda: _attach(target)),
+        "process_vm_readv": _outcome(lambda: _read_memory(target)),
+        "pidfd_getfd": _outcome(lambda: _steal_descriptor(target)),
+        "unshare": _outcome(lambda: _call("unshare", CLONE_NEWUSER)),
+        "clone": _outcome(lambda: _child(CLONE, ctypes.c_long(CLONE_NEWUSER | signal.SIGCHLD), 0, 0, 0, 0)),
+        "mount": _outcome(lambda: _call("mount", b"none", NOWHERE, b"tmpfs", 0, None)),
+        "keyctl": _outcome(lambda: _call("keyctl", KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING, 1)),
+        "bpf": _outcome(_bpf_map),
+        "perf_event_open": _outcome(_perf_event),
+        "userfaultfd": _outcome(lambda: os.close(_call("userfaultfd", os.O_CLOEXEC | UFFD_USER_MODE_ONLY))),
+        "open_by_handle_at": _outcome(_open_by_handle),
+        "clone3": _outcome(_clone3),
+    }
+
+
+def i386_getpid() -> str:
+    """getpid through ``int 0x80``, the i386 ABI an x86_64 process can still use, in a child: ``ENOSYS``, ``ok``, or
+    ``no i386`` where the kernel has no i386 emulation (the child then dies of SIGSEGV)."""
+    pid = os.fork()
+    if pid == 0:
+        code = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+        code.write(I386_GETPID)
+        result = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(code)))()
+        os._exit(1 if result == -errno.ENOSYS else 0)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        return "no i386"
+    return "ENOSYS" if os.WEXITSTATUS(status) == 1 else "ok"
+
+
+def every_refused() -> dict[str, str]:
+    """Each call of the table with every argument -1: none of them can do anything with that, filter or not."""
+    return {name: _outcome(lambda name=name: _call(name, *[ctypes.c_long(-1)] * 6)) for name in REFUSED}

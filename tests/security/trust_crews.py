@@ -1,11 +1,12 @@
 """The test registry plus a crew that probes, from inside its worker, what a crew can reach.
 
-``AIP_CREWAI_REGISTRY=tests.security.trust_crews:registry``. Its output's ``raw`` is JSON: for each pid
-in the input's ``targets``, what reading its environ, PTRACE_ATTACH and pidfd_getfd gave (``ok`` or the
-errno's name), and the worker's own descriptors, environment names, umask, dumpability and HOME. For the
-separate worker user (``test_worker_user.py``) also: its uids, gids, groups and capability sets, what
-signal 0 to each pid in ``signals`` gave, what reading each path in ``reads`` gave (a directory is
-listed), and what writing a file in its working directory, HOME and CrewAI storage gave.
+``AIP_CREWAI_REGISTRY=tests.security.trust_crews:registry``. Given ``attack`` (a pid), its output's ``raw`` is
+JSON: what each of ``tests/helpers/attacks.py``'s attacks on that process and on the kernel gave, and the worker's
+seccomp mode and no_new_privs. Else: for each pid in the input's ``targets``, what reading its environ,
+PTRACE_ATTACH and pidfd_getfd gave (``ok`` or the errno's name), and the worker's own descriptors, environment
+names, umask, dumpability and HOME. For the separate worker user (``test_worker_user.py``) also: its uids, gids,
+groups and capability sets, what signal 0 to each pid in ``signals`` gave, what reading each path in ``reads``
+gave (a directory is listed), and what writing a file in its working directory, HOME and CrewAI storage gave.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from crewai import Agent, Crew, Task
 from crewai.crews.crew_output import CrewOutput
 from crewai.types.usage_metrics import UsageMetrics
 
+from tests.helpers.attacks import attacks
 from tests.hostile_crews import registry as hostile_registry
 from worker.demo import OfflineLLM
 
@@ -85,6 +87,13 @@ def _capabilities() -> dict[str, str]:
     return {name: value.strip() for name, value in fields.items()}
 
 
+def _filter_status() -> dict[str, str]:
+    """This process's seccomp mode and no_new_privs flag, as /proc says them (2 and 1 under the worker's filter)."""
+    with open("/proc/self/status") as status:
+        fields = dict(line.rstrip("\n").split(":\t", 1) for line in status if ":\t" in line)
+    return {name: fields[name].strip() for name in ("Seccomp", "NoNewPrivs")}
+
+
 def probe(
     targets: dict[str, int], signals: dict[str, int] | None = None, reads: list[str] | None = None
 ) -> dict[str, Any]:
@@ -131,7 +140,11 @@ class ProbeCrew(Crew):
         if self.stream:  # CrewAI's streamed kickoff runs this one again with streaming off
             return super().kickoff(inputs, *args, **kwargs)
         given = inputs or {}
-        findings = probe(dict(given.get("targets", {})), dict(given.get("signals", {})), list(given.get("reads", [])))
+        if "attack" in given:  # the seccomp deny-list, on another process (``tests/security/test_seccomp.py``)
+            findings = {"attacks": attacks(int(given["attack"])), "filter": _filter_status()}
+        else:
+            targets, signals, reads = dict(given.get("targets", {})), dict(given.get("signals", {})), given.get("reads")
+            findings = probe(targets, signals, list(reads or []))
         return CrewOutput(raw=json.dumps(findings), tasks_output=[], token_usage=UsageMetrics())
 
 

@@ -3,7 +3,7 @@
 Pure Python plus orjson; imports nothing else from this project.
 """
 
-from protocol.environment import CONTROL_FD, EVENT_FD, QUIET_CREWAI, WORKER_IDS
+from protocol.environment import CONTROL_FD, EVENT_FD, QUIET_CREWAI, SETTINGS_PREFIX, WORKER_IDS
 from protocol.factories import NOT_A_FACTORY, factory_fix, not_a_factory
 from protocol.frames import (
     MAX_FRAME_BYTES,
@@ -50,6 +50,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "QUIET_CREWAI",
     "READ_ONLY_OPERATIONS",
+    "SETTINGS_PREFIX",
     "TERMINAL",
     "WARMUP_FAILED",
     "WORKER_IDS",

@@ -9,6 +9,10 @@ from __future__ import annotations
 CONTROL_FD = 3  # supervisor -> worker (Start, Stop); for the fork server, its socket
 EVENT_FD = 4  # worker -> supervisor: every frame the worker sends
 
+# The supervisor's settings: the few a worker reads come in its environment under this prefix, and the worker
+# takes them out of its environment first (worker.lifecycle.take_settings), so no job's code sees any.
+SETTINGS_PREFIX = "AIP_CREWAI_"
+
 # "uid:gid" a worker (or the fork server) switches to before anything else, when the supervisor's
 # AIP_CREWAI_WORKER_USER is set; absent, it keeps the supervisor's uid.
 WORKER_IDS = "AIP_CREWAI_WORKER_IDS"

@@ -1,5 +1,5 @@
 """Settings: the reference's AIP_CREWAI_* names, loaded from flags and the environment by the table in
-settings_table.py, and checked (loopback-only switches, the token file, WORKER_USER, TRAINING_DIR)."""
+settings_table.py, and checked (loopback-only switches, the token file, WORKER_USER, TRAINING_DIR, CREW_ENV_DIR)."""
 
 from __future__ import annotations
 
@@ -76,6 +76,7 @@ class Settings:
     cgroups: str
     console: bool
     worker_env: tuple[str, ...]
+    crew_env_dir: str
     worker_user: str
     token: str | None = None  # resolved from BEARER_TOKEN or BEARER_TOKEN_FILE
     worker_ids: tuple[int, int] | None = None  # (uid, gid) resolved from WORKER_USER; None: the supervisor's
@@ -150,6 +151,8 @@ def _check(s: Settings) -> str | None:
         raise ConfigError(f"{PREFIX}ALLOW_UNAUTHENTICATED is only allowed on a loopback host, not {s.host!r}")
     if "train" in s.allowed_operations:
         _check_training_dir(s.training_dir, s.worker_ids)
+    if s.crew_env_dir:
+        _check_crew_env_dir(s.crew_env_dir)
     token = _token(s)
     if token is None and not s.allow_unauthenticated:
         raise ConfigError(
@@ -244,4 +247,21 @@ def _check_training_dir(path: str, worker_ids: tuple[int, int] | None) -> None:
             f"{name}={path!r}: owned by uid {info.st_uid}; the workers' user ({PREFIX}WORKER_USER,"
             f" uid {worker_ids[0]}) must own it",
             f"chown {worker_ids[0]}:{worker_ids[1]} {quoted}",
+        )
+
+
+def _check_crew_env_dir(path: str) -> None:
+    """A directory only we (or root) can change: whoever can add a crew's file there sets that crew's environment
+    (PYTHONPATH, LD_PRELOAD), so runs code in its workers. Each file is checked as it is read, at a job's start."""
+    name = f"{PREFIX}CREW_ENV_DIR={path!r}"
+    try:
+        info = os.stat(path)  # a link to a directory is fine: a Kubernetes volume is one
+    except OSError as exc:
+        raise ConfigError(f"{name}: {exc.strerror}", f"mkdir -m 700 {shlex.quote(path)}") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise ConfigError(f"{name}: not a directory", f"point {PREFIX}CREW_ENV_DIR at a directory")
+    if info.st_mode & 0o022 or info.st_uid not in (0, os.geteuid()):
+        raise ConfigError(
+            f"{name}: mode {info.st_mode & 0o777:04o}, uid {info.st_uid}: others could add a crew's file",
+            f"chmod 700 {shlex.quote(path)}",
         )

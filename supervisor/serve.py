@@ -29,7 +29,7 @@ from supervisor import config, hardening, listener
 from supervisor.config import ConfigError
 from supervisor.http.app import create_app
 from supervisor.http.connections import Bounds, budget, guarded_protocol
-from supervisor.jobs.runner import worker_env
+from supervisor.jobs.environment import worker_env
 from supervisor.jobs.supervisor import Supervisor
 from supervisor.journal.schema import JournalError
 from supervisor.journal.statefiles import WORKER_PLACES, check_state_files, prepare_directory, prepare_places

@@ -316,8 +316,18 @@ SPEC: dict[str, Setting] = {
         _names,
         "",
         "the supervisor's environment variables the workers get, comma-separated names (a trailing * matches a"
-        " prefix: OPENAI_*); PATH and PYTHONPATH always; empty: all of them but the bearer token's",
+        " prefix: OPENAI_*); PATH and PYTHONPATH always; empty: all of them; never an AIP_CREWAI_* setting nor"
+        " the bearer token",
         "see [What is trusted](security.md#what-is-trusted-crews)",
+    ),
+    "CREW_ENV_DIR": Setting(
+        _text,
+        "",
+        "a directory of per-crew environment files: <crew_id>.env adds its NAME=VALUE lines to that crew's jobs"
+        " only, read at each job's start (empty: none)",
+        "the directory and each file must be writable by their owner alone (ours or root's); a bad file fails"
+        " the crew's jobs with `crew_env_invalid`, naming the file and the line; see"
+        " [A provider key per crew](your-crews.md#a-provider-key-per-crew)",
     ),
     "WORKER_USER": Setting(
         _text,

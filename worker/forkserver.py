@@ -156,8 +156,7 @@ def _become_worker(
         os.dup2(source, target)
         os.close(source)
     os.chdir(request.cwd)
-    os.environ.clear()
-    os.environ.update(request.env)
+    lifecycle.adopt_environment(request.env)
     # Before it says hello: a worker forked ahead of demand is idle now, not yet started. One forked for a job
     # waiting faults in only the pages it writes, on the CPU it would spend copying them all ahead.
     if request.prefault:

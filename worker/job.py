@@ -49,7 +49,7 @@ def run(event_fd: int, control_fd: int, crews: dict[str, Any] | None = None, mod
 
 def load(out: lifecycle.FrameWriter) -> dict[str, Any] | None:
     """The registry, or None after telling the supervisor why it cannot be loaded."""
-    spec = os.environ.get(registry.ENV, "")
+    spec = lifecycle.settings.get(registry.ENV, "")
     try:
         return registry.load(spec)
     except Exception as exc:
@@ -60,7 +60,7 @@ def load(out: lifecycle.FrameWriter) -> dict[str, Any] | None:
 
 
 def describe_registry(crews: dict[str, Any], warmed: dict[str, Any] | None = None) -> Registry:
-    eval_llms = sorted(registry.eval_llms(os.environ.get(registry.ENV, "")))
+    eval_llms = sorted(registry.eval_llms(lifecycle.settings.get(registry.ENV, "")))
     budgets = spending.budgets(crews)
     return Registry(sorted(crews), eval_llms, warmed or {}, budgets, contained=lifecycle.contained)
 
@@ -143,8 +143,7 @@ def enter(start: Start, launched: dict[str, str]) -> None:
     if start.cwd is not None:
         os.chdir(start.cwd)
     if start.env is not None and start.env != launched:
-        os.environ.clear()
-        os.environ.update(start.env)
+        lifecycle.adopt_environment(start.env)
         lifecycle.prepare_environment()
 
 

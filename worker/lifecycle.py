@@ -10,7 +10,7 @@ import threading
 
 import setproctitle
 
-from protocol import QUIET_CREWAI, FrameError, Message, MessageReader, Start, Stop, pack
+from protocol import QUIET_CREWAI, SETTINGS_PREFIX, FrameError, Message, MessageReader, Start, Stop, pack
 from worker import landlock, seccomp
 
 NICE = "AIP_CREWAI_WORKER_NICE"  # set by the supervisor from its settings
@@ -26,6 +26,7 @@ EXIT_CONTROL_CLOSED = 76
 EXIT_STOPPED = 77
 EXIT_PROTOCOL = 78
 contained = False  # this process can leave no cgroup (``confine``)
+settings: dict[str, str] = {}  # the supervisor's settings for this process, out of its environment (``take_settings``)
 
 
 TITLE_CHARS = 200  # of a worker's command line (an action id may be 256 characters)
@@ -52,7 +53,22 @@ def lower_priority() -> None:
     It counts against the supervisor's because a worker stays in its session: where the kernel groups
     scheduling by session (autogroup, on in most distributions' kernels), a session of its own would
     weigh as much as the supervisor's whatever its nice value."""
-    os.nice(int(os.environ.get(NICE, "0")))
+    os.nice(int(settings.get(NICE, "0")))
+
+
+def take_settings() -> None:
+    """Move the supervisor's settings (``AIP_CREWAI_*``: the registry, niceness, warm-up, training directory, the
+    workers' uid) from ``os.environ`` to ``settings``: the worker reads them there, and no job's code finds them
+    in its environment, nor passes them on to what it runs."""
+    for name in [name for name in os.environ if name.startswith(SETTINGS_PREFIX)]:
+        settings[name] = os.environ.pop(name)
+
+
+def adopt_environment(env: dict[str, str]) -> None:
+    """``env`` becomes this process's whole environment, without the settings it carries (``take_settings``)."""
+    os.environ.clear()
+    os.environ.update(env)
+    take_settings()
 
 
 def bind_to_parent(parent_pid: int) -> None:

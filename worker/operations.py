@@ -21,7 +21,7 @@ import orjson
 
 from protocol import Chunk, partial_name
 from protocol.frames import MAX_OUTPUT_BYTES
-from worker import registry
+from worker import lifecycle, registry
 
 Emit = Callable[[Chunk], None]
 OUTPUT_FIELDS = {"raw": "", "json_dict": None, "pydantic": None, "tasks_output": [], "token_usage": {}}
@@ -243,7 +243,7 @@ def feedback_provider(feedback: str) -> Any:
 
 
 def training_target(artifact_name: str) -> Path:
-    directory = os.environ.get(TRAINING_DIR_ENV, "")
+    directory = lifecycle.settings.get(TRAINING_DIR_ENV, "")
     if not os.path.isabs(directory) or not os.path.isdir(directory):
         raise TrainingError(f"{TRAINING_DIR_ENV} must name an existing absolute directory")
     return Path(directory) / artifact_name
@@ -275,7 +275,7 @@ async def evaluate(work: Work) -> dict[str, Any]:
 
     crew.stream = False
     name = job["eval_llm"]
-    factory = registry.eval_llms(os.environ.get(registry.ENV, "")).get(name)
+    factory = registry.eval_llms(lifecycle.settings.get(registry.ENV, "")).get(name)
     eval_llm = factory() if factory is not None else name
     events: list[Any] = []
 

@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from worker import operations, provider, tls
+from worker import lifecycle, operations, provider, tls
 
 STORAGE_ENV = "CREWAI_STORAGE_DIR"
 WARMUP = "AIP_CREWAI_WARMUP"  # set by the supervisor from its settings: providers (the default) or offline
@@ -87,7 +87,7 @@ def warm(ours: Iterable[threading.Thread] = ()) -> Warmth:
         raise WarmupError(f"cannot import CrewAI: {type(exc).__name__}: {exc}") from None
     native = Threads(frozenset([threading.current_thread(), *ours]), Threads.now().kernel)
     sockets = _sockets()  # the supervisor's channel: any other socket left open would be every worker's
-    providers = os.environ.get(WARMUP) != "offline"
+    providers = lifecycle.settings.get(WARMUP) != "offline"
     try:
         for _ in range(KICKOFFS):
             warmth = rehearse(providers)

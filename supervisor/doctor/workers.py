@@ -21,7 +21,7 @@ from protocol import NOT_A_FACTORY, QUIET_CREWAI, Built, factory_fix
 from supervisor.config import PREFIX, ConfigError, Settings
 from supervisor.doctor import host
 from supervisor.doctor.findings import Finding, ok, problem, warning
-from supervisor.jobs.runner import worker_env
+from supervisor.jobs.environment import worker_env
 from supervisor.processes import reach
 from supervisor.processes.launcher import LaunchError, SpawnLauncher, expect_registry
 from supervisor.processes.process import WorkerProcess

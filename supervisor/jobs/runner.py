@@ -9,7 +9,6 @@ there fails at once, certain (it did nothing), while running jobs go on until th
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import shutil
@@ -18,12 +17,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from protocol import (
-    READ_ONLY_OPERATIONS,
-    WORKER_IDS,
-    Start,
-)
-from supervisor.config import PREFIX, Settings
+from protocol import READ_ONLY_OPERATIONS, Start
+from supervisor.config import Settings
+from supervisor.jobs.environment import CrewEnvError, job_env, read_crew_env, worker_settings
 from supervisor.jobs.leftovers import remove_partial
 from supervisor.jobs.live import Budget, LiveJob
 from supervisor.jobs.outcomes import Outcome, failure, interrupted
@@ -164,16 +160,19 @@ class Runner:
             self._slots.release()
 
     async def _spawn_and_supervise(self, job: LiveJob) -> Outcome:
+        try:  # read at each start: an operator rotates a crew's key by rewriting its file
+            crew_vars = read_crew_env(self.settings.crew_env_dir, job.crew_id)
+        except CrewEnvError as exc:
+            return failure("crew_env_invalid", str(exc), False)
         scratch = Path(tempfile.mkdtemp(prefix="job-", dir=self.state / "scratch"))
         try:
             if self.settings.worker_ids is not None:  # made 0700 by us: the worker's user must own it to write
                 os.chown(scratch, *self.settings.worker_ids)
-            env, cwd = worker_env(self.settings, self.state, job.crew_id), str(scratch)
-            job.secrets = secrets_in(env, [self.settings.token])
+            env, cwd = job_env(self.settings, self.state, job.crew_id, crew_vars), str(scratch)
+            job.secrets = secrets_in(env, [self.settings.token, *crew_vars.values()])  # a crew's: whatever the name
             try:
-                # Maybe forked ahead of demand: its environment and directory then come with Start. A stop
-                # asked meanwhile is seen once the worker exists, to be killed.
-                worker = await self.launcher.spawn(env, cwd)
+                # Maybe forked ahead (env and directory come with Start); a stop asked meanwhile: killed once it exists.
+                worker = await self.launcher.spawn({**env, **worker_settings(self.settings)}, cwd)
             except LaunchError as exc:
                 return failure("launch_failed", str(exc), False)
             job.worker = worker
@@ -255,44 +254,3 @@ def _finished(job: LiveJob, event: str, evidence: dict[str, Any]) -> dict[str, A
         "tokens": job.spent.tokens,
         "llm_calls": job.spent.llm_calls,
     }
-
-
-ALWAYS_PASSED = ("PATH", "PYTHONPATH")  # what finds the interpreter's tools and the crews' code
-
-
-def worker_env(settings: Settings, state: Path, crew_id: str) -> dict[str, str]:
-    """The supervisor's environment without its secrets (or only what ``WORKER_ENV`` names), plus the
-    worker's own places.
-
-    Each crew gets its own CrewAI storage, so a replay finds that crew's latest kickoff, and its own HOME, so
-    crews share no file CrewAI keeps there (its ``secret.key``, caches). TMPDIR, where CrewAI keeps its lock
-    files, is one for every worker (the fork server's too), so a lock holds across crews: in the private
-    state directory, not under names anyone on the host can take in /tmp, and with the state, not left
-    behind. The worker creates HOME and storage, 0700; we create TMPDIR (``WORKER_PLACES``).
-    """
-    allowed = (*settings.worker_env, *ALWAYS_PASSED) if settings.worker_env else ()
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if not name.startswith(PREFIX + "BEARER_TOKEN") and (not allowed or _named(name, allowed))
-    }
-    place = hashlib.sha256(crew_id.encode()).hexdigest()[:24]
-    env.update(
-        AIP_CREWAI_REGISTRY=settings.registry,
-        HOME=str(state / "home" / place),
-        CREWAI_STORAGE_DIR=str(state / "storage" / place),
-        TMPDIR=str(state / "tmp"),
-    )
-    env[PREFIX + "WORKER_NICE"] = str(settings.worker_nice)
-    env[PREFIX + "WARMUP"] = settings.warmup
-    # What `python -m worker` switches to first (worker/__main__.py); never taken from our own environment.
-    env.pop(WORKER_IDS, None)
-    if settings.worker_ids is not None:
-        env[WORKER_IDS] = "{}:{}".format(*settings.worker_ids)
-    if settings.training_dir:
-        env[PREFIX + "TRAINING_DIR"] = str(Path(settings.training_dir).absolute())
-    return env
-
-
-def _named(name: str, allowed: tuple[str, ...]) -> bool:
-    return any(name.startswith(pattern[:-1]) if pattern.endswith("*") else name == pattern for pattern in allowed)

@@ -18,13 +18,14 @@ from typing import Any
 from protocol import Registry
 from supervisor.config import Settings
 from supervisor.jobs.admission import Admission
+from supervisor.jobs.environment import worker_env
 from supervisor.jobs.fencing import fence_restored
 from supervisor.jobs.housekeeping import Housekeeping
 from supervisor.jobs.leftovers import remove_stale_partials
 from supervisor.jobs.live import Budget, LiveJob
 from supervisor.jobs.phases import Phase
 from supervisor.jobs.recorder import Recorder, wake_followers
-from supervisor.jobs.runner import Runner, worker_env
+from supervisor.jobs.runner import Runner
 from supervisor.journal.records import Job
 from supervisor.journal.store import Journal
 from supervisor.metrics import Metrics

@@ -7,6 +7,7 @@ PTRACE_ATTACH and pidfd_getfd gave (``ok`` or the errno's name), and the worker'
 names, umask, dumpability and HOME. For the separate worker user (``test_worker_user.py``) also: its uids, gids,
 groups and capability sets, what signal 0 to each pid in ``signals`` gave, what reading each path in ``reads``
 gave (a directory is listed), and what writing a file in its working directory, HOME and CrewAI storage gave.
+Given ``environ`` (``test_crew_env.py``): its os.environ and the names in its initial environment block.
 """
 
 from __future__ import annotations
@@ -133,6 +134,14 @@ def probe(
     }
 
 
+def environment() -> dict[str, Any]:
+    """The job's os.environ, and the names in its process's initial environment block (/proc/self/environ: what
+    it was started or forked with, whatever os.environ says now)."""
+    with open("/proc/self/environ", "rb") as block:
+        initial = sorted(item.split(b"=", 1)[0].decode() for item in block.read().split(b"\0") if item)
+    return {"environ": dict(os.environ), "initial": initial}
+
+
 class ProbeCrew(Crew):
     """A real Crew whose kickoff probes instead of calling a model (its answer is the probe's JSON)."""
 
@@ -142,6 +151,8 @@ class ProbeCrew(Crew):
         given = inputs or {}
         if "attack" in given:  # the seccomp deny-list, on another process (``tests/security/test_seccomp.py``)
             findings = {"attacks": attacks(int(given["attack"])), "filter": _filter_status()}
+        elif given.get("environ"):  # what a job's code sees of the environment (``tests/security/test_crew_env.py``)
+            findings = environment()
         else:
             targets, signals, reads = dict(given.get("targets", {})), dict(given.get("signals", {})), given.get("reads")
             findings = probe(targets, signals, list(reads or []))
@@ -153,4 +164,5 @@ def prober() -> Crew:
     return ProbeCrew(agents=[agent], tasks=[Task(description="Probe.", expected_output="Findings.", agent=agent)])
 
 
-registry = {**hostile_registry, "prober": prober}  # the test registry and the runaway crews, too
+# the test registry and the runaway crews, too; crew-a and crew-b probe as two crews with keys of their own
+registry = {**hostile_registry, "prober": prober, "crew-a": prober, "crew-b": prober}

@@ -95,3 +95,26 @@ def test_a_token_on_the_command_line_is_refused_with_the_way_instead() -> None:
         " (0600) or AIP_CREWAI_BEARER_TOKEN"
     )
     assert "s3cret" not in str(refused.value)
+
+
+@pytest.mark.parametrize(("mode", "refused"), [(0o700, False), (0o755, False), (0o770, True), (0o703, True)])
+def test_crew_env_dir_must_be_writable_by_its_owner_alone(tmp_path: Path, mode: int, refused: bool) -> None:
+    directory = tmp_path / "crew-env"
+    directory.mkdir()
+    directory.chmod(mode)
+    env = {**BASE, "AIP_CREWAI_CREW_ENV_DIR": str(directory)}
+    if not refused:
+        assert load({}, env).crew_env_dir == str(directory)
+        return
+    with pytest.raises(ConfigError, match=r"AIP_CREWAI_CREW_ENV_DIR=.*others could add a crew's file") as caught:
+        load({}, env)
+    assert caught.value.fix == f"chmod 700 {directory}"
+
+
+@pytest.mark.parametrize(("make", "said"), [(None, "No such file"), ("file", "not a directory")])
+def test_crew_env_dir_must_be_a_directory(tmp_path: Path, make: str | None, said: str) -> None:
+    path = tmp_path / "crew-env"
+    if make:
+        path.write_text("")
+    with pytest.raises(ConfigError, match=said):
+        load({}, {**BASE, "AIP_CREWAI_CREW_ENV_DIR": str(path)})

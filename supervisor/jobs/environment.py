@@ -1,0 +1,142 @@
+"""A job's environment: the supervisor's, without its settings and secrets (or only what ``WORKER_ENV`` names),
+the worker's own places, and its crew's file in ``CREW_ENV_DIR``; and the few settings the worker itself
+reads, which ride along to the worker process only (it takes them out of its environment before any job code).
+
+A crew's file (``<crew_id>.env``) is read at each job's start, so an operator rotates a key by rewriting it.
+Its values are secrets: no error, log line or journal row quotes them, and a worker's output tails redact them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import stat
+from pathlib import Path
+
+from protocol import SETTINGS_PREFIX, WORKER_IDS
+from supervisor.config import Settings
+
+ALWAYS_PASSED = ("PATH", "PYTHONPATH")  # what finds the interpreter's tools and the crews' code
+PLACES = ("HOME", "CREWAI_STORAGE_DIR", "TMPDIR")  # the worker's own, set here: a crew's file may not move them
+MAX_FILE_BYTES = 64 * 1024
+# What can be a file's name: no separator, no leading dot (``..``, a hidden file), nothing a shell would mangle.
+SAFE_CREW_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,200}")
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class CrewEnvError(Exception):
+    """A crew's file that cannot be used, naming the file and the line; never quoting a value."""
+
+
+def job_env(settings: Settings, state: Path, crew_id: str, crew_vars: dict[str, str] | None = None) -> dict[str, str]:
+    """What the job's code finds in ``os.environ``: the supervisor's environment without any ``AIP_CREWAI_*``
+    variable (settings, the token and its file among them) or a variable holding the token's value, filtered
+    by ``WORKER_ENV`` when set; then ``crew_vars`` (its crew's file); then the worker's places.
+
+    Each crew gets its own CrewAI storage, so a replay finds that crew's latest kickoff, and its own HOME, so
+    crews share no file CrewAI keeps there (its ``secret.key``, caches). TMPDIR, where CrewAI keeps its lock
+    files, is one for every worker (the fork server's too), so a lock holds across crews: in the private
+    state directory, not under names anyone on the host can take in /tmp, and with the state, not left
+    behind. The worker creates HOME and storage, 0700; we create TMPDIR (``WORKER_PLACES``).
+    """
+    allowed = (*settings.worker_env, *ALWAYS_PASSED) if settings.worker_env else ()
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(SETTINGS_PREFIX)
+        and value != settings.token  # the token exported under another name too
+        and (not allowed or _named(name, allowed))
+    }
+    env.update(crew_vars or {})
+    place = hashlib.sha256(crew_id.encode()).hexdigest()[:24]
+    env.update(
+        HOME=str(state / "home" / place),
+        CREWAI_STORAGE_DIR=str(state / "storage" / place),
+        TMPDIR=str(state / "tmp"),
+    )
+    return env
+
+
+def worker_settings(settings: Settings) -> dict[str, str]:
+    """The settings the worker process reads from its environment (and then takes out of it): the registry,
+    its niceness, the fork server's warm-up, the workers' uid, the training directory."""
+    own = {
+        SETTINGS_PREFIX + "REGISTRY": settings.registry,
+        SETTINGS_PREFIX + "WORKER_NICE": str(settings.worker_nice),
+        SETTINGS_PREFIX + "WARMUP": settings.warmup,
+    }
+    if settings.worker_ids is not None:
+        own[WORKER_IDS] = "{}:{}".format(*settings.worker_ids)
+    if settings.training_dir:
+        own[SETTINGS_PREFIX + "TRAINING_DIR"] = str(Path(settings.training_dir).absolute())
+    return own
+
+
+def worker_env(settings: Settings, state: Path, crew_id: str) -> dict[str, str]:
+    """What a worker process (or the fork server) is launched with: a job environment, no crew's file, and the
+    worker's settings."""
+    return {**job_env(settings, state, crew_id), **worker_settings(settings)}
+
+
+def read_crew_env(directory: str, crew_id: str) -> dict[str, str]:
+    """The variables of ``<directory>/<crew_id>.env``: none without a directory, a file, or a crew id that can
+    name one. Raises CrewEnvError for a file that is not a regular one, is writable by others than its owner,
+    is owned by another user than us or root, is larger than MAX_FILE_BYTES, or has a bad line."""
+    if not directory or not SAFE_CREW_ID.fullmatch(crew_id):
+        return {}
+    path = os.path.join(directory, crew_id + ".env")
+    try:
+        # Links are followed (a Kubernetes secret volume's files are links); O_NONBLOCK: a FIFO cannot hang us.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise CrewEnvError(f"{path}: cannot open: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CrewEnvError(f"{path}: not a regular file")
+        # Whoever can write it can set PYTHONPATH or LD_PRELOAD for the crew's workers: their code would run there.
+        if info.st_mode & 0o022 or info.st_uid not in (0, os.geteuid()):
+            raise CrewEnvError(
+                f"{path}: mode {info.st_mode & 0o777:04o}, uid {info.st_uid}: others could change it;"
+                " make it ours or root's, 0600"
+            )
+        data = os.read(fd, MAX_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:
+        raise CrewEnvError(f"{path}: larger than {MAX_FILE_BYTES} bytes")
+    return parse_crew_env(path, data)
+
+
+def parse_crew_env(path: str, data: bytes) -> dict[str, str]:
+    """``NAME=VALUE`` lines, blank lines and ``#`` comments. A value is taken as written (no quotes removed, no
+    expansion), without the spaces around it."""
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        raise CrewEnvError(f"{path}: not UTF-8") from None
+    found: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, equals, value = line.partition("=")
+        name = name.strip()
+        where = f"{path}, line {number}"
+        if not equals or not NAME.fullmatch(name):  # the line is not quoted: it may hold a key
+            raise CrewEnvError(f"{where}: not NAME=VALUE (a name of letters, digits and _)")
+        if name.startswith(SETTINGS_PREFIX) or name in PLACES:
+            raise CrewEnvError(f"{where}: {name} is the supervisor's to set")
+        if name in found:
+            raise CrewEnvError(f"{where}: {name} is set twice")
+        if "\0" in value:
+            raise CrewEnvError(f"{where}: {name}'s value holds a NUL byte")
+        found[name] = value.strip()
+    return found
+
+
+def _named(name: str, allowed: tuple[str, ...]) -> bool:
+    return any(name.startswith(pattern[:-1]) if pattern.endswith("*") else name == pattern for pattern in allowed)

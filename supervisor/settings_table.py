@@ -327,7 +327,7 @@ SPEC: dict[str, Setting] = {
         " only, read at each job's start (empty: none)",
         "the directory and each file must be writable by their owner alone (ours or root's); a bad file fails"
         " the crew's jobs with `crew_env_invalid`, naming the file and the line; see"
-        " [A provider key per crew](your-crews.md#a-provider-key-per-crew)",
+        " [A provider key per crew](operating.md#a-provider-key-per-crew)",
     ),
     "WORKER_USER": Setting(
         _text,

@@ -72,8 +72,8 @@ def _steal_descriptor(pid: int) -> None:
         os.close(pidfd)
 
 
-def _child(number: int, *args: object) -> None:
-    """A clone-like call that, should it pass, makes a child that leaves at once."""
+def child_by_call(number: int, *args: object) -> None:
+    """A clone-like call that, should it pass, makes a child that leaves at once; OSError as the kernel refuses."""
     pid = libc.syscall(ctypes.c_long(number), *args)
     if pid == 0:
         os._exit(0)
@@ -85,7 +85,7 @@ def _child(number: int, *args: object) -> None:
 
 def _clone3() -> None:
     args = ctypes.create_string_buffer(struct.pack("=8Q", 0, 0, 0, 0, signal.SIGCHLD, 0, 0, 0), 64)
-    _child(REFUSED["clone3"].number, args, ctypes.c_size_t(64))
+    child_by_call(REFUSED["clone3"].number, args, ctypes.c_size_t(64))
 
 
 def _perf_event() -> None:
@@ -116,7 +116,7 @@ def attacks(target: int) -> dict[str, str]:
         "process_vm_readv": _outcome(lambda: _read_memory(target)),
         "pidfd_getfd": _outcome(lambda: _steal_descriptor(target)),
         "unshare": _outcome(lambda: _call("unshare", CLONE_NEWUSER)),
-        "clone": _outcome(lambda: _child(CLONE, ctypes.c_long(CLONE_NEWUSER | signal.SIGCHLD), 0, 0, 0, 0)),
+        "clone": _outcome(lambda: child_by_call(CLONE, ctypes.c_long(CLONE_NEWUSER | signal.SIGCHLD), 0, 0, 0, 0)),
         "mount": _outcome(lambda: _call("mount", b"none", NOWHERE, b"tmpfs", 0, None)),
         "keyctl": _outcome(lambda: _call("keyctl", KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING, 1)),
         "bpf": _outcome(_bpf_map),

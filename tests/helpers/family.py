@@ -25,6 +25,8 @@ import time
 
 import psutil
 
+from tests.helpers.attacks import child_by_call
+
 ROLES = ("child", "setsid", "escaper", "mover")
 
 
@@ -40,15 +42,7 @@ def clone_into(cgroup: str) -> None:
         # set_tid_size, cgroup: eleven 64-bit fields.
         fields = (CLONE_INTO_CGROUP, 0, 0, 0, signal.SIGCHLD, 0, 0, 0, 0, 0, fd)
         args = ctypes.create_string_buffer(struct.pack("=11Q", *fields), 88)
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.syscall.restype = ctypes.c_long
-        pid = libc.syscall(CLONE3, args, ctypes.c_size_t(len(args.raw)))
-        if pid == 0:
-            os._exit(0)
-        if pid < 0:
-            code = ctypes.get_errno()
-            raise OSError(code, os.strerror(code))
-        os.waitpid(pid, 0)
+        child_by_call(CLONE3, args, ctypes.c_size_t(len(args.raw)))
     finally:
         os.close(fd)
 

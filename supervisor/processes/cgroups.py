@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import logging
 import os
 from pathlib import Path
@@ -265,11 +266,14 @@ def _enable_below(ours: Path, name: str, *, at_root: bool) -> bool:
 
 
 def _move_members(source: Path, leaf: Path) -> None:
+    """Raises OSError if any process is left in ``source``: ``pids`` enabled there would make it a thread root."""
     leaf.mkdir(mode=0o755, exist_ok=True)
     for _ in range(3):  # a process forked while we moved the others stays behind: take it on the next round
         for pid in members_of(source):
             with contextlib.suppress(OSError):  # it ended meanwhile
                 (leaf / "cgroup.procs").write_text(str(pid))
+    if members_of(source):
+        raise OSError(errno.EBUSY, f"processes left in {source}")
     log.info("moved the processes of %s into %s, to enable controllers for job cgroups", source, leaf)
 
 
@@ -298,6 +302,10 @@ def _own_directories(root: Path, controller: str) -> list[tuple[Path, bool]]:
             if controller in controllers.split(","):
                 found.append((root / controllers / relative, True))
             elif controllers == "":
-                relative = "" if relative == LEAF else relative  # moved there by a supervisor before us
-                found.extend([(root / relative, False), (root / "unified" / relative, False)])
+                for tree in (root, root / "unified"):
+                    # Ours only if it holds us: a cgroup namespace seen through another's mount does not.
+                    if os.getpid() in members_of(tree / relative):
+                        # A namespace's leaf (``_enable_below``): its jobs' cgroups go beside it, at the root.
+                        at_leaf = relative == LEAF and (tree / "cgroup.type").exists()
+                        found.append((tree if at_leaf else tree / relative, False))
     return [(path, v1) for path, v1 in found if path.is_dir()]

@@ -21,12 +21,11 @@ from tests.helpers.waiting import SLOWDOWN
 
 pytestmark = pytest.mark.usefixtures("subreaper")  # orphans of a killed supervisor come to us: gone means reaped
 KEY = {"Idempotency-Key": "key"}
-# As root, where the pids controller is there to be had (a v1 hierarchy, or enabled or free to enable on v2), a job
-# has a cgroup of its own: this project's VM and CI (v1), and both of scripts/smoke-cgroup2's layouts (v2).
+# As root on cgroup v1 (this project's VM and CI), a job has a cgroup of its own. On v2 it depends on where the
+# supervisor's cgroup sits, so only scripts/smoke-cgroup2, which makes both layouts that allow it, asks for it.
 CGROUPS = Path("/sys/fs/cgroup")
 CGROUP_PER_JOB = os.geteuid() == 0 and (
-    (CGROUPS / "pids/cgroup.procs").exists()
-    or "pids" in ((CGROUPS / "cgroup.controllers").read_text() if (CGROUPS / "cgroup.controllers").exists() else "")
+    (CGROUPS / "pids/cgroup.procs").exists() or os.environ.get("CREW_TEST_CGROUP2") == "1"
 )
 
 
@@ -56,6 +55,16 @@ def started_family(server: Server, evidence: Path, action: str, crew: str = "fam
         assert "event: started" in response.iter_lines()  # hanging up then never cancels the job
     assert wait_until(lambda: (evidence / FAMILY).exists() and len((evidence / FAMILY).read_text().split("\n")) > 4)
     return family_of(evidence)
+
+
+def made_for_jobs(supervisor: int) -> list[Path]:
+    """The directories of job cgroups ``supervisor`` made, beside its own cgroup in each hierarchy."""
+    found = []
+    for line in Path(f"/proc/{supervisor}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        relative = "" if path == "/init" and not controllers else path.lstrip("/")  # v2: a namespace's leaf
+        found.append(CGROUPS / controllers / relative / f"crew-supervisor-{supervisor}")
+    return [path for path in found if path.is_dir()]
 
 
 def assert_all_gone(members: dict[str, Member]) -> None:
@@ -125,8 +134,8 @@ def test_a_restart_kills_what_a_dead_supervisors_job_left(
     first = start_server(state, env=env)
     members = started_family(first, evidence, "left")
     forkserver = [child for child in psutil.Process(first.pid).children() if "forkserver" in " ".join(child.cmdline())]
-    cgroups = list(CGROUPS.glob(f"**/crew-supervisor-{first.pid}"))
-    assert bool(cgroups) == CGROUP_PER_JOB, cgroups
+    cgroups = made_for_jobs(first.pid)
+    assert cgroups or not CGROUP_PER_JOB
     for process in [*forkserver[:with_forkserver], psutil.Process(first.pid)]:
         process.send_signal(signal.SIGKILL)
     assert wait_until(lambda: gone(first.pid), timeout=10)

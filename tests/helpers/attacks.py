@@ -39,7 +39,7 @@ def _call(name: str, *args: object) -> int:
     return int(result)
 
 
-def _outcome(attack: Callable[[], object]) -> str:
+def outcome(attack: Callable[[], object]) -> str:
     try:
         attack()
     except OSError as exc:
@@ -47,7 +47,7 @@ def _outcome(attack: Callable[[], object]) -> str:
     return "ok"
 
 
-def _attach(pid: int) -> None:
+def attach(pid: int) -> None:
     _call("ptrace", ctypes.c_long(PTRACE_ATTACH), ctypes.c_long(pid), None, None)
     os.waitpid(pid, WALL)  # it worked (the test will fail): leave the target running as it was
     libc.ptrace(PTRACE_DETACH, pid, None, None)
@@ -64,7 +64,7 @@ def _read_memory(pid: int) -> None:
     _call("process_vm_readv", ctypes.c_long(pid), ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
 
 
-def _steal_descriptor(pid: int) -> None:
+def steal_descriptor(pid: int) -> None:
     pidfd = os.pidfd_open(pid)
     try:
         os.close(_call("pidfd_getfd", pidfd, 2, 0))
@@ -112,18 +112,18 @@ def attacks(target: int) -> dict[str, str]:
     """Each attack's outcome: on ``target`` (another process, alive and ours to reach but for the filter), on the
     kernel, and clone3 (ENOSYS under the filter)."""
     return {
-        "ptrace": _outcome(lambda: _attach(target)),
-        "process_vm_readv": _outcome(lambda: _read_memory(target)),
-        "pidfd_getfd": _outcome(lambda: _steal_descriptor(target)),
-        "unshare": _outcome(lambda: _call("unshare", CLONE_NEWUSER)),
-        "clone": _outcome(lambda: child_by_call(CLONE, ctypes.c_long(CLONE_NEWUSER | signal.SIGCHLD), 0, 0, 0, 0)),
-        "mount": _outcome(lambda: _call("mount", b"none", NOWHERE, b"tmpfs", 0, None)),
-        "keyctl": _outcome(lambda: _call("keyctl", KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING, 1)),
-        "bpf": _outcome(_bpf_map),
-        "perf_event_open": _outcome(_perf_event),
-        "userfaultfd": _outcome(lambda: os.close(_call("userfaultfd", os.O_CLOEXEC | UFFD_USER_MODE_ONLY))),
-        "open_by_handle_at": _outcome(_open_by_handle),
-        "clone3": _outcome(_clone3),
+        "ptrace": outcome(lambda: attach(target)),
+        "process_vm_readv": outcome(lambda: _read_memory(target)),
+        "pidfd_getfd": outcome(lambda: steal_descriptor(target)),
+        "unshare": outcome(lambda: _call("unshare", CLONE_NEWUSER)),
+        "clone": outcome(lambda: child_by_call(CLONE, ctypes.c_long(CLONE_NEWUSER | signal.SIGCHLD), 0, 0, 0, 0)),
+        "mount": outcome(lambda: _call("mount", b"none", NOWHERE, b"tmpfs", 0, None)),
+        "keyctl": outcome(lambda: _call("keyctl", KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING, 1)),
+        "bpf": outcome(_bpf_map),
+        "perf_event_open": outcome(_perf_event),
+        "userfaultfd": outcome(lambda: os.close(_call("userfaultfd", os.O_CLOEXEC | UFFD_USER_MODE_ONLY))),
+        "open_by_handle_at": outcome(_open_by_handle),
+        "clone3": outcome(_clone3),
     }
 
 
@@ -144,4 +144,4 @@ def i386_getpid() -> str:
 
 def every_refused() -> dict[str, str]:
     """Each call of the table with every argument -1: none of them can do anything with that, filter or not."""
-    return {name: _outcome(lambda name=name: _call(name, *[ctypes.c_long(-1)] * 6)) for name in REFUSED}
+    return {name: outcome(lambda name=name: _call(name, *[ctypes.c_long(-1)] * 6)) for name in REFUSED}

@@ -13,60 +13,27 @@ Given ``environ`` (``test_crew_env.py``): its os.environ and the names in its in
 from __future__ import annotations
 
 import ctypes
-import errno
 import json
 import os
-from collections.abc import Callable
 from typing import Any
 
 from crewai import Agent, Crew, Task
 from crewai.crews.crew_output import CrewOutput
 from crewai.types.usage_metrics import UsageMetrics
 
-from tests.helpers.attacks import attacks
+from tests.helpers.attacks import attach, attacks, outcome, steal_descriptor
 from tests.hostile_crews import registry as hostile_registry
 from worker.demo import OfflineLLM
 
-PTRACE_ATTACH = 16
-PTRACE_DETACH = 17
-WALL = 0x40000000  # __WALL: wait for a tracee that is not our child
-SYS_PIDFD_GETFD = 438
 PR_GET_DUMPABLE = 3
 PLACES = ("HOME", "CREWAI_STORAGE_DIR")  # the worker's own directories, from its environment
 
 libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _outcome(call: Callable[[], object]) -> str:
-    try:
-        call()
-    except OSError as exc:
-        return errno.errorcode.get(exc.errno or 0, str(exc.errno))
-    return "ok"
-
-
 def _read_environ(pid: int) -> None:
     with open(f"/proc/{pid}/environ", "rb") as environ:
         environ.read()
-
-
-def _attach(pid: int) -> None:
-    if libc.ptrace(PTRACE_ATTACH, pid, None, None) != 0:
-        raise OSError(ctypes.get_errno(), "ptrace")
-    # It worked (the test will fail): leave the target running as it was.
-    os.waitpid(pid, WALL)
-    libc.ptrace(PTRACE_DETACH, pid, None, None)
-
-
-def _steal_descriptor(pid: int) -> None:
-    pidfd = os.pidfd_open(pid)
-    try:
-        stolen = libc.syscall(SYS_PIDFD_GETFD, pidfd, 2, 0)  # its stderr: the supervisor's log
-        if stolen < 0:
-            raise OSError(ctypes.get_errno(), "pidfd_getfd")
-        os.close(stolen)
-    finally:
-        os.close(pidfd)
 
 
 def _read(path: str) -> None:
@@ -109,9 +76,9 @@ def probe(
     return {
         "targets": {
             name: {
-                "environ": _outcome(lambda pid=pid: _read_environ(pid)),
-                "ptrace": _outcome(lambda pid=pid: _attach(pid)),
-                "pidfd_getfd": _outcome(lambda pid=pid: _steal_descriptor(pid)),
+                "environ": outcome(lambda pid=pid: _read_environ(pid)),
+                "ptrace": outcome(lambda pid=pid: attach(pid)),
+                "pidfd_getfd": outcome(lambda pid=pid: steal_descriptor(pid)),
             }
             for name, pid in targets.items()
         },
@@ -125,10 +92,10 @@ def probe(
         "groups": os.getgroups(),
         "capabilities": _capabilities(),
         "cwd": os.getcwd(),
-        "signals": {name: _outcome(lambda pid=pid: os.kill(pid, 0)) for name, pid in (signals or {}).items()},
-        "reads": {path: _outcome(lambda path=path: _read(path)) for path in reads or []},
+        "signals": {name: outcome(lambda pid=pid: os.kill(pid, 0)) for name, pid in (signals or {}).items()},
+        "reads": {path: outcome(lambda path=path: _read(path)) for path in reads or []},
         "writes": {
-            place: _outcome(lambda directory=directory: _write_in(directory))
+            place: outcome(lambda directory=directory: _write_in(directory))
             for place, directory in (("cwd", os.getcwd()), *((name, os.environ[name]) for name in PLACES))
         },
     }

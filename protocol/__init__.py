@@ -3,7 +3,7 @@
 Pure Python plus orjson; imports nothing else from this project.
 """
 
-from protocol.environment import CONTROL_FD, EVENT_FD, QUIET_CREWAI, SETTINGS_PREFIX, WORKER_IDS
+from protocol.environment import CONTROL_FD, EVENT_FD, QUIET_CREWAI, SANDBOX_HIDDEN, SETTINGS_PREFIX, WORKER_IDS
 from protocol.factories import NOT_A_FACTORY, factory_fix, not_a_factory
 from protocol.frames import (
     MAX_FRAME_BYTES,
@@ -26,6 +26,7 @@ from protocol.messages import (
     Fork,
     Forked,
     Hello,
+    Layer,
     Message,
     MessageReader,
     OverBudget,
@@ -50,6 +51,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "QUIET_CREWAI",
     "READ_ONLY_OPERATIONS",
+    "SANDBOX_HIDDEN",
     "SETTINGS_PREFIX",
     "TERMINAL",
     "WARMUP_FAILED",
@@ -65,6 +67,7 @@ __all__ = [
     "FrameTooLarge",
     "Hello",
     "InvalidDocument",
+    "Layer",
     "Message",
     "MessageReader",
     "OverBudget",

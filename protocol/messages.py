@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import types
 import typing
 from collections.abc import Callable
@@ -11,11 +12,21 @@ from typing import Any, ClassVar
 from protocol.frames import MAX_FRAME_BYTES, FrameError, FrameReader, encode
 
 # Bump on any change a peer could misread; a mismatched worker is rejected at hello.
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 # Operations without external effects: when one fails, its outcome is certain (as the reference says).
 READ_ONLY_OPERATIONS = frozenset({"knowledge_query"})
 # The reason of the ``Failed`` a fork server sends instead of its registry when it cannot warm CrewAI.
 WARMUP_FAILED = "warmup_failed"
+
+
+class Layer(enum.StrEnum):
+    """A layer of a job's sandbox (docs/security.md), as a worker says its kernel offers it."""
+
+    SECCOMP = "seccomp"  # no_new_privs and the deny-list of calls (worker/seccomp.py)
+    FILESYSTEM = "filesystem"  # the job's own Landlock domain: reads all but what is hidden, writes its places only
+    PROCESSES = "processes"  # the same domain: no process outside it traced, read through /proc or robbed of an fd
+    SIGNALS = "signals"  # Landlock ABI 6: no process outside it signalled
+    SOCKETS = "abstract sockets"  # Landlock ABI 6: no abstract unix socket made outside it reached
 
 
 class UnknownMessage(FrameError):
@@ -35,7 +46,9 @@ class Message:
 @dataclasses.dataclass(frozen=True)
 class Start(Message):
     """The job. ``env`` and ``cwd``, when given, become the worker's environment and working directory
-    before it builds the crew: a worker forked ahead of demand learns its job's places only now."""
+    before it builds the crew: a worker forked ahead of demand learns its job's places only now. With
+    ``writable`` (None: no sandbox), the worker then enters the job's own sandbox: nothing hidden readable (its
+    ``SANDBOX_HIDDEN`` setting), nothing but beneath ``writable`` changed (worker/landlock.py)."""
 
     kind: ClassVar[str] = "start"
     job_id: str
@@ -47,6 +60,7 @@ class Start(Message):
     cwd: str | None = None
     max_tokens: int = 0  # the job's LLM budget (0: none): the supervisor's, or its crew's own if lower
     max_llm_calls: int = 0
+    writable: list[str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +86,7 @@ class Registry(Message):
     warmed: dict[str, Any] = dataclasses.field(default_factory=dict)
     budgets: dict[str, Any] = dataclasses.field(default_factory=dict)  # crew id -> its own {max_tokens, max_llm_calls}
     contained: bool = False  # its processes cannot change any cgroup file (so no job can leave its cgroups)
+    sandbox: list[str] = dataclasses.field(default_factory=list)  # the Layers a job's sandbox has here
 
 
 @dataclasses.dataclass(frozen=True)

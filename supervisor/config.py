@@ -77,6 +77,7 @@ class Settings:
     console: bool
     worker_env: tuple[str, ...]
     crew_env_dir: str
+    worker_sandbox: str
     worker_user: str
     token: str | None = None  # resolved from BEARER_TOKEN or BEARER_TOKEN_FILE
     worker_ids: tuple[int, int] | None = None  # (uid, gid) resolved from WORKER_USER; None: the supervisor's

@@ -137,6 +137,9 @@ class _DrainingServer(uvicorn.Server):
                 except (JournalError, LaunchError, OSError) as exc:
                     self.unready = str(exc)
                     return
+                except ConfigError as exc:  # what the workers found (WORKER_SANDBOX=enforce on a kernel without)
+                    self.unready = f"{exc}; fix: {exc.fix}"
+                    return
                 except asyncio.CancelledError:
                     if not self.should_exit:
                         raise

@@ -329,6 +329,16 @@ SPEC: dict[str, Setting] = {
         " the crew's jobs with `crew_env_invalid`, naming the file and the line; see"
         " [A provider key per crew](operating.md#a-provider-key-per-crew)",
     ),
+    "WORKER_SANDBOX": Setting(
+        _choice("auto", "enforce", "off"),
+        "auto",
+        "each job in a sandbox of its own (Landlock): it reads all but the state directory, the token file, the"
+        " crews' env files and the training directory, writes only its own places, and reaches no other process;"
+        " auto: every layer the kernel has; enforce: refuse to start without every layer; off: none (the seccomp"
+        " filter stays)",
+        "`/health`, `doctor` and the start-up log name the layers a job gets and any that is missing; see"
+        " [A job's sandbox](security.md#a-jobs-sandbox)",
+    ),
     "WORKER_USER": Setting(
         _text,
         "",

@@ -158,10 +158,11 @@ def _become_worker(
     os.chdir(request.cwd)
     lifecycle.adopt_environment(request.env)
     # Before it says hello: a worker forked ahead of demand is idle now, not yet started. One forked for a job
-    # waiting faults in only the pages it writes, on the CPU it would spend copying them all ahead.
+    # waiting faults in only the pages it writes, on the CPU it would spend copying them all ahead. Its job's
+    # sandbox is made ready then too (``job.domain_ahead``).
     if request.prefault:
         prefault.populate(written)
-    job.run(EVENT_FD, CONTROL_FD, crews=crews)
+    job.run(EVENT_FD, CONTROL_FD, crews=crews, domain=job.domain_ahead())
 
 
 def _await_adoption(supervisor: int, middle: int) -> None:

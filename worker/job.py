@@ -13,15 +13,21 @@ import threading
 from typing import Any, NoReturn
 
 from protocol import READ_ONLY_OPERATIONS, Built, Completed, Failed, Hello, Registry, Start, Started
-from worker import lifecycle, registry, spending, warmup
+from worker import landlock, lifecycle, locks, registry, spending, warmup
 from worker.operations import OPERATIONS, OperationError, OutputTooLarge, Work, bounded
 
 MAX_CHECK_ERROR_CHARS = 1000  # one line of the doctor's report, not a traceback
 
 
-def run(event_fd: int, control_fd: int, crews: dict[str, Any] | None = None, mode: str = "job") -> NoReturn:
+def run(
+    event_fd: int,
+    control_fd: int,
+    crews: dict[str, Any] | None = None,
+    mode: str = "job",
+    domain: landlock.JobDomain | None = None,
+) -> NoReturn:
     """Serve one job, or (``mode``) describe the registry or also check that each crew builds; ``crews``
-    comes preloaded from a fork server."""
+    comes preloaded from a fork server, and ``domain`` (its job's sandbox) made ready ahead (``domain_ahead``)."""
     launched = dict(os.environ)  # what it was started (or forked) with, before imports add to it
     out = lifecycle.FrameWriter(event_fd)
     control = lifecycle.Control(control_fd)
@@ -38,7 +44,11 @@ def run(event_fd: int, control_fd: int, crews: dict[str, Any] | None = None, mod
         elif crews is not None:
             # Not asyncio.run: its teardown would wait on threads CrewAI may leave blocked.
             start = control.start()
-            enter(start, launched)
+            try:
+                enter(start, launched, domain)
+            except OSError as exc:  # never run a crew outside the sandbox it was given
+                out.send(failed(type(exc).__name__, "sandbox_failed", f"the job's sandbox: {exc}", False))
+                return
             asyncio.new_event_loop().run_until_complete(execute(start, crews, out))
     finally:
         sys.stdout.flush()
@@ -62,7 +72,9 @@ def load(out: lifecycle.FrameWriter) -> dict[str, Any] | None:
 def describe_registry(crews: dict[str, Any], warmed: dict[str, Any] | None = None) -> Registry:
     eval_llms = sorted(registry.eval_llms(lifecycle.settings.get(registry.ENV, "")))
     budgets = spending.budgets(crews)
-    return Registry(sorted(crews), eval_llms, warmed or {}, budgets, contained=lifecycle.contained)
+    return Registry(
+        sorted(crews), eval_llms, warmed or {}, budgets, contained=lifecycle.contained, sandbox=lifecycle.offered
+    )
 
 
 def rehearse_warmup(control: threading.Thread) -> dict[str, Any]:
@@ -128,23 +140,38 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
         out.send(Completed(output=output))
 
 
-def enter(start: Start, launched: dict[str, str]) -> None:
+def domain_ahead() -> landlock.JobDomain | None:
+    """The sandbox of the job to come, made ready up to its places; None when jobs run unsandboxed."""
+    hidden = lifecycle.hidden()
+    if not hidden:
+        return None
+    domain = landlock.JobDomain(hidden)
+    domain.prepare()
+    return domain
+
+
+def enter(start: Start, launched: dict[str, str], domain: landlock.JobDomain | None = None) -> None:
     """Take the job's working directory and environment (telemetry stays off unless the operator's env
     says otherwise): a pre-forked worker had its fork server's until now. A worker launched with the
-    job's environment keeps its own, with what its imports added (TOKENIZERS_PARALLELISM, say).
+    job's environment keeps its own, with what its imports added (TOKENIZERS_PARALLELISM, say). Then,
+    unless the supervisor runs jobs unsandboxed, enter the job's own sandbox (``landlock.JobDomain``, ``domain``
+    if made ahead): from here on it reaches only what is its own.
 
-    Dumpable again (a forked worker inherits the fork server's 0; a spawned one is already): the operator
-    can attach a debugger or get a core dump, and a non-root supervisor can read its /proc files to
-    measure it. That opens it to other processes of our uid, other crews' workers included (crews
-    are trusted); the supervisor and the fork server stay closed to it. An idle pre-forked worker
-    stays closed until here, so no running crew can tamper with the process another job will get."""
-    lifecycle.set_dumpable(True)
+    Dumpable again, last (a forked worker inherits the fork server's 0; a spawned one is already): the operator
+    can attach a debugger or get a core dump, and a non-root supervisor can read its /proc files to measure it.
+    Other jobs' workers cannot (each is in a Landlock domain of its own, where the kernel has one); the
+    supervisor and the fork server stay closed to it. An idle pre-forked worker stays closed until here, so no
+    running crew can tamper with the process another job will get."""
     lifecycle.name_worker(start)
     if start.cwd is not None:
         os.chdir(start.cwd)
     if start.env is not None and start.env != launched:
         lifecycle.adopt_environment(start.env)
         lifecycle.prepare_environment()
+    locks.keep_with_storage()
+    if start.writable is not None:
+        (domain or landlock.JobDomain(lifecycle.hidden())).enter(start.writable)
+    lifecycle.set_dumpable(True)
 
 
 def failed(error_type: str, reason: str, message: str, uncertain: bool) -> Failed:

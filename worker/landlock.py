@@ -1,24 +1,35 @@
-"""Landlock: what a worker process may change on the file system, set by the process on itself, for good.
+"""Landlock: what a worker process may reach on the file system, and which processes it may reach, set by the
+process on itself, for good (no privilege needed; its children inherit it; a later domain only narrows it).
 
-A worker that is uid 0 with every capability dropped still passes the owner check on root-owned 0644 files,
-the cgroup files among them: writing its pid into a root cgroup's ``cgroup.procs`` would take it out of its
-job's cgroup, and so out of every cap and out of the kill that ends its job. Landlock (Linux 5.13, no
-privilege needed) is an allow-list the process cannot widen again and its children inherit: here every
-right to change the file system is handled, and granted beneath every path but the cgroup file systems
-(each place one is mounted, ``/sys/fs/cgroup`` always). Reading is not handled here.
+Two domains, one inside the other:
 
-Set in ``lifecycle.confine``, after ``seccomp.refuse_unneeded_calls`` (whose clone3 refusal closes the other
-way into another cgroup): the fork server's domain is its workers' too. Where the kernel has no Landlock, or
-only its first ABI (which refuses every rename across directories, so would break crews), no rule is set, and
-the supervisor says so (``/health``'s ``containment``).
+- Every worker process (and the fork server) first denies itself any change to a cgroup file system
+  (``deny_cgroup_writes``): a worker that is uid 0 with every capability dropped still passes the owner check on
+  root-owned 0644 files, the cgroup files among them, and writing its pid into a root cgroup's ``cgroup.procs``
+  would take it out of its job's cgroup, and so out of every cap and out of the kill that ends its job.
+- A worker that takes a job then enters that job's own domain (``JobDomain``), before the crew's code runs:
+  everything is readable but what the supervisor hides (the state directory, the token file, the crews' env
+  files), and writable only in the job's own places (``worker/sandbox.py`` of the supervisor says which). A
+  domain of its own also keeps every other process out of its reach and it out of theirs: the kernel lets a
+  process trace, read through ``/proc/<pid>/mem`` or take a descriptor (``pidfd_getfd``) only of processes in
+  its own domain or one nested in it, and (ABI 6) signal only those, and connect only to their abstract unix
+  sockets. Another job's worker, the fork server (in the outer domain) and the supervisor (in none) are out.
+
+Landlock is an allow-list: to hide a path, each of its siblings (and its ancestors' siblings) gets a rule
+(``allowed_around``). Where the kernel has no Landlock, or only its first ABI (which refuses every rename across
+directories, so would break crews), no rule is set, and the supervisor says so (``/health``'s ``sandbox`` and
+``containment``).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import stat
 import struct
-from pathlib import Path
+import time
+
+from protocol import Layer
 
 # The syscalls' numbers are the same on every architecture (added after the tables were unified).
 CREATE_RULESET, ADD_RULE, RESTRICT_SELF = 444, 445, 446
@@ -27,11 +38,12 @@ RULE_PATH_BENEATH = 1
 PR_SET_NO_NEW_PRIVS = 38
 CGROUP_ROOT = "/sys/fs/cgroup"
 
-# The rights that change the file system (uapi/linux/landlock.h), with the ABI that brought each.
-WRITE_FILE, REMOVE_DIR, REMOVE_FILE = 1 << 1, 1 << 4, 1 << 5
+# The file system rights (uapi/linux/landlock.h), with the ABI that brought each.
+EXECUTE, WRITE_FILE, READ_FILE, READ_DIR, REMOVE_DIR, REMOVE_FILE = (1 << bit for bit in range(6))
 MAKE_CHAR, MAKE_DIR, MAKE_REG, MAKE_SOCK, MAKE_FIFO, MAKE_BLOCK, MAKE_SYM = (1 << bit for bit in range(6, 13))
 REFER = 1 << 13  # ABI 2: handled or not, moving a file between directories is refused unless granted
 TRUNCATE = 1 << 14  # ABI 3
+READS = EXECUTE | READ_FILE | READ_DIR
 WRITES_BY_ABI = {
     1: WRITE_FILE
     | REMOVE_DIR
@@ -46,7 +58,13 @@ WRITES_BY_ABI = {
     2: REFER,
     3: TRUNCATE,
 }
-FILE_RIGHTS = WRITE_FILE | TRUNCATE  # all a rule on a file (not a directory) may grant
+FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE  # all a rule on a file (not a directory) may grant
+# ABI 6: what a domain keeps to itself. The ruleset's attributes grew a field per feature (net ports at ABI 4).
+SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1
+SCOPED_SINCE = 6
+# Devices any program writes to (``subprocess.DEVNULL``, ``open("/dev/null", "w")``): no one's data.
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -58,69 +76,183 @@ def abi() -> int:
     return max(int(version), 0)
 
 
+def layers(version: int) -> list[Layer]:
+    """What a job's domain holds on a kernel of Landlock ABI ``version``: none below 2 (see the module's words)."""
+    if version < 2:
+        return []
+    return [Layer.FILESYSTEM, Layer.PROCESSES, *((Layer.SIGNALS, Layer.SOCKETS) if version >= SCOPED_SINCE else ())]
+
+
 def deny_cgroup_writes() -> bool:
     """From now on this process and its children cannot change any cgroup file system; True if the kernel
     enforces it. Sets no_new_privs, which Landlock needs without CAP_SYS_ADMIN."""
     version = abi()
-    if version < 2:  # ABI 1 refuses every rename and link across directories: it would break crews
+    if version < 2:
         return False
-    handled = 0
-    for since, rights in WRITES_BY_ABI.items():
-        if version >= since:
-            handled |= rights
-    ruleset = _check(_libc.syscall(CREATE_RULESET, struct.pack("=Q", handled), ctypes.c_size_t(8), 0), "create")
-    try:
-        for path in allowed_around(cgroup_mounts()):
-            _allow(ruleset, path, handled)
-        _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
-        _check(_libc.syscall(RESTRICT_SELF, ruleset, 0), "restrict_self")
-    finally:
-        os.close(ruleset)
+    handled = _writes(version)
+    ruleset = Ruleset(handled)
+    for path, directory in allowed_around(cgroup_mounts()):
+        ruleset.allow(path, handled, directory)
+    ruleset.restrict()
     return True
 
 
-def cgroup_mounts() -> set[Path]:
+class Ruleset:
+    """A Landlock ruleset being made: rules added, then ``restrict`` makes it this process's next domain."""
+
+    def __init__(self, handled: int, scoped: int = 0) -> None:
+        attr = struct.pack("=QQQ", handled, 0, scoped) if scoped else struct.pack("=Q", handled)
+        # The kernel makes it close-on-exec: nothing the job runs inherits it.
+        self.fd = _check(_libc.syscall(CREATE_RULESET, attr, ctypes.c_size_t(len(attr)), 0), "create")
+
+    def allow(self, path: str, rights: int, directory: bool | None = None) -> None:
+        """Grant ``rights`` beneath ``path`` (a file: what a file can have), if it can still be opened."""
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:  # gone since it was listed, or not ours to open: it stays out of reach
+            return
+        try:
+            if not (stat.S_ISDIR(os.fstat(fd).st_mode) if directory is None else directory):
+                rights &= FILE_RIGHTS
+            attr = struct.pack("=Qi", rights, fd)  # struct landlock_path_beneath_attr is packed
+            _check(_libc.syscall(ADD_RULE, self.fd, RULE_PATH_BENEATH, attr, 0), f"add_rule {path}")
+        finally:
+            os.close(fd)
+
+    def restrict(self) -> None:
+        try:
+            _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+            _check(_libc.syscall(RESTRICT_SELF, self.fd, 0), "restrict_self")
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class JobDomain:
+    """A job's domain made ahead, up to its places: what is hidden is the same for every job of a supervisor, so
+    an idle pre-forked worker lists and grants everything around it before its job comes, and the job's start
+    adds only its places (``enter``). Listing takes a rule per sibling of each hidden path and of its ancestors
+    (hundreds in a busy /tmp), more than a start may spend.
+
+    Still current at the start only if no directory listed has changed since: each one's modification time is
+    kept, and one changed less than ``SETTLED_NS`` before the listing may have changed again within the same
+    clock tick (the kernel stamps them from a coarse clock), so it is listed again at the start, as a changed one
+    is."""
+
+    SETTLED_NS = 100_000_000
+
+    def __init__(self, hidden: list[str]) -> None:
+        self.hidden = {os.path.realpath(path) for path in hidden if os.path.lexists(path)}
+        self.version = abi()
+        self.ruleset: Ruleset | None = None
+        self._listed: dict[str, int] = {}  # each directory listed, and its modification time then
+        self._listed_at = 0
+
+    def prepare(self) -> None:
+        """List and grant what lies around the hidden paths (again, if done before)."""
+        if self.version < 2:
+            return
+        if self.ruleset is not None:
+            self.ruleset.close()
+        self._listed_at = time.time_ns()
+        self._listed = {}
+        scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if self.version >= SCOPED_SINCE else 0
+        self.ruleset = Ruleset(READS | _writes(self.version), scoped)
+        for path, directory in allowed_around(self.hidden, listed=self._listed):
+            self.ruleset.allow(path, READS, directory)
+        for device in DEVICES:
+            self.ruleset.allow(device, WRITE_FILE | TRUNCATE, directory=False)
+
+    def current(self) -> bool:
+        """Whether every directory listed is as it was then (and had settled before)."""
+        settled = self._listed_at - self.SETTLED_NS
+        try:
+            return all(
+                was < settled and os.stat(path, follow_symlinks=False).st_mtime_ns == was
+                for path, was in self._listed.items()
+            )
+        except OSError:
+            return False
+
+    def enter(self, writable: list[str]) -> list[Layer]:
+        """Make this process's domain the job's: nothing beneath a hidden path readable, nothing but beneath
+        ``writable`` changed (those may lie beneath a hidden one: a job's places are in the state directory), no
+        process outside traced or (ABI 6) signalled. The layers it holds (``layers``); none on a kernel without
+        Landlock ABI 2. Each writable place must exist."""
+        if self.version < 2:
+            return []
+        if self.ruleset is None or not self.current():
+            self.prepare()
+        assert self.ruleset is not None
+        for place in writable:
+            self.ruleset.allow(place, READS | _writes(self.version))
+        self.ruleset.restrict()
+        self.ruleset = None
+        return layers(self.version)
+
+
+def cgroup_mounts() -> set[str]:
     """Every place a cgroup file system is mounted, as this process sees them (a bind mount elsewhere too)."""
-    mounts = {Path(CGROUP_ROOT)}
+    mounts = {CGROUP_ROOT}
     with open("/proc/self/mountinfo") as info:
         for line in info:
             fields = line.split()
             # ... mount point (4), optional fields, then "-", the file system's type.
             kind = fields[fields.index("-") + 1]
             if kind in ("cgroup", "cgroup2"):
-                mounts.add(Path(fields[4].replace("\\040", " ")))
+                mounts.add(fields[4].replace("\\040", " "))
     return mounts
 
 
-def allowed_around(denied: set[Path], root: Path = Path("/")) -> list[Path]:
-    """The paths beneath which everything lies but ``denied``: each sibling along the way down to one.
+def allowed_around(denied: set[str], root: str = "/", listed: dict[str, int] | None = None) -> list[tuple[str, bool]]:
+    """The paths beneath which everything lies but ``denied``, each with whether it is a directory: each sibling
+    along the way down to one. ``listed`` gets each directory listed, with its modification time.
 
     Symbolic links are left out: Landlock judges the path a link resolves to, so the link needs no rule
-    (and one that points into ``denied`` must not get one)."""
-    allowed: list[Path] = []
-    with os.scandir(root) as entries:
-        for entry in entries:
-            path = Path(entry.path)
-            if path in denied or entry.is_symlink():
-                continue
-            if entry.is_dir() and any(path in place.parents for place in denied):
-                allowed.extend(allowed_around(denied, path))
-            elif entry.is_dir() or entry.is_file():
-                allowed.append(path)
+    (and one that points into ``denied`` must not get one). A directory this process may pass but not list (0711)
+    has no sibling to name: nothing beneath it is allowed."""
+    through = {ancestor for place in denied for ancestor in _ancestors(place)}
+    allowed: list[tuple[str, bool]] = []
+    pending = [root]
+    while pending:
+        directory = pending.pop()
+        try:
+            if listed is not None:
+                listed[directory] = os.stat(directory).st_mtime_ns
+            listing = os.scandir(directory)
+        except PermissionError:
+            continue
+        with listing as entries:
+            for entry in entries:
+                path = entry.path
+                if path in denied or entry.is_symlink():
+                    continue
+                if path in through:
+                    pending.append(path)
+                else:
+                    allowed.append((path, entry.is_dir()))
     return allowed
 
 
-def _allow(ruleset: int, path: Path, handled: int) -> None:
-    try:
-        fd = os.open(path, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:  # gone since it was listed, or not ours to open: it stays unwritable
-        return
-    try:
-        rights = handled if os.path.isdir(f"/proc/self/fd/{fd}") else handled & FILE_RIGHTS
-        attr = struct.pack("=Qi", rights, fd)  # struct landlock_path_beneath_attr is packed
-        _check(_libc.syscall(ADD_RULE, ruleset, RULE_PATH_BENEATH, attr, 0), f"add_rule {path}")
-    finally:
-        os.close(fd)
+def _ancestors(path: str) -> list[str]:
+    found = []
+    while (parent := os.path.dirname(path)) != path:
+        found.append(parent)
+        path = parent
+    return found
+
+
+def _writes(version: int) -> int:
+    """The rights that change the file system, as far as the kernel knows them."""
+    handled = 0
+    for since, rights in WRITES_BY_ABI.items():
+        if version >= since:
+            handled |= rights
+    return handled
 
 
 def _check(result: int, what: str) -> int:

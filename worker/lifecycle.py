@@ -6,11 +6,24 @@ import ctypes
 import os
 import queue
 import signal
+import tempfile
 import threading
 
+import orjson
 import setproctitle
 
-from protocol import QUIET_CREWAI, SETTINGS_PREFIX, FrameError, Message, MessageReader, Start, Stop, pack
+from protocol import (
+    QUIET_CREWAI,
+    SANDBOX_HIDDEN,
+    SETTINGS_PREFIX,
+    FrameError,
+    Layer,
+    Message,
+    MessageReader,
+    Start,
+    Stop,
+    pack,
+)
 from worker import landlock, seccomp
 
 NICE = "AIP_CREWAI_WORKER_NICE"  # set by the supervisor from its settings
@@ -26,6 +39,7 @@ EXIT_CONTROL_CLOSED = 76
 EXIT_STOPPED = 77
 EXIT_PROTOCOL = 78
 contained = False  # this process can leave no cgroup (``confine``)
+offered: list[Layer] = []  # the layers of a job's sandbox here, once ``confine`` ran
 settings: dict[str, str] = {}  # the supervisor's settings for this process, out of its environment (``take_settings``)
 
 
@@ -64,11 +78,18 @@ def take_settings() -> None:
         settings[name] = os.environ.pop(name)
 
 
+def hidden() -> list[str]:
+    """The paths its job's sandbox hides (the supervisor's ``SANDBOX_HIDDEN``); none when jobs run unsandboxed."""
+    return list(orjson.loads(settings.get(SANDBOX_HIDDEN, "[]")))
+
+
 def adopt_environment(env: dict[str, str]) -> None:
-    """``env`` becomes this process's whole environment, without the settings it carries (``take_settings``)."""
+    """``env`` becomes this process's whole environment, without the settings it carries (``take_settings``).
+    ``tempfile`` forgets the temporary directory it found (a forked worker's was its fork server's)."""
     os.environ.clear()
     os.environ.update(env)
     take_settings()
+    tempfile.tempdir = None
 
 
 def bind_to_parent(parent_pid: int) -> None:
@@ -128,9 +149,10 @@ def confine(ids: tuple[int, int] | None = None) -> None:
         os.setresuid(uid, uid, uid)
     if capable and libc.capset(ctypes.byref(header), (_CapData * 2)()) != 0:
         raise OSError(ctypes.get_errno(), "capset failed")
-    global contained
+    global contained, offered
     refused = seccomp.refuse_unneeded_calls()  # whether Landlock is there or not
     contained = landlock.deny_cgroup_writes() and "clone3" in refused
+    offered = [Layer.SECCOMP] * (refused == frozenset(seccomp.REFUSED)) + landlock.layers(landlock.abi())
 
 
 def set_dumpable(dumpable: bool) -> None:

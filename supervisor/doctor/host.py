@@ -8,6 +8,7 @@ from pathlib import Path
 from supervisor import listener
 from supervisor.config import PREFIX, Settings
 from supervisor.doctor.findings import Finding, ok, problem, warning
+from supervisor.jobs.sandbox import Sandbox
 from supervisor.processes.limits import CPU_BACKSTOP_SECONDS, Limits
 
 MiB = 1024 * 1024
@@ -48,6 +49,23 @@ def cgroups(settings: Settings) -> Finding:
         " memory hog can pass its cap between two samples"
     )
     return warning("cgroups", f"{detail}; {meaning}", fix)
+
+
+def sandbox(settings: Settings, offered: list[str]) -> Finding:
+    """A job's sandbox, as ``/health`` and the start-up log say it: ``offered`` is the check worker's word on which
+    layers its kernel has."""
+    held = Sandbox(settings, offered)
+    if held.mode == "off":
+        detail = "off: each job reaches all its uid may (other crews' files, the journal, other jobs' processes)"
+        return warning("sandbox", detail, f"set {PREFIX}WORKER_SANDBOX=auto")
+    layers = ", ".join(held.layers) or "no layer"
+    if held.missing:
+        return (problem if held.mode == "enforce" else warning)("sandbox", f"{layers}; {held.shortfall()}", held.fix())
+    return ok(
+        "sandbox",
+        f"{layers}: a job reads all but the state, the token and the crews' env files, changes only its own"
+        " places, and reaches no other process",
+    )
 
 
 def containment(settings: Settings, contained: bool) -> Finding:

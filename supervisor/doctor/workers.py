@@ -103,6 +103,7 @@ async def _build(settings: Settings, env: Mapping[str, str], cwd: str) -> list[F
             described = await expect_registry(worker)
             listed = described.crews
             rehearsed += [warmed(settings, described.warmed), host.containment(settings, described.contained)]
+            rehearsed.append(host.sandbox(settings, described.sandbox))
             while len(built) < len(listed):
                 message = await worker.next_message()
                 if not isinstance(message, Built):  # it exited (None), or broke the protocol

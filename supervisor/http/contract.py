@@ -68,6 +68,7 @@ async def health(sup: Sup) -> dict[str, Any]:
         "launcher": sup.launcher.name,
         **sup.launcher.health(),
         **sup.limits.health(),
+        "sandbox": sup.sandbox.health(),
         "llm_budget": {  # per job (0: none); a crew's own where its registry entry asks for less
             "max_tokens": settings.worker_max_tokens,
             "max_llm_calls": settings.worker_max_llm_calls,

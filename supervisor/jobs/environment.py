@@ -9,13 +9,15 @@ Its values are secrets: no error, log line or journal row quotes them, and a wor
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import stat
 from pathlib import Path
 
-from protocol import SETTINGS_PREFIX, WORKER_IDS
+from protocol import SANDBOX_HIDDEN, SETTINGS_PREFIX, WORKER_IDS
 from supervisor.config import Settings
+from supervisor.jobs.sandbox import hidden
 
 ALWAYS_PASSED = ("PATH", "PYTHONPATH")  # what finds the interpreter's tools and the crews' code
 PLACES = ("HOME", "CREWAI_STORAGE_DIR", "TMPDIR")  # the worker's own, set here: a crew's file may not move them
@@ -29,16 +31,17 @@ class CrewEnvError(Exception):
     """A crew's file that cannot be used, naming the file and the line; never quoting a value."""
 
 
-def job_env(settings: Settings, state: Path, crew_id: str, crew_vars: dict[str, str] | None = None) -> dict[str, str]:
+def job_env(
+    settings: Settings, state: Path, crew_id: str, tmpdir: Path, crew_vars: dict[str, str] | None = None
+) -> dict[str, str]:
     """What the job's code finds in ``os.environ``: the supervisor's environment without any ``AIP_CREWAI_*``
     variable (settings, the token and its file among them) or a variable holding the token's value, filtered
     by ``WORKER_ENV`` when set; then ``crew_vars`` (its crew's file); then the worker's places.
 
     Each crew gets its own CrewAI storage, so a replay finds that crew's latest kickoff, and its own HOME, so
-    crews share no file CrewAI keeps there (its ``secret.key``, caches). TMPDIR, where CrewAI keeps its lock
-    files, is one for every worker (the fork server's too), so a lock holds across crews: in the private
-    state directory, not under names anyone on the host can take in /tmp, and with the state, not left
-    behind. The worker creates HOME and storage, 0700; we create TMPDIR (``WORKER_PLACES``).
+    crews share no file CrewAI keeps there (its ``secret.key``, caches). ``tmpdir`` is the job's own (in its
+    scratch directory; the fork server's is ``tmp`` in the state directory): private, and removed with it. The
+    worker creates HOME and storage, 0700, and keeps CrewAI's lock files in the storage (``worker/locks.py``).
     """
     allowed = (*settings.worker_env, *ALWAYS_PASSED) if settings.worker_env else ()
     env = {
@@ -53,15 +56,17 @@ def job_env(settings: Settings, state: Path, crew_id: str, crew_vars: dict[str, 
     env.update(
         HOME=str(state / "home" / place),
         CREWAI_STORAGE_DIR=str(state / "storage" / place),
-        TMPDIR=str(state / "tmp"),
+        TMPDIR=str(tmpdir),
     )
     return env
 
 
-def worker_settings(settings: Settings) -> dict[str, str]:
+def worker_settings(settings: Settings, state: Path) -> dict[str, str]:
     """The settings the worker process reads from its environment (and then takes out of it): the registry,
-    its niceness, the fork server's warm-up, the workers' uid, the training directory."""
+    its niceness, the fork server's warm-up, the workers' uid, the training directory, what its job's sandbox
+    hides."""
     own = {
+        SANDBOX_HIDDEN: json.dumps(hidden(settings, state)),
         SETTINGS_PREFIX + "REGISTRY": settings.registry,
         SETTINGS_PREFIX + "WORKER_NICE": str(settings.worker_nice),
         SETTINGS_PREFIX + "WARMUP": settings.warmup,
@@ -74,9 +79,9 @@ def worker_settings(settings: Settings) -> dict[str, str]:
 
 
 def worker_env(settings: Settings, state: Path, crew_id: str) -> dict[str, str]:
-    """What a worker process (or the fork server) is launched with: a job environment, no crew's file, and the
-    worker's settings."""
-    return {**job_env(settings, state, crew_id), **worker_settings(settings)}
+    """What a worker process not yet given a job (the fork server, a describing one) is launched with: a job
+    environment, no crew's file, the state directory's ``tmp``, and the worker's settings."""
+    return {**job_env(settings, state, crew_id, state / "tmp"), **worker_settings(settings, state)}
 
 
 def read_crew_env(directory: str, crew_id: str) -> dict[str, str]:

@@ -26,6 +26,7 @@ from supervisor.jobs.outcomes import Outcome, failure, interrupted
 from supervisor.jobs.phases import Phase, StopReason
 from supervisor.jobs.recorder import Recorder
 from supervisor.jobs.relay import Relay
+from supervisor.jobs.sandbox import Sandbox
 from supervisor.journal.records import Job
 from supervisor.metrics import Metrics
 from supervisor.processes.launcher import Launcher, LaunchError
@@ -44,6 +45,7 @@ class Runner:
         settings: Settings,
         launcher: Launcher,
         limits: Limits,
+        sandbox: Sandbox,
         recorder: Recorder,
         metrics: Metrics,
         state: Path,
@@ -55,6 +57,7 @@ class Runner:
         self.budgets = budgets  # each crew's own LLM budget, as its registry entry asks (Registry.budgets)
         self.launcher = launcher
         self.limits = limits
+        self.sandbox = sandbox
         self.recorder = recorder
         self.metrics = metrics
         self.relay = Relay(settings, limits, recorder, metrics)
@@ -164,15 +167,13 @@ class Runner:
             crew_vars = read_crew_env(self.settings.crew_env_dir, job.crew_id)
         except CrewEnvError as exc:
             return failure("crew_env_invalid", str(exc), False)
-        scratch = Path(tempfile.mkdtemp(prefix="job-", dir=self.state / "scratch"))
+        scratch = _make_scratch(self.state / "scratch", self.settings.worker_ids)
         try:
-            if self.settings.worker_ids is not None:  # made 0700 by us: the worker's user must own it to write
-                os.chown(scratch, *self.settings.worker_ids)
-            env, cwd = job_env(self.settings, self.state, job.crew_id, crew_vars), str(scratch)
+            env, cwd = job_env(self.settings, self.state, job.crew_id, scratch / "tmp", crew_vars), str(scratch)
             job.secrets = secrets_in(env, [self.settings.token, *crew_vars.values()])  # a crew's: whatever the name
             try:
                 # Maybe forked ahead (env and directory come with Start); a stop asked meanwhile: killed once it exists.
-                worker = await self.launcher.spawn({**env, **worker_settings(self.settings)}, cwd)
+                worker = await self.launcher.spawn({**env, **worker_settings(self.settings, self.state)}, cwd)
             except LaunchError as exc:
                 return failure("launch_failed", str(exc), False)
             job.worker = worker
@@ -181,9 +182,8 @@ class Runner:
             await self.recorder.record_worker(job, worker, self.limits.tree(worker).boundary())
             if job.stop is None:  # a stop asked while launching: the worker is killed before it has its job
                 limits = (job.budget.max_tokens, job.budget.max_llm_calls)
-                worker.send(
-                    Start(job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms, env, cwd, *limits)
-                )
+                given = (job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms, env, cwd, *limits)
+                worker.send(Start(*given, self.sandbox.policy(env, cwd, job.operation)))
             job.move(Phase.RUNNING)
             breached, found = lambda breach: self.relay.breach(job, breach), self.recorder.record_boundary
             places = Places(scratch, (Path(env["HOME"]), Path(env["CREWAI_STORAGE_DIR"])))
@@ -254,3 +254,18 @@ def _finished(job: LiveJob, event: str, evidence: dict[str, Any]) -> dict[str, A
         "tokens": job.spent.tokens,
         "llm_calls": job.spent.llm_calls,
     }
+
+
+def _make_scratch(scratch: Path, worker_ids: tuple[int, int] | None) -> Path:
+    """A job's scratch directory (its cwd), with its TMPDIR inside: the job's own, removed when it ends. Made 0700
+    by us: with WORKER_USER, the workers' user must own them to write."""
+    made = Path(tempfile.mkdtemp(prefix="job-", dir=scratch))
+    try:
+        (made / "tmp").mkdir(mode=0o700)
+        if worker_ids is not None:
+            for place in (made, made / "tmp"):
+                os.chown(place, *worker_ids)
+    except OSError:
+        shutil.rmtree(made, ignore_errors=True)
+        raise
+    return made

@@ -26,6 +26,7 @@ from supervisor.jobs.live import Budget, LiveJob
 from supervisor.jobs.phases import Phase
 from supervisor.jobs.recorder import Recorder, wake_followers
 from supervisor.jobs.runner import Runner
+from supervisor.jobs.sandbox import Sandbox
 from supervisor.journal.records import Job
 from supervisor.journal.store import Journal
 from supervisor.metrics import Metrics
@@ -43,6 +44,7 @@ class Supervisor:
         journal: Journal,
         launcher: Launcher,
         limits: Limits,
+        sandbox: Sandbox,
         reaper: Reaper,
         registry: Registry,
         state: Path,
@@ -62,9 +64,10 @@ class Supervisor:
         self.live = live  # jobs without a terminal event, shared by the parts below
         self.metrics = metrics
         self.limits = limits
+        self.sandbox = sandbox
         self._stopping: asyncio.Future[None] | None = None
         self.recorder = Recorder(settings, journal, live)
-        self.runner = Runner(settings, launcher, limits, self.recorder, metrics, state, live, owns)
+        self.runner = Runner(settings, launcher, limits, sandbox, self.recorder, metrics, state, live, owns)
         self.admission = Admission(settings, journal, self.crews, self._launch)
         self.housekeeping = Housekeeping(limits, reaper, metrics, live=lambda: bool(live))
         metrics.observe_with(
@@ -113,7 +116,9 @@ class Supervisor:
             launcher = launcher_for(reaper, limits)
             stack.push_async_callback(launcher.stop)
             registry = await launcher.describe(worker_env(settings, state, ""), str(state / "scratch"))
-            sup = cls(settings, journal, launcher, limits, reaper, registry, state, metrics, live)
+            sandbox = Sandbox(settings, registry.sandbox)
+            sandbox.check()
+            sup = cls(settings, journal, launcher, limits, sandbox, reaper, registry, state, metrics, live)
             stack.push_async_callback(sup.stop)
             if fenced := await fence_restored(journal):
                 log.warning("fenced %d job(s) left running by a previous supervisor", len(fenced))

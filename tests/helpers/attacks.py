@@ -10,6 +10,7 @@ import errno
 import mmap
 import os
 import signal
+import socket
 import struct
 from collections.abc import Callable
 
@@ -72,6 +73,23 @@ def steal_descriptor(pid: int) -> None:
         os.close(pidfd)
 
 
+def open_memory(pid: int) -> None:
+    """Open another process's memory through /proc (a ptrace access check, not a call the filter can see)."""
+    with open(f"/proc/{pid}/mem", "rb"):
+        pass
+
+
+def read_environ(pid: int) -> None:
+    with open(f"/proc/{pid}/environ", "rb") as environ:
+        environ.read()
+
+
+def connect_abstract(name: str) -> None:
+    """Connect to the abstract unix socket ``name`` (no file: only Landlock's scoping keeps it from a job)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.connect("\0" + name)
+
+
 def child_by_call(number: int, *args: object) -> None:
     """A clone-like call that, should it pass, makes a child that leaves at once; OSError as the kernel refuses."""
     pid = libc.syscall(ctypes.c_long(number), *args)
@@ -101,7 +119,9 @@ def _bpf_map() -> None:
 
 def _open_by_handle() -> None:
     handle = struct.pack("=Ii", 8, 1) + bytes(8)  # struct file_handle: 8 bytes of handle, type 1
-    root = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+    root = os.open(
+        ".", os.O_RDONLY | os.O_DIRECTORY
+    )  # its own: a job's sandbox lets it list no ancestor of a hidden path
     try:
         os.close(_call("open_by_handle_at", root, handle, os.O_RDONLY))
     finally:

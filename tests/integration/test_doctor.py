@@ -19,6 +19,8 @@ from protocol import QUIET_CREWAI
 from supervisor.journal.store import Journal
 from supervisor.testing import free_port
 from tests.conftest import ROOT
+from worker import landlock
+from worker.landlock import SCOPED_SINCE
 
 DOCTOR_SECONDS = 300  # two crew-building workers may import CrewAI at once on a loaded machine
 # Imports no CrewAI, so the checks that are not about crews stay quick.
@@ -102,12 +104,16 @@ def test_a_good_deployment_is_ready(deployment: Deployment) -> None:
     assert {f["status"] for f in found} <= {"ok", "warning"}
     checks = [f["check"] for f in found]
     assert checks == [
-        "names", "settings", "state", "journal", "token", "registry", "warm-up", "containment", "telemetry",
+        "names", "settings", "state", "journal", "token", "registry", "warm-up", "containment", "sandbox",
+        "telemetry",
         "listen", "cgroups", "rlimits", "llm budget", "disk",
     ]  # fmt: skip
     containment = next(f for f in found if f["check"] == "containment")
     if os.geteuid() == 0:  # root makes a cgroup per job here, and the workers cannot leave it (Landlock)
         assert containment["status"] == "ok" and containment["detail"].startswith("cgroup: "), containment
+    sandbox = next(f for f in found if f["check"] == "sandbox")
+    if landlock.abi() >= SCOPED_SINCE:  # this machine's kernel: every layer
+        assert sandbox["status"] == "ok" and sandbox["detail"].startswith("seccomp, filesystem, processes, signals")
     budget = next(f for f in found if f["check"] == "llm budget")
     assert budget["detail"].startswith("per job: tokens unbounded (AIP_CREWAI_WORKER_MAX_TOKENS=0)")
     registry = next(f for f in found if f["check"] == "registry")

@@ -21,7 +21,15 @@ from crewai import Agent, Crew, Task
 from crewai.crews.crew_output import CrewOutput
 from crewai.types.usage_metrics import UsageMetrics
 
-from tests.helpers.attacks import attach, attacks, outcome, steal_descriptor
+from tests.helpers.attacks import (
+    attach,
+    attacks,
+    connect_abstract,
+    open_memory,
+    outcome,
+    read_environ,
+    steal_descriptor,
+)
 from tests.hostile_crews import registry as hostile_registry
 from worker.demo import OfflineLLM
 
@@ -29,11 +37,6 @@ PR_GET_DUMPABLE = 3
 PLACES = ("HOME", "CREWAI_STORAGE_DIR")  # the worker's own directories, from its environment
 
 libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _read_environ(pid: int) -> None:
-    with open(f"/proc/{pid}/environ", "rb") as environ:
-        environ.read()
 
 
 def _read(path: str) -> None:
@@ -47,6 +50,15 @@ def _read(path: str) -> None:
 def _write_in(directory: str) -> None:
     with open(os.path.join(directory, "probe-wrote-here"), "w") as file:
         file.write("ok")
+
+
+def _change(path: str) -> None:
+    """Write into ``path``: a new file in a directory, or a byte appended to a file."""
+    if os.path.isdir(path):
+        _write_in(path)
+    else:
+        with open(path, "ab") as file:
+            file.write(b"")
 
 
 def _capabilities() -> dict[str, str]:
@@ -76,7 +88,7 @@ def probe(
     return {
         "targets": {
             name: {
-                "environ": outcome(lambda pid=pid: _read_environ(pid)),
+                "environ": outcome(lambda pid=pid: read_environ(pid)),
                 "ptrace": outcome(lambda pid=pid: attach(pid)),
                 "pidfd_getfd": outcome(lambda pid=pid: steal_descriptor(pid)),
             }
@@ -101,6 +113,29 @@ def probe(
     }
 
 
+def reach(given: dict[str, Any]) -> dict[str, Any]:
+    """What a job reaches outside its own (``tests/security/test_sandbox.py``): reading and changing each path,
+    each process's memory, environ, ptrace, pidfd_getfd and signal 0, an abstract socket; and its own places."""
+    own = {"cwd": os.getcwd(), **{name: os.environ[name] for name in (*PLACES, "TMPDIR")}, "devnull": os.devnull}
+    return {
+        "reads": {path: outcome(lambda path=path: _read(path)) for path in given["reads"]},
+        "changes": {path: outcome(lambda path=path: _change(path)) for path in given["changes"]},
+        "processes": {
+            name: {
+                "mem": outcome(lambda pid=pid: open_memory(pid)),
+                "environ": outcome(lambda pid=pid: read_environ(pid)),
+                "ptrace": outcome(lambda pid=pid: attach(pid)),
+                "pidfd_getfd": outcome(lambda pid=pid: steal_descriptor(pid)),
+                "signal": outcome(lambda pid=pid: os.kill(pid, 0)),
+            }
+            for name, pid in given["processes"].items()
+        },
+        "abstract": outcome(lambda: connect_abstract(given["abstract"])),
+        "own": {name: outcome(lambda path=path: _change(path)) for name, path in own.items()},
+        "own_reads": {name: outcome(lambda path=path: _read(path)) for name, path in own.items()},
+    }
+
+
 def environment() -> dict[str, Any]:
     """The job's os.environ, and the names in its process's initial environment block (/proc/self/environ: what
     it was started or forked with, whatever os.environ says now)."""
@@ -118,6 +153,8 @@ class ProbeCrew(Crew):
         given = inputs or {}
         if "attack" in given:  # the seccomp deny-list, on another process (``tests/security/test_seccomp.py``)
             findings = {"attacks": attacks(int(given["attack"])), "filter": _filter_status()}
+        elif "reach" in given:  # a job's sandbox (``tests/security/test_sandbox.py``)
+            findings = reach(given["reach"])
         elif given.get("environ"):  # what a job's code sees of the environment (``tests/security/test_crew_env.py``)
             findings = environment()
         else:

@@ -3,7 +3,15 @@
 Pure Python plus orjson; imports nothing else from this project.
 """
 
-from protocol.environment import CONTROL_FD, EVENT_FD, QUIET_CREWAI, SANDBOX_HIDDEN, SETTINGS_PREFIX, WORKER_IDS
+from protocol.environment import (
+    CONTROL_FD,
+    EVENT_FD,
+    QUIET_CREWAI,
+    SANDBOX_HIDDEN,
+    SANDBOX_WRITABLE,
+    SETTINGS_PREFIX,
+    WORKER_IDS,
+)
 from protocol.factories import NOT_A_FACTORY, factory_fix, not_a_factory
 from protocol.frames import (
     MAX_FRAME_BYTES,
@@ -52,6 +60,7 @@ __all__ = [
     "QUIET_CREWAI",
     "READ_ONLY_OPERATIONS",
     "SANDBOX_HIDDEN",
+    "SANDBOX_WRITABLE",
     "SETTINGS_PREFIX",
     "TERMINAL",
     "WARMUP_FAILED",

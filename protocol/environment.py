@@ -17,9 +17,10 @@ SETTINGS_PREFIX = "AIP_CREWAI_"
 # AIP_CREWAI_WORKER_USER is set; absent, it keeps the supervisor's uid.
 WORKER_IDS = "AIP_CREWAI_WORKER_IDS"
 
-# The paths no job may read (a JSON list), when jobs are sandboxed: the same for every job of a supervisor, so a
-# worker forked ahead of demand can make its job's sandbox ready before the job comes (worker/landlock.py).
+# When jobs are sandboxed (worker/landlock.py), JSON lists of paths: what no worker process may read, and what the
+# workers may change (each job then only its own places, its Start's ``writable``).
 SANDBOX_HIDDEN = "AIP_CREWAI_SANDBOX_HIDDEN"
+SANDBOX_WRITABLE = "AIP_CREWAI_SANDBOX_WRITABLE"
 
 # CrewAI calls home (and stalls ~20 s offline) unless these are set before it is imported.
 QUIET_CREWAI = {

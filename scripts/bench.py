@@ -124,6 +124,10 @@ class Results:
         tops, bottoms = self.samples[top], self.samples[bottom]
         self.put(name, quantile(tops, 50) / quantile(bottoms, 50), [len(tops), len(bottoms)])
 
+    def median_difference(self, name: str, top: str, bottom: str) -> None:
+        tops, bottoms = self.samples[top], self.samples[bottom]
+        self.put(name, quantile(tops, 50) - quantile(bottoms, 50), [len(tops), len(bottoms)])
+
     def latencies(self, name: str, seconds: list[float]) -> None:
         self.samples[name] = [s * 1000 for s in seconds]
 
@@ -147,11 +151,15 @@ def boot(plan: Plan, root: Path, markers: Path, supervisors: list[Server]) -> li
     for size in JOURNAL_SIZES[1:]:
         populate(root / f"journal-{size}", size)
     wide = {"AIP_CREWAI_MAX_CONCURRENCY": str(plan.wave)}
-    for name, launcher, settings in [
-        ("warm", "forkserver", {}),
-        ("cold", "spawn", {}),
-        ("wide", "forkserver", wide),
-    ] + [(f"journal-{size}", "forkserver", {}) for size in JOURNAL_SIZES[1:]]:
+    for name, launcher, settings in (
+        [
+            ("warm", "forkserver", {}),
+            ("cold", "spawn", {}),
+            ("wide", "forkserver", wide),
+            ("unboxed", "forkserver", {"AIP_CREWAI_WORKER_SANDBOX": "off"}),  # what the sandbox costs a start
+        ]
+        + [(f"journal-{size}", "forkserver", {}) for size in JOURNAL_SIZES[1:]]
+    ):
         # Listed at once: stopped whatever happens.
         supervisors.append(start_supervisor(name, root, launcher, markers, settings))
     say("importing crewai here too (the in-process ceiling) while the supervisors start")
@@ -190,11 +198,15 @@ def measure_floods(plan: Plan, client: httpx.Client, meter: CpuMeter, out: Resul
         out.cpu(f"{prefix}_cpu", "us_per_event", cpu, received, ("supervisor", "worker", "client"))
 
 
-def measure_warm(plan: Plan, warm: Server, markers: Path, out: Results) -> None:
+def measure_warm(plan: Plan, warm: Server, unboxed: Server, markers: Path, out: Results) -> None:
     meter = CpuMeter(warm)
     with warm.client() as client:
-        say("start latency, warm")
-        out.latencies("start_warm", start_latency(client, plan.start_warm, plan.warmup))
+        say("start latency, warm, each job in its sandbox and (in turn) without one")
+        with unboxed.client() as bare:
+            boxed, unsandboxed = start_latency([client, bare], plan.start_warm, plan.warmup)
+        unboxed.stop()  # a quieter machine for what follows
+        out.latencies("start_warm", boxed)
+        out.latencies("start_unsandboxed", unsandboxed)
         say("cancel latency: run (demo-slow mid-stream), replay (blocked), stubborn (ignores SIGTERM)")
         _, cancels, memories = cancel_run(client, plan.cancel_run, measure_memory=min(5, plan.cancel_run))
         out.stops("cancel_run_warm", cancels)
@@ -292,12 +304,12 @@ def measure_cold(plan: Plan, cold: Server, out: Results) -> None:
 def run(plan: Plan, root: Path, supervisors: list[Server]) -> Results:
     markers = root / "markers"
     markers.mkdir()
-    warm, cold, wide, *filled = boot(plan, root, markers, supervisors)
+    warm, cold, wide, unboxed, *filled = boot(plan, root, markers, supervisors)
     out = Results()
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         beside = pool.submit(measure_cold, plan, cold, out) if plan.overlap_cold else None
         measure_journal(plan, [warm, *filled], out)
-        measure_warm(plan, warm, markers, out)
+        measure_warm(plan, warm, unboxed, markers, out)
         measure_wave(plan, wide, out)
         if beside is None:
             measure_cold(plan, cold, out)
@@ -308,6 +320,7 @@ def run(plan: Plan, root: Path, supervisors: list[Server]) -> Results:
         for figure, value in latency_figures(name, values).items():
             out.put(figure, value, len(values))
     out.median_ratio("start_cold_over_warm", "start_cold", "start_warm")
+    out.median_difference("sandbox_start_cost_ms", "start_warm", "start_unsandboxed")
     out.median_ratio("job_blocking_over_inproc", "job_blocking", "inproc_kickoff")
     out.median_ratio("llm_job_blocking_over_inproc", "llm_job_blocking", "inproc_llm_kickoff")
     out.ratio("llm_job_cpu_worker_over_inproc", "llm_job_cpu_worker_ms", "inproc_llm_cpu_ms")

@@ -36,20 +36,22 @@ Setup = Callable[[], contextlib.AbstractContextManager[Any]]
 MEMORY_PERIOD = 0.5  # seconds between memory samples of a wave (each walks every process's smaps_rollup)
 
 
-def start_latency(client: httpx.Client, samples: int, warmup: int) -> list[float]:
-    """POST /jobs/stream -> the started event, for the fast crew; each job is read to its end first."""
-    latencies = []
+def start_latency(clients: list[httpx.Client], samples: int, warmup: int) -> list[list[float]]:
+    """POST /jobs/stream -> the started event, for the fast crew, on each client's supervisor in turn (so that
+    what the machine does meanwhile falls on each alike); each job is read to its end first. Per client."""
+    latencies: list[list[float]] = [[] for _ in clients]
     for i in range(warmup + samples):
-        action = new_id("start")
-        began = time.perf_counter()
-        with client.stream("POST", "/jobs/stream", json=start_body("fast", action), headers=key(action)) as response:
-            events = sse(response)
-            next_event(events, "started")
-            elapsed = time.perf_counter() - began
-            if drain(events) != "completed":
-                raise BenchError(f"fast job {action} did not complete")
-        if i >= warmup:
-            latencies.append(elapsed)
+        for client, measured in zip(clients, latencies, strict=True):
+            action = new_id("start")
+            began = time.perf_counter()
+            with client.stream("POST", "/jobs/stream", json=start_body("fast", action), headers=key(action)) as answer:
+                events = sse(answer)
+                next_event(events, "started")
+                elapsed = time.perf_counter() - began
+                if drain(events) != "completed":
+                    raise BenchError(f"fast job {action} did not complete")
+            if i >= warmup:
+                measured.append(elapsed)
     return latencies
 
 

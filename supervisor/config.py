@@ -78,6 +78,7 @@ class Settings:
     worker_env: tuple[str, ...]
     crew_env_dir: str
     worker_sandbox: str
+    worker_writable: tuple[str, ...]
     worker_user: str
     token: str | None = None  # resolved from BEARER_TOKEN or BEARER_TOKEN_FILE
     worker_ids: tuple[int, int] | None = None  # (uid, gid) resolved from WORKER_USER; None: the supervisor's
@@ -154,6 +155,7 @@ def _check(s: Settings) -> str | None:
         _check_training_dir(s.training_dir, s.worker_ids)
     if s.crew_env_dir:
         _check_crew_env_dir(s.crew_env_dir)
+    _check_worker_writable(s)
     token = _token(s)
     if token is None and not s.allow_unauthenticated:
         raise ConfigError(
@@ -266,3 +268,17 @@ def _check_crew_env_dir(path: str) -> None:
             f"{name}: mode {info.st_mode & 0o777:04o}, uid {info.st_uid}: others could add a crew's file",
             f"chmod 700 {shlex.quote(path)}",
         )
+
+
+def _check_worker_writable(s: Settings) -> None:
+    """No directory every job may change holds, or lies beneath, what every job must not read."""
+    state = os.path.dirname(os.path.abspath(s.state_file)) if s.state_file else ""
+    hidden = [os.path.realpath(path) for path in (state, s.bearer_token_file, s.crew_env_dir) if path]
+    for place in s.worker_writable:
+        real = os.path.realpath(place)
+        for secret in hidden:
+            if os.path.commonpath([real, secret]) in (real, secret):
+                raise ConfigError(
+                    f"{PREFIX}WORKER_WRITABLE: {place} would let every job change or read {secret}",
+                    f"name a directory apart from the state directory, the token's file and {PREFIX}CREW_ENV_DIR",
+                )

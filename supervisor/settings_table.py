@@ -4,6 +4,7 @@ source for ``supervisor.config`` (flags, environment, checks), ``serve --help`` 
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -28,6 +29,15 @@ class Parser:
 def _accepting(accepts: str = "", choices: tuple[str, ...] = ()) -> Callable[[Callable[[str], Any]], Parser]:
     """A decorator: the parser function, with what it accepts."""
     return lambda parse: Parser(parse, accepts, choices)
+
+
+@_accepting("comma-separated absolute paths")
+def _paths(raw: str) -> tuple[str, ...]:
+    paths = tuple(part.strip() for part in raw.split(",") if part.strip())
+    for path in paths:
+        if not os.path.isabs(path):
+            raise ValueError(f"{path!r} is not an absolute path")
+    return paths
 
 
 @_accepting(choices=("true", "false"))
@@ -337,6 +347,14 @@ SPEC: dict[str, Setting] = {
         " auto: every layer the kernel has; enforce: refuse to start without every layer; off: none (the seccomp"
         " filter stays)",
         "`/health`, `doctor` and the start-up log name the layers a job gets and any that is missing; see"
+        " [A job's sandbox](security.md#a-jobs-sandbox)",
+    ),
+    "WORKER_WRITABLE": Setting(
+        _paths,
+        "",
+        "directories every job may change too, beside its own places (a shared output directory, say); with"
+        " WORKER_SANDBOX=off every job changes all its uid may",
+        "a path beneath the state directory, the token's file or `CREW_ENV_DIR` is refused at start; see"
         " [A job's sandbox](security.md#a-jobs-sandbox)",
     ),
     "WORKER_USER": Setting(

@@ -24,7 +24,7 @@ def run(
     control_fd: int,
     crews: dict[str, Any] | None = None,
     mode: str = "job",
-    domain: landlock.JobDomain | None = None,
+    domain: landlock.Ruleset | None = None,
 ) -> NoReturn:
     """Serve one job, or (``mode``) describe the registry or also check that each crew builds; ``crews``
     comes preloaded from a fork server, and ``domain`` (its job's sandbox) made ready ahead (``domain_ahead``)."""
@@ -140,22 +140,17 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
         out.send(Completed(output=output))
 
 
-def domain_ahead() -> landlock.JobDomain | None:
-    """The sandbox of the job to come, made ready up to its places; None when jobs run unsandboxed."""
-    hidden = lifecycle.hidden()
-    if not hidden:
-        return None
-    domain = landlock.JobDomain(hidden)
-    domain.prepare()
-    return domain
+def domain_ahead() -> landlock.Ruleset | None:
+    """The domain of the job to come, made ahead up to its places; None when jobs run unsandboxed."""
+    return lifecycle.hiding.ruleset() if lifecycle.hiding is not None else None
 
 
-def enter(start: Start, launched: dict[str, str], domain: landlock.JobDomain | None = None) -> None:
+def enter(start: Start, launched: dict[str, str], domain: landlock.Ruleset | None = None) -> None:
     """Take the job's working directory and environment (telemetry stays off unless the operator's env
     says otherwise): a pre-forked worker had its fork server's until now. A worker launched with the
     job's environment keeps its own, with what its imports added (TOKENIZERS_PARALLELISM, say). Then,
-    unless the supervisor runs jobs unsandboxed, enter the job's own sandbox (``landlock.JobDomain``, ``domain``
-    if made ahead): from here on it reaches only what is its own.
+    unless the supervisor runs jobs unsandboxed, enter the job's own domain (``landlock.Hiding``, ``domain`` if made
+    ahead): from here on it reaches only what is its own.
 
     Dumpable again, last (a forked worker inherits the fork server's 0; a spawned one is already): the operator
     can attach a debugger or get a core dump, and a non-root supervisor can read its /proc files to measure it.
@@ -169,8 +164,8 @@ def enter(start: Start, launched: dict[str, str], domain: landlock.JobDomain | N
         lifecycle.adopt_environment(start.env)
         lifecycle.prepare_environment()
     locks.keep_with_storage()
-    if start.writable is not None:
-        (domain or landlock.JobDomain(lifecycle.hidden())).enter(start.writable)
+    if start.writable is not None and lifecycle.hiding is not None:
+        lifecycle.hiding.enter(start.writable, domain)
     lifecycle.set_dumpable(True)
 
 

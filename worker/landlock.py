@@ -1,19 +1,26 @@
 """Landlock: what a worker process may reach on the file system, and which processes it may reach, set by the
 process on itself, for good (no privilege needed; its children inherit it; a later domain only narrows it).
 
-Two domains, one inside the other:
+With jobs sandboxed (the supervisor's ``WORKER_SANDBOX``, on by default), two domains, one inside the other:
 
-- Every worker process (and the fork server) first denies itself any change to a cgroup file system
-  (``deny_cgroup_writes``): a worker that is uid 0 with every capability dropped still passes the owner check on
-  root-owned 0644 files, the cgroup files among them, and writing its pid into a root cgroup's ``cgroup.procs``
-  would take it out of its job's cgroup, and so out of every cap and out of the kill that ends its job.
-- A worker that takes a job then enters that job's own domain (``JobDomain``), before the crew's code runs:
-  everything is readable but what the supervisor hides (the state directory, the token file, the crews' env
-  files), and writable only in the job's own places (``worker/sandbox.py`` of the supervisor says which). A
-  domain of its own also keeps every other process out of its reach and it out of theirs: the kernel lets a
-  process trace, read through ``/proc/<pid>/mem`` or take a descriptor (``pidfd_getfd``) only of processes in
-  its own domain or one nested in it, and (ABI 6) signal only those, and connect only to their abstract unix
-  sockets. Another job's worker, the fork server (in the outer domain) and the supervisor (in none) are out.
+- The workers' domain. Every worker process (the fork server, a spawned worker) enters it when it starts, before
+  the registry (crew code) is imported: everything is readable but what the supervisor hides (the state
+  directory, the token's file, the crews' env files, the training directory), and writable only in the workers'
+  places (the state directory's ``home``, ``storage``, ``tmp`` and ``scratch``, the training directory).
+- The job's domain. A worker that takes a job enters it before the crew is built: readable as the workers', and
+  writable only in the job's own places (its scratch directory, its crew's HOME and storage; the training
+  directory to train). Its idle pre-forked worker makes it ahead, up to the places.
+
+A domain also keeps every process outside it out of its processes' reach: the kernel lets a process trace, read
+through ``/proc/<pid>/mem`` or take a descriptor (``pidfd_getfd``) only of processes in its own domain or one
+nested in it, and (ABI 6) signal only those, and connect only to their abstract unix sockets. Another job's
+worker (a sibling domain), the fork server (the outer one) and the supervisor (in none) are out of a job's reach.
+
+With jobs unsandboxed, every worker process still denies itself any change to a cgroup file system
+(``deny_cgroup_writes``): a worker that is uid 0 with every capability dropped still passes the owner check on
+root-owned 0644 files, the cgroup files among them, and writing its pid into a root cgroup's ``cgroup.procs``
+would take it out of its job's cgroup, and so out of every cap and out of the kill that ends its job (the
+sandbox denies that too: no cgroup file is a workers' place).
 
 Landlock is an allow-list: to hide a path, each of its siblings (and its ancestors' siblings) gets a rule
 (``allowed_around``). Where the kernel has no Landlock, or only its first ABI (which refuses every rename across
@@ -27,7 +34,6 @@ import ctypes
 import os
 import stat
 import struct
-import time
 
 from protocol import Layer
 
@@ -101,17 +107,20 @@ class Ruleset:
     """A Landlock ruleset being made: rules added, then ``restrict`` makes it this process's next domain."""
 
     def __init__(self, handled: int, scoped: int = 0) -> None:
+        self.handled = handled
         attr = struct.pack("=QQQ", handled, 0, scoped) if scoped else struct.pack("=Q", handled)
         # The kernel makes it close-on-exec: nothing the job runs inherits it.
         self.fd = _check(_libc.syscall(CREATE_RULESET, attr, ctypes.c_size_t(len(attr)), 0), "create")
 
     def allow(self, path: str, rights: int, directory: bool | None = None) -> None:
-        """Grant ``rights`` beneath ``path`` (a file: what a file can have), if it can still be opened."""
+        """Grant ``rights`` (those the kernel knows) beneath ``path`` (a file: what a file can have), if it can still
+        be opened."""
         try:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
         except OSError:  # gone since it was listed, or not ours to open: it stays out of reach
             return
         try:
+            rights &= self.handled
             if not (stat.S_ISDIR(os.fstat(fd).st_mode) if directory is None else directory):
                 rights &= FILE_RIGHTS
             attr = struct.pack("=Qi", rights, fd)  # struct landlock_path_beneath_attr is packed
@@ -124,74 +133,48 @@ class Ruleset:
             _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
             _check(_libc.syscall(RESTRICT_SELF, self.fd, 0), "restrict_self")
         finally:
-            self.close()
-
-    def close(self) -> None:
-        if self.fd >= 0:
             os.close(self.fd)
-            self.fd = -1
 
 
-class JobDomain:
-    """A job's domain made ahead, up to its places: what is hidden is the same for every job of a supervisor, so
-    an idle pre-forked worker lists and grants everything around it before its job comes, and the job's start
-    adds only its places (``enter``). Listing takes a rule per sibling of each hidden path and of its ancestors
-    (hundreds in a busy /tmp), more than a start may spend.
+class Hiding:
+    """Everything around the hidden paths, listed once, when a worker process starts (before the registry is
+    imported): its domain and its job's are made from this one listing.
 
-    Still current at the start only if no directory listed has changed since: each one's modification time is
-    kept, and one changed less than ``SETTLED_NS`` before the listing may have changed again within the same
-    clock tick (the kernel stamps them from a coarse clock), so it is listed again at the start, as a changed one
-    is."""
-
-    SETTLED_NS = 100_000_000
+    The listing cannot be taken again later: inside its own domain a process may not list a directory that
+    holds a hidden path (reading it would be reading beneath it). So what is created afterwards directly in such
+    a directory (``/``, each directory above the state directory, the token's, the env files') stays out of reach
+    of this process's jobs; anything beneath what was there is reachable."""
 
     def __init__(self, hidden: list[str]) -> None:
-        self.hidden = {os.path.realpath(path) for path in hidden if os.path.lexists(path)}
         self.version = abi()
-        self.ruleset: Ruleset | None = None
-        self._listed: dict[str, int] = {}  # each directory listed, and its modification time then
-        self._listed_at = 0
+        denied = {os.path.realpath(path) for path in hidden if os.path.lexists(path)}
+        self.around = allowed_around(denied) if self.version >= 2 else []
 
-    def prepare(self) -> None:
-        """List and grant what lies around the hidden paths (again, if done before)."""
+    def ruleset(self) -> Ruleset | None:
+        """A domain in the making: everything around readable, the usual devices writable, nothing outside it
+        traced, read through /proc or (ABI 6) signalled; None on a kernel without Landlock ABI 2. An idle worker
+        makes its job's ahead (``enter``)."""
         if self.version < 2:
-            return
-        if self.ruleset is not None:
-            self.ruleset.close()
-        self._listed_at = time.time_ns()
-        self._listed = {}
+            return None
         scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if self.version >= SCOPED_SINCE else 0
-        self.ruleset = Ruleset(READS | _writes(self.version), scoped)
-        for path, directory in allowed_around(self.hidden, listed=self._listed):
-            self.ruleset.allow(path, READS, directory)
+        ruleset = Ruleset(READS | _writes(self.version), scoped)
+        for path, directory in self.around:
+            ruleset.allow(path, READS, directory)
         for device in DEVICES:
-            self.ruleset.allow(device, WRITE_FILE | TRUNCATE, directory=False)
+            ruleset.allow(device, WRITE_FILE | TRUNCATE, directory=False)
+        return ruleset
 
-    def current(self) -> bool:
-        """Whether every directory listed is as it was then (and had settled before)."""
-        settled = self._listed_at - self.SETTLED_NS
-        try:
-            return all(
-                was < settled and os.stat(path, follow_symlinks=False).st_mtime_ns == was
-                for path, was in self._listed.items()
-            )
-        except OSError:
-            return False
-
-    def enter(self, writable: list[str]) -> list[Layer]:
-        """Make this process's domain the job's: nothing beneath a hidden path readable, nothing but beneath
-        ``writable`` changed (those may lie beneath a hidden one: a job's places are in the state directory), no
-        process outside traced or (ABI 6) signalled. The layers it holds (``layers``); none on a kernel without
-        Landlock ABI 2. Each writable place must exist."""
-        if self.version < 2:
+    def enter(self, writable: list[str], ruleset: Ruleset | None = None) -> list[Layer]:
+        """Make this process's next domain: nothing hidden readable, nothing but beneath ``writable`` changed (those
+        may lie beneath a hidden path: a job's places are in the state directory), no process outside it reached.
+        ``ruleset`` if made ahead. The layers it holds (``layers``): none without Landlock ABI 2. Each writable
+        place must exist."""
+        ruleset = ruleset or self.ruleset()
+        if ruleset is None:
             return []
-        if self.ruleset is None or not self.current():
-            self.prepare()
-        assert self.ruleset is not None
         for place in writable:
-            self.ruleset.allow(place, READS | _writes(self.version))
-        self.ruleset.restrict()
-        self.ruleset = None
+            ruleset.allow(place, READS | _writes(self.version))
+        ruleset.restrict()
         return layers(self.version)
 
 
@@ -208,9 +191,9 @@ def cgroup_mounts() -> set[str]:
     return mounts
 
 
-def allowed_around(denied: set[str], root: str = "/", listed: dict[str, int] | None = None) -> list[tuple[str, bool]]:
+def allowed_around(denied: set[str], root: str = "/") -> list[tuple[str, bool]]:
     """The paths beneath which everything lies but ``denied``, each with whether it is a directory: each sibling
-    along the way down to one. ``listed`` gets each directory listed, with its modification time.
+    along the way down to one.
 
     Symbolic links are left out: Landlock judges the path a link resolves to, so the link needs no rule
     (and one that points into ``denied`` must not get one). A directory this process may pass but not list (0711)
@@ -219,11 +202,8 @@ def allowed_around(denied: set[str], root: str = "/", listed: dict[str, int] | N
     allowed: list[tuple[str, bool]] = []
     pending = [root]
     while pending:
-        directory = pending.pop()
         try:
-            if listed is not None:
-                listed[directory] = os.stat(directory).st_mtime_ns
-            listing = os.scandir(directory)
+            listing = os.scandir(pending.pop())
         except PermissionError:
             continue
         with listing as entries:

@@ -15,6 +15,7 @@ import setproctitle
 from protocol import (
     QUIET_CREWAI,
     SANDBOX_HIDDEN,
+    SANDBOX_WRITABLE,
     SETTINGS_PREFIX,
     FrameError,
     Layer,
@@ -40,6 +41,7 @@ EXIT_STOPPED = 77
 EXIT_PROTOCOL = 78
 contained = False  # this process can leave no cgroup (``confine``)
 offered: list[Layer] = []  # the layers of a job's sandbox here, once ``confine`` ran
+hiding: landlock.Hiding | None = None  # what this process's domain hides, listed once: its jobs' hide the same
 settings: dict[str, str] = {}  # the supervisor's settings for this process, out of its environment (``take_settings``)
 
 
@@ -78,9 +80,9 @@ def take_settings() -> None:
         settings[name] = os.environ.pop(name)
 
 
-def hidden() -> list[str]:
-    """The paths its job's sandbox hides (the supervisor's ``SANDBOX_HIDDEN``); none when jobs run unsandboxed."""
-    return list(orjson.loads(settings.get(SANDBOX_HIDDEN, "[]")))
+def _listed(name: str) -> list[str]:
+    """A setting that holds a JSON list of paths (``SANDBOX_HIDDEN``, ``SANDBOX_WRITABLE``)."""
+    return list(orjson.loads(settings.get(name, "[]")))
 
 
 def adopt_environment(env: dict[str, str]) -> None:
@@ -125,11 +127,16 @@ def confine(ids: tuple[int, int] | None = None) -> None:
       Without ``ids`` the uid stays: same-uid reach (signals, the state directory) remains, see
       docs/security.md.
     - Last, no_new_privs and the seccomp deny-list (``seccomp.refuse_unneeded_calls``: ptrace, namespaces,
-      mounts, BPF and the other calls a crew never needs; clone3, so no child starts in another cgroup), then no
-      cgroup file can be changed (``landlock.deny_cgroup_writes``): a job cannot leave its cgroups, however it got
-      the rights to a root cgroup's files. ``contained`` says whether both of those hold.
+      mounts, BPF and the other calls a crew never needs; clone3, so no child starts in another cgroup), then the
+      workers' Landlock domain (``landlock.Hiding``: nothing hidden readable, nothing but the workers' places
+      writable, no process outside traced or signalled), or with jobs unsandboxed only no cgroup file writable
+      (``landlock.deny_cgroup_writes``): either way a job cannot leave its cgroups, however it got the rights to a
+      root cgroup's files. ``contained`` says whether that holds.
     """
     os.umask(0o077)
+    global hiding
+    if hidden := _listed(SANDBOX_HIDDEN):  # listed before any uid change: a workers' user may not list a 0711 one
+        hiding = landlock.Hiding(hidden)
     libc = ctypes.CDLL(None, use_errno=True)
     header = _CapHeader(LINUX_CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)()
@@ -151,7 +158,8 @@ def confine(ids: tuple[int, int] | None = None) -> None:
         raise OSError(ctypes.get_errno(), "capset failed")
     global contained, offered
     refused = seccomp.refuse_unneeded_calls()  # whether Landlock is there or not
-    contained = landlock.deny_cgroup_writes() and "clone3" in refused
+    held = bool(hiding.enter(_listed(SANDBOX_WRITABLE))) if hiding is not None else landlock.deny_cgroup_writes()
+    contained = held and "clone3" in refused
     offered = [Layer.SECCOMP] * (refused == frozenset(seccomp.REFUSED)) + landlock.layers(landlock.abi())
 
 

@@ -22,6 +22,7 @@ from supervisor.config import PREFIX, ConfigError, Settings
 from supervisor.doctor import host
 from supervisor.doctor.findings import Finding, ok, problem, warning
 from supervisor.jobs.environment import worker_env
+from supervisor.journal.statefiles import WORKER_PLACES, prepare_places
 from supervisor.processes import reach
 from supervisor.processes.launcher import LaunchError, SpawnLauncher, expect_registry
 from supervisor.processes.process import WorkerProcess
@@ -74,6 +75,7 @@ def crews(settings: Settings) -> list[Finding]:
     with tempfile.TemporaryDirectory(prefix="crew-supervisor-doctor-") as place:
         if settings.worker_ids is not None:
             os.chown(place, *settings.worker_ids)
+        prepare_places(Path(place), WORKER_PLACES, settings.worker_ids)  # the places its sandbox lets it change
         env = {**worker_env(settings, Path(place), ""), **QUIET_CREWAI}
         return asyncio.run(_build(settings, env, place))
 

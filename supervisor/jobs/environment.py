@@ -15,9 +15,9 @@ import re
 import stat
 from pathlib import Path
 
-from protocol import SANDBOX_HIDDEN, SETTINGS_PREFIX, WORKER_IDS
+from protocol import SANDBOX_HIDDEN, SANDBOX_WRITABLE, SETTINGS_PREFIX, WORKER_IDS
 from supervisor.config import Settings
-from supervisor.jobs.sandbox import hidden
+from supervisor.jobs.sandbox import hidden, workers_writable
 
 ALWAYS_PASSED = ("PATH", "PYTHONPATH")  # what finds the interpreter's tools and the crews' code
 PLACES = ("HOME", "CREWAI_STORAGE_DIR", "TMPDIR")  # the worker's own, set here: a crew's file may not move them
@@ -67,6 +67,7 @@ def worker_settings(settings: Settings, state: Path) -> dict[str, str]:
     hides."""
     own = {
         SANDBOX_HIDDEN: json.dumps(hidden(settings, state)),
+        SANDBOX_WRITABLE: json.dumps(workers_writable(settings, state)),
         SETTINGS_PREFIX + "REGISTRY": settings.registry,
         SETTINGS_PREFIX + "WORKER_NICE": str(settings.worker_nice),
         SETTINGS_PREFIX + "WARMUP": settings.warmup,

@@ -1,4 +1,5 @@
-"""What a job may reach: the policy its worker sets on itself once it has its job (``worker/landlock.py``).
+"""What a job may reach: the policy every worker process sets on itself (``worker/landlock.py``), when it starts
+and again, narrower, once it has its job.
 
 A job reads everything but what is hidden: the state directory (the journal, every job's record; the other
 crews' HOME and storage; the other jobs' scratch directories), the bearer token's file, the crews' env files
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from protocol import Layer
 from supervisor.config import PREFIX, ConfigError, Settings
+from supervisor.journal.statefiles import WORKER_PLACES
 
 log = logging.getLogger("crew_supervisor")
 
@@ -22,12 +24,21 @@ LANDLOCK_ABI = {Layer.FILESYSTEM: 2, Layer.PROCESSES: 2, Layer.SIGNALS: 6, Layer
 
 
 def hidden(settings: Settings, state: Path) -> list[str]:
-    """What no job may read (nor change): none when jobs run unsandboxed. A job that trains is given the training
-    directory back as one of its places (``Sandbox.policy``)."""
+    """What no worker process may read (nor change): none when jobs run unsandboxed. A job that trains is given the
+    training directory back as one of its places (``Sandbox.policy``)."""
     if settings.worker_sandbox == "off":
         return []
     places = (state, settings.bearer_token_file, settings.crew_env_dir, settings.training_dir)
     return [str(Path(place).absolute()) for place in places if place]
+
+
+def workers_writable(settings: Settings, state: Path) -> list[str]:
+    """What the workers' domain lets a worker process change (each job then only its own, ``Sandbox.policy``): the
+    workers' places in the state directory, the training directory, ``WORKER_WRITABLE``."""
+    places = [str(state / name) for name in WORKER_PLACES]
+    if settings.training_dir:
+        places.append(str(Path(settings.training_dir).absolute()))
+    return places + list(settings.worker_writable)
 
 
 class Sandbox:
@@ -37,6 +48,7 @@ class Sandbox:
         self.layers = [layer for layer in Layer if layer in offered and (self.mode != "off" or layer is Layer.SECCOMP)]
         self.missing = [layer for layer in Layer if layer not in offered]
         self._training = str(Path(settings.training_dir).absolute()) if settings.training_dir else ""
+        self._shared = list(settings.worker_writable)
 
     def check(self) -> None:
         """Refuse to serve without every layer when enforced; else say, once, what a job gets."""
@@ -54,7 +66,7 @@ class Sandbox:
         if self.mode == "off":
             return None
         training = [self._training] if self._training and operation == "train" else []
-        return [cwd, env["HOME"], env["CREWAI_STORAGE_DIR"], *training]
+        return [cwd, env["HOME"], env["CREWAI_STORAGE_DIR"], *self._shared, *training]
 
     def health(self) -> dict[str, object]:
         return {"mode": self.mode, "layers": list(self.layers), "missing": list(self.missing)}

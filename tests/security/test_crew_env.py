@@ -17,8 +17,9 @@ from tests.conftest import start_server
 from tests.crews import LEAKED_KEY
 
 REGISTRY = "tests.security.trust_crews:registry"
+SANDBOX = {"AIP_CREWAI_SANDBOX_HIDDEN", "AIP_CREWAI_SANDBOX_WRITABLE"}
 # the fork server's own
-WORKER_SETTINGS = {"AIP_CREWAI_REGISTRY", "AIP_CREWAI_WORKER_NICE", "AIP_CREWAI_WARMUP", "AIP_CREWAI_SANDBOX_HIDDEN"}
+WORKER_SETTINGS = {"AIP_CREWAI_REGISTRY", "AIP_CREWAI_WORKER_NICE", "AIP_CREWAI_WARMUP", *SANDBOX}
 
 
 def crew_env_dir(tmp_path: Path, files: dict[str, str]) -> Path:

@@ -241,7 +241,8 @@ def test_the_registry_module_must_be_reachable_by_the_worker_user(
     found = {f["check"]: f for f in orjson.loads(answer.stdout)}
     assert found["runtime"]["status"] == "ok", found["runtime"]
     assert found["runtime"]["detail"].startswith(f"a worker of {python} as uid {ids[0]} imports ")
-    assert found["registry"]["status"] == "ok" and "1 of 1 crews build" in found["registry"]["detail"], found["registry"]
+    registry = found["registry"]
+    assert registry["status"] == "ok" and "1 of 1 crews build" in registry["detail"], registry
 
 
 def _doctor(python: str, base: Path, path: list[str], registry: str) -> subprocess.CompletedProcess[str]:

@@ -61,7 +61,8 @@ def start_supervisor(
     return testing.start(
         root / name,
         "bench_crews:registry",
-        env={"BENCH_MARKER_DIR": str(markers), **(settings or {})},
+        # The bench's crews leave their markers there, from their sandbox.
+        env={"BENCH_MARKER_DIR": str(markers), "AIP_CREWAI_WORKER_WRITABLE": str(markers), **(settings or {})},
         path=[SCRIPTS],
         args=["--log-level", "warning"],
         log=root / f"{name}.log",

@@ -13,7 +13,7 @@ import threading
 from typing import Any, NoReturn
 
 from protocol import READ_ONLY_OPERATIONS, Built, Completed, Failed, Hello, Registry, Start, Started
-from worker import landlock, lifecycle, locks, registry, spending, warmup
+from worker import landlock, lifecycle, places, registry, spending, warmup
 from worker.operations import OPERATIONS, OperationError, OutputTooLarge, Work, bounded
 
 MAX_CHECK_ERROR_CHARS = 1000  # one line of the doctor's report, not a traceback
@@ -163,7 +163,7 @@ def enter(start: Start, launched: dict[str, str], domain: landlock.Ruleset | Non
     if start.env is not None and start.env != launched:
         lifecycle.adopt_environment(start.env)
         lifecycle.prepare_environment()
-    locks.keep_with_storage()
+    places.follow_job(launched)
     if start.writable is not None and lifecycle.hiding is not None:
         lifecycle.hiding.enter(start.writable, domain)
     lifecycle.set_dumpable(True)

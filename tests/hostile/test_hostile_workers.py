@@ -120,13 +120,15 @@ def test_a_worker_ignoring_sigterm_is_killed_at_its_timeout(server: Server) -> N
 
 def test_a_registry_that_stops_importing_fails_jobs_with_registry_error(tmp_path: Path) -> None:
     """Cold-spawned workers import the registry per job: one that broke since startup fails only that job."""
+    evidence = tmp_path / "evidence"  # apart from the state directory, which no worker may read
+    evidence.mkdir()
     env = {
         "AIP_CREWAI_REGISTRY": "tests.flaky_registry:registry",
         "AIP_CREWAI_LAUNCHER": "spawn",
-        "CREW_TEST_EVIDENCE_DIR": str(tmp_path),
+        "CREW_TEST_EVIDENCE_DIR": str(evidence),
     }
     server = start_server(tmp_path / "state", env=env)
-    (tmp_path / "break-registry").touch()
+    (evidence / "break-registry").touch()
     with server.client() as client:
         answer = client.post("/jobs", json=start_body("demo", "no-registry"), headers={"Idempotency-Key": "k"})
         assert answer.status_code == 502

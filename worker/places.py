@@ -1,0 +1,70 @@
+"""Where CrewAI keeps a crew's files in a job: in the crew's own HOME and storage, which its sandbox lets it change.
+
+- **Paths computed at import.** A few CrewAI modules compute a path from HOME or CREWAI_STORAGE_DIR when they are
+  imported (ChromaDB's and Qdrant's default storage, the skills cache): in a forked worker that was the fork
+  server's environment, so every crew's knowledge base would land in the fork server's storage, which no job's
+  sandbox lets it change. They are moved to the job's places (``follow_job``).
+- **Lock files.** CrewAI guards the files a crew shares across processes (its kickoff outputs, its ChromaDB) with
+  lock files in the temporary directory (``crewai_core.lock_store``). A job's TMPDIR is its own, removed when it
+  ends, so there a lock would hold against no other job of its crew; in the crew's storage it holds against them
+  all, and no job of another crew (which shares none of those files) can reach it. Where ``REDIS_URL`` is set,
+  CrewAI's Redis locks are left to it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from hashlib import md5
+from pathlib import Path
+from typing import Any
+
+LOCKS = "locks"  # beneath CREWAI_STORAGE_DIR
+STORAGE = "CREWAI_STORAGE_DIR"
+# (module, attribute, the variable its value was computed from when the module was imported)
+COMPUTED_AT_IMPORT = (
+    ("crewai.rag.chromadb.constants", "DEFAULT_STORAGE_PATH", STORAGE),
+    ("crewai.rag.chromadb.config", "DEFAULT_STORAGE_PATH", STORAGE),
+    ("crewai.rag.qdrant.constants", "DEFAULT_STORAGE_PATH", STORAGE),
+    ("crewai.rag.qdrant.config", "DEFAULT_STORAGE_PATH", STORAGE),
+    ("crewai.skills.cache", "_CACHE_ROOT", "HOME"),
+)
+
+
+def follow_job(launched: Mapping[str, str]) -> None:
+    """CrewAI's places follow the job's environment, which replaced ``launched`` (what the process started with)."""
+    for module_name, attribute, variable in COMPUTED_AT_IMPORT:
+        before, now = launched.get(variable), os.environ.get(variable)
+        module = sys.modules.get(module_name)
+        value = getattr(module, attribute, None)
+        if module is None or not before or not now or before == now or value is None:
+            continue
+        path = str(value)
+        if path == before or path.startswith(before + os.sep):
+            moved = now + path[len(before) :]
+            setattr(module, attribute, Path(moved) if isinstance(value, Path) else moved)
+    _keep_locks_with_storage()
+
+
+def _keep_locks_with_storage() -> None:
+    """CrewAI's locks of this process go to ``$CREWAI_STORAGE_DIR/locks`` (made here, 0700), if it has one."""
+    storage = os.environ.get(STORAGE)
+    if not storage or os.environ.get("REDIS_URL"):
+        return
+    from crewai_core import lock_store  # after the environment is the job's: CrewAI reads it when imported
+
+    directory = os.path.join(storage, LOCKS)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    lock_store.set_lock_backend(_file_locks(directory))
+
+
+def _file_locks(directory: str) -> Callable[..., AbstractContextManager[Any]]:
+    import portalocker
+
+    def lock(name: str, *, timeout: float) -> AbstractContextManager[Any]:
+        channel = md5(name.encode(), usedforsecurity=False).hexdigest()
+        return portalocker.Lock(os.path.join(directory, f"crewai:{channel}.lock"), timeout=timeout)
+
+    return lock

@@ -23,6 +23,7 @@ from protocol.frames import (
     encode,
 )
 from protocol.messages import (
+    LANDLOCK_ABI,
     PROTOCOL_VERSION,
     READ_ONLY_OPERATIONS,
     TERMINAL,
@@ -54,6 +55,7 @@ from protocol.training import is_partial, partial_name
 __all__ = [
     "CONTROL_FD",
     "EVENT_FD",
+    "LANDLOCK_ABI",
     "MAX_FRAME_BYTES",
     "NOT_A_FACTORY",
     "PROTOCOL_VERSION",

@@ -29,6 +29,10 @@ class Layer(enum.StrEnum):
     SOCKETS = "abstract sockets"  # Landlock ABI 6: no abstract unix socket made outside it reached
 
 
+# The Landlock ABI each of a job's Landlock layers needs (5.19 brought ABI 2, 6.12 ABI 6).
+LANDLOCK_ABI = {Layer.FILESYSTEM: 2, Layer.PROCESSES: 2, Layer.SIGNALS: 6, Layer.SOCKETS: 6}
+
+
 class UnknownMessage(FrameError):
     """A well-formed document that is not a message of this vocabulary."""
 

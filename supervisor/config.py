@@ -155,7 +155,6 @@ def _check(s: Settings) -> str | None:
         _check_training_dir(s.training_dir, s.worker_ids)
     if s.crew_env_dir:
         _check_crew_env_dir(s.crew_env_dir)
-    _check_worker_writable(s)
     token = _token(s)
     if token is None and not s.allow_unauthenticated:
         raise ConfigError(
@@ -268,17 +267,3 @@ def _check_crew_env_dir(path: str) -> None:
             f"{name}: mode {info.st_mode & 0o777:04o}, uid {info.st_uid}: others could add a crew's file",
             f"chmod 700 {shlex.quote(path)}",
         )
-
-
-def _check_worker_writable(s: Settings) -> None:
-    """No directory every job may change holds, or lies beneath, what every job must not read."""
-    state = os.path.dirname(os.path.abspath(s.state_file)) if s.state_file else ""
-    hidden = [os.path.realpath(path) for path in (state, s.bearer_token_file, s.crew_env_dir) if path]
-    for place in s.worker_writable:
-        real = os.path.realpath(place)
-        for secret in hidden:
-            if os.path.commonpath([real, secret]) in (real, secret):
-                raise ConfigError(
-                    f"{PREFIX}WORKER_WRITABLE: {place} would let every job change or read {secret}",
-                    f"name a directory apart from the state directory, the token's file and {PREFIX}CREW_ENV_DIR",
-                )

@@ -30,6 +30,7 @@ from supervisor.config import ConfigError
 from supervisor.http.app import create_app
 from supervisor.http.connections import Bounds, budget, guarded_protocol
 from supervisor.jobs.environment import worker_env
+from supervisor.jobs.sandbox import check_places
 from supervisor.jobs.supervisor import Supervisor
 from supervisor.journal.schema import JournalError
 from supervisor.journal.statefiles import WORKER_PLACES, check_state_files, prepare_directory, prepare_places
@@ -59,6 +60,7 @@ def serve(settings: config.Settings, log_level: str) -> None:
     ephemeral = None if settings.state_file else Path(tempfile.mkdtemp(prefix="crew-supervisor-"))
     journal_path = ephemeral / "journal.db" if ephemeral else Path(settings.state_file).absolute()
     try:  # before the state is touched: workers that could not import as WORKER_USER are one line with its fix
+        check_places(settings, journal_path.parent)
         reach.check(settings, worker_env(settings, journal_path.parent, ""))
     except ConfigError as exc:
         _remove(ephemeral)

@@ -328,7 +328,7 @@ SPEC: dict[str, Setting] = {
         "the supervisor's environment variables the workers get, comma-separated names (a trailing * matches a"
         " prefix: OPENAI_*); PATH and PYTHONPATH always; empty: all of them; never an AIP_CREWAI_* setting nor"
         " the bearer token",
-        "see [What is trusted](security.md#what-is-trusted-crews)",
+        "see [What it finds in its environment](security.md#what-it-finds-in-its-environment)",
     ),
     "CREW_ENV_DIR": Setting(
         _text,
@@ -343,7 +343,8 @@ SPEC: dict[str, Setting] = {
         _choice("auto", "enforce", "off"),
         "auto",
         "each job in a sandbox of its own (Landlock): it reads all but the state directory, the token file, the"
-        " crews' env files and the training directory, writes only its own places, and reaches no other process;"
+        " crews' env files and the training directory, writes only its own places, and cannot trace, read or (Linux"
+        " 6.12) signal a process outside it;"
         " auto: every layer the kernel has; enforce: refuse to start without every layer; off: none (the seccomp"
         " filter stays)",
         "`/health`, `doctor` and the start-up log name the layers a job gets and any that is missing; see"

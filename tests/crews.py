@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 from crewai import Agent, Crew, Task
 from crewai.llms.base_llm import BaseLLM, llm_call_context
+from crewai.rag.chromadb import config as chroma_config
 from crewai.tools import tool
 
 from tests.helpers.waiting import wait_until
@@ -195,9 +196,11 @@ def talker() -> Crew:
 
 
 def placer() -> Crew:
-    """Completes like demo after saying on stdout where it runs: its cwd, HOME, CrewAI storage and telemetry."""
+    """Completes like demo after saying on stdout where it runs: its cwd, HOME, CrewAI storage (and ChromaDB's),
+    temporary directory and telemetry."""
     place = {name: os.environ.get(name) for name in ("HOME", "CREWAI_STORAGE_DIR", "CREWAI_DISABLE_TELEMETRY")}
-    place["tempdir"] = tempfile.gettempdir()  # what Python's tempfile (and CrewAI's lock files) use
+    place["tempdir"] = tempfile.gettempdir()  # what Python's tempfile uses: the job's own
+    place["chroma"] = chroma_config.DEFAULT_STORAGE_PATH  # computed when CrewAI was imported (worker/places.py)
     print(f"place cwd={os.getcwd()} " + " ".join(f"{k}={v}" for k, v in place.items()), flush=True)
     return _single(OfflineLLM(model="offline-demo"))
 

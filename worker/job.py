@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import os
 import sys
 import threading
@@ -34,11 +35,12 @@ def run(
     out.send(Hello(pid=os.getpid()))
     try:
         lifecycle.prepare_environment()
-        if crews is None:  # cold: watched while it imports; a forked worker reads its Start itself
+        if crews is None:  # cold: watched while it imports, until its Start; a forked worker reads it itself
             control.watch()
             crews = load(out)
         if crews is not None and mode != "job":
-            out.send(describe_registry(crews, rehearse_warmup(control.thread) if mode == "check" else None))
+            warmed = rehearse_warmup([control.thread] if control.thread else []) if mode == "check" else None
+            out.send(describe_registry(crews, warmed))
             if mode == "check":
                 check(crews, out)
         elif crews is not None:
@@ -49,6 +51,7 @@ def run(
             except OSError as exc:  # never run a crew outside the sandbox it was given
                 out.send(failed(type(exc).__name__, "sandbox_failed", f"the job's sandbox: {exc}", False))
                 return
+            control.watch()  # in the job's domain
             asyncio.new_event_loop().run_until_complete(execute(start, crews, out))
     finally:
         sys.stdout.flush()
@@ -77,11 +80,11 @@ def describe_registry(crews: dict[str, Any], warmed: dict[str, Any] | None = Non
     )
 
 
-def rehearse_warmup(control: threading.Thread) -> dict[str, Any]:
+def rehearse_warmup(ours: list[threading.Thread]) -> dict[str, Any]:
     """What a fork server's warm-up would warm here (``warmup.Warmth``), or ``refused``: why it would refuse.
-    ``control`` is this worker's own thread, which a fork server does not have."""
+    ``ours`` are this worker's own threads (its control pipe's), which a fork server does not have."""
     try:
-        return dataclasses.asdict(warmup.warm(ours=[control]))
+        return dataclasses.asdict(warmup.warm(ours=ours))
     except warmup.WarmupError as exc:
         return {"refused": " ".join(str(exc).split())[:1000]}
 
@@ -163,10 +166,23 @@ def enter(start: Start, launched: dict[str, str], domain: landlock.Ruleset | Non
     if start.env is not None and start.env != launched:
         lifecycle.adopt_environment(start.env)
         lifecycle.prepare_environment()
-    places.follow_job(launched)
-    if start.writable is not None and lifecycle.hiding is not None:
-        lifecycle.hiding.enter(start.writable, domain)
+    if start.writable is not None:
+        _confine(start.writable, domain)
+    places.follow_job()
     lifecycle.set_dumpable(True)
+
+
+def _confine(writable: list[str], domain: landlock.Ruleset | None) -> None:
+    """Enter the job's domain, or raise OSError: never run a crew outside the sandbox the supervisor asked for."""
+    if lifecycle.hiding is None:
+        raise OSError(errno.EINVAL, "this worker was launched without what its sandbox hides")
+    if writable == lifecycle.confined_to:  # spawned for this job: in its domain from its start, its threads too
+        return
+    # Landlock confines the thread that restricts itself (and those it starts after): no other may run now.
+    if len(os.listdir("/proc/self/task")) > 1:
+        others = ", ".join(thread.name for thread in threading.enumerate() if thread is not threading.current_thread())
+        raise OSError(errno.EBUSY, f"threads run beside this one ({others or 'not Python'}): they would stay outside")
+    lifecycle.hiding.enter(writable, domain)
 
 
 def failed(error_type: str, reason: str, message: str, uncertain: bool) -> Failed:

@@ -35,7 +35,7 @@ import os
 import stat
 import struct
 
-from protocol import Layer
+from protocol import LANDLOCK_ABI, Layer
 
 # The syscalls' numbers are the same on every architecture (added after the tables were unified).
 CREATE_RULESET, ADD_RULE, RESTRICT_SELF = 444, 445, 446
@@ -67,7 +67,7 @@ WRITES_BY_ABI = {
 FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE  # all a rule on a file (not a directory) may grant
 # ABI 6: what a domain keeps to itself. The ruleset's attributes grew a field per feature (net ports at ABI 4).
 SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1
-SCOPED_SINCE = 6
+SCOPED_SINCE = LANDLOCK_ABI[Layer.SIGNALS]
 # Devices any program writes to (``subprocess.DEVNULL``, ``open("/dev/null", "w")``): no one's data.
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 
@@ -83,10 +83,8 @@ def abi() -> int:
 
 
 def layers(version: int) -> list[Layer]:
-    """What a job's domain holds on a kernel of Landlock ABI ``version``: none below 2 (see the module's words)."""
-    if version < 2:
-        return []
-    return [Layer.FILESYSTEM, Layer.PROCESSES, *((Layer.SIGNALS, Layer.SOCKETS) if version >= SCOPED_SINCE else ())]
+    """What a job's domain holds on a kernel of Landlock ABI ``version``."""
+    return [layer for layer, since in LANDLOCK_ABI.items() if version >= since]
 
 
 def deny_cgroup_writes() -> bool:
@@ -97,8 +95,8 @@ def deny_cgroup_writes() -> bool:
         return False
     handled = _writes(version)
     ruleset = Ruleset(handled)
-    for path, directory in allowed_around(cgroup_mounts()):
-        ruleset.allow(path, handled, directory)
+    for path in allowed_around(cgroup_mounts()):
+        ruleset.allow(path, handled)
     ruleset.restrict()
     return True
 
@@ -112,16 +110,16 @@ class Ruleset:
         # The kernel makes it close-on-exec: nothing the job runs inherits it.
         self.fd = _check(_libc.syscall(CREATE_RULESET, attr, ctypes.c_size_t(len(attr)), 0), "create")
 
-    def allow(self, path: str, rights: int, directory: bool | None = None) -> None:
+    def allow(self, path: str, rights: int) -> None:
         """Grant ``rights`` (those the kernel knows) beneath ``path`` (a file: what a file can have), if it can still
-        be opened."""
+        be opened: what is no longer there, or not ours to open, stays out of reach."""
         try:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
         except OSError:  # gone since it was listed, or not ours to open: it stays out of reach
             return
         try:
             rights &= self.handled
-            if not (stat.S_ISDIR(os.fstat(fd).st_mode) if directory is None else directory):
+            if not stat.S_ISDIR(os.fstat(fd).st_mode):  # as it is now, not as it was listed
                 rights &= FILE_RIGHTS
             attr = struct.pack("=Qi", rights, fd)  # struct landlock_path_beneath_attr is packed
             _check(_libc.syscall(ADD_RULE, self.fd, RULE_PATH_BENEATH, attr, 0), f"add_rule {path}")
@@ -158,17 +156,17 @@ class Hiding:
             return None
         scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if self.version >= SCOPED_SINCE else 0
         ruleset = Ruleset(READS | _writes(self.version), scoped)
-        for path, directory in self.around:
-            ruleset.allow(path, READS, directory)
+        for path in self.around:
+            ruleset.allow(path, READS)
         for device in DEVICES:
-            ruleset.allow(device, WRITE_FILE | TRUNCATE, directory=False)
+            ruleset.allow(device, WRITE_FILE | TRUNCATE)
         return ruleset
 
     def enter(self, writable: list[str], ruleset: Ruleset | None = None) -> list[Layer]:
         """Make this process's next domain: nothing hidden readable, nothing but beneath ``writable`` changed (those
         may lie beneath a hidden path: a job's places are in the state directory), no process outside it reached.
-        ``ruleset`` if made ahead. The layers it holds (``layers``): none without Landlock ABI 2. Each writable
-        place must exist."""
+        ``ruleset`` if made ahead. The layers it holds (``layers``): none without Landlock ABI 2. A writable place
+        that does not exist stays unwritable."""
         ruleset = ruleset or self.ruleset()
         if ruleset is None:
             return []
@@ -191,15 +189,14 @@ def cgroup_mounts() -> set[str]:
     return mounts
 
 
-def allowed_around(denied: set[str], root: str = "/") -> list[tuple[str, bool]]:
-    """The paths beneath which everything lies but ``denied``, each with whether it is a directory: each sibling
-    along the way down to one.
+def allowed_around(denied: set[str], root: str = "/") -> list[str]:
+    """The paths beneath which everything lies but ``denied``: each sibling along the way down to one.
 
     Symbolic links are left out: Landlock judges the path a link resolves to, so the link needs no rule
     (and one that points into ``denied`` must not get one). A directory this process may pass but not list (0711)
     has no sibling to name: nothing beneath it is allowed."""
     through = {ancestor for place in denied for ancestor in _ancestors(place)}
-    allowed: list[tuple[str, bool]] = []
+    allowed: list[str] = []
     pending = [root]
     while pending:
         try:
@@ -214,7 +211,7 @@ def allowed_around(denied: set[str], root: str = "/") -> list[tuple[str, bool]]:
                 if path in through:
                     pending.append(path)
                 else:
-                    allowed.append((path, entry.is_dir()))
+                    allowed.append(path)
     return allowed
 
 

@@ -42,6 +42,7 @@ EXIT_PROTOCOL = 78
 contained = False  # this process can leave no cgroup (``confine``)
 offered: list[Layer] = []  # the layers of a job's sandbox here, once ``confine`` ran
 hiding: landlock.Hiding | None = None  # what this process's domain hides, listed once: its jobs' hide the same
+confined_to: list[str] = []  # what this process's domain lets it change: a spawned worker's are its job's places
 settings: dict[str, str] = {}  # the supervisor's settings for this process, out of its environment (``take_settings``)
 
 
@@ -157,10 +158,13 @@ def confine(ids: tuple[int, int] | None = None) -> None:
     if capable and libc.capset(ctypes.byref(header), (_CapData * 2)()) != 0:
         raise OSError(ctypes.get_errno(), "capset failed")
     global contained, offered
-    refused = seccomp.refuse_unneeded_calls()  # whether Landlock is there or not
-    held = bool(hiding.enter(_listed(SANDBOX_WRITABLE))) if hiding is not None else landlock.deny_cgroup_writes()
+    unjudged = hiding is not None and hiding.version == 2  # Landlock judges truncate(2) from ABI 3 on
+    refused = seccomp.refuse_unneeded_calls(seccomp.TRUNCATE_BY_PATH if unjudged else None)  # with Landlock or not
+    global confined_to
+    confined_to = _listed(SANDBOX_WRITABLE)
+    held = bool(hiding.enter(confined_to)) if hiding is not None else landlock.deny_cgroup_writes()
     contained = held and "clone3" in refused
-    offered = [Layer.SECCOMP] * (refused == frozenset(seccomp.REFUSED)) + landlock.layers(landlock.abi())
+    offered = [Layer.SECCOMP] * (refused >= frozenset(seccomp.REFUSED)) + landlock.layers(landlock.abi())
 
 
 def set_dumpable(dumpable: bool) -> None:
@@ -192,9 +196,11 @@ def prepare_environment() -> None:
 class Control:
     """The control pipe: one Start, then only EOF or Stop, either of which ends the process at once.
 
-    A thread watches it, so nothing the job does can delay that. A worker forked ahead of demand has
-    nothing to do until its Start, so it reads the Start itself and only then hands the pipe to the
-    thread (started earlier, waiting): no wake-up of another thread on the start's path (~2 ms here).
+    A thread watches it, so nothing the job does can delay that. A cold worker's watches while it imports, until
+    its Start, and ends there; a worker forked ahead of demand reads its Start itself (no wake-up of another thread
+    on the start's path, ~2 ms here). Either way the thread that watches the job is started once the job's sandbox
+    is entered (``watch`` again): Landlock confines the thread that restricts itself and those it starts after,
+    so a thread started before would keep a wider domain, which crew code could borrow.
     """
 
     def __init__(self, fd: int) -> None:
@@ -202,30 +208,34 @@ class Control:
         self._reader = MessageReader()
         self._read_ahead: list[Message] = []  # messages that came in the same read as an earlier one
         self._starts: queue.Queue[Start] = queue.Queue(maxsize=1)
-        self._handed_over = threading.Event()
-        self.thread = threading.Thread(target=self._watch, name="control", daemon=True)
-        self.thread.start()
+        self._started = False
+        self.thread: threading.Thread | None = None
 
     def watch(self) -> None:
-        """The thread reads from now on (a cold worker, before it imports)."""
-        self._handed_over.set()
+        """A thread reads from now on: until the Start (a cold worker, before it imports), or for good (the job's)."""
+        self.thread = threading.Thread(target=self._watch, args=(not self._started,), name="control", daemon=True)
+        self.thread.start()
 
     def start(self) -> Start:
-        """The job's Start, waiting for it; read here if the thread does not read yet."""
-        if not self._handed_over.is_set():
+        """The job's Start: read here, or by the thread watching until it came (which has ended once it is here)."""
+        if self.thread is None:
             self._accept(self._next())
-            self._handed_over.set()
-        return self._starts.get()
+        start = self._starts.get()
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        return start
 
-    def _watch(self) -> None:
-        self._handed_over.wait()
-        while True:
+    def _watch(self, until_start: bool) -> None:
+        while not (until_start and self._started):
             self._accept(self._next())
 
     def _accept(self, message: Message) -> None:
-        if isinstance(message, Stop) or not isinstance(message, Start) or self._starts.full():
-            os._exit(EXIT_STOPPED if isinstance(message, Stop) else EXIT_PROTOCOL)
-        self._starts.put(message)
+        if isinstance(message, Start) and not self._started:
+            self._started = True
+            self._starts.put(message)
+            return
+        os._exit(EXIT_STOPPED if isinstance(message, Stop) else EXIT_PROTOCOL)
 
     def _next(self) -> Message:
         while not self._read_ahead:

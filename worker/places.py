@@ -3,7 +3,7 @@
 - **Paths computed at import.** A few CrewAI modules compute a path from HOME or CREWAI_STORAGE_DIR when they are
   imported (ChromaDB's and Qdrant's default storage, the skills cache): in a forked worker that was the fork
   server's environment, so every crew's knowledge base would land in the fork server's storage, which no job's
-  sandbox lets it change. They are moved to the job's places (``follow_job``).
+  sandbox lets it change. They are computed again in the job (``follow_job``).
 - **Lock files.** CrewAI guards the files a crew shares across processes (its kickoff outputs, its ChromaDB) with
   lock files in the temporary directory (``crewai_core.lock_store``). A job's TMPDIR is its own, removed when it
   ends, so there a lock would hold against no other job of its crew; in the crew's storage it holds against them
@@ -15,42 +15,44 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from hashlib import md5
 from pathlib import Path
 from typing import Any
 
 LOCKS = "locks"  # beneath CREWAI_STORAGE_DIR
-STORAGE = "CREWAI_STORAGE_DIR"
-# (module, attribute, the variable its value was computed from when the module was imported)
-COMPUTED_AT_IMPORT = (
-    ("crewai.rag.chromadb.constants", "DEFAULT_STORAGE_PATH", STORAGE),
-    ("crewai.rag.chromadb.config", "DEFAULT_STORAGE_PATH", STORAGE),
-    ("crewai.rag.qdrant.constants", "DEFAULT_STORAGE_PATH", STORAGE),
-    ("crewai.rag.qdrant.config", "DEFAULT_STORAGE_PATH", STORAGE),
-    ("crewai.skills.cache", "_CACHE_ROOT", "HOME"),
+
+
+def _storage() -> str:
+    from crewai_core.paths import db_storage_path  # CrewAI's own rule: CREWAI_STORAGE_DIR, when absolute
+
+    return db_storage_path()
+
+
+# (module, attribute, its value as the module computes it when imported), each computed again in a job.
+COMPUTED_AT_IMPORT: tuple[tuple[str, str, Callable[[], object]], ...] = (
+    ("crewai.rag.chromadb.constants", "DEFAULT_STORAGE_PATH", _storage),
+    ("crewai.rag.chromadb.config", "DEFAULT_STORAGE_PATH", _storage),
+    ("crewai.rag.qdrant.constants", "DEFAULT_STORAGE_PATH", lambda: os.path.join(_storage(), "qdrant")),
+    ("crewai.rag.qdrant.config", "DEFAULT_STORAGE_PATH", lambda: os.path.join(_storage(), "qdrant")),
+    ("crewai.skills.cache", "_CACHE_ROOT", lambda: Path.home() / ".crewai" / "skills"),
 )
 
 
-def follow_job(launched: Mapping[str, str]) -> None:
-    """CrewAI's places follow the job's environment, which replaced ``launched`` (what the process started with)."""
-    for module_name, attribute, variable in COMPUTED_AT_IMPORT:
-        before, now = launched.get(variable), os.environ.get(variable)
+def follow_job() -> None:
+    """CrewAI's places follow the job's environment (a forked worker's modules were imported with the fork server's,
+    or its warm-up's)."""
+    for module_name, attribute, compute in COMPUTED_AT_IMPORT:
         module = sys.modules.get(module_name)
-        value = getattr(module, attribute, None)
-        if module is None or not before or not now or before == now or value is None:
-            continue
-        path = str(value)
-        if path == before or path.startswith(before + os.sep):
-            moved = now + path[len(before) :]
-            setattr(module, attribute, Path(moved) if isinstance(value, Path) else moved)
+        if module is not None and hasattr(module, attribute):
+            setattr(module, attribute, compute())
     _keep_locks_with_storage()
 
 
 def _keep_locks_with_storage() -> None:
     """CrewAI's locks of this process go to ``$CREWAI_STORAGE_DIR/locks`` (made here, 0700), if it has one."""
-    storage = os.environ.get(STORAGE)
+    storage = os.environ.get("CREWAI_STORAGE_DIR")
     if not storage or os.environ.get("REDIS_URL"):
         return
     from crewai_core import lock_store  # after the environment is the job's: CrewAI reads it when imported

@@ -25,6 +25,7 @@ import ctypes
 import errno
 import os
 import struct
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from worker.landlock import PR_SET_NO_NEW_PRIVS
@@ -95,6 +96,10 @@ REFUSED: dict[str, Refusal] = {
     "ioperm": _deny(173, "raw I/O port access"),
     "lookup_dcookie": _deny(212, "a profiling interface, gone from recent kernels"),
 }
+# Refused only in a job's sandbox on a kernel whose Landlock cannot judge it (ABI 2, Linux 5.19-6.1): truncate(2)
+# changes a file by its path without opening it, which Landlock judges from ABI 3 on (ftruncate needs a descriptor
+# opened for writing, which it judges from the first).
+TRUNCATE_BY_PATH = {"truncate": _deny(76, "shortens a file by its path, unjudged by Landlock before ABI 3")}
 # Not refused, though near: name_to_handle_at (a handle is harmless without open_by_handle_at; systemd and libmount
 # read mount ids with it), personality (programs query it; with no_new_privs a weakened layout reaches no setuid
 # binary), pidfd_open and pidfd_send_signal (kill(2) reaches the same processes).
@@ -116,7 +121,7 @@ def _assemble(body: list[tuple[int, int | None, int | None, int]]) -> bytes:
     return b"".join(program)
 
 
-def x86_64_filter() -> bytes:
+def x86_64_filter(refused: Mapping[str, Refusal] = REFUSED) -> bytes:
     nosys, perm = ERRNO | errno.ENOSYS, ERRNO | errno.EPERM
     return _assemble(
         [
@@ -124,7 +129,7 @@ def x86_64_filter() -> bytes:
             (JUMP_IF_EQUAL, None, nosys, AUDIT_ARCH_X86_64),
             (LOAD, None, None, NR),
             (JUMP_IF_ANY_BIT, nosys, None, X32_BIT),
-            *((JUMP_IF_EQUAL, ERRNO | refusal.error, None, refusal.number) for refusal in REFUSED.values()),
+            *((JUMP_IF_EQUAL, ERRNO | refusal.error, None, refusal.number) for refusal in refused.values()),
             (JUMP_IF_EQUAL, None, ALLOW, CLONE),  # clone: refused if it asks for a namespace
             (LOAD, None, None, FIRST_ARG_LOW),
             (JUMP_IF_ANY_BIT, perm, ALLOW, CLONE_NAMESPACES),
@@ -148,19 +153,20 @@ class _Program(ctypes.Structure):
     _fields_ = [("length", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
 
 
-def refuse_unneeded_calls() -> frozenset[str]:
+def refuse_unneeded_calls(more: Mapping[str, Refusal] | None = None) -> frozenset[str]:
     """Set no_new_privs, then install the filter on this thread: both hold for every child it forks from now on.
-    The names of the calls now refused: all of ``REFUSED`` on x86_64, only clone3 on another machine, none where
-    the kernel has no seccomp filters."""
+    The names of the calls now refused: all of ``REFUSED`` (and ``more``) on x86_64, only clone3 on another machine,
+    none where the kernel has no seccomp filters."""
+    refused = {**REFUSED, **(more or {})}
     if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         code = ctypes.get_errno()
         raise OSError(code, f"prctl(PR_SET_NO_NEW_PRIVS): {errno.errorcode.get(code, code)}")
     native = native_x86_64()
-    instructions = x86_64_filter() if native else clone3_filter()
+    instructions = x86_64_filter(refused) if native else clone3_filter()
     program = _Program(len(instructions) // 8, instructions)
     if _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(program), 0, 0) != 0:
         code = ctypes.get_errno()
         if code == errno.EINVAL:
             return frozenset()
         raise OSError(code, f"prctl(PR_SET_SECCOMP): {errno.errorcode.get(code, code)}")
-    return frozenset(REFUSED) if native else frozenset({"clone3"})
+    return frozenset(refused) if native else frozenset({"clone3"})

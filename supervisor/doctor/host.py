@@ -63,8 +63,8 @@ def sandbox(settings: Settings, offered: list[str]) -> Finding:
         return (problem if held.mode == "enforce" else warning)("sandbox", f"{layers}; {held.shortfall()}", held.fix())
     return ok(
         "sandbox",
-        f"{layers}: a job reads all but the state, the token and the crews' env files, changes only its own"
-        " places, and reaches no other process",
+        f"{layers}: a job reads all but the state, the token, the crews' env files and the training directory,"
+        " changes only its own places, and cannot trace, read or signal a process outside it",
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
+from pathlib import Path
 
 import orjson
 
@@ -50,9 +51,12 @@ def run(flags: Mapping[str, str | None], as_json: bool) -> int:
 def _deployment(flags: Mapping[str, str | None]) -> list[Finding]:
     # Imported only now that the names are known to be ours: these modules load protocol and the rest.
     from supervisor.doctor import files, host, workers
+    from supervisor.jobs.sandbox import check_places
 
     try:
         settings = config.load(flags)
+        if settings.state_file:  # as serve checks them at start
+            check_places(settings, Path(settings.state_file).absolute().parent)
     except config.ConfigError as exc:
         return [problem("settings", str(exc), exc.fix or SETTINGS_FIX), *workers.telemetry()]
     where = settings.state_file or "a temporary directory"

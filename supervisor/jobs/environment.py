@@ -41,7 +41,7 @@ def job_env(
     Each crew gets its own CrewAI storage, so a replay finds that crew's latest kickoff, and its own HOME, so
     crews share no file CrewAI keeps there (its ``secret.key``, caches). ``tmpdir`` is the job's own (in its
     scratch directory; the fork server's is ``tmp`` in the state directory): private, and removed with it. The
-    worker creates HOME and storage, 0700, and keeps CrewAI's lock files in the storage (``worker/locks.py``).
+    worker creates HOME and storage, 0700, and keeps CrewAI's lock files in the storage (``worker/places.py``).
     """
     allowed = (*settings.worker_env, *ALWAYS_PASSED) if settings.worker_env else ()
     env = {
@@ -52,22 +52,24 @@ def job_env(
         and (not allowed or _named(name, allowed))
     }
     env.update(crew_vars or {})
-    place = hashlib.sha256(crew_id.encode()).hexdigest()[:24]
-    env.update(
-        HOME=str(state / "home" / place),
-        CREWAI_STORAGE_DIR=str(state / "storage" / place),
-        TMPDIR=str(tmpdir),
-    )
+    home, storage = crew_places(state, crew_id)
+    env.update(HOME=str(home), CREWAI_STORAGE_DIR=str(storage), TMPDIR=str(tmpdir))
     return env
 
 
-def worker_settings(settings: Settings, state: Path) -> dict[str, str]:
+def crew_places(state: Path, crew_id: str) -> tuple[Path, Path]:
+    """A crew's HOME and CrewAI storage, named by a digest of its id (any id names a directory)."""
+    place = hashlib.sha256(crew_id.encode()).hexdigest()[:24]
+    return state / "home" / place, state / "storage" / place
+
+
+def worker_settings(settings: Settings, state: Path, writable: list[str] | None = None) -> dict[str, str]:
     """The settings the worker process reads from its environment (and then takes out of it): the registry,
-    its niceness, the fork server's warm-up, the workers' uid, the training directory, what its job's sandbox
-    hides."""
+    its niceness, the fork server's warm-up, the workers' uid, the training directory, what its sandbox hides and
+    lets it change: ``writable`` (a job's places, for a worker spawned for it) or else every worker's places."""
     own = {
         SANDBOX_HIDDEN: json.dumps(hidden(settings, state)),
-        SANDBOX_WRITABLE: json.dumps(workers_writable(settings, state)),
+        SANDBOX_WRITABLE: json.dumps(workers_writable(settings, state) if writable is None else writable),
         SETTINGS_PREFIX + "REGISTRY": settings.registry,
         SETTINGS_PREFIX + "WORKER_NICE": str(settings.worker_nice),
         SETTINGS_PREFIX + "WARMUP": settings.warmup,

@@ -9,6 +9,7 @@ there fails at once, certain (it did nothing), while running jobs go on until th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -19,7 +20,7 @@ from typing import Any, TypeVar
 
 from protocol import READ_ONLY_OPERATIONS, Start
 from supervisor.config import Settings
-from supervisor.jobs.environment import CrewEnvError, job_env, read_crew_env, worker_settings
+from supervisor.jobs.environment import CrewEnvError, crew_places, job_env, read_crew_env, worker_settings
 from supervisor.jobs.leftovers import remove_partial
 from supervisor.jobs.live import Budget, LiveJob
 from supervisor.jobs.outcomes import Outcome, failure, interrupted
@@ -167,13 +168,14 @@ class Runner:
             crew_vars = read_crew_env(self.settings.crew_env_dir, job.crew_id)
         except CrewEnvError as exc:
             return failure("crew_env_invalid", str(exc), False)
-        scratch = _make_scratch(self.state / "scratch", self.settings.worker_ids)
+        scratch = _make_places(self.state, job.crew_id, self.settings.worker_ids)
         try:
             env, cwd = job_env(self.settings, self.state, job.crew_id, scratch / "tmp", crew_vars), str(scratch)
             job.secrets = secrets_in(env, [self.settings.token, *crew_vars.values()])  # a crew's: whatever the name
+            writable = self.sandbox.policy(env, cwd, job.operation)
             try:
-                # Maybe forked ahead (env and directory come with Start); a stop asked meanwhile: killed once it exists.
-                worker = await self.launcher.spawn({**env, **worker_settings(self.settings, self.state)}, cwd)
+                # Forked ahead (its places come with Start) or spawned in them; a stop meanwhile: killed once it exists.
+                worker = await self.launcher.spawn({**env, **worker_settings(self.settings, self.state, writable)}, cwd)
             except LaunchError as exc:
                 return failure("launch_failed", str(exc), False)
             job.worker = worker
@@ -183,7 +185,7 @@ class Runner:
             if job.stop is None:  # a stop asked while launching: the worker is killed before it has its job
                 limits = (job.budget.max_tokens, job.budget.max_llm_calls)
                 given = (job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms, env, cwd, *limits)
-                worker.send(Start(*given, self.sandbox.policy(env, cwd, job.operation)))
+                worker.send(Start(*given, writable))
             job.move(Phase.RUNNING)
             breached, found = lambda breach: self.relay.breach(job, breach), self.recorder.record_boundary
             places = Places(scratch, (Path(env["HOME"]), Path(env["CREWAI_STORAGE_DIR"])))
@@ -256,14 +258,20 @@ def _finished(job: LiveJob, event: str, evidence: dict[str, Any]) -> dict[str, A
     }
 
 
-def _make_scratch(scratch: Path, worker_ids: tuple[int, int] | None) -> Path:
-    """A job's scratch directory (its cwd), with its TMPDIR inside: the job's own, removed when it ends. Made 0700
-    by us: with WORKER_USER, the workers' user must own them to write."""
-    made = Path(tempfile.mkdtemp(prefix="job-", dir=scratch))
+def _make_places(state: Path, crew_id: str, worker_ids: tuple[int, int] | None) -> Path:
+    """A job's scratch directory (its cwd, returned), with its TMPDIR inside: the job's own, removed when it ends;
+    and its crew's HOME and CrewAI storage, kept. 0700, made by us: with WORKER_USER, the workers' user must own
+    them to write. They exist before the worker starts: a sandbox grants rights only to what exists."""
+    made = Path(tempfile.mkdtemp(prefix="job-", dir=state / "scratch"))
     try:
         (made / "tmp").mkdir(mode=0o700)
+        fresh = [made, made / "tmp"]
+        for place in crew_places(state, crew_id):
+            with contextlib.suppress(FileExistsError):
+                place.mkdir(mode=0o700)
+                fresh.append(place)
         if worker_ids is not None:
-            for place in (made, made / "tmp"):
+            for place in fresh:
                 os.chown(place, *worker_ids)
     except OSError:
         shutil.rmtree(made, ignore_errors=True)

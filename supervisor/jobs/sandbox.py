@@ -4,51 +4,67 @@ and again, narrower, once it has its job.
 A job reads everything but what is hidden: the state directory (the journal, every job's record; the other
 crews' HOME and storage; the other jobs' scratch directories), the bearer token's file, the crews' env files
 and, unless it trains, the training directory. It writes only its own places: its scratch directory (its cwd,
-with its TMPDIR inside), its crew's HOME and CrewAI storage, and the training directory when it trains. The
-same domain keeps every process outside the job out of its reach (no trace, no ``/proc/<pid>/mem``, no signal).
+with its TMPDIR inside), its crew's HOME and CrewAI storage, ``WORKER_WRITABLE``, and the training directory when
+it trains. The same domain keeps every process outside the job out of its reach (no trace, no ``/proc/<pid>/mem``,
+and from Landlock ABI 6 no signal, no abstract socket). Paths are resolved: Landlock judges where a link leads.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from protocol import Layer
+from protocol import LANDLOCK_ABI, Layer
 from supervisor.config import PREFIX, ConfigError, Settings
 from supervisor.journal.statefiles import WORKER_PLACES
 
 log = logging.getLogger("crew_supervisor")
 
-LANDLOCK_ABI = {Layer.FILESYSTEM: 2, Layer.PROCESSES: 2, Layer.SIGNALS: 6, Layer.SOCKETS: 6}
-
 
 def hidden(settings: Settings, state: Path) -> list[str]:
-    """What no worker process may read (nor change): none when jobs run unsandboxed. A job that trains is given the
-    training directory back as one of its places (``Sandbox.policy``)."""
+    """What no worker process may read (nor change): none when jobs run unsandboxed. The workers' domain, and a job
+    that trains, get the training directory back as a place they may change."""
     if settings.worker_sandbox == "off":
         return []
-    places = (state, settings.bearer_token_file, settings.crew_env_dir, settings.training_dir)
-    return [str(Path(place).absolute()) for place in places if place]
+    return _resolved(state, settings.bearer_token_file, settings.crew_env_dir, settings.training_dir)
 
 
 def workers_writable(settings: Settings, state: Path) -> list[str]:
     """What the workers' domain lets a worker process change (each job then only its own, ``Sandbox.policy``): the
     workers' places in the state directory, the training directory, ``WORKER_WRITABLE``."""
-    places = [str(state / name) for name in WORKER_PLACES]
-    if settings.training_dir:
-        places.append(str(Path(settings.training_dir).absolute()))
-    return places + list(settings.worker_writable)
+    return _resolved(*(state / name for name in WORKER_PLACES), settings.training_dir, *settings.worker_writable)
+
+
+def check_places(settings: Settings, state: Path) -> None:
+    """Refuse a place every job may change that holds, or lies beneath, what every job must not read, and a training
+    directory that holds any of those (the workers' domain may change it). Raises ConfigError."""
+    if settings.worker_sandbox == "off":
+        return
+    secrets = _resolved(state, settings.bearer_token_file, settings.crew_env_dir)
+    shared = [(place, True) for place in settings.worker_writable]
+    for place, beneath_too in [*shared, *([(settings.training_dir, False)] if settings.training_dir else [])]:
+        real = os.path.realpath(place)
+        for secret in secrets:
+            if os.path.commonpath([real, secret]) in ((real, secret) if beneath_too else (real,)):
+                name = "WORKER_WRITABLE" if beneath_too else "TRAINING_DIR"
+                raise ConfigError(
+                    f"{PREFIX}{name}: {place} would let every job change or read {secret}",
+                    f"name a directory apart from the state directory, the token's file and {PREFIX}CREW_ENV_DIR",
+                )
 
 
 class Sandbox:
+    """A job's sandbox here: the mode asked, the layers the workers' kernel gives (``offered``, their
+    ``Registry.sandbox``), and the places each job may change."""
+
     def __init__(self, settings: Settings, offered: list[str]) -> None:
-        """``offered``: the layers the workers say their kernel has (``Registry.sandbox``)."""
         self.mode = settings.worker_sandbox
         self.layers = [layer for layer in Layer if layer in offered and (self.mode != "off" or layer is Layer.SECCOMP)]
         self.missing = [layer for layer in Layer if layer not in offered]
-        self._training = str(Path(settings.training_dir).absolute()) if settings.training_dir else ""
-        self._shared = list(settings.worker_writable)
+        self._shared = _resolved(*settings.worker_writable)
+        self._training = _resolved(settings.training_dir)
 
     def check(self) -> None:
         """Refuse to serve without every layer when enforced; else say, once, what a job gets."""
@@ -65,8 +81,8 @@ class Sandbox:
         """The places a job may change, its Start's ``writable`` (None: no sandbox)."""
         if self.mode == "off":
             return None
-        training = [self._training] if self._training and operation == "train" else []
-        return [cwd, env["HOME"], env["CREWAI_STORAGE_DIR"], *self._shared, *training]
+        training = self._training if operation == "train" else []
+        return [*_resolved(cwd, env["HOME"], env["CREWAI_STORAGE_DIR"]), *self._shared, *training]
 
     def health(self) -> dict[str, object]:
         return {"mode": self.mode, "layers": list(self.layers), "missing": list(self.missing)}
@@ -82,3 +98,7 @@ class Sandbox:
             "a kernel with Landlock ABI 6 (Linux 6.12) in its lsm= list, on x86_64;"
             f" or {PREFIX}WORKER_SANDBOX=auto to serve with what it has"
         )
+
+
+def _resolved(*places: str | Path) -> list[str]:
+    return [os.path.realpath(place) for place in places if place]

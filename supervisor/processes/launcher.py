@@ -76,7 +76,9 @@ class SpawnLauncher:
 
     def __init__(self, reaper: Reaper, argv: list[str] | None = None) -> None:
         self.reaper = reaper
-        self.argv = argv or [sys.executable, "-m", "worker"]
+        # -s: no user site-packages. A worker's HOME is its crew's, which its jobs may write: a .pth file planted in
+        # ~/.local/lib/pythonX.Y/site-packages would run in the crew's next cold worker before it gives up anything.
+        self.argv = argv or [sys.executable, "-s", "-m", "worker"]
 
     async def describe(self, env: Mapping[str, str], cwd: str) -> Registry:
         """Asked of a worker, so the supervisor never imports crewai."""

@@ -84,7 +84,8 @@ def check(settings: Settings, env: Mapping[str, str], executable: str = sys.exec
 
 def _probe(ids: tuple[int, int], env: Mapping[str, str], executable: str, module: str) -> str | None:
     """Run the probe; what went wrong, or None."""
-    command = [executable, "-B", "-c", PROBE, module, *map(str, ids)]  # -B: it writes no bytecode as that user
+    # -B: it writes no bytecode as that user; -s: no user site-packages, as a worker (SpawnLauncher).
+    command = [executable, "-B", "-s", "-c", PROBE, module, *map(str, ids)]
     try:
         done = subprocess.run(
             command,

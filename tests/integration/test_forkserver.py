@@ -86,13 +86,29 @@ def test_jobs_take_workers_forked_ahead_of_demand_each_once_and_the_pool_refills
                 own = hashlib.sha256(b"placer").hexdigest()[:24]  # the crew's own places, not the fork server's
                 assert f"HOME={server.state}/home/{own} " in place
                 assert f"CREWAI_STORAGE_DIR={server.state}/storage/{own} " in place
-                assert f"tempdir={server.state}/tmp\n" in place  # every worker's: CrewAI's locks hold across crews
+                assert f"chroma={server.state}/storage/{own}" in place  # not the fork server's: each crew's own
+                cwd = place.split("cwd=", 1)[1].split()[0]
+                assert f"tempdir={cwd}/tmp " in place  # the job's own (CrewAI's locks are in the crew's storage)
                 assert wait_until(lambda: client.get("/health").json()["forkserver"]["idle_workers"] == 2, timeout=30)
             assert len(set(used)) == len(used)  # every job had a process of its own
             assert all(gone(pid) for pid in used)
             assert not {p.pid for p in idle_workers(server)} & set(used)  # none went back to the pool
     finally:
         server.stop()
+
+
+def test_a_worker_forked_on_demand_keeps_its_crews_knowledge_in_its_crews_storage(tmp_path: Path) -> None:
+    """Forked for a job already waiting (no idle worker), a worker comes with the job's environment: what CrewAI
+    computed from the fork server's when imported (ChromaDB's storage) still follows the job's places."""
+    server = start_server(tmp_path / "state", env={"AIP_CREWAI_LAUNCHER": "forkserver", "AIP_CREWAI_PREFORK": "0"})
+    try:
+        with server.client() as client:
+            assert client.post("/jobs", json=start_body("placer", "on-demand"), headers=KEY).status_code == 200
+            place = client.get("/jobs/on-demand/output").json()["stdout"]["text"]
+    finally:
+        server.stop()
+    own = hashlib.sha256(b"placer").hexdigest()[:24]
+    assert f"chroma={server.state}/storage/{own}" in place, place
 
 
 def pids_cgroup(pid: int) -> Path | None:

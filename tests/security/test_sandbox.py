@@ -81,7 +81,9 @@ def test_a_job_reaches_nothing_outside_its_own(tmp_path: Path, launcher: str) ->
             reads += [str(training / "trained.pkl"), *(str(place / "secret.txt") for place in theirs.values())]
             changes = [str(place) for place in theirs.values()] + [str(state / "journal.db"), str(token_file)]
             changes += [str(ROOT / "worker" / "__init__.py"), "/etc/hostname", str(envs / "crew-a.env")]
+            truncates = [str(state / "journal.db"), str(token_file), str(envs / "crew-a.env"), "/etc/hostname"]
             reach = {"reads": reads, "changes": changes, "processes": processes, "abstract": abstract}
+            reach |= {"truncates": truncates, "control_thread": True}
             body = start_body("crew-a", "attacker", input={"reach": reach})
             answer = client.post("/jobs", json=body, headers={"Idempotency-Key": "attacker"}, timeout=60)
             assert answer.status_code == 200, answer.text
@@ -97,6 +99,8 @@ def test_a_job_reaches_nothing_outside_its_own(tmp_path: Path, launcher: str) ->
     assert health == {"mode": "auto", "layers": [str(layer) for layer in _offered()], "missing": _missing()}
     assert {path: found["reads"][path] for path in reads} == dict.fromkeys(reads, "EACCES")
     assert {path: found["changes"][path] for path in changes} == dict.fromkeys(changes, "EACCES")
+    assert set(found["truncates"].values()) <= DENIED and found["truncates"].keys() == set(truncates), found
+    assert found["control_thread"] == "EACCES"  # the thread watching the control pipe is in the job's domain too
     signals = "EPERM" if Layer.SIGNALS in _offered() else "ok"
     for name, attempts in found["processes"].items():
         assert attempts == {
@@ -109,6 +113,30 @@ def test_a_job_reaches_nothing_outside_its_own(tmp_path: Path, launcher: str) ->
     assert found["abstract"] == ("EPERM" if Layer.SOCKETS in _offered() else "ok")
     assert set(found["own"].values()) == {"ok"} and set(found["own_reads"].values()) == {"ok"}, found
     assert gone_for_good(victim)
+
+
+def test_a_crew_cannot_plant_code_its_next_worker_would_run_before_its_sandbox(tmp_path: Path) -> None:
+    """A job may change its crew's HOME: a .pth file in its user site-packages would run at the start of the crew's
+    next cold worker, before that worker drops anything (root, every capability). Workers run without the user
+    site (``python -s``), so it never runs."""
+    evidence = tmp_path / "evidence"
+    evidence.mkdir()
+    ran = evidence / "planted-code-ran"
+    server = start_server(tmp_path / "state", registry=REGISTRY, env={"AIP_CREWAI_LAUNCHER": "spawn"})
+    try:
+        with server.client() as client:
+            text = f"import pathlib; pathlib.Path({str(ran)!r}).touch()\n"
+            body = start_body("crew-a", "plant", input={"plant": text})
+            answer = client.post("/jobs", json=body, headers={"Idempotency-Key": "plant"}, timeout=120)
+            assert answer.status_code == 200, answer.text
+            planted = Path(json.loads(answer.json()["raw"])["planted"])
+            body = start_body("crew-a", "next", input={"environ": True})
+            answer = client.post("/jobs", json=body, headers={"Idempotency-Key": "next"}, timeout=120)
+            assert answer.status_code == 200, answer.text
+    finally:
+        server.stop()
+    assert planted.is_file() and planted.is_relative_to(_place(tmp_path / "state", "home", "crew-a"))
+    assert not ran.exists()
 
 
 def test_off_runs_jobs_unsandboxed(tmp_path: Path) -> None:

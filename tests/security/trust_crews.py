@@ -15,12 +15,15 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import site
+import threading
 from typing import Any
 
 from crewai import Agent, Crew, Task
 from crewai.crews.crew_output import CrewOutput
 from crewai.types.usage_metrics import UsageMetrics
 
+from protocol import CONTROL_FD, Message, MessageReader
 from tests.helpers.attacks import (
     attach,
     attacks,
@@ -131,9 +134,51 @@ def reach(given: dict[str, Any]) -> dict[str, Any]:
             for name, pid in given["processes"].items()
         },
         "abstract": outcome(lambda: connect_abstract(given["abstract"])),
+        "truncates": {path: outcome(lambda path=path: _truncate_to_size(path)) for path in given.get("truncates", [])},
+        "control_thread": _read_on_control_thread(given["reads"][0]) if given.get("control_thread") else "",
         "own": {name: outcome(lambda path=path: _change(path)) for name, path in own.items()},
         "own_reads": {name: outcome(lambda path=path: _read(path)) for name, path in own.items()},
     }
+
+
+def _truncate_to_size(path: str) -> None:
+    """truncate(2) by path, to the size it has: harmless should it pass (Landlock judges it from ABI 3; seccomp
+    refuses it in a sandbox on ABI 2)."""
+    os.truncate(path, os.stat(path).st_size)
+
+
+def _read_on_control_thread(path: str) -> str:
+    """Crew code borrowing the thread that watches the worker's control pipe: it replaces what that thread calls
+    with the bytes it reads, then reopens the pipe (fd 3) for writing and writes a byte. The thread must be in the
+    job's domain too (Landlock confines threads one by one)."""
+    found: dict[str, str] = {}
+    read = threading.Event()
+    original = MessageReader.feed
+
+    def borrowed(reader: MessageReader, data: bytes) -> list[Message]:
+        found["read"] = outcome(lambda: _read(path))
+        read.set()
+        return []
+
+    MessageReader.feed = borrowed  # type: ignore[method-assign]
+    try:
+        with open(f"/proc/self/fd/{CONTROL_FD}", "wb", buffering=0) as pipe:
+            pipe.write(b"x")
+        read.wait(30)
+    finally:
+        MessageReader.feed = original  # type: ignore[method-assign]
+    return found.get("read", "no control thread")
+
+
+def plant(text: str) -> str:
+    """A .pth file in this crew's user site-packages (beneath its HOME, which its jobs may change): Python would run
+    it when the crew's next worker starts, were that worker's user site on. Where it was planted."""
+    directory = site.getusersitepackages()
+    os.makedirs(directory, exist_ok=True)
+    planted = os.path.join(directory, "planted.pth")
+    with open(planted, "w") as file:
+        file.write(text)
+    return planted
 
 
 def environment() -> dict[str, Any]:
@@ -155,6 +200,8 @@ class ProbeCrew(Crew):
             findings = {"attacks": attacks(int(given["attack"])), "filter": _filter_status()}
         elif "reach" in given:  # a job's sandbox (``tests/security/test_sandbox.py``)
             findings = reach(given["reach"])
+        elif "plant" in given:  # a file Python would run at a cold worker's start (``test_sandbox.py``)
+            findings = {"planted": plant(given["plant"])}
         elif given.get("environ"):  # what a job's code sees of the environment (``tests/security/test_crew_env.py``)
             findings = environment()
         else:

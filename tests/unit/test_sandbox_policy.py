@@ -9,7 +9,7 @@ import pytest
 
 from protocol import Layer
 from supervisor.config import ConfigError, Settings, load
-from supervisor.jobs.sandbox import Sandbox, hidden
+from supervisor.jobs.sandbox import Sandbox, check_places, hidden
 
 EVERY = [str(layer) for layer in Layer]
 OLD_KERNEL = [Layer.SECCOMP, Layer.FILESYSTEM, Layer.PROCESSES]  # Landlock ABI 2 to 5
@@ -66,3 +66,23 @@ def test_auto_serves_with_what_the_kernel_has_and_says_what_is_missing(
         " abstract sockets (Landlock ABI 6)"
     ]
     assert sandbox.health() == {"mode": "auto", "layers": OLD_KERNEL, "missing": ["signals", "abstract sockets"]}
+
+
+@pytest.mark.parametrize("writable", ["/state", "/state/out", "/"])
+def test_a_writable_directory_holding_or_beneath_the_state_is_refused(tmp_path: Path, writable: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        check_places(_settings(tmp_path, WORKER_WRITABLE=writable), Path("/state"))
+    assert str(refused.value) == f"AIP_CREWAI_WORKER_WRITABLE: {writable} would let every job change or read /state"
+
+
+def test_a_training_directory_holding_the_state_is_refused(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    with pytest.raises(ConfigError) as refused:
+        check_places(_settings(tmp_path, TRAINING_DIR=str(tmp_path)), state)
+    assert str(refused.value).startswith(f"AIP_CREWAI_TRAINING_DIR: {tmp_path} would let every job change or read")
+    check_places(_settings(tmp_path, TRAINING_DIR=str(tmp_path / "training")), state)  # apart: fine
+
+
+def test_every_job_may_change_the_shared_directories_too(tmp_path: Path) -> None:
+    sandbox = Sandbox(_settings(tmp_path, WORKER_WRITABLE="/srv/out, /srv/cache"), EVERY)
+    assert sandbox.policy(ENV, "/j", "run") == ["/j", ENV["HOME"], ENV["CREWAI_STORAGE_DIR"], "/srv/out", "/srv/cache"]

@@ -38,14 +38,17 @@ def workers_writable(settings: Settings, state: Path) -> list[str]:
 
 
 def check_places(settings: Settings, state: Path) -> None:
-    """Refuse a place every job may change that holds, or lies beneath, what every job must not read, and a training
-    directory that holds any of those (the workers' domain may change it). Raises ConfigError."""
+    """Refuse a place every job may change that is no directory, or holds or lies beneath what every job must not
+    read, and a training directory that holds any of those (the workers' domain may change it). Raises
+    ConfigError."""
     if settings.worker_sandbox == "off":
         return
     secrets = _resolved(state, settings.bearer_token_file, settings.crew_env_dir)
     shared = [(place, True) for place in settings.worker_writable]
     for place, beneath_too in [*shared, *([(settings.training_dir, False)] if settings.training_dir else [])]:
         real = os.path.realpath(place)
+        if beneath_too and not os.path.isdir(real):  # a sandbox grants rights only to what exists
+            raise ConfigError(f"{PREFIX}WORKER_WRITABLE: {place} is not a directory", f"mkdir {place}, or leave it out")
         for secret in secrets:
             if os.path.commonpath([real, secret]) in ((real, secret) if beneath_too else (real,)):
                 name = "WORKER_WRITABLE" if beneath_too else "TRAINING_DIR"

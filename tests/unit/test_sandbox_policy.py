@@ -68,11 +68,20 @@ def test_auto_serves_with_what_the_kernel_has_and_says_what_is_missing(
     assert sandbox.health() == {"mode": "auto", "layers": OLD_KERNEL, "missing": ["signals", "abstract sockets"]}
 
 
-@pytest.mark.parametrize("writable", ["/state", "/state/out", "/"])
+@pytest.mark.parametrize("writable", ["state", "state/out", ""])
 def test_a_writable_directory_holding_or_beneath_the_state_is_refused(tmp_path: Path, writable: str) -> None:
+    state = tmp_path / "state"
+    (state / "out").mkdir(parents=True)
+    place = str(tmp_path / writable)
     with pytest.raises(ConfigError) as refused:
-        check_places(_settings(tmp_path, WORKER_WRITABLE=writable), Path("/state"))
-    assert str(refused.value) == f"AIP_CREWAI_WORKER_WRITABLE: {writable} would let every job change or read /state"
+        check_places(_settings(tmp_path, WORKER_WRITABLE=place), state)
+    assert str(refused.value) == f"AIP_CREWAI_WORKER_WRITABLE: {place} would let every job change or read {state}"
+
+
+def test_a_writable_directory_that_does_not_exist_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as refused:
+        check_places(_settings(tmp_path, WORKER_WRITABLE=str(tmp_path / "out")), tmp_path / "state")
+    assert str(refused.value) == f"AIP_CREWAI_WORKER_WRITABLE: {tmp_path / 'out'} is not a directory"
 
 
 def test_a_training_directory_holding_the_state_is_refused(tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
 """What the supervisor narrows about itself at start, before it opens its state or starts any child.
 
-Crews are trusted code running as our uid (docs/security.md); these steps take away what costs nothing
-to take away: reading our memory and environment through /proc or ptrace, the token in our environment,
-descriptors our launcher leaked to us, and a descriptor limit far below what the kernel allows.
+Crews run as our uid unless WORKER_USER is set, and on a kernel without Landlock nothing else stands between
+them and us (docs/security.md); these steps take away what costs nothing to take away: reading our memory and
+environment through /proc or ptrace, the token in our environment, descriptors our launcher leaked to us, and a
+descriptor limit far below what the kernel allows.
 """
 
 from __future__ import annotations

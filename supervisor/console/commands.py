@@ -168,11 +168,19 @@ def _add_actions(command: Callable[..., argparse.ArgumentParser]) -> None:
     run_parser.add_argument("--idempotency-key", help="default: a new random key")
 
 
+def _console() -> Console:
+    """Rich's, on stdout. Piped (to a file, grep, a test), a line is never wrapped: rich would break it at 80
+    columns, in the middle of an id or a proof a script reads whole."""
+    out = Console(highlight=False)
+    out.soft_wrap = not out.is_terminal
+    return out
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Every failure ends as one line on stderr and a non-zero code: an operator never sees a traceback."""
     try:
         with Client(resolve_target(args.url, args.token, args.token_file)) as client:
-            return int(args.handler(client, args, Console(highlight=False)))
+            return int(args.handler(client, args, _console()))
     except OperatorError as exc:
         print(f"crew-supervisor: {visible(exc)}", file=sys.stderr)  # it may quote the server
         return EXIT_ERROR

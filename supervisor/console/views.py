@@ -147,7 +147,9 @@ def stop_proof(data: dict[str, Any]) -> str:
     """A stop's evidence in words; a job stopped before it had a worker has none to show."""
     if data.get("pid") is None:
         return "stopped before it had a worker"
-    return f"stop confirmed: {data.get('stop_confirmed')}, pid {data.get('pid')}, {data.get('signal')}"
+    killed = data.get("descendants_killed")
+    also = f", {killed} descendant{'' if killed == 1 else 's'} killed" if isinstance(killed, int) else ""
+    return f"stop confirmed: {data.get('stop_confirmed')}, pid {data.get('pid')}, {data.get('signal')}{also}"
 
 
 def cancel_line(job: dict[str, Any]) -> Text:

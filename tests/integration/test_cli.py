@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import selectors
 import signal
 import socket
@@ -101,6 +102,7 @@ def test_follow_top_and_cancel(server: Server, tmp_path: Path) -> None:
         cancelled = cli(server, "cancel", "cli-slow", "--reason", "operator said so")
         assert cancelled.returncode == 0, cancelled.stderr
         assert "cancelled" in cancelled.stdout and "stop confirmed: True" in cancelled.stdout
+        assert re.search(r", \d+ descendants? killed\)", cancelled.stdout), cancelled.stdout
         assert gone(pid)
         # Both followers end at the terminal event with the cancelled exit code.
         assert follower.wait(30) == EXIT_CANCELLED and started.wait(30) == EXIT_CANCELLED

@@ -190,7 +190,8 @@ def test_your_crews_runs_and_cancels_from_the_cli(tmp_path: Path) -> None:
     started = json_values(calls)[-1]
     assert started["event"] == "started" and isinstance(started["data"], dict)
     pid = started["data"]["pid"]
-    assert re.search(rf"^long cancelled \(stop confirmed: True, pid {pid}, SIGKILL\)$", calls, re.M), calls
+    proof = rf"stop confirmed: True, pid {pid}, SIGKILL, 0 descendants killed"
+    assert re.search(rf"^long cancelled \({proof}\)$", calls, re.M), calls
     assert gone(pid)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from supervisor.config import Settings
+from supervisor.config import PREFIX, Settings
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.outcomes import Outcome
 from supervisor.journal.records import StoredEvent, Streams
@@ -36,11 +36,13 @@ class Recorder:
         """Append a non-terminal event, or say which bound it breaks (the last slot is the terminal's) or
         that its group could not be committed."""
         if job.event_count + 1 >= self.settings.max_events_per_run:
-            return "event_limit_exceeded", f"more than {self.settings.max_events_per_run - 1} events"
+            limit = self.settings.max_events_per_run
+            return "event_limit_exceeded", f"more than {limit - 1} events: {PREFIX}MAX_EVENTS_PER_RUN is {limit}"
         # As the reference measures it: the event's data, compact JSON.
         encoded = orjson.dumps(data)
         if len(encoded) > self.settings.max_event_bytes:
-            return "event_too_large", f"an event of {len(encoded)} bytes exceeds {self.settings.max_event_bytes}"
+            bound = self.settings.max_event_bytes
+            return "event_too_large", f"an event of {len(encoded)} bytes exceeds {PREFIX}MAX_EVENT_BYTES ({bound})"
         started = name == "started"  # committed at once, not awaited: start latency is what clients feel first
         group = self.journal.append(job.action_id, name, data, encoded, commit=started)
         job.event_count += 1

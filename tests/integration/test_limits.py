@@ -58,11 +58,13 @@ def test_event_count_and_event_size_limits_fail_the_job_and_keep_the_terminal(tm
             assert len(events) == 5 and [e["sequence"] for e in events] == [0, 1, 2, 3, 4]
             terminal = events[-1]["data"]
             assert events[-1]["event"] == "failed" and terminal["reason"] == "event_limit_exceeded"
+            assert terminal["message"] == "more than 4 events: AIP_CREWAI_MAX_EVENTS_PER_RUN is 5"  # names the setting
             assert terminal["error_type"] == "RegistryError"  # what the reference reports for it
             assert terminal["stop_confirmed"] is True and gone(terminal["pid"])
 
             big = client.post("/jobs", json=start_body("big-chunk", "big"), headers=KEY)
             assert big.status_code == 502 and big.json()["terminal"]["reason"] == "event_too_large"
+            assert "exceeds AIP_CREWAI_MAX_EVENT_BYTES (2048)" in big.json()["terminal"]["message"]
     finally:
         server.stop()
 

@@ -11,6 +11,7 @@ import errno
 import os
 import sys
 import threading
+import traceback
 from typing import Any, NoReturn
 
 from protocol import READ_ONLY_OPERATIONS, Built, Completed, Failed, Hello, Registry, Start, Started
@@ -124,6 +125,7 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
         return
     except Exception as exc:  # a broken factory is the registry's fault, reported by class
         message = f"the crew factory raised {type(exc).__name__}"
+        _for_the_operator(exc)
         out.send(failed(type(exc).__name__, "crew_factory_failed", message, False))
         return
     spending.report(out.send, start.max_tokens, start.max_llm_calls)
@@ -138,6 +140,7 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
     except OperationError as exc:  # our own words (or CrewAI's configuration text), refused before any work
         out.send(failed(type(exc).__name__, "operation_refused", str(exc), False))
     except Exception as exc:
+        _for_the_operator(exc)
         out.send(failed(type(exc).__name__, "operation_failed", "CrewAI operation failed", effects))
     else:
         out.send(Completed(output=output))
@@ -146,6 +149,15 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
 def domain_ahead() -> landlock.Ruleset | None:
     """The domain of the job to come, made ahead up to its places; None when jobs run unsandboxed."""
     return lifecycle.hiding.ruleset() if lifecycle.hiding is not None else None
+
+
+def _for_the_operator(exc: BaseException) -> None:
+    """A crew's exception, whole, on the worker's stderr: the contract's event keeps the reference's generic words,
+    and the operator reads this in the job's output (``crew-supervisor show``, ``/jobs/{id}/output``, the
+    console), with the secrets the supervisor knows redacted, as every tail is. Written before the terminal frame,
+    so it is in the tail when the job ends."""
+    traceback.print_exception(exc, file=sys.stderr)
+    sys.stderr.flush()
 
 
 def enter(start: Start, launched: dict[str, str], domain: landlock.Ruleset | None = None) -> None:

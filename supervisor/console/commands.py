@@ -221,7 +221,18 @@ def list_jobs(client: Client, args: argparse.Namespace, out: Console) -> int:
 
 
 def show(client: Client, args: argparse.Namespace, out: Console) -> int:
-    return answer(client.get(job_path(args.action_id)), args, out, views.job_panel)
+    """The job; for a failed one, also the end of its stderr, where its worker wrote the crew's exception whole (the
+    event keeps the reference's generic words)."""
+    job = client.get(job_path(args.action_id))
+    code = answer(job, args, out, views.job_panel)
+    if not args.json and job["status"] == "failed":
+        try:
+            stderr = client.get(job_path(args.action_id, "output"))["stderr"]["text"]
+        except OperatorError:  # no output kept for it (an imported reference journal's job)
+            stderr = ""
+        if stderr.strip():
+            out.print(views.stderr_end(stderr), soft_wrap=True)
+    return code
 
 
 def events_of(client: Client, args: argparse.Namespace, out: Console) -> int:
@@ -302,9 +313,6 @@ def run(client: Client, args: argparse.Namespace, out: Console) -> int:
     return code
 
 
-TAIL_LINES = 10  # of a failed job's stderr, shown by ``run``
-
-
 def conclude(client: Client, action_id: str, code: int, out: Console) -> None:
     """After the terminal line: the answer of a completed job, the end of a failed one's stderr (where a
     crew's own error says what went wrong: a missing key, a refused call)."""
@@ -314,12 +322,8 @@ def conclude(client: Client, action_id: str, code: int, out: Console) -> None:
             answer = views.answer_text(client.get(path)["output"] or {})
             # An answer is copied whole: never broken at the terminal's width.
             out.print(Text("answer: ", "bold"), Text(visible(answer, layout=True)), soft_wrap=True)
-        elif code == EXIT_FAILED:
-            lines = client.get(path + "/output")["stderr"]["text"].rstrip().splitlines()[-TAIL_LINES:]
-            if lines:
-                out.print(Text(f"the last {len(lines)} line(s) of its stderr:", "bold"))
-                for line in lines:
-                    out.print(Text(visible(line, layout=True)), soft_wrap=True)  # as the crew wrote it
+        elif code == EXIT_FAILED and (stderr := client.get(path + "/output")["stderr"]["text"]).strip():
+            out.print(views.stderr_end(stderr), soft_wrap=True)  # as the crew wrote it
     except OperatorError as exc:  # the job's outcome stands, and its exit code with it
         print(f"crew-supervisor: the job ended, but its details could not be read: {visible(exc)}", file=sys.stderr)
 

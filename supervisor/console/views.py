@@ -152,6 +152,21 @@ def stop_proof(data: dict[str, Any]) -> str:
     return f"stop confirmed: {data.get('stop_confirmed')}, pid {data.get('pid')}, {data.get('signal')}{also}"
 
 
+STDERR_LINES = 10  # of a failed job's stderr that ``run`` and ``show`` print, or from its last traceback if longer
+TRACEBACK_LINES = 300  # how long that may be (CrewAI's calls are deep: a crew's exception took 60 lines here)
+
+
+def stderr_end(text: str) -> Text:
+    """The end of a failed job's stderr: where the crew's own error says why (a missing key, a refused call), and
+    where its worker wrote the crew's exception whole."""
+    lines = text.rstrip("\n").split("\n")
+    starts = [at for at, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
+    first = len(lines) - STDERR_LINES
+    if starts and len(lines) - starts[-1] <= TRACEBACK_LINES:
+        first = min(first, starts[-1])
+    return Text.assemble(("its stderr ends with:\n", "bold"), visible("\n".join(lines[max(first, 0) :]), layout=True))
+
+
 def cancel_line(job: dict[str, Any]) -> Text:
     terminal = job.get("terminal") or {}
     if job["status"] != "cancelled":

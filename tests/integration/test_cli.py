@@ -71,6 +71,17 @@ def test_run_then_jobs_show_and_events(server: Server, tmp_path: Path) -> None:
     assert replayed.returncode == 0 and json_lines(replayed.stdout) == events
 
 
+def test_show_of_a_failed_job_ends_with_the_crews_exception(server: Server) -> None:
+    """The event keeps the reference's generic words; ``show`` adds the end of the worker's stderr, where the crew's
+    exception is whole, traceback and message."""
+    with server.client() as client:
+        client.post("/jobs", json={"crew_id": "boom", "action_id": "cli-boom"}, headers={"Idempotency-Key": "boom"})
+    shown = cli(server, "show", "cli-boom")
+    assert shown.returncode == 0 and "CrewAI operation failed" in shown.stdout, shown.stderr
+    assert "its stderr ends with:" in shown.stdout and "Traceback (most recent call last):" in shown.stdout
+    assert "RuntimeError: provider said: secret-token-123" in shown.stdout
+
+
 def test_follow_top_and_cancel(server: Server, tmp_path: Path) -> None:
     (tmp_path / "slow.json").write_text('{"seconds": 60}')
     started = subprocess.Popen(
@@ -221,7 +232,7 @@ def test_run_prints_the_answer_or_the_end_of_a_failure_s_stderr(server: Server) 
     assert failed.returncode == 3, failed.stderr
     assert "failed after" in failed.stdout and "RuntimeError" in failed.stdout
     # The cause is the crew's own words, in its stderr, which the terminal event does not carry.
-    assert "line(s) of its stderr:" in failed.stdout and "provider said:" in failed.stdout
+    assert "its stderr ends with:" in failed.stdout and "provider said:" in failed.stdout
 
 
 def test_output_prints_what_the_worker_wrote(server: Server) -> None:

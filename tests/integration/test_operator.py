@@ -145,3 +145,17 @@ def test_the_console_is_not_served_unless_turned_on(server: Server) -> None:
         assert client.get("/console/").status_code == 404
     with server.client(token="wrong") as client:
         assert client.get("/console/").status_code == 401
+
+
+def test_a_crews_exception_is_kept_whole_for_the_operator_and_generic_in_the_contract(server: Server) -> None:
+    """The event says what the reference says; the job's stderr (its output route, ``show``, the console) holds
+    the exception the crew raised, with its traceback, for the operator."""
+    with server.client() as client:
+        for crew, said, raised in (
+            ("boom", "CrewAI operation failed", "RuntimeError: provider said: secret-token-123"),
+            ("broken-factory", "the crew factory raised ValueError", "ValueError: factory cannot build this crew"),
+        ):
+            answer = client.post("/jobs", json=start_body(crew, f"why-{crew}"), headers={"Idempotency-Key": crew})
+            assert answer.status_code == 502 and answer.json()["terminal"]["message"] == said, answer.text
+            stderr = client.get(f"/jobs/why-{crew}/output").json()["stderr"]["text"]
+            assert "Traceback (most recent call last):" in stderr and raised in stderr, stderr

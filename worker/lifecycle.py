@@ -125,7 +125,7 @@ def confine(ids: tuple[int, int] | None = None) -> None:
       groups, then that gid, then that uid (real, effective and saved, so none can be taken back). The
       bounding set is emptied first, while CAP_SETPCAP is still ours (the uid change takes it); the uid
       change clears the other capabilities. It also clears PR_SET_PDEATHSIG: the caller arms it after.
-      Without ``ids`` the uid stays: same-uid reach (signals, the state directory) remains, see
+      Without ``ids`` the uid stays: the same uid's reach remains where the sandbox does not close it, see
       docs/security.md.
     - Last, no_new_privs and the seccomp deny-list (``seccomp.refuse_unneeded_calls``: ptrace, namespaces,
       mounts, BPF and the other calls a crew never needs; clone3, so no child starts in another cgroup), then the
@@ -134,8 +134,8 @@ def confine(ids: tuple[int, int] | None = None) -> None:
       (``landlock.deny_cgroup_writes``): either way a job cannot leave its cgroups, however it got the rights to a
       root cgroup's files. ``contained`` says whether that holds.
     """
+    global hiding, confined_to, contained, offered
     os.umask(0o077)
-    global hiding
     if hidden := _listed(SANDBOX_HIDDEN):  # listed before any uid change: a workers' user may not list a 0711 one
         hiding = landlock.Hiding(hidden)
     libc = ctypes.CDLL(None, use_errno=True)
@@ -157,10 +157,8 @@ def confine(ids: tuple[int, int] | None = None) -> None:
         os.setresuid(uid, uid, uid)
     if capable and libc.capset(ctypes.byref(header), (_CapData * 2)()) != 0:
         raise OSError(ctypes.get_errno(), "capset failed")
-    global contained, offered
     unjudged = hiding is not None and hiding.version == 2  # Landlock judges truncate(2) from ABI 3 on
     refused = seccomp.refuse_unneeded_calls(seccomp.TRUNCATE_BY_PATH if unjudged else None)  # with Landlock or not
-    global confined_to
     confined_to = _listed(SANDBOX_WRITABLE)
     held = bool(hiding.enter(confined_to)) if hiding is not None else landlock.deny_cgroup_writes()
     contained = held and "clone3" in refused

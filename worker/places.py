@@ -24,36 +24,37 @@ from typing import Any
 LOCKS = "locks"  # beneath CREWAI_STORAGE_DIR
 
 
-def _storage() -> str:
-    from crewai_core.paths import db_storage_path  # CrewAI's own rule: CREWAI_STORAGE_DIR, when absolute
-
-    return db_storage_path()
-
-
-# (module, attribute, its value as the module computes it when imported), each computed again in a job.
-COMPUTED_AT_IMPORT: tuple[tuple[str, str, Callable[[], object]], ...] = (
-    ("crewai.rag.chromadb.constants", "DEFAULT_STORAGE_PATH", _storage),
-    ("crewai.rag.chromadb.config", "DEFAULT_STORAGE_PATH", _storage),
-    ("crewai.rag.qdrant.constants", "DEFAULT_STORAGE_PATH", lambda: os.path.join(_storage(), "qdrant")),
-    ("crewai.rag.qdrant.config", "DEFAULT_STORAGE_PATH", lambda: os.path.join(_storage(), "qdrant")),
-    ("crewai.skills.cache", "_CACHE_ROOT", lambda: Path.home() / ".crewai" / "skills"),
+# (module, attribute, which of ``follow_job``'s paths it holds): each was computed when the module was imported.
+COMPUTED_AT_IMPORT = (
+    ("crewai.rag.chromadb.constants", "DEFAULT_STORAGE_PATH", "storage"),
+    ("crewai.rag.chromadb.config", "DEFAULT_STORAGE_PATH", "storage"),
+    ("crewai.rag.qdrant.constants", "DEFAULT_STORAGE_PATH", "qdrant"),
+    ("crewai.rag.qdrant.config", "DEFAULT_STORAGE_PATH", "qdrant"),
+    ("crewai.skills.cache", "_CACHE_ROOT", "skills"),
 )
 
 
 def follow_job() -> None:
     """CrewAI's places follow the job's environment (a forked worker's modules were imported with the fork server's,
-    or its warm-up's)."""
-    for module_name, attribute, compute in COMPUTED_AT_IMPORT:
+    or its warm-up's): each path computed again, once, as CrewAI computes it."""
+    from crewai_core.paths import db_storage_path  # CrewAI's own rule: CREWAI_STORAGE_DIR, when absolute
+
+    storage = db_storage_path()
+    paths = {
+        "storage": storage,
+        "qdrant": os.path.join(storage, "qdrant"),
+        "skills": Path.home() / ".crewai" / "skills",
+    }
+    for module_name, attribute, which in COMPUTED_AT_IMPORT:
         module = sys.modules.get(module_name)
         if module is not None and hasattr(module, attribute):
-            setattr(module, attribute, compute())
-    _keep_locks_with_storage()
+            setattr(module, attribute, paths[which])
+    _keep_locks_with_storage(storage)
 
 
-def _keep_locks_with_storage() -> None:
-    """CrewAI's locks of this process go to ``$CREWAI_STORAGE_DIR/locks`` (made here, 0700), if it has one."""
-    storage = os.environ.get("CREWAI_STORAGE_DIR")
-    if not storage or os.environ.get("REDIS_URL"):
+def _keep_locks_with_storage(storage: str) -> None:
+    """CrewAI's locks of this process go to ``<storage>/locks`` (made here, 0700)."""
+    if os.environ.get("REDIS_URL"):
         return
     from crewai_core import lock_store  # after the environment is the job's: CrewAI reads it when imported
 

@@ -41,7 +41,8 @@ def job_env(
     Each crew gets its own CrewAI storage, so a replay finds that crew's latest kickoff, and its own HOME, so
     crews share no file CrewAI keeps there (its ``secret.key``, caches). ``tmpdir`` is the job's own (in its
     scratch directory; the fork server's is ``tmp`` in the state directory): private, and removed with it. The
-    worker creates HOME and storage, 0700, and keeps CrewAI's lock files in the storage (``worker/places.py``).
+    runner makes a job's places before its worker starts; the worker keeps CrewAI's lock files in the storage
+    (``worker/places.py``).
     """
     allowed = (*settings.worker_env, *ALWAYS_PASSED) if settings.worker_env else ()
     env = {

@@ -6,6 +6,8 @@ Pure Python plus orjson; imports nothing else from this project.
 from protocol.environment import (
     CONTROL_FD,
     EVENT_FD,
+    MAX_EVENT_BYTES,
+    MAX_EVENTS,
     QUIET_CREWAI,
     SANDBOX_HIDDEN,
     SANDBOX_WRITABLE,
@@ -56,6 +58,8 @@ __all__ = [
     "CONTROL_FD",
     "EVENT_FD",
     "LANDLOCK_ABI",
+    "MAX_EVENTS",
+    "MAX_EVENT_BYTES",
     "MAX_FRAME_BYTES",
     "NOT_A_FACTORY",
     "PROTOCOL_VERSION",

@@ -22,6 +22,10 @@ WORKER_IDS = "AIP_CREWAI_WORKER_IDS"
 SANDBOX_HIDDEN = "AIP_CREWAI_SANDBOX_HIDDEN"
 SANDBOX_WRITABLE = "AIP_CREWAI_SANDBOX_WRITABLE"
 
+# The job's event bounds, which the worker keeps its chunk events within (worker/chunks.py).
+MAX_EVENTS = SETTINGS_PREFIX + "MAX_EVENTS_PER_RUN"
+MAX_EVENT_BYTES = SETTINGS_PREFIX + "MAX_EVENT_BYTES"
+
 # CrewAI calls home (and stalls ~20 s offline) unless these are set before it is imported.
 QUIET_CREWAI = {
     "CREWAI_DISABLE_TELEMETRY": "true",

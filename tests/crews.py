@@ -47,6 +47,7 @@ EVIDENCE_DIR = "CREW_TEST_EVIDENCE_DIR"  # lets a test outside the job see its f
 BEAT_SECONDS = 0.02
 HOG_RELEASE = "hog-release"  # in EVIDENCE_DIR: created by a test once the provider holds the job's call
 HOG_STEP = 32 * 1024 * 1024
+LONG_WORDS = 3000  # the words llm-long's provider streams beyond its answer, a chunk each
 
 
 def _evidence() -> Path:
@@ -288,6 +289,12 @@ def llm_own() -> Crew:
     return Crew(agents=[researcher, writer], tasks=tasks)
 
 
+def llm_long() -> Crew:
+    """One agent whose provider streams a long answer: 3,000 words more than ``llm``'s, a chunk each."""
+    agent = Agent(role="Writer", goal="Write at length", backstory="Verbose.", llm=provider_llm(f"words-{LONG_WORDS}"))
+    return Crew(agents=[agent], tasks=[Task(description="Write it all.", expected_output="Many words.", agent=agent)])
+
+
 @tool("count_words")
 def count_words(text: str) -> str:
     """How many words a text has."""
@@ -364,6 +371,7 @@ registry: dict[str, Callable[[], Crew]] = {
     "llm": demo_llm,
     "llm-hang": demo_llm_hang,
     "llm-own": llm_own,
+    "llm-long": llm_long,
     "llm-loop": llm_loop,
     "llm-loop-calls": llm_loop_calls,
     "llm-loop-tokens": llm_loop_tokens,

@@ -177,11 +177,12 @@ class RunawayLLM(OfflineLLM):
                     held.close()
                 with open(os.path.join(os.environ[EVIDENCE_DIR], "files.count"), "w") as out:
                     out.write(str(len(hoard)))
-        elif mode == "events":
+        elif mode == "events":  # tool calls: a chunk each that no coalescing joins (text would be, worker/chunks.py)
+            call = {"id": "flood", "function": {"name": "flood", "arguments": "{}"}, "index": 0}
             with llm_call_context():
                 for _ in range(100_000):
                     self._emit_stream_chunk_event(
-                        chunk="e", from_task=None, from_agent=None, call_type=LLMCallType.LLM_CALL, response_id="flood"
+                        chunk="", tool_call=call, call_type=LLMCallType.TOOL_CALL, response_id="flood"
                     )
         elif mode in ("stdout", "stdout-endless"):
             line = b"flood " * 10922 + b"\n"  # 64 KiB

@@ -22,6 +22,7 @@ import orjson
 from protocol import Chunk, partial_name
 from protocol.frames import MAX_OUTPUT_BYTES
 from worker import lifecycle, registry
+from worker.chunks import Coalescer
 
 Emit = Callable[[Chunk], None]
 OUTPUT_FIELDS = {"raw": "", "json_dict": None, "pydantic": None, "tasks_output": [], "token_usage": {}}
@@ -122,8 +123,12 @@ async def run(work: Work) -> dict[str, Any]:
     crew.stream = True
     result = await crew.kickoff_async(inputs=work.input)
     if hasattr(result, "__aiter__"):
-        async for chunk in result:
-            work.emit(chunk_message(chunk))
+        chunks = Coalescer(work.emit, lifecycle.settings)
+        try:
+            async for chunk in result:
+                chunks.add(chunk_message(chunk))
+        finally:  # the text held is sent before the terminal frame, whatever ended the stream
+            chunks.flush()
         result = result.result
     return {**crew_output(result), "replay_task_ids": replay_task_ids(crew)}
 

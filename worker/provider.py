@@ -8,8 +8,9 @@ nothing of CrewAI or the SDK replaced. The fork server warms that path against o
 The model name is the script, directives joined by ``+``: ``answer`` (anything else: answer at once),
 ``slow-<ms>`` (answer after that long), ``hang`` (never answer: until the client hangs up or the server
 stops), ``fail-<status>`` (an OpenAI error answer, 429 or 500 say), ``loop`` (call a tool on every turn,
-never answer). A request that offers tools and has no tool result yet gets a call of its first tool; one
-with ``response_format`` gets JSON that fits the schema. Answers are derived from the prompt, so the same
+never answer), ``words-<n>`` (a final answer n words longer: ``w0 w1 ...``, streamed a word a chunk). A
+request that offers tools and has no tool result yet gets a call of its first tool; one with
+``response_format`` gets JSON that fits the schema. Answers are derived from the prompt, so the same
 crew gets the same answers in-process and through the sidecar, blocking (``Content-Length``) or streamed
 (``stream: true``: SSE over chunked encoding, with a usage chunk when ``stream_options.include_usage``).
 
@@ -46,6 +47,7 @@ MAX_BODY_BYTES = 16 * 1024 * 1024  # a request larger than this is answered 413 
 HOST = "127.0.0.1"
 _SLOW = re.compile(r"slow-([0-9]{1,7})$")
 _FAIL = re.compile(r"fail-([45][0-9][0-9])$")
+_WORDS = re.compile(r"words-([0-9]{1,6})$")
 _WORD = re.compile(r"\S+")
 CREATED = 1_767_225_600  # a fixed `created`: answers are the same in every run
 
@@ -208,7 +210,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 call.status = int(match.group(1))
                 self._send_json(call.status, _error("provider_error", f"the provider answered {call.status}"))
                 return
-        message = _reply(call, body, loop="loop" in directives)
+        longer = next((int(match.group(1)) for d in directives if (match := _WORDS.match(d))), 0)
+        message = _reply(call, body, loop="loop" in directives, longer=longer)
         usage = _usage(call.messages, message)
         if not call.stream:
             choice = {"index": 0, "message": message, "finish_reason": _finish(message), "logprobs": None}
@@ -281,9 +284,9 @@ def _text(messages: list[dict[str, Any]]) -> str:
     return "\n".join(parts)
 
 
-def _reply(call: Call, body: dict[str, Any], loop: bool) -> dict[str, Any]:
+def _reply(call: Call, body: dict[str, Any], loop: bool, longer: int = 0) -> dict[str, Any]:
     """The assistant's message: a call of the first offered tool (once, or every turn with ``loop``), JSON for
-    a ``response_format`` schema, else a final answer naming a digest of the prompt."""
+    a ``response_format`` schema, else a final answer naming a digest of the prompt (and ``longer`` words more)."""
     digest = hashlib.sha256(_text(call.messages).encode()).hexdigest()[:12]
     tools = [t["function"] for t in body.get("tools") or [] if isinstance(t, dict) and "function" in t]
     answered_tool = any(isinstance(m, dict) and m.get("role") == "tool" for m in call.messages)
@@ -298,9 +301,10 @@ def _reply(call: Call, body: dict[str, Any], loop: bool) -> dict[str, Any]:
     schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema")
     if schema is not None:
         return {"role": "assistant", "content": json.dumps(_sample(schema, f"finding {digest}"))}
+    more = "".join(f" w{i}" for i in range(longer))
     return {
         "role": "assistant",
-        "content": f"Thought: I know the answer.\nFinal Answer: the provider reports finding {digest}.",
+        "content": f"Thought: I know the answer.\nFinal Answer: the provider reports finding {digest}.{more}",
     }
 
 

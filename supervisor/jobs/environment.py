@@ -15,7 +15,7 @@ import re
 import stat
 from pathlib import Path
 
-from protocol import SANDBOX_HIDDEN, SANDBOX_WRITABLE, SETTINGS_PREFIX, WORKER_IDS
+from protocol import MAX_EVENT_BYTES, MAX_EVENTS, SANDBOX_HIDDEN, SANDBOX_WRITABLE, SETTINGS_PREFIX, WORKER_IDS
 from supervisor.config import Settings
 from supervisor.jobs.sandbox import hidden, workers_writable
 
@@ -66,14 +66,17 @@ def crew_places(state: Path, crew_id: str) -> tuple[Path, Path]:
 
 def worker_settings(settings: Settings, state: Path, writable: list[str] | None = None) -> dict[str, str]:
     """The settings the worker process reads from its environment (and then takes out of it): the registry,
-    its niceness, the fork server's warm-up, the workers' uid, the training directory, what its sandbox hides and
-    lets it change: ``writable`` (a job's places, for a worker spawned for it) or else every worker's places."""
+    its niceness, the fork server's warm-up, the job's event bounds, the workers' uid, the training directory, what
+    its sandbox hides and lets it change: ``writable`` (a job's places, for a worker spawned for it) or else every
+    worker's places."""
     own = {
         SANDBOX_HIDDEN: json.dumps(hidden(settings, state)),
         SANDBOX_WRITABLE: json.dumps(workers_writable(settings, state) if writable is None else writable),
         SETTINGS_PREFIX + "REGISTRY": settings.registry,
         SETTINGS_PREFIX + "WORKER_NICE": str(settings.worker_nice),
         SETTINGS_PREFIX + "WARMUP": settings.warmup,
+        MAX_EVENTS: str(settings.max_events_per_run),
+        MAX_EVENT_BYTES: str(settings.max_event_bytes),
     }
     if settings.worker_ids is not None:
         own[WORKER_IDS] = "{}:{}".format(*settings.worker_ids)

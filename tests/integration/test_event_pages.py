@@ -21,8 +21,9 @@ SSE = {"Accept": "text/event-stream"}
 @pytest.fixture(scope="module")
 def big_events(tmp_path_factory: pytest.TempPathFactory, launcher: str) -> Iterator[Server]:
     """Events up to the largest MAX_EVENT_BYTES allows (4 MiB of data, the page bound itself), and more
-    of them than a page holds."""
-    env = {"AIP_CREWAI_MAX_EVENT_BYTES": "4194304", "AIP_CREWAI_MAX_EVENTS_PER_RUN": "2000"}
+    of them than a page holds: a job's first quarter of its events is a chunk an event (worker/chunks.py), so 1,100
+    small chunks are 1,100 events."""
+    env = {"AIP_CREWAI_MAX_EVENT_BYTES": "4194304", "AIP_CREWAI_MAX_EVENTS_PER_RUN": "8000"}
     running = start_server(tmp_path_factory.mktemp("pages") / "state", env=env)
     yield running
     stop_server(running)

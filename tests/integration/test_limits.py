@@ -52,7 +52,7 @@ def test_event_count_and_event_size_limits_fail_the_job_and_keep_the_terminal(tm
     server = start_server(tmp_path / "state", env=env)
     try:
         with server.client() as client:
-            many = client.post("/jobs", json=start_body("demo", "many"), headers=KEY)
+            many = client.post("/jobs", json=start_body("runaway-events", "many"), headers=KEY)
             assert many.status_code == 502
             events = client.get("/jobs/many/events").json()["events"]
             assert len(events) == 5 and [e["sequence"] for e in events] == [0, 1, 2, 3, 4]

@@ -32,7 +32,7 @@ from tests.conftest import (
     wait_until,
     worker_env,
 )
-from tests.crews import HOG_RELEASE
+from tests.crews import HOG_RELEASE, LONG_WORDS
 from tests.helpers.kickoff import comparable
 from tests.integration.test_api import started_pid
 from worker.provider import URL_ENV, Call, Provider
@@ -100,6 +100,24 @@ def test_a_job_streams_the_provider_s_answer(llm_server: Server, provider: Provi
     usage = output["token_usage"]  # as CrewAI counts: each agent reports the LLM it shares with the other
     assert usage["successful_requests"] == 4
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] > 0
+
+
+def test_a_long_answer_streams_whole_on_default_event_bounds(llm_server: Server) -> None:
+    """3,000 chunks and more, on the default MAX_EVENTS_PER_RUN (1,000): past a quarter of its events, a job's text
+    chunks are coalesced (worker/chunks.py), so it completes, every word delivered once and in order."""
+    with (
+        llm_server.client() as client,
+        client.stream("POST", "/jobs/stream", json=start_body("llm-long", "llm-long"), headers=KEY) as response,
+    ):
+        events = list(sse_events(response))
+    assert events[-1]["event"] == "completed", events[-1]
+    chunks = [e for e in events if e["event"] == "chunk"]
+    text = "".join(e["data"]["content"] for e in chunks)
+    words = "".join(f" w{i}" for i in range(LONG_WORDS))
+    assert events[-1]["data"]["raw"].endswith(words) and text.count(words) == 1  # whole, in order, once
+    assert 250 <= len(chunks) < 1000 - 1  # the first quarter a chunk an event; the rest coalesced
+    fields = set(chunks[0]["data"])
+    assert all(set(e["data"]) == fields and e["data"]["chunk_type"] == "text" for e in chunks)  # the chunk shape
 
 
 def test_a_cancel_while_the_provider_holds_the_call_closes_its_connection(

@@ -54,6 +54,7 @@ class Settings:
     warmup: str
     prefork: int | None  # None until ``load`` sizes it
     log_format: str
+    log_crew_tracebacks: bool
     stop_grace_ms: int
     drain_seconds: float
     heartbeat_seconds: float

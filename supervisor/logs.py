@@ -1,6 +1,7 @@
 """Logs: one JSON object per line (or plain text for people), never inputs, outputs or tokens.
 
-Exceptions are reduced to their class: provider exception text may carry governed content.
+The supervisor's own exceptions are reduced to their class. A crew's exception is logged whole, from its worker's
+stderr, redacted as that is, unless ``LOG_CREW_TRACEBACKS`` is off: provider text may carry governed content.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ FIELDS = (
     "phase",  # the one a job moved to
     "tokens",  # the LLM tokens a finished job spent
     "llm_calls",
+    "traceback",  # a crew's exception, as its worker wrote it (LOG_CREW_TRACEBACKS)
 )
 
 

@@ -157,7 +157,12 @@ SPEC: dict[str, Setting] = {
         "2000",
         "jobs kept in the journal before admission answers 507; at least MAX_CONCURRENCY",
     ),
-    "MAX_EVENTS_PER_RUN": Setting(_integer(2, 100000), "1000", "events per job, the last kept for the terminal one"),
+    "MAX_EVENTS_PER_RUN": Setting(
+        _integer(2, 100000),
+        "1000",
+        "events per job, the last kept for the terminal one; past a quarter of them a job's text chunks are"
+        " coalesced, so a long stream's events come less often instead of failing it (docs/api.md)",
+    ),
     "MAX_EVENT_BYTES": Setting(
         _integer(1024, 4 * MiB),
         "262144",
@@ -210,6 +215,12 @@ SPEC: dict[str, Setting] = {
         _choice("json", "text"),
         "json",
         "json (one object per line: time, level, event, job fields, durations) or text (for people)",
+    ),
+    "LOG_CREW_TRACEBACKS": Setting(
+        _boolean,
+        "true",
+        "log a crew's exception, its traceback from the worker's stderr (redacted as the job's tails are), as the"
+        " reference logs it; false where a provider's or a crew's error text may carry governed content",
     ),
     "STOP_GRACE_MS": Setting(_integer(0, 60000), "0", "SIGTERM grace before SIGKILL when stopping a worker"),
     "DRAIN_SECONDS": Setting(

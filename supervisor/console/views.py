@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from supervisor.escaping import visible
+from supervisor.tracebacks import last_traceback
 
 STATUS_STYLES = {
     **dict.fromkeys(("queued", "launching", "settling"), "dim cyan"),
@@ -153,18 +154,16 @@ def stop_proof(data: dict[str, Any]) -> str:
 
 
 STDERR_LINES = 10  # of a failed job's stderr that ``run`` and ``show`` print, or from its last traceback if longer
-TRACEBACK_LINES = 300  # how long that may be (CrewAI's calls are deep: a crew's exception took 60 lines here)
 
 
 def stderr_end(text: str) -> Text:
     """The end of a failed job's stderr: where the crew's own error says why (a missing key, a refused call), and
     where its worker wrote the crew's exception whole."""
-    lines = text.rstrip("\n").split("\n")
-    starts = [at for at, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
-    first = len(lines) - STDERR_LINES
-    if starts and len(lines) - starts[-1] <= TRACEBACK_LINES:
-        first = min(first, starts[-1])
-    return Text.assemble(("its stderr ends with:\n", "bold"), visible("\n".join(lines[max(first, 0) :]), layout=True))
+    end = "\n".join(text.rstrip("\n").split("\n")[-STDERR_LINES:])
+    raised = last_traceback(text)
+    if raised is not None and len(raised) > len(end):
+        end = raised
+    return Text.assemble(("its stderr ends with:\n", "bold"), visible(end, layout=True))
 
 
 def cancel_line(job: dict[str, Any]) -> Text:

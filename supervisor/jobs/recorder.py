@@ -18,12 +18,14 @@ from supervisor.journal.records import StoredEvent, Streams
 from supervisor.journal.store import Journal, JournalError
 from supervisor.processes.containment import Boundary
 from supervisor.processes.process import WorkerProcess
+from supervisor.tracebacks import last_traceback
 
 log = logging.getLogger("crew_supervisor.jobs")
 EVENTS_PER_READ = 256
 # A stream's batch is written whole: bounded in bytes too, so a follower that stops reading holds one batch
 # (and the connection's send timeout drops it), not 256 events of up to MAX_EVENT_BYTES each.
 BATCH_BYTES = 256 * 1024
+MAX_LOGGED_TRACEBACK = 16 * 1024  # characters: its end, where the exception's message is
 
 
 class Recorder:
@@ -78,6 +80,18 @@ class Recorder:
                 extra={"action_id": job.action_id},
             )
         job.wake()
+        if streams is not None and outcome.event == "failed" and self.settings.log_crew_tracebacks:
+            self._log_traceback(job, streams.stderr)
+
+    @staticmethod
+    def _log_traceback(job: LiveJob, stderr: str) -> None:
+        """A crew's exception, for the operator, as the reference logs it; its event keeps the generic words."""
+        raised = last_traceback(stderr)
+        if raised is not None:
+            ending = raised[-MAX_LOGGED_TRACEBACK:]
+            log.warning(
+                "the crew raised", extra={"action_id": job.action_id, "crew_id": job.crew_id, "traceback": ending}
+            )
 
     async def follow(self, action_id: str, cursor: int, heartbeat: float) -> AsyncIterator[list[StoredEvent] | None]:
         """Events from ``cursor`` through the terminal one, in batches as they commit (one write per

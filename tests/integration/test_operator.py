@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import time
 
 import httpx
+import orjson
 import psutil
 
 from tests.conftest import Server, gone, sse_events, start_body, wait_until
@@ -148,8 +150,8 @@ def test_the_console_is_not_served_unless_turned_on(server: Server) -> None:
 
 
 def test_a_crews_exception_is_kept_whole_for_the_operator_and_generic_in_the_contract(server: Server) -> None:
-    """The event says what the reference says; the job's stderr (its output route, ``show``, the console) holds
-    the exception the crew raised, with its traceback, for the operator."""
+    """The event says what the reference says; the job's stderr (its output route, ``show``, the console) and the
+    supervisor's log hold the exception the crew raised, with its traceback, for the operator."""
     with server.client() as client:
         for crew, said, raised in (
             ("boom", "CrewAI operation failed", "RuntimeError: provider said: secret-token-123"),
@@ -159,3 +161,15 @@ def test_a_crews_exception_is_kept_whole_for_the_operator_and_generic_in_the_con
             assert answer.status_code == 502 and answer.json()["terminal"]["message"] == said, answer.text
             stderr = client.get(f"/jobs/why-{crew}/output").json()["stderr"]["text"]
             assert "Traceback (most recent call last):" in stderr and raised in stderr, stderr
+            assert wait_until(functools.partial(logged_traceback, server, f"why-{crew}"))
+            logged = str(logged_traceback(server, f"why-{crew}"))
+            assert logged.startswith("Traceback (most recent call last):") and raised in logged, logged
+
+
+def logged_traceback(server: Server, action_id: str) -> str | None:
+    """The traceback the supervisor's log (JSON lines) gives for a job's crew, if it has logged it yet."""
+    for line in server.log.read_text(errors="replace").splitlines():
+        record = orjson.loads(line) if line.startswith("{") else {}
+        if record.get("event") == "the crew raised" and record.get("action_id") == action_id:
+            return str(record["traceback"])
+    return None

@@ -182,8 +182,11 @@ def find(sup: Supervisor, action_id: str) -> Job:
 def view(sup: Supervisor, job: Job) -> dict[str, Any]:
     """The reference's record, then ours: the terminal event's data, the worker's exit status, where a running
     job is (``phase``: queued, launching, running or settling; null once terminal), and when it was admitted
-    and ended (Unix seconds; ``ended_at`` null while it runs), and its LLM spend so far while it runs."""
+    and ended (Unix seconds; ``ended_at`` null while it runs), and its LLM spend: so far while it runs, all of it
+    once it failed or was cancelled (its terminal's evidence keeps it; a completed job's ``token_usage`` says it)."""
     last = sup.reader.last_event(job.action_id) if job.status != "running" else None
+    terminal = last.data if last is not None and last.terminal else None
+    kept = terminal.get("llm_spent") if terminal is not None and job.status in ("failed", "cancelled") else None
     return {
         "action_id": job.action_id,
         "crew_id": job.crew_id,
@@ -191,12 +194,12 @@ def view(sup: Supervisor, job: Job) -> dict[str, Any]:
         "status": job.status,
         "event_count": job.event_count,
         "output": sup.reader.output(job.action_id) if job.status == "completed" else None,
-        "terminal": last.data if last is not None and last.terminal else None,
+        "terminal": terminal,
         "exit_status": job.exit_status,
         "phase": sup.phase_of(job.action_id, job.status),
         "admitted_at": job.admitted_at,
         "ended_at": job.ended_at,
-        "llm_spent": sup.spent_of(job.action_id, job.status),
+        "llm_spent": sup.spent_of(job.action_id, job.status) or kept,
     }
 
 

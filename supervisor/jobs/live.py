@@ -29,6 +29,10 @@ class Spending:
     def tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
+    def summary(self) -> dict[str, Any]:
+        """As a job's record says it (``llm_spent``): tokens, calls and the last call's model."""
+        return {"tokens": self.tokens, "llm_calls": self.llm_calls, "model": self.model}
+
     def add(self, spent: Spent) -> Spent:
         """Count one call; returns it with its counts as counted (a worker cannot take back what it spent)."""
         counted = Spent(

@@ -65,10 +65,13 @@ class Recorder:
         self.journal.set_boundary(job.action_id, boundary.encode())
 
     async def finish(self, job: LiveJob, outcome: Outcome) -> None:
-        """The terminal event, the record's status, output and exit status, and the worker's stdout/stderr
-        tails (an operator reads them after the job ended): one durable commit. Another process holding
+        """The terminal event (a job that did not complete keeps its LLM spend there), the record's status, output and
+        exit status, and the worker's stdout/stderr tails (an operator reads them after the job ended): one durable
+        commit. Another process holding
         the journal's lock only delays it; the journal failing it otherwise leaves the job to be fenced."""
         streams = Streams.of(job.worker.stdout, job.worker.stderr, job.secrets) if job.worker is not None else None
+        if outcome.event != "completed" and job.spent.llm_calls:  # a completed job's output's token_usage says it
+            outcome.data.setdefault("llm_spent", job.spent.summary())
         try:
             await self.journal.finish(
                 job.action_id, outcome.event, outcome.data, outcome.output, streams, exit_status=outcome.exit_status

@@ -140,12 +140,9 @@ class Supervisor:
 
     def spent_of(self, action_id: str, status: str) -> dict[str, Any] | None:
         """A running job's LLM spend so far (tokens, calls, the last call's model); None once it has ended: its
-        output's ``token_usage``, or a stop's evidence, says it then."""
+        output's ``token_usage``, or its terminal's evidence, says it then."""
         job = self.live.get(action_id) if status == "running" else None
-        if job is None:
-            return None
-        spent = job.spent
-        return {"tokens": spent.tokens, "llm_calls": spent.llm_calls, "model": spent.model}
+        return job.spent.summary() if job is not None else None
 
     @property
     def draining(self) -> bool:

@@ -219,10 +219,12 @@ def test_a_job_s_llm_spend_is_counted_call_by_call_as_crewai_counts_it(llm_serve
 
 
 def test_a_runaway_agent_s_spend_is_seen_live_while_it_runs(llm_server: Server, provider: Provider) -> None:
-    """A provider that answers every call with another tool call: the spend grows in /workers as it runs."""
+    """A provider that answers every call with another tool call: the spend grows in /workers as it runs, and the
+    cancelled job's record keeps all of it."""
     body = start_body("llm-loop", "spend-live")
     with ThreadPoolExecutor(1) as pool, llm_server.client() as client:
         follower = pool.submit(_follow, llm_server, body)
+        cancelled = None
         try:
 
             def spent() -> dict[str, Any]:
@@ -236,8 +238,14 @@ def test_a_runaway_agent_s_spend_is_seen_live_while_it_runs(llm_server: Server, 
             assert now["tokens"] > first["tokens"] > 0 and now["model"].endswith("loop")
             assert now["tokens"] == now["prompt_tokens"] + now["completion_tokens"]
         finally:
-            client.post("/jobs/spend-live/cancel", json={**body, "reason": "enough spent"})
+            cancelled = client.post("/jobs/spend-live/cancel", json={**body, "reason": "enough spent"}).json()
             follower.result(60)
+        kept = cancelled["llm_spent"]
+        assert cancelled["status"] == "cancelled" and kept == cancelled["terminal"]["llm_spent"]
+        assert (
+            kept["llm_calls"] >= now["llm_calls"] and kept["tokens"] >= now["tokens"] and kept["model"] == now["model"]
+        )
+        assert client.get("/jobs/spend-live").json()["llm_spent"] == kept
 
 
 @pytest.mark.parametrize(

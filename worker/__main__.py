@@ -21,6 +21,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--cwd", help="working directory (the job's scratch directory)")
     args = parser.parse_args(argv)
     lifecycle.take_settings()
+    lifecycle.quiet_crewai_logs()
     # Before the registry is imported: no crew code runs with a capability, nor as root's uid with WORKER_IDS.
     lifecycle.confine(_ids(lifecycle.settings.get(WORKER_IDS, "")))
     # After: a uid change clears the death signal. A parent that died before it was armed is caught here.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import queue
 import signal
@@ -169,6 +170,20 @@ def set_dumpable(dumpable: bool) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_DUMPABLE, int(dumpable), 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
+
+
+class _TokenCountGuess(logging.Filter):
+    """CrewAI 1.15 warns on every call of a model it cannot count tokens for natively (every provider
+    through the OpenAI-compatible path): two lines a job would fill its stderr and the last output an operator
+    sees (``top``, ``/workers``), hiding what the crew itself wrote. It says nothing of the job: dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Using an approximate input token count")
+
+
+def quiet_crewai_logs() -> None:
+    """Before CrewAI is imported, so that every worker of this process's line has it."""
+    logging.getLogger("crewai.llms.base_llm").addFilter(_TokenCountGuess())
 
 
 def prepare_environment() -> None:

@@ -92,6 +92,13 @@ def doctor(deployment: Deployment, *args: str) -> Answer:
     return Answer(process.returncode, out, err, process.pid)
 
 
+def documented_checks() -> list[str]:
+    """The check names of docs/operating.md's doctor table, in its order."""
+    text = (ROOT / "docs" / "operating.md").read_text()
+    table = text.split("| Check | What it looks at |", 1)[1].split("\n\n", 1)[0]
+    return [name for line in table.splitlines()[2:] for name in re.findall(r"`([a-z -]+)`", line.split(" | ")[0])]
+
+
 def findings(answer: Answer) -> list[dict[str, Any]]:
     return list(orjson.loads(answer.out))
 
@@ -108,6 +115,7 @@ def test_a_good_deployment_is_ready(deployment: Deployment) -> None:
         "telemetry",
         "listen", "cgroups", "rlimits", "llm budget", "disk",
     ]  # fmt: skip
+    assert [name for name in documented_checks() if name in checks] == checks  # docs/operating.md's table, in order
     containment = next(f for f in found if f["check"] == "containment")
     if os.geteuid() == 0:  # root makes a cgroup per job here, and the workers cannot leave it (Landlock)
         assert containment["status"] == "ok" and containment["detail"].startswith("cgroup: "), containment

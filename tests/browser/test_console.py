@@ -148,7 +148,7 @@ def test_a_running_job_appears_in_the_worker_view_and_its_cancel_shows_the_evide
 def test_a_streamed_job_is_followed_live_to_its_terminal_event(console: Server, page: Any) -> None:
     start_job(console, "followed", seconds=10)
     sign_in(page, console)
-    page.goto(f"{console.url}/console/#/job/followed")
+    page.goto(f"{console.url}/console/#/jobs/followed")  # a job's address is the API's path
     expect(page.locator("#job-id")).to_have_text("followed")
     events = page.locator("#events li")
     expect(events.first).to_have_attribute("data-event", "started")
@@ -179,7 +179,7 @@ def test_a_job_page_shows_the_answer_its_tasks_and_tokens_or_why_it_failed_and_j
         assert timed_out.status_code == 502, timed_out.text
     page.set_viewport_size({"width": 800, "height": 900})
     sign_in(page, console)
-    page.goto(f"{console.url}/console/#/job/answered")
+    page.goto(f"{console.url}/console/#/job/answered")  # the address the console's links gave before: kept
     expect(page.locator("#events-state")).to_have_text("ended: completed")
     expect(page.locator("#answer")).to_have_text(output["raw"])  # the answer first, as text
     tasks = page.locator("#tasks li")
@@ -254,6 +254,13 @@ def test_the_job_list_filters_and_pages(console: Server, page: Any) -> None:
     assert all("demo" in text for text in rows.all_inner_texts())
     page.click("#jobs-newer")
     expect(page.locator("#jobs-page")).to_have_text("page 1")
+    first_id = page.locator("#jobs tbody tr a").first
+    opened = first_id.inner_text()
+    first_id.click()  # a job's link is its address: #/jobs/<id>
+    expect(page).to_have_url(re.compile(r"#/jobs/[^?]+$"))
+    expect(page.locator("#job-id")).to_have_text(opened)
+    page.go_back()
+    expect(rows).to_have_count(2)
 
     page.select_option('#filters select[name="status"]', "cancelled")
     page.click("#filters button")

@@ -145,11 +145,13 @@ function route() {
   for (const id of ["workers-view", "jobs-view", "job-view"]) $(id).hidden = true;
   const signal = session.view.controller.signal;
   let current = "/workers";
-  if (path.startsWith("/job/")) {
+  // A job's address is the API's path, #/jobs/<id>; #/job/<id> is what the console's links said before.
+  const jobPrefix = ["/jobs/", "/job/"].find((prefix) => path.startsWith(prefix) && path.length > prefix.length);
+  if (jobPrefix) {
     current = null;
     let id;
     try {
-      id = decodeURIComponent(path.slice("/job/".length));
+      id = decodeURIComponent(path.slice(jobPrefix.length));
     } catch {
       viewError("This address names no job: its id is not valid percent-encoding.");
       return;

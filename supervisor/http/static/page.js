@@ -41,7 +41,7 @@ export function cell(text, className) {
 
 export function jobLink(id) {
   const a = document.createElement("a");
-  a.href = `#/job/${encodeURIComponent(id)}`;
+  a.href = `#/jobs/${encodeURIComponent(id)}`;
   a.textContent = id;
   a.title = id; // whole, where its cell cuts it
   return a;

@@ -41,14 +41,16 @@ class Coalescer:
         if not _plain_text(chunk):
             self.flush()
             self._emit(chunk)
-            return
-        if self._held is None or not self._join(chunk):
+        elif self._held is not None and self._join(chunk):
+            if time.monotonic() >= self._last + self._window():  # a flood that never lets the timer run
+                self.flush()
+        else:
             self.flush()
+            wait = self._last + self._window() - time.monotonic()
+            if wait <= 0:  # nothing to wait for: sent as it came, as the reference sends it
+                self._emit(chunk)
+                return
             self._held, self._texts, self._bytes = chunk, [chunk.data["content"]], len(orjson.dumps(chunk.data))
-        wait = self._last + self._window() - time.monotonic()
-        if wait <= 0:
-            self.flush()
-        elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(wait, self.flush)
 
     def flush(self) -> None:

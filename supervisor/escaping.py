@@ -43,6 +43,34 @@ def one_line(value: object) -> str:
     return LINE_BREAKERS.sub(_written_out, str(value))
 
 
+# A client chooses its ids, and one can pass for another: "tіdes" with a Cyrillic і, a fullwidth "ｔides", a
+# zero-width space inside, an "é" made of "e" and a combining accent. Where a person reads an id to pick a job (the
+# CLI; the console does the same in page.js), every character but printable ASCII is written out, and so is the
+# backslash, so that what is shown reads back as exactly one id (``typed_id``).
+_NOT_PLAIN = re.compile(r"[^\x20-\x5b\x5d-\x7e]")
+_WRITTEN = re.compile(r"\\(?:\\|x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8})")
+
+
+def ident(value: object) -> str:
+    """An id as the CLI shows it: printable ASCII as it is, anything else written out (``\\u0456``, ``\\\\``)."""
+    return _NOT_PLAIN.sub(_written_out, str(value))
+
+
+def typed_id(text: str) -> str:
+    """The id ``ident`` showed as ``text``: what an operator pastes back into a command."""
+    return _WRITTEN.sub(_read_back, text)
+
+
+def _read_back(match: re.Match[str]) -> str:
+    written = match.group()
+    if written == "\\\\":
+        return "\\"
+    code = int(written[2:], 16)
+    return written if 0xD800 <= code <= 0xDFFF or code > 0x10FFFF else chr(code)  # no character: kept as typed
+
+
 def _written_out(match: re.Match[str]) -> str:
     code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}"
+    if code == 0x5C:
+        return "\\\\"
+    return f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"

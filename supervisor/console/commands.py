@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import shlex
 import sys
 import textwrap
 import time
@@ -26,9 +27,10 @@ from supervisor.config import OPERATIONS
 from supervisor.console import views
 from supervisor.console.client import Client, OperatorError, job_path, resolve_target
 from supervisor.console.views import visible
-from supervisor.escaping import json_line
+from supervisor.escaping import ident, json_line, typed_id
 
 EXIT_ERROR, EXIT_FAILED, EXIT_CANCELLED = 1, 3, 4
+ACTION_ID_HELP = "the job's action id, as the CLI prints it (\\u0456 for a character it writes out) or as it is"
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 EXIT_PIPE_CLOSED = 141  # the reader of its output went away, as shells report SIGPIPE
 OUTCOME_CODES = {"completed": 0, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}
@@ -126,7 +128,7 @@ def _add_reads(command: Callable[..., argparse.ArgumentParser]) -> None:
     jobs.add_argument("--limit", type=int, default=50, help="jobs per page (1-500)")
     jobs.add_argument("--cursor", help="the next_cursor of a previous page")
     show_parser = command("show", show, "one job's record and terminal event", SHOW, DONE)
-    show_parser.add_argument("action_id", help="the job's action id")
+    show_parser.add_argument("action_id", type=typed_id, help=ACTION_ID_HELP)
     events = command(
         "events",
         events_of,
@@ -134,10 +136,10 @@ def _add_reads(command: Callable[..., argparse.ArgumentParser]) -> None:
         EVENTS,
         ((0, "done; with --follow, the job completed"), *FOLLOWED),
     )
-    events.add_argument("action_id", help="the job's action id")
+    events.add_argument("action_id", type=typed_id, help=ACTION_ID_HELP)
     events.add_argument("--follow", "-f", action="store_true", help="stream live, resuming after a dropped link")
     output_parser = command("output", output, "what a job's worker wrote to stdout and stderr", OUTPUT, DONE)
-    output_parser.add_argument("action_id", help="the job's action id")
+    output_parser.add_argument("action_id", type=typed_id, help=ACTION_ID_HELP)
     output_parser.add_argument("--stream", choices=("stdout", "stderr"), help="only this one (default: both)")
     top_parser = command(
         "top",
@@ -153,7 +155,7 @@ def _add_reads(command: Callable[..., argparse.ArgumentParser]) -> None:
 def _add_actions(command: Callable[..., argparse.ArgumentParser]) -> None:
     """The commands that act: cancel, run."""
     cancel_parser = command("cancel", cancel, "kill a job's worker and wait until it is confirmed gone", CANCEL, DONE)
-    cancel_parser.add_argument("action_id", help="the job's action id")
+    cancel_parser.add_argument("action_id", type=typed_id, help=ACTION_ID_HELP)
     cancel_parser.add_argument("--reason", help="recorded in the cancelled event")
     run_parser = command("run", run, "start a job and follow it to its end", RUN, ((0, "the job completed"), *FOLLOWED))
     run_parser.add_argument("crew_id", help="the crew to run: its id in the supervisor's registry")
@@ -298,13 +300,14 @@ def run(client: Client, args: argparse.Namespace, out: Console) -> int:
     if args.timeout_ms is not None:
         body["timeout_ms"] = args.timeout_ms
     if not args.json:
-        out.print(Text(f"started {visible(body['action_id'])} ({visible(args.crew_id)}, {args.operation})", "bold"))
+        out.print(Text(f"started {ident(body['action_id'])} ({ident(args.crew_id)}, {args.operation})", "bold"))
     try:
         code = follow(client.start(body, args.idempotency_key or uuid.uuid4().hex), body["action_id"], args.json, out)
     except KeyboardInterrupt:  # a hang-up never cancels a job: say so, and how to
-        shown = visible(body["action_id"])
+        shown = ident(body["action_id"])
         print(
-            f"crew-supervisor: stopped following; job {shown} goes on (crew-supervisor cancel {shown} stops it)",
+            f"crew-supervisor: stopped following; job {shown} goes on"
+            f" (crew-supervisor cancel {shlex.quote(shown)} stops it)",
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
@@ -368,7 +371,7 @@ def follow(events: Iterator[dict[str, Any]], action_id: str, as_json: bool, out:
             emit_json(last)
         return OUTCOME_CODES.get(last["event"], EXIT_ERROR) if last else EXIT_ERROR
     text = views.ChunkText()
-    shown = visible(action_id)
+    shown = ident(action_id)
     with out.status(Text(f"{shown}: waiting for the worker")) as status:
         for count, last in enumerate(events, start=1):
             for line in text.feed(last):

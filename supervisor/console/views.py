@@ -16,7 +16,7 @@ import orjson
 from rich.table import Table
 from rich.text import Text
 
-from supervisor.escaping import visible
+from supervisor.escaping import ident, visible
 from supervisor.tracebacks import last_traceback
 
 STATUS_STYLES = {
@@ -34,11 +34,16 @@ def plain(value: Any, style: str = "", layout: bool = False) -> Text:
     return Text(visible(value, layout), style=style)
 
 
+def id_text(value: Any, style: str = "") -> Text:
+    """An action or crew id: no look-alike passes for another (``escaping.ident``), and it reads back as typed."""
+    return Text(ident(value), style=style)
+
+
 def jobs_table(jobs: list[dict[str, Any]], width: int = 80) -> Table:
     """Fits ``width`` columns with the id whole, so it can be pasted into ``show`` (the CLI's own ids are 40
     characters): the crew and the operation share what the others leave, cut with an ellipsis."""
     table = Table(box=None, header_style="bold", padding=(0, 1, 0, 0))
-    id_width = min(max((len(job["action_id"]) for job in jobs), default=9), 48)
+    id_width = min(max((len(ident(job["action_id"])) for job in jobs), default=9), 48)
     fixed = {"status": 9, "events": 6, "admitted": 11}  # "cancelled" (or "launching"), the header, "11-29 03:43"
     shared = max((width - id_width - sum(fixed.values()) - 6) // 2, 3)  # 6: a space after each column
     table.add_column("action id", no_wrap=True, min_width=id_width)
@@ -49,8 +54,8 @@ def jobs_table(jobs: list[dict[str, Any]], width: int = 80) -> Table:
     table.add_column("admitted", no_wrap=True, min_width=fixed["admitted"])
     for job in jobs:
         table.add_row(
-            plain(job["action_id"]),
-            plain(job["crew_id"]),
+            id_text(job["action_id"]),
+            id_text(job["crew_id"]),
             plain(job["operation"]),
             status_text(state(job)),
             plain(job["event_count"]),
@@ -80,7 +85,7 @@ def workers_table(workers: list[dict[str, Any]], now: float, width: int = 80) ->
     """Fits ``width`` columns: the id whole, then as many of the columns as fit, dropping ``DROPPED_FIRST``
     first; ``idle`` is the time since the last event. (``--json`` has every field, and the process count.)"""
     table = Table(title=f"{len(workers)} live job(s)", box=None, header_style="bold", padding=(0, 1, 0, 0))
-    id_width = min(max((len(worker["action_id"]) for worker in workers), default=9), 48)
+    id_width = min(max((len(ident(worker["action_id"])) for worker in workers), default=9), 48)
     columns = list(WORKER_COLUMNS)
     for name in DROPPED_FIRST:
         if id_width + sum(size + 1 for _, size, _ in columns) < width:
@@ -90,8 +95,8 @@ def workers_table(workers: list[dict[str, Any]], now: float, width: int = 80) ->
     for name, size, _ in columns:
         table.add_column(name, justify="left" if name == "phase" else "right", no_wrap=True, min_width=size)
     for worker in workers:
-        what = plain(f"{worker['crew_id']} · {worker['operation']}", "dim")
-        job = Text.assemble(plain(worker["action_id"]), "\n", what)
+        what = Text.assemble(id_text(worker["crew_id"]), f" · {visible(worker['operation'])}", style="dim")
+        job = Text.assemble(id_text(worker["action_id"]), "\n", what)
         job.overflow = "ellipsis"
         table.add_row(job, *(cell(worker, now) for _, _, cell in columns))
     return table
@@ -100,7 +105,7 @@ def workers_table(workers: list[dict[str, Any]], now: float, width: int = 80) ->
 def job_panel(job: dict[str, Any]) -> Table:
     table = Table.grid(padding=(0, 2))
     for name in ("action_id", "crew_id", "operation", "event_count"):
-        table.add_row(Text(name, style="bold"), plain(job[name]))
+        table.add_row(Text(name, style="bold"), id_text(job[name]) if name.endswith("_id") else plain(job[name]))
     table.add_row(Text("status", style="bold"), status_text(state(job)))
     if job["status"] != "completed":  # a completed event's data is the output, shown below
         for name, value in (job.get("terminal") or {}).items():
@@ -169,9 +174,9 @@ def stderr_end(text: str) -> Text:
 def cancel_line(job: dict[str, Any]) -> Text:
     terminal = job.get("terminal") or {}
     if job["status"] != "cancelled":
-        return Text.assemble(f"{visible(job['action_id'])} had already ended: ", status_text(job["status"]))
+        return Text.assemble(id_text(job["action_id"]), " had already ended: ", status_text(job["status"]))
     return Text.assemble(
-        f"{visible(job['action_id'])} ", status_text("cancelled"), f" ({visible(stop_proof(terminal))})"
+        id_text(job["action_id"]), " ", status_text("cancelled"), f" ({visible(stop_proof(terminal))})"
     )
 
 

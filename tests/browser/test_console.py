@@ -268,6 +268,22 @@ def test_the_job_list_filters_and_pages(console: Server, page: Any) -> None:
     expect(page.locator("#jobs-empty")).to_be_visible()  # no demo job was cancelled
 
 
+def test_a_look_alike_id_is_written_out_as_the_cli_writes_it(console: Server, page: Any) -> None:
+    """"t\u0456des" (a Cyrillic і) would read as "tides": the list and the job page write it out."""
+    look_alike = "t\u0456des-in-the-page"
+    with console.client() as client:
+        answer = client.post("/jobs", json=start_body("demo", look_alike), headers={"Idempotency-Key": "look-alike"})
+        assert answer.status_code == 200, answer.text
+    sign_in(page, console)
+    page.goto(f"{console.url}/console/#/jobs?crew_id=demo")
+    link = page.locator("#jobs tbody tr a", has_text="t\\u0456des-in-the-page")
+    expect(link).to_have_count(1)
+    expect(page.locator("#jobs")).not_to_contain_text(look_alike)
+    link.click()
+    expect(page.locator("#job-id")).to_have_text("t\\u0456des-in-the-page")
+    expect(page.locator("#events-state")).to_have_text("ended: completed")  # the link opened that very job
+
+
 def test_the_page_keeps_working_when_the_supervisor_restarts_under_it(tmp_path: Path, page: Any) -> None:
     state = tmp_path / "state"
     first = start_server(state, registry=DEMO, env=CONSOLE)

@@ -1,5 +1,5 @@
-"""The operator CLI against hostile text from the server: no control character reaches the terminal, ids are
-percent-encoded in paths, and a stream it cannot read is one line on stderr, never a traceback."""
+"""The operator CLI against hostile text from the server: no control character reaches the terminal, no id passes
+for another, ids are percent-encoded in paths, and a stream it cannot read is one line on stderr, never a traceback."""
 
 from __future__ import annotations
 
@@ -82,6 +82,23 @@ def test_ids_are_percent_encoded_in_paths(server: Server) -> None:
         assert shown.returncode == 0 and orjson.loads(shown.stdout)["action_id"] == action, shown.stderr
         events = cli(server, "events", action, "--json")
         assert events.returncode == 0 and events.stdout.count("\n") >= 3, events.stderr
+
+
+def test_a_look_alike_id_is_written_out_and_pasted_back(server: Server) -> None:
+    """"t\u0456des" (a Cyrillic і) would read as "tides" in a table: it is shown written out, and that is what
+    show, cancel and the others take back."""
+    look_alike = "t\u0456des-job"
+    with server.client() as client:
+        for action in ("tides-job", look_alike):
+            assert client.post("/jobs", json=start_body("demo", action), headers=KEY).status_code == 200
+    listed = clean(cli(server, "jobs", "--crew", "demo"))
+    assert "t\\u0456des-job" in listed.stdout and "tides-job" in listed.stdout, listed.stdout
+    assert look_alike not in listed.stdout
+    for typed in ("t\\u0456des-job", look_alike):  # as the CLI printed it, or as it is
+        shown = cli(server, "show", typed, "--json")
+        assert shown.returncode == 0 and orjson.loads(shown.stdout)["action_id"] == look_alike, shown.stderr
+    table = clean(cli(server, "show", look_alike))
+    assert "t\\u0456des-job" in table.stdout and look_alike not in table.stdout, table.stdout
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
 // One job: what it answered or why it did not, its record, its events followed live, its output tails.
 
 import { RECONNECT_MS, Refused, Unauthorized, Unreachable, call, getJSON, jobPath, readEvents } from "./api.js";
-import { $, clock, duration, handle, state, stopConfirmed, stopProof, viewError } from "./page.js";
+import { $, clock, duration, handle, ident, state, stopConfirmed, stopProof, viewError } from "./page.js";
 import { cancel } from "./workers.js";
 
 const EVENTS_SHOWN = 2000; // the oldest leave the page beyond this
@@ -38,7 +38,7 @@ const USAGE = [
 // Shows the view and follows the job's events; returns its refresh.
 export function openJob(id, signal) {
   $("job-view").hidden = false;
-  $("job-id").textContent = id;
+  $("job-id").textContent = ident(id);
   for (const box of ["job-record", "events", "stdout", "stderr", "job-evidence", "job-why"]) $(box).replaceChildren();
   for (const text of ["stdout-total", "stderr-total", "events-state", "answer", "raw"]) $(text).textContent = "";
   delete $("raw").dataset.drawn;
@@ -151,7 +151,7 @@ function renderRecord(job) {
   const ended = job.ended_at ?? Date.now() / 1000; // a running job: for how long so far
   const rows = [
     ["status", state(job)],
-    ["crew", job.crew_id],
+    ["crew", ident(job.crew_id)],
     ["operation", job.operation],
     ["admitted", clock(job.admitted_at)],
     ["ended", job.ended_at == null ? null : clock(job.ended_at)],

@@ -1,7 +1,7 @@
 // The job list: GET /jobs with its filters and keyset pages.
 
 import { getJSON } from "./api.js";
-import { $, cell, clock, duration, handle, jobLink, state, viewError } from "./page.js";
+import { $, cell, clock, duration, handle, ident, jobLink, state, viewError } from "./page.js";
 
 const JOBS_PER_PAGE = 25; // #/jobs?limit=N asks for another (1 to 500, the API's bound)
 const PHASES = new Set(["queued", "launching", "running", "settling"]); // the API's `phase`: filtered as such
@@ -65,7 +65,7 @@ function jobRow(job) {
   const took = job.ended_at == null ? null : duration(job.ended_at - job.admitted_at);
   const reason = cell(job.reason, "reason");
   reason.title = job.reason ?? "";
-  row.append(id, cell(job.crew_id), cell(job.operation), status, cell(job.event_count));
+  row.append(id, cell(ident(job.crew_id)), cell(job.operation), status, cell(job.event_count));
   row.append(cell(clock(job.admitted_at)), cell(took), reason);
   return row;
 }

@@ -39,11 +39,23 @@ export function cell(text, className) {
   return td;
 }
 
+// A client chooses its ids, and one can pass for another: "tіdes" with a Cyrillic і, a fullwidth "ｔides", a
+// zero-width space inside, an "é" made of "e" and a combining accent. Every character but printable ASCII is
+// written out (and the backslash), as the CLI writes it (supervisor/escaping.py), so what is shown reads back.
+export function ident(id) {
+  return String(id).replace(/[^\x20-\x5b\x5d-\x7e]/gu, (char) => {
+    const code = char.codePointAt(0);
+    if (code === 0x5c) return "\\\\";
+    if (code < 0x80) return `\\x${code.toString(16).padStart(2, "0")}`;
+    return code <= 0xffff ? `\\u${code.toString(16).padStart(4, "0")}` : `\\U${code.toString(16).padStart(8, "0")}`;
+  });
+}
+
 export function jobLink(id) {
   const a = document.createElement("a");
   a.href = `#/jobs/${encodeURIComponent(id)}`;
-  a.textContent = id;
-  a.title = id; // whole, where its cell cuts it
+  a.textContent = ident(id);
+  a.title = ident(id); // whole, where its cell cuts it
   return a;
 }
 

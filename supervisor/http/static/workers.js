@@ -6,6 +6,7 @@ import {
   HISTORY,
   cell,
   handle,
+  ident,
   jobLink,
   megabytes,
   shortDuration,
@@ -106,7 +107,7 @@ function workerRow(worker) {
   row.dataset.actionId = worker.action_id;
   const job = cell("", "id");
   const what = document.createElement("small");
-  what.textContent = `${worker.crew_id} · ${worker.operation}`;
+  what.textContent = `${ident(worker.crew_id)} · ${worker.operation}`;
   const spent = document.createElement("small"); // its LLM usage so far
   spent.className = "spent";
   job.replaceChildren(jobLink(worker.action_id), what, spent);
@@ -134,7 +135,7 @@ function cancelButton(id) {
 // The call is not aborted with its view (the kill goes on whatever the page shows next), but its answer is shown
 // only in the view that asked.
 export async function cancel(job, button, box, signal) {
-  if (!window.confirm(`Cancel ${job.action_id}? Its worker and every process it started are killed.`)) return;
+  if (!window.confirm(`Cancel ${ident(job.action_id)}? Its worker and every process it started are killed.`)) return;
   button.disabled = true;
   button.textContent = "Cancelling…";
   try {
@@ -147,8 +148,11 @@ export async function cancel(job, button, box, signal) {
     if (!signal.aborted) showEvidence(box, record);
   } catch (error) {
     if (signal.aborted) return;
-    if (error instanceof Refused) showEvidence(box, null, `Cancel of ${job.action_id} refused: ${error.message}`);
-    else handle(error);
+    if (error instanceof Refused) {
+      showEvidence(box, null, `Cancel of ${ident(job.action_id)} refused: ${error.message}`);
+    } else {
+      handle(error);
+    }
   } finally {
     button.disabled = false;
     button.textContent = "Cancel";
@@ -162,11 +166,11 @@ function showEvidence(box, record, failure) {
   if (failure) {
     title.textContent = failure;
   } else if (record.status !== "cancelled") {
-    title.textContent = `${record.action_id} had already ended: ${record.status}`;
+    title.textContent = `${ident(record.action_id)} had already ended: ${record.status}`;
   } else if (terminal.launched === false) {
-    title.textContent = `${record.action_id} cancelled before it started: no process ran`;
+    title.textContent = `${ident(record.action_id)} cancelled before it started: no process ran`;
   } else {
-    title.textContent = `${record.action_id} cancelled: ${stopConfirmed(terminal)}`;
+    title.textContent = `${ident(record.action_id)} cancelled: ${stopConfirmed(terminal)}`;
     detail.textContent = stopProof(terminal);
   }
   box.replaceChildren(title, detail);

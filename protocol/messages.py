@@ -12,9 +12,11 @@ from typing import Any, ClassVar
 from protocol.frames import MAX_FRAME_BYTES, FrameError, FrameReader, encode
 
 # Bump on any change a peer could misread; a mismatched worker is rejected at hello.
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 # Operations without external effects: when one fails, its outcome is certain (as the reference says).
 READ_ONLY_OPERATIONS = frozenset({"knowledge_query"})
+# A worker's ``Stacks``, all threads' together: a stack is read by a person, and a deep one is cut at its outer end.
+MAX_STACK_BYTES = 256 * 1024
 # The reason of the ``Failed`` a fork server sends instead of its registry when it cannot warm CrewAI.
 WARMUP_FAILED = "warmup_failed"
 
@@ -70,6 +72,13 @@ class Start(Message):
 @dataclasses.dataclass(frozen=True)
 class Stop(Message):
     kind: ClassVar[str] = "stop"
+
+
+@dataclasses.dataclass(frozen=True)
+class DumpStacks(Message):
+    """Every thread's Python stack, now (``Stacks``): the job goes on. Sent to a running job's worker only."""
+
+    kind: ClassVar[str] = "dump_stacks"
 
 
 # Worker -> supervisor.
@@ -162,6 +171,15 @@ class OverBudget(Message):
 
 
 @dataclasses.dataclass(frozen=True)
+class Stacks(Message):
+    """The answer to ``DumpStacks``: per thread ``{"name", "ident", "stack"}``, the stack as ``traceback`` writes
+    it, innermost call last, within MAX_STACK_BYTES in all."""
+
+    kind: ClassVar[str] = "stacks"
+    threads: list[dict[str, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
 class Completed(Message):
     kind: ClassVar[str] = "completed"
     output: dict[str, Any]
@@ -183,8 +201,8 @@ TERMINAL = (Completed, Failed)
 _KINDS: dict[str, type[Message]] = {
     cls.kind: cls
     for cls in (
-        *(Start, Stop, Hello, Registry, Built, Started, Chunk, Spent, OverBudget),
-        *(Completed, Failed, Fork, Forked, Refused),
+        *(Start, Stop, DumpStacks, Hello, Registry, Built, Started, Chunk, Spent, OverBudget),
+        *(Stacks, Completed, Failed, Fork, Forked, Refused),
     )
 }
 _FIELDS = {kind: typing.get_type_hints(cls) for kind, cls in _KINDS.items()}

@@ -60,7 +60,8 @@ class MisbehavingLLM(BaseLLM):
     blocks; ``tree``: starts a child that starts a grandchild which leaves the group (``setsid``), the child
     saying ``tree <child pid> <grandchild pid>`` on the job's stdout, then blocks; ``raise``: fails with text
     that must never reach the journal; ``leak``: prints the key in LEAKED_KEY on stdout and stderr and fails
-    quoting it; ``huge``: answers 5 MiB.
+    quoting it; ``huge``: answers 5 MiB; ``gil``: blocks in C holding the interpreter's lock (a regular expression
+    that backtracks for ever), so no other thread of the worker runs.
     A call that blocks first appends its pid to BLOCKED, so a test can wait until it is inside the call."""
 
     mode: str
@@ -81,6 +82,8 @@ class MisbehavingLLM(BaseLLM):
             raise RuntimeError(f"Incorrect API key provided: {key}")
         with open(_evidence() / BLOCKED, "a") as blocked:
             blocked.write(f"{os.getpid()}\n")
+        if self.mode == "gil":
+            re.fullmatch(r"(a+)+$", "a" * 64 + "b")  # 2**64 steps, all in C
         time.sleep(HOUR)
         return "Final Answer: unreachable"
 
@@ -176,6 +179,10 @@ def leaky() -> Crew:
 
 def huge() -> Crew:
     return _single(MisbehavingLLM(model="huge", mode="huge"))
+
+
+def gil_hog() -> Crew:
+    return _single(MisbehavingLLM(model="gil", mode="gil"))
 
 
 def broken_factory() -> Crew:
@@ -360,6 +367,7 @@ registry: dict[str, Callable[[], Crew]] = {
     "boom": boom,
     "broken-factory": broken_factory,
     "huge": huge,
+    "gil-hog": gil_hog,
     "leaky": leaky,
     "chatty": chatty,
     "talker": talker,

@@ -32,7 +32,7 @@ def run(
     comes preloaded from a fork server, and ``domain`` (its job's sandbox) made ready ahead (``domain_ahead``)."""
     launched = dict(os.environ)  # what it was started (or forked) with, before imports add to it
     out = lifecycle.FrameWriter(event_fd)
-    control = lifecycle.Control(control_fd)
+    control = lifecycle.Control(control_fd, out)
     out.send(Hello(pid=os.getpid()))
     try:
         lifecycle.prepare_environment()

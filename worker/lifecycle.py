@@ -18,6 +18,7 @@ from protocol import (
     SANDBOX_HIDDEN,
     SANDBOX_WRITABLE,
     SETTINGS_PREFIX,
+    DumpStacks,
     FrameError,
     Layer,
     Message,
@@ -26,7 +27,7 @@ from protocol import (
     Stop,
     pack,
 )
-from worker import landlock, seccomp
+from worker import landlock, seccomp, stacks
 
 NICE = "AIP_CREWAI_WORKER_NICE"  # set by the supervisor from its settings
 PR_SET_PDEATHSIG = 1
@@ -207,7 +208,8 @@ def prepare_environment() -> None:
 
 
 class Control:
-    """The control pipe: one Start, then only EOF or Stop, either of which ends the process at once.
+    """The control pipe: one Start, then only EOF or Stop, either of which ends the process at once, or DumpStacks,
+    which it answers with the job's stacks.
 
     A thread watches it, so nothing the job does can delay that. A cold worker's watches while it imports, until
     its Start, and ends there; a worker forked ahead of demand reads its Start itself (no wake-up of another thread
@@ -216,8 +218,9 @@ class Control:
     so a thread started before would keep a wider domain, which crew code could borrow.
     """
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, out: FrameWriter) -> None:
         self._fd = fd
+        self._out = out  # where the job's stacks go (``DumpStacks``)
         self._reader = MessageReader()
         self._read_ahead: list[Message] = []  # messages that came in the same read as an earlier one
         self._starts: queue.Queue[Start] = queue.Queue(maxsize=1)
@@ -247,6 +250,9 @@ class Control:
         if isinstance(message, Start) and not self._started:
             self._started = True
             self._starts.put(message)
+            return
+        if isinstance(message, DumpStacks) and self._started:
+            self._out.send(stacks.take())
             return
         os._exit(EXIT_STOPPED if isinstance(message, Stop) else EXIT_PROTOCOL)
 

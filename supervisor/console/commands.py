@@ -76,6 +76,11 @@ TOP = """\
 The live view of the running jobs' workers (phase, pid, memory, CPU, age,
 events), refreshed every --interval seconds until Ctrl-C; --once prints one
 view and exits, --json prints one line of JSON per refresh."""
+STACK = """\
+Print every thread's Python stack of a running job, asked of its worker while
+the job goes on: where its agents, tools and provider calls are. For a job
+stopped by its timeout, a cancel or a broken limit, the stacks taken just
+before its kill."""
 RUN = """\
 Start a job of a crew and follow it to its end: its output as it streams, then
 its answer, or for a failed job the last lines of its stderr (where the crew's
@@ -116,7 +121,7 @@ def _command(
 
 
 def _add_reads(command: Callable[..., argparse.ArgumentParser]) -> None:
-    """The commands that only look: jobs, show, events, output, top."""
+    """The commands that only look: jobs, show, events, output, stack, top."""
     jobs = command("jobs", list_jobs, "list jobs, newest first", JOBS, DONE)
     jobs.add_argument(
         "--status",
@@ -141,6 +146,8 @@ def _add_reads(command: Callable[..., argparse.ArgumentParser]) -> None:
     output_parser = command("output", output, "what a job's worker wrote to stdout and stderr", OUTPUT, DONE)
     output_parser.add_argument("action_id", type=typed_id, help=ACTION_ID_HELP)
     output_parser.add_argument("--stream", choices=("stdout", "stderr"), help="only this one (default: both)")
+    stack_parser = command("stack", stack, "every thread's Python stack of a running job", STACK, DONE)
+    stack_parser.add_argument("action_id", type=typed_id, help=ACTION_ID_HELP)
     top_parser = command(
         "top",
         top,
@@ -272,6 +279,10 @@ def output(client: Client, args: argparse.Namespace, out: Console) -> int:
         if text:
             out.print(Text(visible(text.rstrip(), layout=True)), soft_wrap=True)  # as the worker wrote it
     return 0
+
+
+def stack(client: Client, args: argparse.Namespace, out: Console) -> int:
+    return answer(client.get(job_path(args.action_id, "stack")), args, out, views.stacks_view)
 
 
 def top(client: Client, args: argparse.Namespace, out: Console) -> int:

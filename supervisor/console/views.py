@@ -171,6 +171,19 @@ def stderr_end(text: str) -> Text:
     return Text.assemble(("its stderr ends with:\n", "bold"), visible(end, layout=True))
 
 
+def stacks_view(stacks: dict[str, Any]) -> Text:
+    """Each thread's stack under its name, innermost call last, as Python prints a traceback."""
+    when = clock(stacks["taken_at"])
+    before = f", just before its {stacks['before']} kill" if stacks.get("before") else ""
+    parts: list[Text | str] = [
+        Text.assemble(id_text(stacks["action_id"]), f" ({visible(stacks['status'])}): stacks taken at {when}{before}")
+    ]
+    for thread in stacks["threads"]:
+        parts += ["\n\n", plain(f"Thread {thread['name']} ({thread['ident']}):", "bold"), "\n"]
+        parts.append(plain(str(thread["stack"]).rstrip("\n"), layout=True))
+    return Text.assemble(*parts)
+
+
 def cancel_line(job: dict[str, Any]) -> Text:
     terminal = job.get("terminal") or {}
     if job["status"] != "cancelled":

@@ -1,7 +1,8 @@
-"""Operator routes: the job list, the live worker view and a worker's captured output.
+"""Operator routes: the job list, the live worker view, a worker's captured output and a job's stacks.
 
 They sit behind the same bearer middleware as the contract routes; none of them changes a job
-(cancel stays the way to stop one), and none logs inputs, outputs or captured streams.
+(cancel stays the way to stop one; asking for its stacks does not stop it), and none logs inputs, outputs or
+captured streams.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 
 from supervisor.http.responses import errors
 from supervisor.http.routing import Sup
+from supervisor.jobs import stacks
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.phases import Phase
 from supervisor.journal.records import Streams, shown
@@ -111,6 +113,22 @@ async def output(sup: Sup, action_id: str) -> dict[str, Any]:
         "stdout": {"text": streams.stdout, "total_bytes": streams.stdout_total},
         "stderr": {"text": streams.stderr, "total_bytes": streams.stderr_total},
     }
+
+
+@router.get("/jobs/{action_id}/stack", responses=errors(404, 409, 422, 504))
+async def stack(sup: Sup, action_id: str) -> dict[str, Any]:
+    """Every thread's Python stack of a running job, asked of its worker (the job goes on); of an ended job, the
+    stacks taken just before the kill of its timeout, cancel or broken limit."""
+    if problem := path_id_problem(action_id):
+        raise HTTPException(422, problem)
+    try:
+        return await sup.stacks_of(action_id)
+    except LookupError:
+        raise HTTPException(404, "run was not found") from None
+    except stacks.Unavailable as exc:
+        raise HTTPException(409, str(exc)) from None
+    except stacks.Late as exc:
+        raise HTTPException(504, str(exc)) from None
 
 
 def worker_view(

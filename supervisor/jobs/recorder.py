@@ -74,7 +74,13 @@ class Recorder:
             outcome.data.setdefault("llm_spent", job.spent.summary())
         try:
             await self.journal.finish(
-                job.action_id, outcome.event, outcome.data, outcome.output, streams, exit_status=outcome.exit_status
+                job.action_id,
+                outcome.event,
+                outcome.data,
+                outcome.output,
+                streams,
+                exit_status=outcome.exit_status,
+                stack=job.stack,
             )
         except JournalError as exc:
             log.critical(

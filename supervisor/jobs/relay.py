@@ -8,8 +8,9 @@ from typing import Any
 
 import orjson
 
-from protocol import Chunk, Completed, Failed, Hello, OverBudget, Spent, Started
+from protocol import Chunk, Completed, Failed, Hello, OverBudget, Spent, Stacks, Started
 from supervisor.config import PREFIX, Settings
+from supervisor.jobs import stacks
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.outcomes import Outcome, after_terminal, exit_failure, failure, protocol_fault
 from supervisor.jobs.phases import Phase, StopReason
@@ -42,6 +43,7 @@ class Relay:
             if isinstance(message, Completed | Failed):
                 return message
             if isinstance(message, Started):
+                job.started = True
                 self.limits.begin(worker)
                 self.metrics.start_latency.observe(asyncio.get_running_loop().time() - job.admitted)
                 started = {"status": "running", "operation": job.operation, "pid": worker.pid}
@@ -50,6 +52,9 @@ class Relay:
                 fault = await self.recorder.record(job, "chunk", message.data)
             elif isinstance(message, Spent):
                 self._spend(job, message)
+                continue
+            elif isinstance(message, Stacks):
+                stacks.answered(job, message)
                 continue
             elif isinstance(message, OverBudget):  # it holds a call back, and waits: stopped as over its budget
                 if (breach := job.budget.breach(job.spent, held=message.limit)) is None:
@@ -97,6 +102,12 @@ class Relay:
         self.metrics.llm_calls.labels(job.crew_id).inc(counted.requests)
         if (breach := job.budget.breach(job.spent)) is not None:
             self.breach(job, breach)
+
+    async def stop(self, job: LiveJob, worker: WorkerProcess, grace: float) -> StopEvidence:
+        """A stopped job's kill, once where it was is kept (``stacks.before_kill``). A job over a limit gets no grace:
+        it would spend it growing."""
+        await stacks.before_kill(job, worker)
+        return await self.kill(worker, 0 if job.stop is StopReason.LIMIT else grace)
 
     async def kill(self, worker: WorkerProcess, grace: float = 0.0) -> StopEvidence:
         """Kill the worker's group and everything else of its job, as its containment holds it."""

@@ -193,9 +193,7 @@ class Runner:
             result = await self._unless_stopped(job, lambda: self.relay.run(job, worker))
             job.move(Phase.SETTLING)
             if result is None:
-                # A job over a limit gets no grace: it would spend it growing.
-                evidence = await self.relay.kill(worker, 0 if job.stop is StopReason.LIMIT else self._grace)
-                return interrupted(job, evidence.as_dict())
+                return interrupted(job, (await self.relay.stop(job, worker, self._grace)).as_dict())
             if isinstance(result, Outcome):
                 return result
             return await self.relay.conclude(job, worker, result)

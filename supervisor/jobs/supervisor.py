@@ -17,6 +17,7 @@ from typing import Any
 
 from protocol import Registry
 from supervisor.config import Settings
+from supervisor.jobs import stacks
 from supervisor.jobs.admission import Admission
 from supervisor.jobs.environment import worker_env
 from supervisor.jobs.fencing import fence_restored
@@ -143,6 +144,23 @@ class Supervisor:
         output's ``token_usage``, or its terminal's evidence, says it then."""
         job = self.live.get(action_id) if status == "running" else None
         return job.spent.summary() if job is not None else None
+
+    async def stacks_of(self, action_id: str) -> dict[str, Any]:
+        """Every thread's stack of a running job, now; or of an ended one, those taken just before its timeout's,
+        cancel's or limit's kill. Raises LookupError (no such job), ``stacks.Unavailable`` or ``stacks.Late``."""
+        job = self.live.get(action_id)
+        if job is not None:
+            return {"action_id": action_id, "status": "running", **await stacks.of_running(job)}
+        record = self.reader.get(action_id)
+        if record is None:
+            raise LookupError(action_id)
+        kept = self.reader.stack(action_id)
+        if kept is None:
+            raise stacks.Unavailable(
+                f"the job {record.status}, and no stack was taken: only a timeout, a cancel or a broken limit keeps"
+                " where a running job was before its kill"
+            )
+        return {"action_id": action_id, "status": record.status, **kept}
 
     @property
     def draining(self) -> bool:

@@ -126,6 +126,11 @@ class Reader:
         ).fetchone()
         return Streams(*row) if row else None
 
+    def stack(self, action_id: str) -> dict[str, Any] | None:
+        """Where the job was just before the kill of its timeout, cancel or broken limit, if it was taken."""
+        row = self._db.execute("SELECT stack FROM stacks WHERE action_id = ?", (action_id,)).fetchone()
+        return orjson.loads(row[0]) if row else None
+
     def running(self) -> list[Job]:
         rows = self._db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE status = 'running' ORDER BY admitted_at")
         return [Job(*row) for row in rows]

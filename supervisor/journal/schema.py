@@ -45,13 +45,18 @@ CREATE TABLE IF NOT EXISTS outputs (
     stdout_total INTEGER NOT NULL,
     stderr_total INTEGER NOT NULL
 );
+-- Where a job was just before the kill of its timeout, cancel or broken limit (supervisor/jobs/stacks.py): JSON.
+CREATE TABLE IF NOT EXISTS stacks (
+    action_id TEXT PRIMARY KEY,
+    stack BLOB NOT NULL
+);
 """
 
 
 # Per job: events numbered 0..event_count-1, at most one terminal event, it comes last, and the
-# status agrees with it. Events of unknown jobs are also inconsistent. A worker's captured output is
-# written with its job's terminal event, in the same commit: it belongs to a known, terminal job, and
-# its tails (text decoded from at most the bytes counted, so never more characters) fit in its totals.
+# status agrees with it. Events of unknown jobs are also inconsistent. A worker's captured output (and its
+# last stacks) is written with its job's terminal event, in the same commit: it belongs to a known, terminal
+# job, and its tails (text decoded from at most the bytes counted, so never more characters) fit in its totals.
 INCONSISTENT = """
 WITH summary AS (
     SELECT action_id, count(*) AS n, min(sequence) AS lo, max(sequence) AS hi,
@@ -80,6 +85,13 @@ SELECT o.action_id,
                 THEN 'worker output longer than its byte count'
        END AS problem
 FROM outputs AS o LEFT JOIN jobs AS j USING (action_id)
+WHERE problem IS NOT NULL
+UNION ALL
+SELECT s.action_id,
+       CASE WHEN j.action_id IS NULL THEN 'stacks of an unknown job'
+            WHEN j.status = 'running' THEN 'running with its last stacks recorded'
+       END AS problem
+FROM stacks AS s LEFT JOIN jobs AS j USING (action_id)
 WHERE problem IS NOT NULL
 LIMIT 1
 """

@@ -181,10 +181,11 @@ class Journal:
         output: dict[str, Any] | None = None,
         streams: Streams | None = None,
         exit_status: int | None = None,
+        stack: dict[str, Any] | None = None,
     ) -> Written[Event]:
-        """The terminal event, the status it implies, the output and the worker's streams: one durable
-        commit, after the job's pending events. If the streams do not fit (the journal is full) they
-        are dropped, never the terminal event."""
+        """The terminal event, the status it implies, the output, the worker's streams and the stacks taken before
+        its kill: one durable commit, after the job's pending events. If the streams and stacks do not fit (the
+        journal is full) they are dropped, never the terminal event."""
         ended = time.time()
 
         def terminal(streams: Streams | None, db: sqlite3.Connection) -> Event:
@@ -197,6 +198,8 @@ class Journal:
                 db.execute(
                     "INSERT OR REPLACE INTO outputs VALUES (?, ?, ?, ?, ?)", (action_id, *dataclasses.astuple(streams))
                 )
+                if stack is not None:
+                    db.execute("INSERT OR REPLACE INTO stacks VALUES (?, ?)", (action_id, orjson.dumps(stack)))
             return appended
 
         fallback = functools.partial(terminal, None) if streams is not None else None
@@ -206,6 +209,7 @@ class Journal:
         def delete(db: sqlite3.Connection) -> None:
             db.execute("DELETE FROM events WHERE action_id = ?", (action_id,))
             db.execute("DELETE FROM outputs WHERE action_id = ?", (action_id,))
+            db.execute("DELETE FROM stacks WHERE action_id = ?", (action_id,))
             db.execute("DELETE FROM jobs WHERE action_id = ?", (action_id,))
 
         return self._write(delete, patience=REFUSE_AFTER_SECONDS)

@@ -269,7 +269,7 @@ def test_the_job_list_filters_and_pages(console: Server, page: Any) -> None:
 
 
 def test_a_look_alike_id_is_written_out_as_the_cli_writes_it(console: Server, page: Any) -> None:
-    """"t\u0456des" (a Cyrillic і) would read as "tides": the list and the job page write it out."""
+    """ "t\u0456des" (a Cyrillic і) would read as "tides": the list and the job page write it out."""
     look_alike = "t\u0456des-in-the-page"
     with console.client() as client:
         answer = client.post("/jobs", json=start_body("demo", look_alike), headers={"Idempotency-Key": "look-alike"})

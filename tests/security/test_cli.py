@@ -85,7 +85,7 @@ def test_ids_are_percent_encoded_in_paths(server: Server) -> None:
 
 
 def test_a_look_alike_id_is_written_out_and_pasted_back(server: Server) -> None:
-    """"t\u0456des" (a Cyrillic і) would read as "tides" in a table: it is shown written out, and that is what
+    """ "t\u0456des" (a Cyrillic і) would read as "tides" in a table: it is shown written out, and that is what
     show, cancel and the others take back."""
     look_alike = "t\u0456des-job"
     with server.client() as client:

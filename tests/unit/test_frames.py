@@ -13,6 +13,7 @@ from protocol import (
     Built,
     Chunk,
     Completed,
+    DumpStacks,
     Failed,
     Fork,
     Forked,
@@ -26,6 +27,7 @@ from protocol import (
     Refused,
     Registry,
     Spent,
+    Stacks,
     Start,
     Started,
     Stop,
@@ -62,6 +64,8 @@ EXAMPLES: dict[type[Message], st.SearchStrategy[Message]] = {
         st.integers(0, 10**6),
     ),
     Stop: st.just(Stop()),
+    DumpStacks: st.just(DumpStacks()),
+    Stacks: st.builds(Stacks, st.lists(st.fixed_dictionaries({"name": names, "ident": pids, "stack": names}))),
     Hello: st.builds(Hello, pids),
     Registry: st.builds(
         Registry, st.lists(names, max_size=4), st.lists(names, max_size=4), objects, st.dictionaries(names, objects)

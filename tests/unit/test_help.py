@@ -24,6 +24,7 @@ DOCUMENTED = {
     "jobs": CONNECTING | {"--status", "--crew", "--operation", "--limit", "--cursor"},
     "show": CONNECTING,
     "output": CONNECTING | {"--stream"},
+    "stack": CONNECTING,
     "events": CONNECTING | {"--follow"},
     "cancel": CONNECTING | {"--reason"},
     "top": CONNECTING | {"--once", "--interval"},

@@ -1,0 +1,35 @@
+"""Every thread's Python stack, for the operator (``crew-supervisor stack``): taken by the thread that watches the
+control pipe while the job goes on, so a crew blocked in a call (a provider, a tool, a lock) shows where."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import traceback
+
+from protocol import MAX_STACK_BYTES, Stacks
+
+CUT = "(outer calls cut)\n"
+
+
+def take() -> Stacks:
+    """Each thread but the caller's, the main thread first; a stack past what is left of MAX_STACK_BYTES keeps its
+    innermost calls, where the thread is."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    main, caller = threading.main_thread().ident, threading.get_ident()
+    frames = sorted(sys._current_frames().items(), key=lambda item: (item[0] != main, names.get(item[0], "")))
+    threads, left = [], MAX_STACK_BYTES
+    for ident, frame in frames:
+        if ident == caller or left <= len(CUT):
+            continue
+        stack = _innermost("".join(traceback.format_stack(frame)), left)
+        threads.append({"name": names.get(ident, "(not started by threading)"), "ident": ident, "stack": stack})
+        left -= len(stack.encode())
+    return Stacks(threads=threads)
+
+
+def _innermost(stack: str, limit: int) -> str:
+    data = stack.encode()
+    if len(data) <= limit:
+        return stack
+    return CUT + data[len(data) - limit + len(CUT) :].decode(errors="ignore")

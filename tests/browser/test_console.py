@@ -268,6 +268,29 @@ def test_the_job_list_filters_and_pages(console: Server, page: Any) -> None:
     expect(page.locator("#jobs-empty")).to_be_visible()  # no demo job was cancelled
 
 
+def test_the_stacks_button_shows_where_a_running_job_is_and_where_a_cancelled_one_was(
+    console: Server, page: Any
+) -> None:
+    pid = start_job(console, "stacked-in-the-page", seconds=60)
+    sign_in(page, console)
+    page.goto(f"{console.url}/console/#/jobs/stacked-in-the-page")
+    expect(page.locator("#job-record")).to_contain_text("running")
+    page.click("#job-stacks")
+    stacks = page.locator("#stacks")
+    expect(stacks).to_contain_text("Thread MainThread")
+    expect(stacks).to_contain_text(re.compile(r"worker/demo\.py\", line \d+, in call"))  # the model's call, ticking
+    expect(page.locator("#stacks-when")).to_contain_text("taken at")
+    with console.client() as client:
+        assert client.get("/jobs/stacked-in-the-page").json()["status"] == "running"  # it goes on
+        body = {"crew_id": "demo-slow", "action_id": "stacked-in-the-page", "reason": "seen"}
+        assert client.post("/jobs/stacked-in-the-page/cancel", json=body).json()["status"] == "cancelled"
+    assert gone(pid)
+    expect(page.locator("#events-state")).to_have_text("ended: cancelled")
+    page.click("#job-stacks")
+    expect(page.locator("#stacks-when")).to_contain_text("just before its cancel kill")
+    expect(stacks).to_contain_text(re.compile(r"worker/demo\.py\", line \d+, in call"))
+
+
 def test_a_look_alike_id_is_written_out_as_the_cli_writes_it(console: Server, page: Any) -> None:
     """ "t\u0456des" (a Cyrillic і) would read as "tides": the list and the job page write it out."""
     look_alike = "t\u0456des-in-the-page"

@@ -40,9 +40,13 @@ export function openJob(id, signal) {
   $("job-view").hidden = false;
   $("job-id").textContent = ident(id);
   for (const box of ["job-record", "events", "stdout", "stderr", "job-evidence", "job-why"]) $(box).replaceChildren();
-  for (const text of ["stdout-total", "stderr-total", "events-state", "answer", "raw"]) $(text).textContent = "";
+  for (const text of ["stdout-total", "stderr-total", "events-state", "answer", "raw", "stacks", "stacks-when"]) {
+    $(text).textContent = "";
+  }
   delete $("raw").dataset.drawn;
-  for (const box of ["job-evidence", "job-why", "job-answer", "job-tasks", "job-usage"]) $(box).hidden = true;
+  for (const box of ["job-evidence", "job-why", "job-answer", "job-tasks", "job-usage", "job-stacks-box"]) {
+    $(box).hidden = true;
+  }
   $("events-dropped").hidden = true;
   const cancelJob = $("job-cancel");
   cancelJob.hidden = true;
@@ -52,6 +56,7 @@ export function openJob(id, signal) {
   let known = true;
   let ticks = 0;
   cancelJob.onclick = () => record && cancel(record, cancelJob, $("job-evidence"), signal);
+  $("job-stacks").onclick = () => showStacks(id, signal);
 
   async function refresh() {
     const answer = await getJSON(jobPath(id), { signal });
@@ -80,6 +85,32 @@ export function openJob(id, signal) {
       known = error.status !== 404 && error.status !== 422; // no such job: asking again will not make one
     }
   };
+}
+
+// Every thread's stack: asked of a running job's worker (the job goes on), or those its stop kept from before its
+// kill. A job with none, or a worker that cannot answer in time, says why in the same place.
+async function showStacks(id, signal) {
+  const button = $("job-stacks");
+  button.disabled = true;
+  $("job-stacks-box").hidden = false;
+  $("stacks-when").textContent = "asking its worker…";
+  try {
+    const answer = await getJSON(`${jobPath(id)}/stack`, { signal });
+    if (signal.aborted) return;
+    const before = answer.before ? `, just before its ${answer.before} kill` : "";
+    $("stacks-when").textContent = `taken at ${clock(answer.taken_at)}${before}`;
+    $("stacks").textContent = answer.threads.map((thread) => `Thread ${thread.name}:\n${thread.stack}`).join("\n");
+  } catch (error) {
+    if (signal.aborted) return;
+    if (!(error instanceof Refused)) {
+      handle(error);
+      return;
+    }
+    $("stacks-when").textContent = "none";
+    $("stacks").textContent = error.message;
+  } finally {
+    button.disabled = false;
+  }
 }
 
 // Follows a job's events to its terminal one. Only a supervisor that cannot be reached is retried (resuming

@@ -19,6 +19,7 @@ from pydantic import (
     StrictStr,
     StringConstraints,
     ValidationError,
+    model_validator,
 )
 
 from supervisor.config import OPERATIONS
@@ -61,6 +62,26 @@ class CancelRequest(BaseModel):
     crew_id: Id
     action_id: ActionId
     reason: Annotated[str, StringConstraints(max_length=2048)] | None = None
+
+
+class BulkCancelRequest(BaseModel):
+    """Which live jobs one cancel stops: those of a crew, a phase, an operation (all that are named), or ``all``
+    of them; ``dry_run`` names them and stops none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    crew_id: Id | None = None
+    phase: Literal["queued", "launching", "running"] | None = None  # a settling job's outcome is decided
+    operation: Operation | None = None
+    reason: Annotated[str, StringConstraints(max_length=2048)] | None = None
+    dry_run: bool = False
+    all: bool = False
+
+    @model_validator(mode="after")
+    def _names_its_jobs(self) -> BulkCancelRequest:
+        if not (self.crew_id or self.phase or self.operation or self.all):
+            raise ValueError("name the jobs: crew_id, phase or operation, or all: true for every live job")
+        return self
 
 
 def strict_json(body: bytes) -> Any:

@@ -67,7 +67,9 @@ resuming after a dropped connection, and exit with the job's outcome."""
 CANCEL = """\
 Cancel a job: kill its worker and every process it started, and return once
 that is confirmed, with the proof (the pid, the signal). --reason is recorded
-in the cancelled event."""
+in the cancelled event. Without an id, cancel every live job that --crew,
+--status and --operation all name (or --all), at once, and print each one's
+proof; --dry-run lists them and cancels none."""
 OUTPUT = """\
 Print what a job's worker wrote to stdout and stderr (a tool's prints, CrewAI's
 panels, the traceback of a crew that raised): the last 64 KiB of each, as the
@@ -162,8 +164,16 @@ def _add_reads(command: Callable[..., argparse.ArgumentParser]) -> None:
 def _add_actions(command: Callable[..., argparse.ArgumentParser]) -> None:
     """The commands that act: cancel, run."""
     cancel_parser = command("cancel", cancel, "kill a job's worker and wait until it is confirmed gone", CANCEL, DONE)
-    cancel_parser.add_argument("action_id", type=typed_id, help=ACTION_ID_HELP)
+    every = f"{ACTION_ID_HELP}; without it, the options below name the jobs"
+    cancel_parser.add_argument("action_id", nargs="?", type=typed_id, help=every)
     cancel_parser.add_argument("--reason", help="recorded in the cancelled event")
+    cancel_parser.add_argument("--crew", help="without an id: every live job of this crew")
+    cancel_parser.add_argument("--status", choices=PHASES[:3], help="without an id: every live job where this says")
+    cancel_parser.add_argument(
+        "--operation", choices=OPERATIONS, help="without an id: every live job of this operation"
+    )
+    cancel_parser.add_argument("--all", action="store_true", help="without an id: every live job")
+    cancel_parser.add_argument("--dry-run", action="store_true", help="list the jobs it would cancel; cancel none")
     run_parser = command("run", run, "start a job and follow it to its end", RUN, ((0, "the job completed"), *FOLLOWED))
     run_parser.add_argument("crew_id", help="the crew to run: its id in the supervisor's registry")
     run_parser.add_argument(
@@ -261,6 +271,16 @@ def events_of(client: Client, args: argparse.Namespace, out: Console) -> int:
 
 def cancel(client: Client, args: argparse.Namespace, out: Console) -> int:
     """The cancel route wants the crew id as a fence: it is read from the job first."""
+    named = {"crew_id": args.crew, "phase": args.status, "operation": args.operation, "all": args.all or None}
+    if args.action_id is None:
+        if not any(named.values()):
+            raise OperatorError("name the job (its id) or the jobs: --crew, --status, --operation, or --all")
+        body = {**named, "reason": args.reason, "dry_run": args.dry_run}
+        return answer(
+            client.post("/jobs/cancel", {k: v for k, v in body.items() if v is not None}), args, out, views.cancelled
+        )
+    if any(named.values()) or args.dry_run:
+        raise OperatorError("give a job's id or filters (--crew, --status, --operation, --all), not both")
     job = client.get(job_path(args.action_id))
     body = {"crew_id": job["crew_id"], "action_id": args.action_id, "reason": args.reason}
     return answer(client.post(job_path(args.action_id, "cancel"), body), args, out, views.cancel_line)

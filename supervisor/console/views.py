@@ -193,6 +193,20 @@ def cancel_line(job: dict[str, Any]) -> Text:
     )
 
 
+def cancelled(answer: dict[str, Any]) -> Text:
+    """A bulk cancel: each job it stopped with its proof, or (``dry_run``) each it would stop."""
+    jobs, lines = answer["jobs"], []
+    for job in jobs:
+        if answer["dry_run"]:
+            lines.append(Text.assemble("  ", id_text(job["action_id"]), f" ({visible(job['phase_before'])})"))
+        else:
+            lines.append(cancel_line(job))
+    verb = "would cancel" if answer["dry_run"] else "cancelled"
+    head = Text(f"{verb} {len(jobs)} job{'' if len(jobs) == 1 else 's'}", "bold")
+    more = [Text(f"{answer['more']} more matched: run it again to cancel them", "yellow")] if answer["more"] else []
+    return Text("\n").join([head, *lines, *more])
+
+
 class ChunkText:
     """Chunks arrive a few words at a time: print whole lines, so the spinner below them stays intact."""
 

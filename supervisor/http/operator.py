@@ -1,8 +1,8 @@
-"""Operator routes: the job list, the live worker view, a worker's captured output and a job's stacks.
+"""Operator routes: the job list, the live worker view, a worker's captured output, a job's stacks, and the cancel of
+many jobs at once.
 
-They sit behind the same bearer middleware as the contract routes; none of them changes a job
-(cancel stays the way to stop one; asking for its stacks does not stop it), and none logs inputs, outputs or
-captured streams.
+They sit behind the same bearer middleware as the contract routes; none but the bulk cancel changes a job (asking
+for its stacks does not stop it), and none logs inputs, outputs or captured streams.
 """
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ import orjson
 import psutil
 from fastapi import APIRouter, HTTPException, Query, Request
 
+from supervisor.http.contract import view
 from supervisor.http.responses import errors
 from supervisor.http.routing import Sup
 from supervisor.jobs import stacks
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.phases import Phase
 from supervisor.journal.records import Streams, shown
-from supervisor.models import Operation, path_id_problem
+from supervisor.models import BulkCancelRequest, Operation, path_id_problem
 from supervisor.processes.containment import ProcessTable
 from supervisor.processes.limits import Limits
 from supervisor.processes.process import WorkerProcess
@@ -113,6 +114,21 @@ async def output(sup: Sup, action_id: str) -> dict[str, Any]:
         "stdout": {"text": streams.stdout, "total_bytes": streams.stdout_total},
         "stderr": {"text": streams.stderr, "total_bytes": streams.stderr_total},
     }
+
+
+@router.post("/jobs/cancel", responses=errors(422))
+async def cancel_many(sup: Sup, body: BulkCancelRequest) -> dict[str, Any]:
+    """Cancel every live job the body names (queued, launching or running), all at once; answer once each is
+    terminal, with its record and so its stop's evidence, as a single cancel answers. ``dry_run`` names them and
+    stops none."""
+    before = {action_id: sup.phase_of(action_id, "running") for action_id in list(sup.live)}
+    taken, left = await sup.cancel_many(body)
+    jobs = []
+    for action_id in taken:
+        job = sup.reader.get(action_id)
+        if job is not None:  # archived meanwhile: nothing left to show
+            jobs.append({**view(sup, job), "phase_before": before.get(action_id)})
+    return {"dry_run": body.dry_run, "jobs": jobs, "more": left}
 
 
 @router.get("/jobs/{action_id}/stack", responses=errors(404, 409, 422, 504))

@@ -31,10 +31,13 @@ from supervisor.jobs.sandbox import Sandbox
 from supervisor.journal.records import Job
 from supervisor.journal.store import Journal
 from supervisor.metrics import Metrics
+from supervisor.models import BulkCancelRequest
 from supervisor.processes.launcher import Launcher
 from supervisor.processes.limits import Limits
 from supervisor.processes.reaper import Reaper
 
+CANCELLABLE = (Phase.QUEUED, Phase.LAUNCHING, Phase.RUNNING)  # a settling job's outcome is decided
+MAX_BULK_CANCEL = 1000  # jobs one bulk cancel stops; the answer says how many more matched
 log = logging.getLogger("crew_supervisor")
 
 
@@ -144,6 +147,25 @@ class Supervisor:
         output's ``token_usage``, or its terminal's evidence, says it then."""
         job = self.live.get(action_id) if status == "running" else None
         return job.spent.summary() if job is not None else None
+
+    async def cancel_many(self, request: BulkCancelRequest) -> tuple[list[str], int]:
+        """Cancel the live jobs ``request`` names, oldest first and at most MAX_BULK_CANCEL of them, all at once;
+        return once each is terminal (or, ``dry_run``, at once, none touched). Their ids, and how many more matched."""
+        named = sorted(
+            (
+                job
+                for job in self.live.values()
+                if job.phase in CANCELLABLE
+                and (request.crew_id is None or job.crew_id == request.crew_id)
+                and (request.phase is None or job.phase == request.phase)
+                and (request.operation is None or job.operation == request.operation)
+            ),
+            key=lambda job: job.admitted,
+        )
+        taken = [job.action_id for job in named[:MAX_BULK_CANCEL]]
+        if not request.dry_run:
+            await asyncio.gather(*(self.runner.cancel(action_id, request.reason) for action_id in taken))
+        return taken, len(named) - len(taken)
 
     async def stacks_of(self, action_id: str) -> dict[str, Any]:
         """Every thread's stack of a running job, now; or of an ended one, those taken just before its timeout's,

@@ -26,7 +26,7 @@ DOCUMENTED = {
     "output": CONNECTING | {"--stream"},
     "stack": CONNECTING,
     "events": CONNECTING | {"--follow"},
-    "cancel": CONNECTING | {"--reason"},
+    "cancel": CONNECTING | {"--reason", "--crew", "--status", "--operation", "--all", "--dry-run"},
     "top": CONNECTING | {"--once", "--interval"},
     "run": CONNECTING | {"--input", "--operation", "--action-id", "--timeout-ms", "--idempotency-key"},
     "chaos": {

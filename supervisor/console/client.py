@@ -93,6 +93,15 @@ class Client:
 
         return self._resumable(reopen)
 
+    def admit(self, body: Mapping[str, Any], key: str) -> None:
+        """Start a job and leave it: returns once it is admitted (durable), before it has a worker. Hanging up
+        never cancels a job."""
+        headers = {**SSE, "Idempotency-Key": key}
+        with self._talking(), self._http.stream("POST", "/jobs/stream", json=body, headers=headers) as response:
+            if response.is_error:
+                response.read()
+                self._json(response)
+
     def _resumable(self, reopen: Opener) -> Iterator[dict[str, Any]]:
         last: int | None = None
         failures = 0

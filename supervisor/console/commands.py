@@ -87,7 +87,8 @@ RUN = """\
 Start a job of a crew and follow it to its end: its output as it streams, then
 its answer, or for a failed job the last lines of its stderr (where the crew's
 own error says why). --input is the job's input: inline JSON, @FILE or FILE,
-or - for stdin. Ctrl-C stops following, never the job."""
+or - for stdin. Ctrl-C stops following, never the job. --detach prints the
+job's id once it is admitted and returns (0), leaving it to run."""
 
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -185,6 +186,7 @@ def _add_actions(command: Callable[..., argparse.ArgumentParser]) -> None:
     run_parser.add_argument("--action-id", help="default: a new cli-<uuid>")
     run_parser.add_argument("--timeout-ms", type=int, help="the job's timeout (server default if absent)")
     run_parser.add_argument("--idempotency-key", help="default: a new random key")
+    run_parser.add_argument("--detach", action="store_true", help="print the job's id once it is admitted; return")
 
 
 def _console() -> Console:
@@ -330,10 +332,15 @@ def run(client: Client, args: argparse.Namespace, out: Console) -> int:
     }
     if args.timeout_ms is not None:
         body["timeout_ms"] = args.timeout_ms
+    key = args.idempotency_key or uuid.uuid4().hex
+    if args.detach:  # the id alone, for a script: ID=$(crew-supervisor run my-crew --detach)
+        client.admit(body, key)
+        answer({"action_id": body["action_id"]}, args, out, lambda admitted: views.id_text(admitted["action_id"]))
+        return 0
     if not args.json:
         out.print(Text(f"started {ident(body['action_id'])} ({ident(args.crew_id)}, {args.operation})", "bold"))
     try:
-        code = follow(client.start(body, args.idempotency_key or uuid.uuid4().hex), body["action_id"], args.json, out)
+        code = follow(client.start(body, key), body["action_id"], args.json, out)
     except KeyboardInterrupt:  # a hang-up never cancels a job: say so, and how to
         shown = ident(body["action_id"])
         print(

@@ -36,32 +36,45 @@ def plain(value: Any, style: str = "", layout: bool = False) -> Text:
 
 def id_text(value: Any, style: str = "") -> Text:
     """An action or crew id: no look-alike passes for another (``escaping.ident``), and it reads back as typed."""
-    return Text(ident(value), style=style)
+    return Text(ident(value), style=style, overflow="fold")  # wider than the terminal: folded, never cut
 
 
 def jobs_table(jobs: list[dict[str, Any]], width: int = 80) -> Table:
-    """Fits ``width`` columns with the id whole, so it can be pasted into ``show`` (the CLI's own ids are 40
-    characters): the crew and the operation share what the others leave, cut with an ellipsis."""
+    """Fits ``width`` columns with the ids whole, so that an action id can be pasted into ``show`` and a crew id
+    into ``--crew``: the others share what they leave (a failed or cancelled job's reason cut with an ellipsis),
+    and where that is too little, ``JOBS_DROPPED_FIRST`` go first. Ids wider than the terminal fold, never cut."""
     table = Table(box=None, header_style="bold", padding=(0, 1, 0, 0))
-    id_width = min(max((len(ident(job["action_id"])) for job in jobs), default=9), 48)
-    fixed = {"status": 9, "events": 6, "admitted": 11}  # "cancelled" (or "launching"), the header, "11-29 03:43"
-    shared = max((width - id_width - sum(fixed.values()) - 6) // 2, 3)  # 6: a space after each column
-    table.add_column("action id", no_wrap=True, min_width=id_width)
-    for name in ("crew", "op"):
-        table.add_column(name, overflow="ellipsis", no_wrap=True, max_width=min(shared, 24))
-    table.add_column("status", no_wrap=True, min_width=fixed["status"])
-    table.add_column("events", justify="right", no_wrap=True, min_width=fixed["events"])
-    table.add_column("admitted", no_wrap=True, min_width=fixed["admitted"])
+    ids = {"action id": "action_id", "crew": "crew_id"}
+    sizes = {name: max((len(ident(job[key])) for job in jobs), default=len(name)) for name, key in ids.items()}
+    sizes |= {"op": max((len(str(job["operation"])) for job in jobs), default=2)}
+    sizes |= {"status": 9, "events": 6, "admitted": 11, "reason": 8}  # "cancelled", the header, "11-29 03:43"
+    for name in JOBS_DROPPED_FIRST:
+        if sum(size + 1 for size in sizes.values()) <= width:
+            break
+        del sizes[name]
+    left = width - sum(size + 1 for size in sizes.values())
+    for name, size in sizes.items():
+        if name in ids:  # its content's width, or folded where the terminal is narrower still
+            table.add_column(name, overflow="fold")
+        elif name == "reason":
+            table.add_column(name, overflow="ellipsis", no_wrap=True, max_width=size + max(left, 0))
+        else:
+            table.add_column(name, no_wrap=True, min_width=size, justify="right" if name == "events" else "left")
     for job in jobs:
-        table.add_row(
-            id_text(job["action_id"]),
-            id_text(job["crew_id"]),
-            plain(job["operation"]),
-            status_text(state(job)),
-            plain(job["event_count"]),
-            clock(job["admitted_at"], short=True),
-        )
+        cells = {
+            "action id": id_text(job["action_id"]),
+            "crew": id_text(job["crew_id"]),
+            "op": plain(job["operation"]),
+            "status": status_text(state(job)),
+            "events": plain(job["event_count"]),
+            "admitted": clock(job["admitted_at"], short=True),
+            "reason": plain(job.get("reason") or "", "dim"),
+        }
+        table.add_row(*(cells[name] for name in sizes))
     return table
+
+
+JOBS_DROPPED_FIRST = ("events", "admitted", "reason", "op")  # where the width runs out; ids and status always show
 
 
 # ``top``'s columns after the job's: name, width (its longest value or header), and the cell. The job's column
@@ -82,24 +95,31 @@ DROPPED_FIRST = ("cpu s", "age", "events", "calls", "rss")  # where the width ru
 
 
 def workers_table(workers: list[dict[str, Any]], now: float, width: int = 80) -> Table:
-    """Fits ``width`` columns: the id whole, then as many of the columns as fit, dropping ``DROPPED_FIRST``
-    first; ``idle`` is the time since the last event. (``--json`` has every field, and the process count.)"""
+    """Fits ``width`` columns: the job's id, crew and operation whole, then as many of the columns as fit, dropping
+    ``DROPPED_FIRST`` first; ``idle`` is the time since the last event. (``--json`` has every field, and the
+    process count.)"""
     table = Table(title=f"{len(workers)} live job(s)", box=None, header_style="bold", padding=(0, 1, 0, 0))
-    id_width = min(max((len(ident(worker["action_id"])) for worker in workers), default=9), 48)
+    id_width = max((_job_width(worker) for worker in workers), default=9)
     columns = list(WORKER_COLUMNS)
     for name in DROPPED_FIRST:
         if id_width + sum(size + 1 for _, size, _ in columns) < width:
             break
         columns = [column for column in columns if column[0] != name]
-    table.add_column("job", no_wrap=True, min_width=id_width, max_width=id_width)
+    # Whole where it fits; else folded in what the columns that always show leave (at least half): never cut.
+    least = min(id_width, max(width - sum(size + 1 for _, size, _ in columns), width // 2))
+    table.add_column("job", overflow="fold", min_width=least, max_width=id_width)
     for name, size, _ in columns:
         table.add_column(name, justify="left" if name == "phase" else "right", no_wrap=True, min_width=size)
     for worker in workers:
         what = Text.assemble(id_text(worker["crew_id"]), f" · {visible(worker['operation'])}", style="dim")
-        job = Text.assemble(id_text(worker["action_id"]), "\n", what)
-        job.overflow = "ellipsis"
+        job = Text.assemble(id_text(worker["action_id"]), "\n", what, overflow="fold")
         table.add_row(job, *(cell(worker, now) for _, _, cell in columns))
     return table
+
+
+def _job_width(worker: dict[str, Any]) -> int:
+    """``top``'s job column holds a job's id over its crew and operation, whole."""
+    return max(len(ident(worker["action_id"])), len(ident(worker["crew_id"])) + 3 + len(str(worker["operation"])))
 
 
 def job_panel(job: dict[str, Any]) -> Table:

@@ -126,6 +126,42 @@ def test_follow_top_and_cancel(server: Server, tmp_path: Path) -> None:
                 process.wait()
 
 
+def test_run_detach_prints_the_id_once_admitted_and_the_job_goes_on(server: Server) -> None:
+    detached = cli(server, "run", "demo-slow", "--input", '{"seconds": 60}', "--detach")
+    assert detached.returncode == 0, detached.stderr
+    action = detached.stdout.strip()
+    assert re.fullmatch(r"cli-[0-9a-f-]{36}", action), detached.stdout  # the id alone, for $(...)
+    as_json = cli(server, "run", "demo-slow", "--input", '{"seconds": 60}', "--detach", "--action-id", "j-1", "--json")
+    assert as_json.returncode == 0 and orjson.loads(as_json.stdout) == {"action_id": "j-1"}, as_json.stderr
+    with server.client() as client:
+        for job in (action, "j-1"):
+            assert wait_until(lambda job=job: client.get(f"/jobs/{job}").json()["event_count"] > 1, timeout=30)
+            assert client.get(f"/jobs/{job}").json()["status"] == "running"  # it runs on, nobody following
+    assert cli(server, "cancel", "--crew", "demo-slow").returncode == 0
+
+
+def test_jobs_says_why_a_job_failed_and_top_never_cuts_a_crew_id(server: Server) -> None:
+    failed = cli(server, "run", "boom", "--action-id", "why-in-the-list")
+    assert failed.returncode == 3, failed.stderr
+    listed = cli(server, "jobs", "--crew", "boom")
+    (row,) = [line for line in listed.stdout.splitlines() if line.startswith("why-in-the-list ")]
+    assert "failed" in row and "operation_failed" in row, listed.stdout
+
+    # An action id shorter than its crew id and operation: the column once took the id's width, cutting the crew.
+    detached = cli(server, "run", "demo-slow", "--input", '{"seconds": 60}', "--detach", "--action-id", "t1")
+    assert detached.returncode == 0, detached.stderr
+    try:
+        with server.client() as client:
+            assert wait_until(lambda: client.get("/jobs/t1").json()["event_count"] > 1, timeout=30)
+        for columns in ("60", "200"):
+            env = {**cli_env(server), "COLUMNS": columns}
+            frame = subprocess.run(command("top", "--once"), env=env, cwd=ROOT, capture_output=True, text=True)
+            assert frame.returncode == 0 and "demo-slow · run" in frame.stdout, frame.stdout
+            assert max(map(len, frame.stdout.splitlines())) <= int(columns)  # it fits the terminal it is given
+    finally:
+        cli(server, "cancel", "t1")
+
+
 class DroppingProxy:
     """A flaky link: forwards to the server but cuts every connection after ``budget`` bytes of answer,
     mid-event as often as not (however fast the events come, so the test does not depend on timing)."""

@@ -28,7 +28,7 @@ DOCUMENTED = {
     "events": CONNECTING | {"--follow"},
     "cancel": CONNECTING | {"--reason", "--crew", "--status", "--operation", "--all", "--dry-run"},
     "top": CONNECTING | {"--once", "--interval"},
-    "run": CONNECTING | {"--input", "--operation", "--action-id", "--timeout-ms", "--idempotency-key"},
+    "run": CONNECTING | {"--input", "--operation", "--action-id", "--timeout-ms", "--idempotency-key", "--detach"},
     "chaos": {
         *("--iterations", "--seed", "--concurrency", "--faults", "--small-disk", "--url", "--token", "--token-file"),
         *("--restart-cmd", "--restart-seconds", "--registry", "--fast-crew", "--slow-crew", "--state", "--json"),

@@ -1,11 +1,15 @@
 """Every thread's Python stack, for the operator (``crew-supervisor stack``): taken by the thread that watches the
-control pipe while the job goes on, so a crew blocked in a call (a provider, a tool, a lock) shows where."""
+control pipe while the job goes on, so a crew blocked in a call (a provider, a tool, a lock) shows where.
+
+Each call is its file, line and function, as faulthandler writes them, without the source line: reading a source
+file lets go of the interpreter's lock, and beside a thread that spins in Python each read then waits its turn
+(5 ms) to take it back, so a traceback's few dozen files could outlast what a stop waits for them (200 ms)."""
 
 from __future__ import annotations
 
 import sys
 import threading
-import traceback
+from types import FrameType
 
 from protocol import MAX_STACK_BYTES, Stacks
 
@@ -22,10 +26,19 @@ def take() -> Stacks:
     for ident, frame in frames:
         if ident == caller or left <= len(CUT):
             continue
-        stack = _innermost("".join(traceback.format_stack(frame)), left)
+        stack = _innermost(_calls(frame), left)
         threads.append({"name": names.get(ident, "(not started by threading)"), "ident": ident, "stack": stack})
         left -= len(stack.encode())
     return Stacks(threads=threads)
+
+
+def _calls(frame: FrameType | None) -> str:
+    """The calls that led to ``frame``, outermost first, as a traceback lists them."""
+    calls = []
+    while frame is not None:
+        calls.append(f'  File "{frame.f_code.co_filename}", line {frame.f_lineno}, in {frame.f_code.co_name}\n')
+        frame = frame.f_back
+    return "".join(reversed(calls))
 
 
 def _innermost(stack: str, limit: int) -> str:

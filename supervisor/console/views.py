@@ -192,7 +192,7 @@ def stderr_end(text: str) -> Text:
 
 
 def stacks_view(stacks: dict[str, Any]) -> Text:
-    """Each thread's stack under its name, innermost call last, as Python prints a traceback."""
+    """Each thread's calls under its name, innermost last, as faulthandler writes them."""
     when = clock(stacks["taken_at"])
     before = f", just before its {stacks['before']} kill" if stacks.get("before") else ""
     parts: list[Text | str] = [

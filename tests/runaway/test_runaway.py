@@ -110,6 +110,10 @@ def test_cpu_spinner_is_killed_after_its_cpu_seconds(server: Server) -> None:
     terminal = run_beside_neighbour(server, "runaway-cpu", "spinner")
     assert terminal["error_type"] == "cpu_limit_exceeded"
     assert CPU_SECONDS < terminal["cpu_seconds"] < CPU_SECONDS + 2 * SLOWDOWN
+    with server.client() as client:  # where it spun, taken just before its kill, kept with its record
+        kept = client.get("/jobs/spinner/stack").json()
+    assert kept.get("before") == "limit", kept
+    assert any("hostile_crews.py" in t["stack"] and ", in call\n" in t["stack"] for t in kept["threads"]), kept
 
 
 def test_cpu_burnt_by_a_relay_of_processes_counts_against_the_job(server: Server) -> None:

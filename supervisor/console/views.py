@@ -41,7 +41,7 @@ def id_text(value: Any, style: str = "") -> Text:
 
 def jobs_table(jobs: list[dict[str, Any]], width: int = 80) -> Table:
     """Fits ``width`` columns with the ids whole, so that an action id can be pasted into ``show`` and a crew id
-    into ``--crew``: the others share what they leave (a failed or cancelled job's reason cut with an ellipsis),
+    into ``--crew``: the others share what they leave (why a job failed or was cancelled, cut with an ellipsis),
     and where that is too little, ``JOBS_DROPPED_FIRST`` go first. Ids wider than the terminal fold, never cut."""
     table = Table(box=None, header_style="bold", padding=(0, 1, 0, 0))
     ids = {"action id": "action_id", "crew": "crew_id"}
@@ -68,13 +68,26 @@ def jobs_table(jobs: list[dict[str, Any]], width: int = 80) -> Table:
             "status": status_text(state(job)),
             "events": plain(job["event_count"]),
             "admitted": clock(job["admitted_at"], short=True),
-            "reason": plain(job.get("reason") or "", "dim"),
+            "reason": plain(why(job) or "", "dim"),
         }
         table.add_row(*(cells[name] for name in sizes))
     return table
 
 
 JOBS_DROPPED_FIRST = ("events", "admitted", "reason", "op")  # where the width runs out; ids and status always show
+
+
+def why(job: dict[str, Any]) -> str | None:
+    """Why a job failed, in short: its reason, its error type where that says more, its message (the API's list
+    gives a failed job's); a cancelled job's reason, the canceller's words."""
+    if job["status"] == "cancelled":
+        return job.get("reason")
+    if job["status"] != "failed":
+        return None
+    reason, error_type, message = (str(job.get(key) or "") for key in ("reason", "error_type", "message"))
+    if error_type == reason or error_type in message:  # "the crew factory raised ValueError" says it already
+        error_type = ""
+    return ": ".join(part for part in (reason, error_type, message) if part) or None
 
 
 # ``top``'s columns after the job's: name, width (its longest value or header), and the cell. The job's column

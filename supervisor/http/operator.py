@@ -23,6 +23,7 @@ from supervisor.http.responses import errors
 from supervisor.http.routing import Sup
 from supervisor.jobs import stacks
 from supervisor.jobs.live import LiveJob
+from supervisor.jobs.outcomes import bounded
 from supervisor.jobs.phases import Phase
 from supervisor.journal.records import Streams, shown
 from supervisor.models import BulkCancelRequest, Operation, path_id_problem
@@ -63,7 +64,10 @@ async def list_jobs(
     before = decode_cursor(cursor) if cursor else None
     among = None if phase is None else [job.action_id for job in sup.live.values() if job.phase == phase]
     rows = sup.reader.list_jobs(status, crew_id, operation, before, limit + 1, among)
-    page = [{**row, "phase": sup.phase_of(row["action_id"], row["status"])} for row in rows[:limit]]
+    page = [
+        {**row, "message": short(row["message"]), "phase": sup.phase_of(row["action_id"], row["status"])}
+        for row in rows[:limit]
+    ]
     more = len(rows) > limit
     return {"jobs": page, "next_cursor": encode_cursor(page[-1]) if more else None}
 
@@ -191,6 +195,11 @@ def last_line(worker: WorkerProcess, secrets: tuple[str, ...]) -> str | None:
         if lines:
             return lines[-1][-LAST_LINE_CHARS:]
     return None
+
+
+def short(message: str | None) -> str | None:
+    """A failed job's message in a list row: its first LAST_LINE_CHARS characters (its record has it whole)."""
+    return None if message is None else bounded(message, LAST_LINE_CHARS)
 
 
 def encode_cursor(row: dict[str, Any]) -> str:

@@ -108,16 +108,22 @@ class Reader:
         if before is not None:
             clauses.append("(j.admitted_at, j.action_id) < (?, ?)")
             params += before
-        # A failed or cancelled job's reason, from its terminal event (the last: one key lookup a row).
+        # A failed or cancelled job's reason, and a failed one's error type and message, from its terminal event
+        # (the last: one key lookup a row).
         rows = self._db.execute(
             "SELECT j.action_id, j.crew_id, j.operation, j.status, j.event_count, j.admitted_at, j.ended_at,"
-            " CASE WHEN j.status IN ('failed', 'cancelled') THEN json_extract(CAST(e.data AS TEXT), '$.reason') END"
+            " CASE WHEN j.status IN ('failed', 'cancelled') THEN json_extract(CAST(e.data AS TEXT), '$.reason') END,"
+            " CASE WHEN j.status = 'failed' THEN json_extract(CAST(e.data AS TEXT), '$.error_type') END,"
+            " CASE WHEN j.status = 'failed' THEN json_extract(CAST(e.data AS TEXT), '$.message') END"
             " FROM jobs AS j LEFT JOIN events AS e ON e.action_id = j.action_id AND e.sequence = j.event_count - 1"
             f" {'WHERE ' + ' AND '.join(clauses) if clauses else ''}"
             " ORDER BY j.admitted_at DESC, j.action_id DESC LIMIT ?",
             (*params, limit),
         )
-        names = ("action_id", "crew_id", "operation", "status", "event_count", "admitted_at", "ended_at", "reason")
+        names = (
+            *("action_id", "crew_id", "operation", "status", "event_count", "admitted_at", "ended_at"),
+            *("reason", "error_type", "message"),
+        )
         return [dict(zip(names, row, strict=True)) for row in rows]
 
     def streams(self, action_id: str) -> Streams | None:

@@ -102,6 +102,10 @@ def test_job_list_filters_and_paging(server: Server) -> None:
         assert paged == ids
 
         assert listed(crew_id="broken-factory", status="failed") == ["bad-1", "bad-0"]
+        rows = {job["action_id"]: job for job in everything["jobs"]}
+        why = ("crew_factory_failed", "ValueError", "the crew factory raised ValueError")
+        assert (rows["bad-0"]["reason"], rows["bad-0"]["error_type"], rows["bad-0"]["message"]) == why
+        assert (rows["ok-0"]["reason"], rows["ok-0"]["error_type"], rows["ok-0"]["message"]) == (None, None, None)
         assert listed(crew_id="demo", limit=2) == ["ok-2", "ok-1"]
         assert listed(crew_id="demo", status="completed") == ["ok-2", "ok-1", "ok-0"]
         assert listed(crew_id="demo", status="failed") == []

@@ -34,15 +34,43 @@ def rendered(table: Any, width: int) -> list[str]:
     return [line.rstrip() for line in console.export_text().splitlines()]
 
 
-@pytest.mark.parametrize("width", [80, 120, 200])
-def test_the_jobs_table_keeps_ids_and_every_column(width: int) -> None:
+@pytest.mark.parametrize(
+    ("width", "header"),
+    [
+        (80, ["action", "id", "crew", "status"]),
+        (100, ["action", "id", "crew", "op", "status", "reason"]),
+        (120, ["action", "id", "crew", "op", "status", "events", "admitted", "reason"]),
+        (200, ["action", "id", "crew", "op", "status", "events", "admitted", "reason"]),
+    ],
+)
+def test_the_jobs_table_keeps_both_ids_whole_and_drops_the_least_needed_columns_first(
+    width: int, header: list[str]
+) -> None:
     jobs = [job(LONG_ID, "nightly-report-builder", "knowledge_query", "cancelled"), job("j", "demo", "run", "failed")]
     lines = rendered(views.jobs_table(jobs, width), width)
     assert all(len(line) <= width for line in lines), lines
-    assert lines[0].split() == ["action", "id", "crew", "op", "status", "events", "admitted"]
-    assert lines[1].startswith(LONG_ID + " ") and "cancelled" in lines[1] and "1234" in lines[1]
-    assert lines[2].split()[:3] == ["j", "demo", "run"]  # short values are never cut
-    assert ("nightly-report-builder" in lines[1]) == (width >= 120)  # long ones only where there is no room
+    assert lines[0].split() == header
+    assert lines[1].startswith(f"{LONG_ID} nightly-report-builder ") and "cancelled" in lines[1]
+    assert lines[2].split()[:2] == ["j", "demo"]  # short values are never cut
+    assert ("1234" in lines[1]) == (width >= 120)
+
+
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_the_jobs_table_says_why_a_job_failed_in_the_width_left(width: int) -> None:
+    failed = {**job("cli-boom", "demo", "run", "failed"), "reason": "operation_failed", "error_type": "RuntimeError"}
+    failed["message"] = "CrewAI operation failed " + "and more " * 30  # a long one is cut, never wrapped
+    factory = {**job("cli-factory", "demo", "run", "failed"), "reason": "crew_factory_failed"}
+    factory |= {"error_type": "ValueError", "message": "the crew factory raised ValueError"}
+    stopped = {**job("j", "demo", "run", "cancelled"), "reason": "runaway crew"}
+    shown = [failed, factory, stopped, job("k", "demo", "run", "completed")]
+    lines = rendered(views.jobs_table(shown, width), width)
+    assert all(len(line) <= width for line in lines) and len(lines) == 5, lines
+    assert lines[0].split()[-1] == "reason" and "operation_failed: RuntimeErr" in lines[1]
+    if width >= 120:
+        assert "operation_failed: RuntimeError: CrewAI operation failed and more" in lines[1]
+        assert "crew_factory_failed: the crew factory raised ValueError" in lines[2]  # the type is in the message
+    assert lines[3].endswith("runaway crew") and lines[4].split()[3] == "completed"
+    assert lines[1].endswith("…")  # the rest of the message is cut at the table's edge
 
 
 def test_a_job_is_one_word_in_every_view_its_phase_while_it_runs() -> None:

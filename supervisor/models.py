@@ -15,6 +15,7 @@ from pydantic import (
     ConfigDict,
     Field,
     RootModel,
+    StrictBool,
     StrictInt,
     StrictStr,
     StringConstraints,
@@ -74,8 +75,9 @@ class BulkCancelRequest(BaseModel):
     phase: Literal["queued", "launching", "running"] | None = None  # a settling job's outcome is decided
     operation: Operation | None = None
     reason: Annotated[str, StringConstraints(max_length=2048)] | None = None
-    dry_run: bool = False
-    all: bool = False
+    # JSON booleans only: a lax "yes" or 1 read as true would stop jobs, or every job, on a typo.
+    dry_run: StrictBool = False
+    all: StrictBool = False
 
     @model_validator(mode="after")
     def _names_its_jobs(self) -> BulkCancelRequest:

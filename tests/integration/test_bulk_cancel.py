@@ -59,9 +59,19 @@ def test_a_bulk_cancel_must_name_its_jobs_and_takes_no_unknown_field(server: Ser
             ({"phase": "settling"}, "phase"),
             ({"crew_id": "demo", "status": "running"}, "status"),
             ({"crew_id": ""}, "crew_id"),
+            ({"crew_id": "x" * 257}, "crew_id"),
+            ({"phase": "completed"}, "phase"),
+            ({"operation": "fly"}, "operation"),
+            ({"crew_id": "demo", "dry_run": "yes"}, "dry_run"),  # JSON booleans only: a typo stops nothing
+            ({"all": 1}, "all"),
+            ({"crew_id": "demo", "reason": "r" * 2049}, "reason"),
+            (["demo"], "body"),
         ):
             refused = client.post("/jobs/cancel", json=body)
             assert refused.status_code == 422 and says in refused.text, (body, refused.text)
+        for raw in (b"", b"{", b'{"crew_id": NaN}'):
+            refused = client.post("/jobs/cancel", content=raw, headers={"Content-Type": "application/json"})
+            assert refused.status_code == 422, (raw, refused.text)
         none = client.post("/jobs/cancel", json={"crew_id": "no-such-crew"})
         assert none.status_code == 200 and none.json() == {"dry_run": False, "jobs": [], "more": 0}
     for args, says in (

@@ -104,35 +104,43 @@ WORKER_COLUMNS: tuple[tuple[str, int, Callable[[dict[str, Any], float], Any]], .
     ("events", 6, lambda w, now: plain(w["event_count"])),
     ("idle", 6, lambda w, now: "-" if w["idle_seconds"] is None else f"{w['idle_seconds']:.1f}s"),  # its clock
 )
-DROPPED_FIRST = ("cpu s", "age", "events", "calls", "rss")  # where the width runs out; the rest always shows
+# Where the width runs out, in this order; then the rest but the phase, so that the ids keep their column.
+DROPPED_FIRST = ("cpu s", "age", "events", "calls", "rss")
+DROPPED_NEXT = ("tokens", "idle", "cpu%", "pid")
 
 
 def workers_table(workers: list[dict[str, Any]], now: float, width: int = 80) -> Table:
-    """Fits ``width`` columns: the job's id, crew and operation whole, then as many of the columns as fit, dropping
-    ``DROPPED_FIRST`` first; ``idle`` is the time since the last event. (``--json`` has every field, and the
-    process count.)"""
+    """Fits ``width`` columns: the ids whole (an id wider than the terminal allows folds), then as many of the
+    columns as fit, dropping ``DROPPED_FIRST`` first, then ``DROPPED_NEXT``; ``idle`` is the time since the last
+    event. (``--json`` has every field, and the process count.)"""
     table = Table(title=f"{len(workers)} live job(s)", box=None, header_style="bold", padding=(0, 1, 0, 0))
-    id_width = max((_job_width(worker) for worker in workers), default=9)
+    ids = max((max(len(ident(worker[key])) for key in ("action_id", "crew_id")) for worker in workers), default=9)
+    crew_and_op = max((len(ident(worker["crew_id"])) + 3 + len(worker["operation"]) for worker in workers), default=9)
+    # Room for the operation up to 48, for the ids whatever it takes: less than the phase column (10) leaves.
+    id_width = max(min(max(ids, crew_and_op), 48, width - 10), min(ids, width - 10), 9)
     columns = list(WORKER_COLUMNS)
-    for name in DROPPED_FIRST:
+    for name in DROPPED_FIRST + DROPPED_NEXT:
         if id_width + sum(size + 1 for _, size, _ in columns) < width:
             break
         columns = [column for column in columns if column[0] != name]
-    # Whole where it fits; else folded in what the columns that always show leave (at least half): never cut.
-    least = min(id_width, max(width - sum(size + 1 for _, size, _ in columns), width // 2))
-    table.add_column("job", overflow="fold", min_width=least, max_width=id_width)
+    # An id longer than the column folds onto another line: never cut, it is what ``cancel`` takes.
+    table.add_column("job", no_wrap=False, overflow="fold", min_width=id_width, max_width=id_width)
     for name, size, _ in columns:
         table.add_column(name, justify="left" if name == "phase" else "right", no_wrap=True, min_width=size)
     for worker in workers:
-        what = Text.assemble(id_text(worker["crew_id"]), f" · {visible(worker['operation'])}", style="dim")
-        job = Text.assemble(id_text(worker["action_id"]), "\n", what, overflow="fold")
-        table.add_row(job, *(cell(worker, now) for _, _, cell in columns))
+        table.add_row(job_cell(worker, id_width), *(cell(worker, now) for _, _, cell in columns))
     return table
 
 
-def _job_width(worker: dict[str, Any]) -> int:
-    """``top``'s job column holds a job's id over its crew and operation, whole."""
-    return max(len(ident(worker["action_id"])), len(ident(worker["crew_id"])) + 3 + len(str(worker["operation"])))
+def job_cell(worker: dict[str, Any], width: int) -> Text:
+    """The action id over the crew id, both whole, then the operation in what the crew leaves of ``width``
+    (shortened, or left out): the operation is the one ``--json`` and ``show`` give again."""
+    crew = ident(worker["crew_id"])
+    room = width - len(crew) - 3  # " · "
+    operation = visible(worker["operation"])
+    shown = operation if len(operation) <= room else operation[: room - 1] + "…" if room >= 2 else ""
+    what = Text.assemble(id_text(crew), f" · {shown}" if shown else "", style="dim")
+    return Text.assemble(id_text(worker["action_id"]), "\n", what)
 
 
 def job_panel(job: dict[str, Any]) -> Table:

@@ -153,7 +153,7 @@ def test_jobs_says_why_a_job_failed_and_top_never_cuts_a_crew_id(server: Server)
     try:
         with server.client() as client:
             assert wait_until(lambda: client.get("/jobs/t1").json()["event_count"] > 1, timeout=30)
-        for columns in ("60", "200"):
+        for columns in ("30", "60", "200"):  # at 30 the job column was squeezed out, ids and all
             env = {**cli_env(server), "COLUMNS": columns}
             frame = subprocess.run(command("top", "--once"), env=env, cwd=ROOT, capture_output=True, text=True)
             assert frame.returncode == 0 and "demo-slow · run" in frame.stdout, frame.stdout

@@ -28,8 +28,9 @@ def worker(action_id: str, crew: str, operation: str) -> dict[str, Any]:
             "llm_calls": 61}  # fmt: skip
 
 
-def rendered(table: Any, width: int) -> list[str]:
-    console = Console(width=width, record=True, file=io.StringIO())
+def rendered(table: Any, width: int, piped: bool = False) -> list[str]:
+    """As a terminal of ``width`` shows it; ``piped``: as the CLI prints it to a pipe, lines never wrapped."""
+    console = Console(width=width, record=True, file=io.StringIO(), soft_wrap=piped)
     console.print(table)
     return [line.rstrip() for line in console.export_text().splitlines()]
 
@@ -95,3 +96,22 @@ def test_top_keeps_ids_and_drops_the_least_needed_columns_first(width: int, show
     assert "21,111" in lines[2]
     assert lines[2].startswith(LONG_ID + " ") and "launching" in lines[2] and "4194304" in lines[2]
     assert lines[3].startswith("nightly-report-builder · knowledge_query")
+
+
+@pytest.mark.parametrize("piped", [False, True])
+@pytest.mark.parametrize("width", [30, 50, 80, 120])
+def test_top_never_cuts_a_crew_id_longer_than_the_action_id(width: int, piped: bool) -> None:
+    """The operation is shortened, and columns dropped, before the crew id is; one wider than the terminal allows
+    folds onto the next line, whole. (At 30 columns the job column was squeezed out, ids and all.)"""
+    crew = "a-crew-with-a-long-name-of-its-own"
+    shown = [worker("t1", crew, "knowledge_query"), worker("t2", "c", "run")]
+    lines = rendered(views.workers_table(shown, NOW, width), width, piped)
+    assert all(len(line) <= width for line in lines), lines
+    assert lines[2].startswith("t1 ") and "running" not in lines[2] and "launching" in lines[2]
+    if width >= len(crew) + 10:
+        (below,) = [line for line in lines if line.startswith(crew)]
+        assert below.startswith(crew + " · " if width >= len(crew) + 15 else crew), below
+    else:  # folded in the job's column, every character kept
+        column = width - 10
+        assert "".join(line[:column].rstrip() for line in lines[3:5]) == crew, lines
+    assert any(line.startswith("c · run") for line in lines)

@@ -242,8 +242,10 @@ def cancelled(answer: dict[str, Any]) -> Text:
             lines.append(Text.assemble("  ", id_text(job["action_id"]), f" ({visible(job['phase_before'])})"))
         else:
             lines.append(cancel_line(job))
+    # A job settling as the cancel came kept its outcome (its line says "had already ended"): not counted.
+    count = len(jobs) if answer["dry_run"] else sum(job["status"] == "cancelled" for job in jobs)
     verb = "would cancel" if answer["dry_run"] else "cancelled"
-    head = Text(f"{verb} {len(jobs)} job{'' if len(jobs) == 1 else 's'}", "bold")
+    head = Text(f"{verb} {count} job{'' if count == 1 else 's'}", "bold")
     more = [Text(f"{answer['more']} more matched: run it again to cancel them", "yellow")] if answer["more"] else []
     return Text("\n").join([head, *lines, *more])
 

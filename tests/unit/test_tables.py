@@ -115,3 +115,15 @@ def test_top_never_cuts_a_crew_id_longer_than_the_action_id(width: int, piped: b
         column = width - 10
         assert "".join(line[:column].rstrip() for line in lines[3:5]) == crew, lines
     assert any(line.startswith("c · run") for line in lines)
+
+
+def test_a_bulk_cancel_counts_only_the_jobs_it_cancelled() -> None:
+    """A job that was settling when the cancel came keeps its outcome: listed as ended, not counted as cancelled."""
+    proof = {"stop_confirmed": True, "pid": 41, "signal": "SIGKILL", "descendants_killed": 0}
+    stopped = {"action_id": "a", "status": "cancelled", "terminal": proof, "phase_before": "running"}
+    ended = {"action_id": "b", "status": "completed", "terminal": {}, "phase_before": "running"}
+    lines = rendered(views.cancelled({"dry_run": False, "more": 0, "jobs": [stopped, ended]}), 120)
+    assert lines[0] == "cancelled 1 job" and "a cancelled (stop confirmed: True, pid 41, SIGKILL" in lines[1]
+    assert lines[2] == "b had already ended: completed"
+    listed = rendered(views.cancelled({"dry_run": True, "more": 3, "jobs": [stopped, ended]}), 120)
+    assert listed[0] == "would cancel 2 jobs" and "3 more matched" in listed[-1]

@@ -34,6 +34,7 @@ NO_NEGATIVE_DATA = {
     "DELETE /jobs/{action_id}",
     "GET /workers",
     "GET /jobs/{action_id}/output",
+    "GET /jobs/{action_id}/stack",
     "GET /metrics",
 }
 

@@ -268,6 +268,24 @@ def test_the_job_list_filters_and_pages(console: Server, page: Any) -> None:
     expect(page.locator("#jobs-empty")).to_be_visible()  # no demo job was cancelled
 
 
+def test_a_failed_job_s_page_shows_the_exception_its_crew_raised(console: Server, page: Any) -> None:
+    """demo-llm with no provider listening: the openai SDK raises, the event says the reference's generic words,
+    and the page shows what the crew raised, its traceback behind it."""
+    with console.client() as client:
+        body = start_body("demo-llm", "raised-in-the-page")
+        failed = client.post("/jobs", json=body, headers={"Idempotency-Key": "raised"})
+        assert failed.status_code == 502 and failed.json()["terminal"]["message"] == "CrewAI operation failed"
+    sign_in(page, console)
+    page.goto(f"{console.url}/console/#/jobs/raised-in-the-page")
+    expect(page.locator("#job-why")).to_contain_text("Failed: the crew raised an error")
+    raised = page.locator("#job-raised")
+    said = re.compile(r"^The crew raised \S*APIConnectionError: Connection error")
+    expect(raised.locator("summary")).to_have_text(said)
+    expect(page.locator("#raised")).to_be_hidden()  # the traceback behind its summary
+    raised.locator("summary").click()
+    expect(page.locator("#raised")).to_contain_text("Traceback (most recent call last):")
+
+
 def test_the_stacks_button_shows_where_a_running_job_is_and_where_a_cancelled_one_was(
     console: Server, page: Any
 ) -> None:

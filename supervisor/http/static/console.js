@@ -125,7 +125,7 @@ function closeView() {
 
 function clearData() {
   for (const id of ["workers", "jobs"]) $(id).tBodies[0].replaceChildren();
-  for (const id of ["job-record", "events", "stdout", "stderr", "evidence", "job-evidence", "stacks"]) {
+  for (const id of ["job-record", "events", "stdout", "stderr", "evidence", "job-evidence", "stacks", "raised"]) {
     $(id).replaceChildren();
   }
   for (const id of ["health-status", "health-forkserver", "health-limits", "health-jobs", "job-id"]) {

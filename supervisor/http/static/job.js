@@ -6,6 +6,7 @@ import { cancel } from "./workers.js";
 
 const EVENTS_SHOWN = 2000; // the oldest leave the page beyond this
 const TERMINAL = new Set(["completed", "failed", "cancelled"]);
+const TRACEBACK = "Traceback (most recent call last):"; // where a worker wrote a crew's exception whole
 // A failure's `reason`, in words (the code itself for any other).
 const REASONS = {
   timeout: "it reached its timeout",
@@ -40,13 +41,11 @@ export function openJob(id, signal) {
   $("job-view").hidden = false;
   $("job-id").textContent = ident(id);
   for (const box of ["job-record", "events", "stdout", "stderr", "job-evidence", "job-why"]) $(box).replaceChildren();
-  for (const text of ["stdout-total", "stderr-total", "events-state", "answer", "raw", "stacks", "stacks-when"]) {
-    $(text).textContent = "";
-  }
+  const texts = ["stdout-total", "stderr-total", "events-state", "answer", "raw", "stacks", "stacks-when", "raised"];
+  for (const text of [...texts, "raised-summary"]) $(text).textContent = "";
   delete $("raw").dataset.drawn;
-  for (const box of ["job-evidence", "job-why", "job-answer", "job-tasks", "job-usage", "job-stacks-box"]) {
-    $(box).hidden = true;
-  }
+  const boxes = ["job-evidence", "job-why", "job-raised", "job-answer", "job-tasks", "job-usage", "job-stacks-box"];
+  for (const box of boxes) $(box).hidden = true;
   $("events-dropped").hidden = true;
   const cancelJob = $("job-cancel");
   cancelJob.hidden = true;
@@ -68,6 +67,7 @@ export function openJob(id, signal) {
       if (signal.aborted) return;
       renderTail("stdout", output.stdout);
       renderTail("stderr", output.stderr);
+      renderRaised(record, output.stderr.text);
       live = output.live; // once settled the journal's copy is final: read no more
     }
   }
@@ -236,6 +236,18 @@ function renderWhy(job) {
   if (terminal.launched === false) lines.push("It never had a worker: no process ran.");
   else if (terminal.signal) lines.push(`${stopConfirmed(terminal)}: ${stopProof(terminal)}`);
   box.replaceChildren(title, ...lines.map(paragraph));
+}
+
+// A failed crew's own exception, as its worker wrote it to stderr (its event keeps the reference's generic words):
+// its last line under the failure, its whole traceback behind that, as `crew-supervisor show` prints it.
+function renderRaised(job, stderr) {
+  const at = stderr.lastIndexOf(TRACEBACK);
+  const box = $("job-raised");
+  box.hidden = job.status !== "failed" || at < 0 || (at > 0 && stderr[at - 1] !== "\n");
+  if (box.hidden) return;
+  const traceback = stderr.slice(at).trimEnd();
+  $("raised-summary").textContent = `The crew raised ${traceback.split("\n").at(-1)}`;
+  $("raised").textContent = traceback;
 }
 
 // The answer first (its structured form when it has one), then each task's, then the tokens it took.

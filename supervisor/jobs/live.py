@@ -8,7 +8,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from protocol import Spent, Stacks
+from protocol import Spent
 from supervisor.jobs.phases import Phase, StopReason, check_move
 from supervisor.processes.limits import Breach
 from supervisor.processes.process import WorkerProcess
@@ -105,7 +105,6 @@ class LiveJob:
     breach: Breach | None = None  # the limit it broke, when stop is LIMIT
     worker: WorkerProcess | None = None
     started: bool = False  # its worker said Started: its crew runs, and it answers DumpStacks
-    stacks_asked: asyncio.Future[Stacks] | None = None  # a DumpStacks sent and not answered yet (jobs/stacks.py)
     stack: dict[str, Any] | None = None  # where it was just before a stop's kill, kept with its record
     secrets: tuple[str, ...] = ()  # kept out of its worker's tails (supervisor/redaction.py)
     spent: Spending = dataclasses.field(default_factory=Spending)

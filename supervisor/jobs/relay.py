@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from protocol import Chunk, Completed, Failed, Hello, OverBudget, Spent, Stacks, Started
+from protocol import Chunk, Completed, Failed, Hello, OverBudget, Spent, Started
 from supervisor.config import PREFIX, Settings
 from supervisor.jobs import stacks
 from supervisor.jobs.live import LiveJob
@@ -52,9 +52,6 @@ class Relay:
                 fault = await self.recorder.record(job, "chunk", message.data)
             elif isinstance(message, Spent):
                 self._spend(job, message)
-                continue
-            elif isinstance(message, Stacks):
-                stacks.answered(job, message)
                 continue
             elif isinstance(message, OverBudget):  # it holds a call back, and waits: stopped as over its budget
                 if (breach := job.budget.breach(job.spent, held=message.limit)) is None:

@@ -64,8 +64,11 @@ class Frames(asyncio.Protocol):
     that wrote half a frame and fell silent must not hold its job until the timeout.
     """
 
-    def __init__(self, queue: asyncio.Queue[Message | FrameError | None]) -> None:
+    def __init__(
+        self, queue: asyncio.Queue[Message | FrameError | None], answered: Callable[[Message], bool] | None = None
+    ) -> None:
         self._queue = queue
+        self._answered = answered  # takes an answer asked for out of turn (``Stacks``): never queued behind frames
         self._reader = MessageReader()
         self.transport: asyncio.ReadTransport | None = None
         self.paused = False
@@ -77,7 +80,8 @@ class Frames(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             for message in self._reader.feed(data):
-                self._queue.put_nowait(message)
+                if self._answered is None or not self._answered(message):
+                    self._queue.put_nowait(message)
         except FrameError as exc:
             self._fail(exc)
             return

@@ -12,7 +12,7 @@ from typing import Any
 
 import psutil
 
-from protocol import FrameError, Message, pack
+from protocol import DumpStacks, FrameError, Message, Stacks, pack
 from supervisor.processes.containment import Containment
 from supervisor.processes.pipes import QUEUE_HIGH, QUEUE_LOW, Frames, PipeEnds, Tail
 from supervisor.processes.reaper import Reaper, signal_group
@@ -53,8 +53,9 @@ class WorkerProcess:
         self._reaper = reaper
         self._pipes = pipes
         self._messages: asyncio.Queue[Message | FrameError | None] = asyncio.Queue()
-        self._frames = Frames(self._messages)
+        self._frames = Frames(self._messages, self._answered)
         self._control: asyncio.WriteTransport | None = None
+        self._stacks: asyncio.Future[Stacks] | None = None  # the answer to the DumpStacks sent and not answered yet
 
     async def attach(self) -> None:
         """Start reading pipes without blocking the loop."""
@@ -69,6 +70,27 @@ class WorkerProcess:
     def send(self, message: Message) -> None:
         if self._control is not None and not self._control.is_closing():
             self._control.write(pack(message))
+
+    async def stacks(self, timeout: float) -> Stacks | None:
+        """Every thread's stack, as the worker answers ``DumpStacks``; None if it did not within ``timeout`` (a thread
+        holding the GIL, a full event pipe) or exited first. Askers meanwhile share one question: a worker that does
+        not answer is not sent more to pile up, and each answer is one asked for."""
+        answer = self._stacks
+        if answer is None:
+            answer = self._stacks = asyncio.get_running_loop().create_future()
+            self.send(DumpStacks())
+        await asyncio.wait((answer, self.exited), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        return answer.result() if answer.done() else None
+
+    def _answered(self, message: Message) -> bool:
+        """An answer asked for goes to its askers as it arrives: not behind the frames queued before it, and never
+        after the terminal frame, where the relay would take it for a fault, though its question came before (a worker's
+        control thread answers while its job thread sends its result). One nobody asked for is queued: a fault."""
+        if not isinstance(message, Stacks) or self._stacks is None:
+            return False
+        self._stacks.set_result(message)
+        self._stacks = None
+        return True
 
     def close_control(self) -> None:
         """The worker exits when it sees EOF here."""

@@ -8,7 +8,8 @@ pipe and run on), ``ignore-term`` (survive SIGTERM), ``tree`` (a child and a set
 to the file ``input["pids"]`` names), ``shout`` (64 KiB to stdout), ``late-chunk`` (a frame after the terminal),
 ``linger`` (stay 60 s after the terminal, then leave), ``await-go`` (until the file ``input["go"]`` names exists),
 ``spend`` (an LLM call's usage: 10 prompt and 5 completion tokens), ``refund`` (usage that takes 100 back),
-``over-budget:LIMIT`` (hold a call back, as over that budget). ``complete`` answers with the budget its Start gave.
+``over-budget:LIMIT`` (hold a call back, as over that budget), ``await-dump`` (until a ``DumpStacks`` comes),
+``stacks`` (one thread's, as a worker answers it). ``complete`` answers with the budget its Start gave.
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ from protocol import (
     EVENT_FD,
     Chunk,
     Completed,
+    DumpStacks,
     Failed,
     Hello,
     Message,
     MessageReader,
     OverBudget,
     Spent,
+    Stacks,
     Start,
     Started,
     pack,
@@ -46,15 +49,24 @@ def send(message: Message) -> None:
     os.write(EVENT_FD, pack(message))
 
 
-def read_start() -> Start:
-    reader = MessageReader()
+CONTROL = MessageReader()
+
+
+def read_until(kind: type[Message]) -> Message:
+    """The next message of ``kind`` on the control pipe (what comes before it is passed over)."""
     while True:
         data = os.read(CONTROL_FD, 65536)
-        if not data:  # the supervisor closed our control pipe before our job came
+        if not data:  # the supervisor closed our control pipe
             os._exit(0)
-        for message in reader.feed(data):
-            if isinstance(message, Start):
+        for message in CONTROL.feed(data):
+            if isinstance(message, kind):
                 return message
+
+
+def read_start() -> Start:
+    start = read_until(Start)
+    assert isinstance(start, Start)
+    return start
 
 
 def spawn_tree(pids: Path) -> None:
@@ -79,6 +91,10 @@ def play(step: str, start: Start) -> None:
         send(Spent("scripted-model", -100, 0, 0))
     elif step.startswith("over-budget:"):
         send(OverBudget(step.removeprefix("over-budget:")))
+    elif step == "await-dump":
+        read_until(DumpStacks)
+    elif step == "stacks":
+        send(Stacks([{"name": "MainThread", "ident": 1, "stack": '  File "scripted_worker.py", line 1, in play\n'}]))
     elif step == "late-chunk":
         send(Chunk("text", {"content": "after the end"}))
     elif step == "hang":

@@ -269,6 +269,11 @@ def test_a_runaway_agent_is_stopped_at_its_budget_and_no_call_starts_after(
     assert terminal["reason"] == terminal["error_type"] == reason and terminal["limit"] == limit
     assert terminal["uncertain_outcome"] is True and terminal["stop_confirmed"] is True
     assert terminal["model"].endswith("loop") and terminal["tokens"] > 0
+    with llm_server.client() as client:  # its record keeps where it was just before the limit's kill
+        kept = client.get(f"/jobs/budget-{crew}/stack").json()
+    assert kept["status"] == "failed" and kept["before"] == "limit" and kept["threads"], kept
+    if reason == "llm_call_limit_exceeded":  # the sixth call held back by the budget's hook, waiting to be stopped
+        assert any("worker/spending.py" in thread["stack"] for thread in kept["threads"]), kept
     calls = calls_after(provider, before)
     if reason == "llm_call_limit_exceeded":  # five made; the sixth was held back before it started
         assert terminal["llm_calls"] == len(calls) == limit

@@ -26,9 +26,11 @@ from protocol.frames import (
 )
 from protocol.messages import (
     LANDLOCK_ABI,
+    MAX_NAME_CHARS,
     MAX_STACK_BYTES,
     PROTOCOL_VERSION,
     READ_ONLY_OPERATIONS,
+    STACK_CUT,
     TERMINAL,
     WARMUP_FAILED,
     Built,
@@ -53,6 +55,7 @@ from protocol.messages import (
     UnknownMessage,
     VersionMismatch,
     decode,
+    innermost,
     pack,
 )
 from protocol.training import is_partial, partial_name
@@ -64,6 +67,7 @@ __all__ = [
     "MAX_EVENTS",
     "MAX_EVENT_BYTES",
     "MAX_FRAME_BYTES",
+    "MAX_NAME_CHARS",
     "MAX_STACK_BYTES",
     "NOT_A_FACTORY",
     "PROTOCOL_VERSION",
@@ -72,6 +76,7 @@ __all__ = [
     "SANDBOX_HIDDEN",
     "SANDBOX_WRITABLE",
     "SETTINGS_PREFIX",
+    "STACK_CUT",
     "TERMINAL",
     "WARMUP_FAILED",
     "WORKER_IDS",
@@ -104,6 +109,7 @@ __all__ = [
     "decode",
     "encode",
     "factory_fix",
+    "innermost",
     "is_partial",
     "not_a_factory",
     "pack",

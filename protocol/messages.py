@@ -17,6 +17,8 @@ PROTOCOL_VERSION = 8
 READ_ONLY_OPERATIONS = frozenset({"knowledge_query"})
 # A worker's ``Stacks``, all threads' together: a stack is read by a person, and a deep one is cut at its outer end.
 MAX_STACK_BYTES = 256 * 1024
+STACK_CUT = "(outer calls cut)\n"  # begins a stack cut to its innermost calls (``innermost``)
+MAX_NAME_CHARS = 200  # of a thread's name in a ``Stacks``: the crew names its threads
 # The reason of the ``Failed`` a fork server sends instead of its registry when it cannot warm CrewAI.
 WARMUP_FAILED = "warmup_failed"
 
@@ -195,6 +197,16 @@ class Failed(Message):
     reason: str
     message: str
     uncertain_outcome: bool
+
+
+def innermost(stack: str, limit: int) -> str:
+    """``stack`` in at most ``limit`` bytes of UTF-8: whole, or its end (its innermost calls, where the thread is)
+    after STACK_CUT. Both sides bound a ``Stacks`` with it: the worker as it writes one, the supervisor as it keeps
+    one, which crew code could have written instead."""
+    data = stack.encode()
+    if len(data) <= limit:
+        return stack
+    return STACK_CUT + data[len(data) - max(limit - len(STACK_CUT), 0) :].decode(errors="ignore")
 
 
 TERMINAL = (Completed, Failed)

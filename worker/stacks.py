@@ -11,23 +11,23 @@ import sys
 import threading
 from types import FrameType
 
-from protocol import MAX_STACK_BYTES, Stacks
-
-CUT = "(outer calls cut)\n"
+from protocol import MAX_NAME_CHARS, MAX_STACK_BYTES, STACK_CUT, Stacks, innermost
 
 
 def take() -> Stacks:
     """Each thread but the caller's, the main thread first; a stack past what is left of MAX_STACK_BYTES keeps its
-    innermost calls, where the thread is."""
+    innermost calls, where the thread is. A name (the crew's to choose) is cut to MAX_NAME_CHARS: a long one would
+    make a frame no reader takes."""
     names = {thread.ident: thread.name for thread in threading.enumerate()}
     main, caller = threading.main_thread().ident, threading.get_ident()
     frames = sorted(sys._current_frames().items(), key=lambda item: (item[0] != main, names.get(item[0], "")))
     threads, left = [], MAX_STACK_BYTES
     for ident, frame in frames:
-        if ident == caller or left <= len(CUT):
+        if ident == caller or left <= len(STACK_CUT):
             continue
-        stack = _innermost(_calls(frame), left)
-        threads.append({"name": names.get(ident, "(not started by threading)"), "ident": ident, "stack": stack})
+        stack = innermost(_calls(frame), left)
+        name = names.get(ident, "(not started by threading)")[:MAX_NAME_CHARS]
+        threads.append({"name": name, "ident": ident, "stack": stack})
         left -= len(stack.encode())
     return Stacks(threads=threads)
 
@@ -39,10 +39,3 @@ def _calls(frame: FrameType | None) -> str:
         calls.append(f'  File "{frame.f_code.co_filename}", line {frame.f_lineno}, in {frame.f_code.co_name}\n')
         frame = frame.f_back
     return "".join(reversed(calls))
-
-
-def _innermost(stack: str, limit: int) -> str:
-    data = stack.encode()
-    if len(data) <= limit:
-        return stack
-    return CUT + data[len(data) - limit + len(CUT) :].decode(errors="ignore")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from protocol import MAX_NAME_CHARS, MAX_STACK_BYTES, STACK_CUT
 from tests.core.harness import core, in_loop
 
 
@@ -48,3 +49,21 @@ async def test_stacks_nobody_asked_for_are_a_message_out_of_place(tmp_path: Path
         event, data = await it.settled()
         assert event == "failed" and data["reason"] == "protocol_error", data
         assert "got Stacks" in data["message"] and data["stop_confirmed"] is True
+
+
+@in_loop
+async def test_an_answer_past_the_bounds_is_held_to_them(tmp_path: Path) -> None:
+    """Crew code can write its own answer: the supervisor keeps it within what a worker's would be."""
+    async with core(tmp_path) as it, it.http() as client:
+        await it.start(["started", "await-dump", "huge-stacks", "hang"])
+        await it.running()
+        answer = await client.get("/jobs/job/stack")
+        assert answer.status_code == 200, answer.text
+        first, *_ = threads = answer.json()["threads"]
+        assert len(answer.content) < MAX_STACK_BYTES + 4096
+        assert len(first["name"]) == MAX_NAME_CHARS and first["ident"] is None
+        assert first["stack"].startswith(STACK_CUT) and first["stack"].endswith("innermost call\n")
+        assert sum(len(thread["stack"]) for thread in threads) <= MAX_STACK_BYTES
+        assert it.sup.live["job"].phase == "running"  # the job goes on
+        await it.cancel("job")
+        await it.settled()

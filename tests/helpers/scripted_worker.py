@@ -9,7 +9,9 @@ to the file ``input["pids"]`` names), ``shout`` (64 KiB to stdout), ``late-chunk
 ``linger`` (stay 60 s after the terminal, then leave), ``await-go`` (until the file ``input["go"]`` names exists),
 ``spend`` (an LLM call's usage: 10 prompt and 5 completion tokens), ``refund`` (usage that takes 100 back),
 ``over-budget:LIMIT`` (hold a call back, as over that budget), ``await-dump`` (until a ``DumpStacks`` comes),
-``stacks`` (one thread's, as a worker answers it). ``complete`` answers with the budget its Start gave.
+``stacks`` (one thread's, as a worker answers it), ``huge-stacks`` (an answer past every bound: a 100,000-character
+name, an id that is no number, 1 MiB of stack ending in ``innermost call``). ``complete`` answers with the budget
+its Start gave.
 """
 
 from __future__ import annotations
@@ -95,6 +97,9 @@ def play(step: str, start: Start) -> None:
         read_until(DumpStacks)
     elif step == "stacks":
         send(Stacks([{"name": "MainThread", "ident": 1, "stack": '  File "scripted_worker.py", line 1, in play\n'}]))
+    elif step == "huge-stacks":
+        stack = "x" * (1024 * 1024) + "innermost call\n"
+        send(Stacks([{"name": "n" * 100_000, "ident": "not a number", "stack": stack}] * 3))
     elif step == "late-chunk":
         send(Chunk("text", {"content": "after the end"}))
     elif step == "hang":

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from protocol import (
     PROTOCOL_VERSION,
+    STACK_CUT,
     Built,
     Chunk,
     Completed,
@@ -35,6 +36,7 @@ from protocol import (
     UnknownMessage,
     VersionMismatch,
     encode,
+    innermost,
     pack,
 )
 from protocol.frames import FrameError
@@ -173,3 +175,14 @@ def test_eof_inside_a_frame_is_truncation() -> None:
 def test_corrupt_documents_raise_precisely(body: bytes, error: type[Exception]) -> None:
     with pytest.raises(error):
         MessageReader().feed(struct.pack(">I", len(body)) + body)
+
+
+@pytest.mark.parametrize("stack", ["", "a\n", "é" * 100, "x" * 1000 + "last call\n"])
+@pytest.mark.parametrize("limit", [0, 5, len(STACK_CUT) + 3, 64, 10_000])
+def test_a_stack_is_cut_to_its_innermost_calls_within_its_bytes(stack: str, limit: int) -> None:
+    cut = innermost(stack, limit)
+    if len(stack.encode()) <= limit:
+        assert cut == stack
+    else:
+        assert cut.startswith(STACK_CUT) and stack.endswith(cut.removeprefix(STACK_CUT))
+        assert len(cut.encode()) <= max(limit, len(STACK_CUT))

@@ -65,6 +65,7 @@ from bench_report import Count, figure_names, latency_figures, median_of, percen
 from protocol import QUIET_CREWAI
 from supervisor.console.sse import StreamError
 from supervisor.testing import Server
+from worker import lifecycle
 from worker.provider import URL_ENV
 
 
@@ -387,6 +388,7 @@ def main() -> int:
     # URL reaches the supervisors' workers through their environment, as the in-process crews' through this one.
     os.environ.update(QUIET_CREWAI, HOME=str(root / "home"), CREWAI_STORAGE_DIR=str(root / "inproc-storage"))
     os.environ[URL_ENV] = url
+    lifecycle.quiet_crewai_logs()  # as a worker does: the in-process crews pay no warning a call a worker does not
     (root / "home").mkdir()
     supervisors: list[Server] = []
     try:

@@ -23,6 +23,7 @@ from protocol import (
     Layer,
     Message,
     MessageReader,
+    Stacks,
     Start,
     Stop,
     pack,
@@ -252,7 +253,12 @@ class Control:
             self._starts.put(message)
             return
         if isinstance(message, DumpStacks) and self._started:
-            self._out.send(stacks.take())
+            try:
+                answer = stacks.take()
+                pack(answer)  # a name or path no frame can hold (a lone surrogate) must not end this thread
+            except (TypeError, ValueError):
+                answer = Stacks(threads=[])
+            self._out.send(answer)
             return
         os._exit(EXIT_STOPPED if isinstance(message, Stop) else EXIT_PROTOCOL)
 

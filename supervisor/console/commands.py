@@ -131,7 +131,7 @@ def _add_reads(command: Callable[..., argparse.ArgumentParser]) -> None:
         choices=PHASES + OUTCOMES,
         help="only jobs in this state: where one is while it runs, or how it ended (as the table shows it)",
     )
-    jobs.add_argument("--crew", help="only this crew id")
+    jobs.add_argument("--crew", type=typed_id, help="only this crew id (as the CLI prints it, or as it is)")
     jobs.add_argument("--operation", choices=OPERATIONS, help="only this operation")
     jobs.add_argument("--limit", type=int, default=50, help="jobs per page (1-500)")
     jobs.add_argument("--cursor", help="the next_cursor of a previous page")
@@ -168,7 +168,7 @@ def _add_actions(command: Callable[..., argparse.ArgumentParser]) -> None:
     every = f"{ACTION_ID_HELP}; without it, the options below name the jobs"
     cancel_parser.add_argument("action_id", nargs="?", type=typed_id, help=every)
     cancel_parser.add_argument("--reason", help="recorded in the cancelled event")
-    cancel_parser.add_argument("--crew", help="without an id: every live job of this crew")
+    cancel_parser.add_argument("--crew", type=typed_id, help="without an id: every live job of this crew")
     cancel_parser.add_argument("--status", choices=PHASES[:3], help="without an id: every live job where this says")
     cancel_parser.add_argument(
         "--operation", choices=OPERATIONS, help="without an id: every live job of this operation"

@@ -201,7 +201,7 @@ def last_line(worker: WorkerProcess, secrets: tuple[str, ...]) -> str | None:
 
 def short(message: str | None) -> str | None:
     """A failed job's message in a list row: its first LAST_LINE_CHARS characters (its record has it whole)."""
-    return None if message is None else bounded(message, LAST_LINE_CHARS)
+    return None if message is None else bounded(str(message), LAST_LINE_CHARS)
 
 
 def encode_cursor(row: dict[str, Any]) -> str:

@@ -14,6 +14,7 @@ from supervisor.processes.limits import Breach
 from supervisor.processes.process import WorkerProcess
 
 log = logging.getLogger("crew_supervisor.jobs")
+MODEL_CHARS = 200  # of the model a worker names: it goes into the record and a stopped job's terminal
 
 
 @dataclasses.dataclass
@@ -36,7 +37,10 @@ class Spending:
     def add(self, spent: Spent) -> Spent:
         """Count one call; returns it with its counts as counted (a worker cannot take back what it spent)."""
         counted = Spent(
-            spent.model, max(spent.prompt_tokens, 0), max(spent.completion_tokens, 0), max(spent.requests, 0)
+            spent.model[:MODEL_CHARS],
+            max(spent.prompt_tokens, 0),
+            max(spent.completion_tokens, 0),
+            max(spent.requests, 0),
         )
         self.prompt_tokens += counted.prompt_tokens
         self.completion_tokens += counted.completion_tokens

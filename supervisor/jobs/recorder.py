@@ -25,6 +25,7 @@ EVENTS_PER_READ = 256
 # A stream's batch is written whole: bounded in bytes too, so a follower that stops reading holds one batch
 # (and the connection's send timeout drops it), not 256 events of up to MAX_EVENT_BYTES each.
 BATCH_BYTES = 256 * 1024
+CREW_RAISED = ("operation_failed", "crew_factory_failed")  # failures whose worker wrote the crew's exception
 MAX_LOGGED_TRACEBACK = 16 * 1024  # characters: its end, where the exception's message is
 
 
@@ -89,7 +90,8 @@ class Recorder:
                 extra={"action_id": job.action_id},
             )
         job.wake()
-        if streams is not None and outcome.event == "failed" and self.settings.log_crew_tracebacks:
+        raised = outcome.event == "failed" and outcome.data.get("reason") in CREW_RAISED
+        if streams is not None and raised and self.settings.log_crew_tracebacks:
             self._log_traceback(job, streams.stderr)
 
     @staticmethod

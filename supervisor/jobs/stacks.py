@@ -16,6 +16,9 @@ ASK_SECONDS = 1.0  # a worker answers in milliseconds, unless a thread holds the
 BEFORE_KILL_SECONDS = 0.2  # what a stop waits for them at most: a job that cannot answer is killed without them
 THREAD_BYTES = 64  # what a thread costs of MAX_STACK_BYTES beside its name and stack: its id, its keys
 KEPT_FOR = (StopReason.TIMEOUT, StopReason.CANCEL, StopReason.LIMIT)  # not a supervisor's stop: it waits for none
+# Of the limits, those whose job cannot grow while it answers: one over memory, processes, disk or output is killed
+# at once, without its stacks (200 ms more of a fork bomb or a hog is what its limit is there to stop).
+WAITED_FOR = ("cpu_limit_exceeded", "token_limit_exceeded", "llm_call_limit_exceeded")
 
 
 class Unavailable(Exception):
@@ -43,7 +46,8 @@ async def of_running(job: LiveJob) -> dict[str, Any]:
 
 async def before_kill(job: LiveJob, worker: WorkerProcess) -> None:
     """Where a job stopped by its timeout, a cancel or a limit was, into ``job.stack``."""
-    if job.stop not in KEPT_FOR or not job.started:
+    growing = job.stop is StopReason.LIMIT and (job.breach is None or job.breach.error_type not in WAITED_FOR)
+    if job.stop not in KEPT_FOR or not job.started or growing:
         return
     stacks = await worker.stacks(BEFORE_KILL_SECONDS)
     if stacks is not None:

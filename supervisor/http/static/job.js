@@ -243,7 +243,8 @@ function renderWhy(job) {
 function renderRaised(job, stderr) {
   const at = stderr.lastIndexOf(TRACEBACK);
   const box = $("job-raised");
-  box.hidden = job.status !== "failed" || at < 0 || (at > 0 && stderr[at - 1] !== "\n");
+  const raisedByCrew = ["operation_failed", "crew_factory_failed"].includes(job.terminal?.reason);
+  box.hidden = !raisedByCrew || at < 0 || (at > 0 && stderr[at - 1] !== "\n");
   if (box.hidden) return;
   const traceback = stderr.slice(at).trimEnd();
   $("raised-summary").textContent = `The crew raised ${traceback.split("\n").at(-1)}`;

@@ -62,9 +62,8 @@ async def test_a_launching_job_is_cancelled_before_its_worker_gets_its_job(tmp_p
         await it.start(HANG, action_id="spawning")
         await it.phase_reached("spawning", "launching")
         cancelling = asyncio.ensure_future(bulk_cancel(client, phase="launching"))
-        async with asyncio.timeout(DEADLINE):  # the cancel is asked while its spawn still waits
-            while it.sup.live["spawning"].stop is None:
-                await asyncio.sleep(0.005)
+        # The cancel is asked while its spawn still waits.
+        await asyncio.wait_for(it.sup.live["spawning"].stopped.wait(), DEADLINE)
         it.launcher.gate.set()
         (job,) = (await cancelling)["jobs"]
         assert (job["phase_before"], job["status"]) == ("launching", "cancelled")

@@ -67,14 +67,15 @@ def test_past_a_quarter_of_the_budget_a_flood_is_one_event_per_window_with_every
 
 def test_held_text_is_sent_when_its_window_passes_with_nothing_after_it() -> None:
     async def main() -> tuple[list[Chunk], float]:
-        chunks, sent = coalescer()
+        sent: list[Chunk] = []
+        arrived = asyncio.Event()
+        chunks = Coalescer(lambda chunk: (sent.append(chunk), arrived.set()), {MAX_EVENTS: "1000"})
         spend(chunks, 250)
+        arrived.clear()
         began = time.monotonic()
         chunks.add(text("held "))
         chunks.add(text("too"))
-        deadline = began + 5
-        while len(sent) == 250 and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)
+        await asyncio.wait_for(arrived.wait(), 5)  # its timer sends it: nothing else comes
         return sent[250:], time.monotonic() - began
 
     sent, waited = asyncio.run(main())

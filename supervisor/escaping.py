@@ -45,9 +45,10 @@ def one_line(value: object) -> str:
 
 # A client chooses its ids, and one can pass for another: "tіdes" with a Cyrillic і, a fullwidth "ｔides", a
 # zero-width space inside, an "é" made of "e" and a combining accent. Where a person reads an id to pick a job (the
-# CLI; the console does the same in page.js), every character but printable ASCII is written out, and so is the
-# backslash, so that what is shown reads back as exactly one id (``typed_id``).
-_NOT_PLAIN = re.compile(r"[^\x20-\x5b\x5d-\x7e]")
+# CLI; the console does the same in page.js), every character but printable ASCII is written out, and so are the
+# backslash, so that what is shown reads back as exactly one id (``typed_id``), and the space, which no reader
+# counts ("tides " for "tides").
+_NOT_PLAIN = re.compile(r"[^\x21-\x5b\x5d-\x7e]")
 _WRITTEN = re.compile(r"\\(?:\\|x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8})")
 
 

@@ -17,6 +17,8 @@ LOOK_ALIKES = {
     "tides\U0001f30a": "tides\\U0001f30a",  # past the basic plane: eight digits, no ambiguity
     "a\\u0456": "a\\\\u0456",  # a backslash is written out too, so this is not taken for the Cyrillic one
     "tab\there": "tab\\x09here",
+    "tides ": "tides\\x20",  # a trailing space
+    "ti  des": "ti\\x20\\x20des",  # how many spaces: counted, not guessed
 }
 
 

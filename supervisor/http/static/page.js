@@ -43,7 +43,7 @@ export function cell(text, className) {
 // zero-width space inside, an "é" made of "e" and a combining accent. Every character but printable ASCII is
 // written out (and the backslash), as the CLI writes it (supervisor/escaping.py), so what is shown reads back.
 export function ident(id) {
-  return String(id).replace(/[^\x20-\x5b\x5d-\x7e]/gu, (char) => {
+  return String(id).replace(/[^\x21-\x5b\x5d-\x7e]/gu, (char) => {
     const code = char.codePointAt(0);
     if (code === 0x5c) return "\\\\";
     if (code < 0x80) return `\\x${code.toString(16).padStart(2, "0")}`;

@@ -137,6 +137,8 @@ def upgrade(db: sqlite3.Connection, path: Path, version: int) -> Path:
             db.execute("ALTER TABLE jobs ADD COLUMN ended_at REAL")
         if version < 4:  # a running job's worker is still fenced by its pid, start time and group
             db.execute("ALTER TABLE jobs ADD COLUMN boundary BLOB")
+        # Schema 5 adds the stacks table, which SCHEMA makes once this commits; the version is raised so that an
+        # older supervisor, which would leave a job's stacks behind when it archives the job, refuses the journal.
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         db.execute("COMMIT")
     except BaseException:

@@ -18,6 +18,7 @@ import pytest
 
 from supervisor.journal import store, writer
 from supervisor.journal.records import Event, Job, Streams
+from supervisor.journal.schema import SCHEMA_VERSION
 from supervisor.journal.statefiles import JournalLocked, prepare_directory
 from supervisor.journal.store import REFUSE_AFTER_SECONDS, Journal, JournalError
 from supervisor.journal.waits import JournalBusy
@@ -374,6 +375,24 @@ def test_a_schema_2_journal_gains_when_each_job_ends(path: Path) -> None:
     assert (rows["after"]["reason"], rows["after"]["ended_at"]) == ("enough", after.ended_at)
     assert (rows["before"]["reason"], rows["before"]["ended_at"]) == ("x", None)
     journal.close()
+
+
+def test_a_schema_4_journal_gains_the_stacks_table_and_an_older_supervisor_refuses_it(path: Path) -> None:
+    journal = Journal(path, checkpoint_events=3)
+    journal.admit(job("before")).wait()
+    journal.close()
+    with contextlib.closing(sqlite3.connect(path)) as db:  # as schema 4 wrote it
+        db.executescript("DROP TABLE stacks; PRAGMA user_version = 4;")
+    journal = Journal(path, checkpoint_events=3)
+    assert journal.upgraded_from == path.with_name("journal.db.v4.backup")
+    assert journal.reader.get("before") is not None
+    journal.close()
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("SELECT count(*) FROM stacks").fetchone() == (0,)
+        assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (5,)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")  # as a later supervisor would leave it
+    with pytest.raises(JournalError, match=f"journal schema {SCHEMA_VERSION + 1} is newer than this supervisor"):
+        Journal(path, checkpoint_events=3)
 
 
 def dump(path: Path) -> list[str]:

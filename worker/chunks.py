@@ -20,16 +20,22 @@ import orjson
 from protocol import MAX_EVENT_BYTES, MAX_EVENTS, Chunk
 
 FIRST_WINDOW = 0.05  # seconds between a job's text events once it has spent a quarter of its events
+# Joined text stops growing here, whatever MAX_EVENT_BYTES allows: the AIP client refuses an SSE frame over 1 MiB,
+# and a follower waits for a whole event before it sees any of its text.
+MAX_JOINED_BYTES = 64 * 1024
 DEFAULTS = {MAX_EVENTS: "1000", MAX_EVENT_BYTES: "262144"}  # the supervisor's defaults, for a worker run alone
 
 
 class Coalescer:
     """Chunks in, chunk events out to ``send``; ``flush`` sends what it holds (at the stream's end)."""
 
-    def __init__(self, send: Callable[[Chunk], None], settings: dict[str, str]) -> None:
+    def __init__(
+        self, send: Callable[[Chunk], None], settings: dict[str, str], clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._send = send
+        self._clock = clock
         self._budget = int(settings.get(MAX_EVENTS, DEFAULTS[MAX_EVENTS]))
-        self._max_bytes = int(settings.get(MAX_EVENT_BYTES, DEFAULTS[MAX_EVENT_BYTES]))
+        self._max_bytes = min(int(settings.get(MAX_EVENT_BYTES, DEFAULTS[MAX_EVENT_BYTES])), MAX_JOINED_BYTES)
         self._sent = 0
         self._last = -math.inf  # when the last event was sent (monotonic)
         self._held: Chunk | None = None  # the first of the text chunks held, whose fields the event keeps
@@ -42,11 +48,11 @@ class Coalescer:
             self.flush()
             self._emit(chunk)
         elif self._held is not None and self._join(chunk):
-            if time.monotonic() >= self._last + self._window():  # a flood that never lets the timer run
+            if self._clock() >= self._last + self._window():  # a flood that never lets the timer run
                 self.flush()
         else:
             self.flush()
-            wait = self._last + self._window() - time.monotonic()
+            wait = self._last + self._window() - self._clock()
             if wait <= 0:  # nothing to wait for: sent as it came, as the reference sends it
                 self._emit(chunk)
                 return
@@ -65,7 +71,8 @@ class Coalescer:
 
     def _join(self, chunk: Chunk) -> bool:
         """Add ``chunk`` to the held text if it continues it (same agent, task, channel) and the event stays in its
-        bound: the escaped text of a join is the join of the escaped texts, so each piece's size adds up exactly."""
+        bound (and ``MAX_JOINED_BYTES``): the escaped text of a join is the join of the escaped texts, so each
+        piece's size adds up exactly."""
         held = self._held
         assert held is not None
         if held.data.keys() != chunk.data.keys() or any(
@@ -87,7 +94,7 @@ class Coalescer:
     def _emit(self, chunk: Chunk) -> None:
         self._send(chunk)
         self._sent += 1
-        self._last = time.monotonic()
+        self._last = self._clock()
 
 
 def _plain_text(chunk: Chunk) -> bool:

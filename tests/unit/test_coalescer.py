@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import orjson
 import pytest
 
 from protocol import MAX_EVENT_BYTES, MAX_EVENTS, Chunk
-from worker.chunks import FIRST_WINDOW, Coalescer
+from worker.chunks import FIRST_WINDOW, MAX_JOINED_BYTES, Coalescer
 
 
 def text(content: str, agent: str = "Writer") -> Chunk:
@@ -24,9 +25,11 @@ def tool() -> Chunk:
     return Chunk("tools", {"content": "", "chunk_type": "tool_call", "tool_call": call, "channel": "tools"})
 
 
-def coalescer(budget: int = 1000, max_bytes: int = 262144) -> tuple[Coalescer, list[Chunk]]:
+def coalescer(
+    budget: int = 1000, max_bytes: int = 262144, clock: Callable[[], float] = time.monotonic
+) -> tuple[Coalescer, list[Chunk]]:
     sent: list[Chunk] = []
-    return Coalescer(sent.append, {MAX_EVENTS: str(budget), MAX_EVENT_BYTES: str(max_bytes)}), sent
+    return Coalescer(sent.append, {MAX_EVENTS: str(budget), MAX_EVENT_BYTES: str(max_bytes)}, clock), sent
 
 
 def contents(sent: list[Chunk]) -> str:
@@ -52,7 +55,7 @@ def test_a_short_stream_is_a_chunk_an_event_as_the_reference_sends_it() -> None:
 
 def test_past_a_quarter_of_the_budget_a_flood_is_one_event_per_window_with_every_text_in_order() -> None:
     async def main() -> list[Chunk]:
-        chunks, sent = coalescer()
+        chunks, sent = coalescer(clock=lambda: 0.0)  # the whole flood inside one window, however slow the machine
         spend(chunks, 250)
         for i in range(3000):
             chunks.add(text(f"{i} "))
@@ -61,7 +64,7 @@ def test_past_a_quarter_of_the_budget_a_flood_is_one_event_per_window_with_every
 
     sent = asyncio.run(main())
     assert contents(sent) == "".join(f"{i} " for i in range(3000))
-    assert 1 <= len(sent) <= 10  # a flood takes milliseconds here: a window of 50 ms holds almost all of it
+    assert len(sent) == 1
     assert all(list(c.data) == list(text("").data) and c.channel == "llm" for c in sent)  # the reference's shape
 
 
@@ -120,6 +123,21 @@ def test_a_coalesced_event_never_exceeds_the_event_bound(piece: str) -> None:
     sizes = [len(orjson.dumps(c.data)) for c in sent]
     assert max(sizes) <= bound and max(sizes) > bound - 12  # filled up to the bound, never past it
     assert contents(sent) == piece * 3000
+
+
+def test_joined_text_stops_at_64_kib_whatever_the_event_bound() -> None:
+    async def main() -> list[Chunk]:
+        chunks, sent = coalescer(max_bytes=4 * 1024 * 1024, clock=lambda: 0.0)
+        spend(chunks, 250)
+        for _ in range(40):
+            chunks.add(text("x" * 4096))
+        chunks.flush()
+        return sent[250:]
+
+    sent = asyncio.run(main())
+    sizes = [len(orjson.dumps(c.data)) for c in sent]
+    assert len(sent) == 3 and max(sizes) <= MAX_JOINED_BYTES < sum(sizes)
+    assert contents(sent) == "x" * 4096 * 40
 
 
 def test_the_window_doubles_at_each_eighth_of_the_budget() -> None:

@@ -57,6 +57,7 @@ def run(
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+        out.close()
         # Interpreter teardown after CrewAI costs 1-1.5 s; the terminal frame is already written.
         os._exit(0)
 

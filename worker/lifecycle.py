@@ -286,3 +286,8 @@ class FrameWriter:
         with self._lock:
             while view:
                 view = view[os.write(self._fd, view) :]
+
+    def close(self) -> None:
+        """Before the process exits: let a frame another thread is writing (the control thread's ``Stacks``) end
+        whole, and no other begin. Cut off by ``os._exit``, it would reach the supervisor as a broken frame."""
+        self._lock.acquire()

@@ -6,7 +6,7 @@ import dataclasses
 import enum
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 from protocol.frames import MAX_FRAME_BYTES, FrameError, FrameReader, encode
@@ -19,6 +19,7 @@ READ_ONLY_OPERATIONS = frozenset({"knowledge_query"})
 MAX_STACK_BYTES = 256 * 1024
 STACK_CUT = "(outer calls cut)\n"  # begins a stack cut to its innermost calls (``innermost``)
 MAX_NAME_CHARS = 200  # of a thread's name in a ``Stacks``: the crew names its threads
+THREAD_BYTES = 64  # what a thread costs of MAX_STACK_BYTES beside its name and stack: its id, its keys
 # The reason of the ``Failed`` a fork server sends instead of its registry when it cannot warm CrewAI.
 WARMUP_FAILED = "warmup_failed"
 
@@ -199,10 +200,25 @@ class Failed(Message):
     uncertain_outcome: bool
 
 
+def bounded_threads(threads: Iterable[tuple[str, Any, str]], clean: Callable[[str], str] = str) -> list[dict[str, Any]]:
+    """``(name, ident, stack)`` of each thread as a ``Stacks`` holds them: a name (the crew's to choose) cut to
+    MAX_NAME_CHARS, and all of them within MAX_STACK_BYTES (names and THREAD_BYTES each included); a stack past what
+    is left keeps its innermost calls, where its thread is. Both sides bound a ``Stacks`` with it: the worker as it
+    writes one, the supervisor (``clean`` redacting) as it keeps one, which crew code could have written instead."""
+    kept: list[dict[str, Any]] = []
+    left = MAX_STACK_BYTES
+    for name, ident, stack in threads:
+        if left <= len(STACK_CUT):
+            break
+        name = clean(name[:MAX_NAME_CHARS])
+        stack = innermost(clean(stack), left - len(name.encode()))
+        kept.append({"name": name, "ident": ident, "stack": stack})
+        left -= len(name.encode()) + len(stack.encode()) + THREAD_BYTES
+    return kept
+
+
 def innermost(stack: str, limit: int) -> str:
-    """``stack`` in at most ``limit`` bytes of UTF-8: whole, or its end (its innermost calls, where the thread is)
-    after STACK_CUT. Both sides bound a ``Stacks`` with it: the worker as it writes one, the supervisor as it keeps
-    one, which crew code could have written instead."""
+    """``stack`` in at most ``limit`` bytes of UTF-8: whole, or its end (its innermost calls) after STACK_CUT."""
     data = stack.encode()
     if len(data) <= limit:
         return stack

@@ -11,25 +11,22 @@ import sys
 import threading
 from types import FrameType
 
-from protocol import MAX_NAME_CHARS, MAX_STACK_BYTES, STACK_CUT, Stacks, innermost
+from protocol import Stacks, bounded_threads
 
 
 def take() -> Stacks:
-    """Each thread but the caller's, the main thread first; a stack past what is left of MAX_STACK_BYTES keeps its
-    innermost calls, where the thread is. A name (the crew's to choose) is cut to MAX_NAME_CHARS: a long one would
-    make a frame no reader takes."""
+    """Each thread but the caller's, the main thread first, within the bounds of a ``Stacks``
+    (``protocol.bounded_threads``)."""
     names = {thread.ident: thread.name for thread in threading.enumerate()}
     main, caller = threading.main_thread().ident, threading.get_ident()
     frames = sorted(sys._current_frames().items(), key=lambda item: (item[0] != main, names.get(item[0], "")))
-    threads, left = [], MAX_STACK_BYTES
-    for ident, frame in frames:
-        if ident == caller or left <= len(STACK_CUT):
-            continue
-        stack = innermost(_calls(frame), left)
-        name = names.get(ident, "(not started by threading)")[:MAX_NAME_CHARS]
-        threads.append({"name": name, "ident": ident, "stack": stack})
-        left -= len(stack.encode())
-    return Stacks(threads=threads)
+    return Stacks(
+        threads=bounded_threads(
+            (names.get(ident, "(not started by threading)"), ident, _calls(frame))
+            for ident, frame in frames
+            if ident != caller
+        )
+    )
 
 
 def _calls(frame: FrameType | None) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from protocol import MAX_NAME_CHARS, MAX_STACK_BYTES, STACK_CUT, Stacks, innermost
+from protocol import Stacks, bounded_threads
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.phases import Phase, StopReason
 from supervisor.processes.process import WorkerProcess
@@ -14,7 +14,6 @@ from supervisor.redaction import redact
 
 ASK_SECONDS = 1.0  # a worker answers in milliseconds, unless a thread holds the GIL (a C extension's loop)
 BEFORE_KILL_SECONDS = 0.2  # what a stop waits for them at most: a job that cannot answer is killed without them
-THREAD_BYTES = 64  # what a thread costs of MAX_STACK_BYTES beside its name and stack: its id, its keys
 KEPT_FOR = (StopReason.TIMEOUT, StopReason.CANCEL, StopReason.LIMIT)  # not a supervisor's stop: it waits for none
 # Of the limits, those whose job cannot grow while it answers: one over memory, processes, disk or output is killed
 # at once, without its stacks (200 ms more of a fork bomb or a hog is what its limit is there to stop).
@@ -56,16 +55,14 @@ async def before_kill(job: LiveJob, worker: WorkerProcess) -> None:
 
 def kept(job: LiveJob, stacks: Stacks) -> dict[str, Any]:
     """As the operator reads them: when taken, each thread's name, id and stack, the job's secrets redacted, held to
-    the bounds the worker keeps (MAX_STACK_BYTES in all, names included; MAX_NAME_CHARS a name), which crew code
-    writing its own answer could ignore: what an id is not a number is null."""
-    threads, left = [], MAX_STACK_BYTES
-    for thread in stacks.threads:
-        if left <= len(STACK_CUT):
-            break
-        name = redact(str(thread.get("name"))[:MAX_NAME_CHARS], job.secrets)
-        ident = thread.get("ident")
-        stack = innermost(redact(str(thread.get("stack")), job.secrets), left - len(name.encode()))
-        ok = isinstance(ident, int) and not isinstance(ident, bool)
-        threads.append({"name": name, "ident": ident if ok else None, "stack": stack})
-        left -= len(name.encode()) + len(stack.encode()) + THREAD_BYTES
+    the bounds the worker keeps (``protocol.bounded_threads``), which crew code writing its own answer could ignore:
+    what an id is not a number is null."""
+    threads = bounded_threads(
+        ((str(thread.get("name")), _ident(thread.get("ident")), str(thread.get("stack"))) for thread in stacks.threads),
+        lambda text: redact(text, job.secrets),
+    )
     return {"taken_at": time.time(), "threads": threads}
+
+
+def _ident(ident: Any) -> int | None:
+    return ident if isinstance(ident, int) and not isinstance(ident, bool) else None

@@ -32,7 +32,7 @@ from supervisor.http.connections import Bounds, budget, guarded_protocol
 from supervisor.jobs.environment import worker_env
 from supervisor.jobs.sandbox import check_places
 from supervisor.jobs.supervisor import Supervisor
-from supervisor.journal.schema import JournalError
+from supervisor.journal.errors import JournalError
 from supervisor.journal.statefiles import WORKER_PLACES, check_state_files, prepare_directory, prepare_places
 from supervisor.processes import reach
 from supervisor.processes.forkserver import ForkServerLauncher

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from supervisor.config import PREFIX, Settings
 from supervisor.doctor.findings import Finding, ok, problem, warning
+from supervisor.journal.errors import JournalError
 from supervisor.journal.reader import free_bytes, size_bytes
-from supervisor.journal.schema import JournalError
 from supervisor.journal.statefiles import check_directory, check_private_files, check_state_files, locked, private_mode
 
 MiB = 1024 * 1024

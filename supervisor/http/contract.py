@@ -17,9 +17,8 @@ from supervisor.escaping import json_line
 from supervisor.http.responses import errors
 from supervisor.http.routing import StrictJSONRoute, Sup
 from supervisor.jobs.supervisor import Supervisor
+from supervisor.journal.errors import JournalBusy, JournalError
 from supervisor.journal.records import Job, StoredEvent
-from supervisor.journal.store import JournalError
-from supervisor.journal.waits import JournalBusy
 from supervisor.models import CancelRequest, StartRequest, path_id_problem
 
 # A JSON page of events: at most this many, and this many bytes of their data (each event's ``data`` as

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from supervisor.config import Settings
+from supervisor.journal.errors import JournalBusy, JournalError
 from supervisor.journal.records import Job
-from supervisor.journal.store import Journal, JournalError
-from supervisor.journal.waits import JournalBusy
+from supervisor.journal.store import Journal
 from supervisor.models import InputError, StartRequest, input_too_large, key_problem, request_hash, validate_input
 from supervisor.settings_table import MiB
 

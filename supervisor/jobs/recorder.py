@@ -14,8 +14,9 @@ import orjson
 from supervisor.config import PREFIX, Settings
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.outcomes import Outcome
+from supervisor.journal.errors import JournalError
 from supervisor.journal.records import StoredEvent, Streams
-from supervisor.journal.store import Journal, JournalError
+from supervisor.journal.store import Journal
 from supervisor.processes.containment import Boundary
 from supervisor.processes.process import WorkerProcess
 from supervisor.tracebacks import last_traceback

@@ -17,7 +17,8 @@ from typing import Any
 
 import orjson
 
-from supervisor.journal.schema import SCHEMA, SCHEMA_VERSION, TERMINAL_EVENTS, JournalError
+from supervisor.journal.errors import JournalError
+from supervisor.journal.schema import SCHEMA, SCHEMA_VERSION, TERMINAL_EVENTS
 
 STATUSES = ("running", *TERMINAL_EVENTS)
 EVENTS = ("started", "chunk", *TERMINAL_EVENTS)

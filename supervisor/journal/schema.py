@@ -1,10 +1,5 @@
 """The journal's SQLite schema and the consistency rule a journal must pass before it is served."""
 
-
-class JournalError(Exception):
-    """The journal cannot be used or could not make a write durable."""
-
-
 # 2: completed events hold the output itself; the worker's exit status is in jobs. 3: when a job ended (ended_at).
 # 4: what identifies a job's processes beside its worker (boundary: its cgroups, the descendants samples saw).
 SCHEMA_VERSION = 5

@@ -8,12 +8,9 @@ import os
 import stat
 from pathlib import Path
 
-from supervisor.journal.schema import SCHEMA_VERSION, JournalError
+from supervisor.journal.errors import JournalError, JournalLocked
+from supervisor.journal.schema import SCHEMA_VERSION
 from supervisor.processes.reach import grants
-
-
-class JournalLocked(JournalError):
-    pass
 
 
 def _open_private(path: Path, what: str) -> int:

@@ -24,9 +24,10 @@ from typing import Any, TypeVar
 import orjson
 
 from supervisor.journal import migrate
+from supervisor.journal.errors import JournalError
 from supervisor.journal.reader import Reader
 from supervisor.journal.records import Event, Job, Streams
-from supervisor.journal.schema import SCHEMA, SCHEMA_VERSION, JournalError
+from supervisor.journal.schema import SCHEMA, SCHEMA_VERSION
 from supervisor.journal.statefiles import lock, prepare_file, restrict
 from supervisor.journal.writer import Writer, Written
 

@@ -10,17 +10,13 @@ import sqlite3
 import time
 from typing import TYPE_CHECKING
 
-from supervisor.journal.schema import JournalError
+from supervisor.journal.errors import JournalBusy, JournalError
 
 if TYPE_CHECKING:
     from supervisor.journal.writer import _Write as Write
 
 log = logging.getLogger("crew_supervisor.journal")
 LOG_EVERY_SECONDS = 5.0
-
-
-class JournalBusy(JournalError):
-    """Another process held the journal's write lock for longer than the write could wait."""
 
 
 class Waits:

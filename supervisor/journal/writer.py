@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable, Generator
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from supervisor.journal.schema import JournalError
+from supervisor.journal.errors import JournalError
 from supervisor.journal.waits import Waits
 
 log = logging.getLogger("crew_supervisor.journal")

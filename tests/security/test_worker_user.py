@@ -33,7 +33,7 @@ import pytest
 
 from protocol import WORKER_IDS
 from supervisor.config import ConfigError, load
-from supervisor.journal.schema import JournalError
+from supervisor.journal.errors import JournalError
 from supervisor.journal.statefiles import WORKER_PLACES, prepare_directory, prepare_places
 from supervisor.testing import free_port
 from tests.conftest import (

@@ -17,11 +17,11 @@ import orjson
 import pytest
 
 from supervisor.journal import store, writer
+from supervisor.journal.errors import JournalBusy, JournalError, JournalLocked
 from supervisor.journal.records import Event, Job, Streams
 from supervisor.journal.schema import SCHEMA_VERSION
-from supervisor.journal.statefiles import JournalLocked, prepare_directory
-from supervisor.journal.store import REFUSE_AFTER_SECONDS, Journal, JournalError
-from supervisor.journal.waits import JournalBusy
+from supervisor.journal.statefiles import prepare_directory
+from supervisor.journal.store import REFUSE_AFTER_SECONDS, Journal
 from supervisor.journal.writer import Written
 from tests.conftest import ROOT, wait_until
 

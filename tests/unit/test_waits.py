@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.journal import waits
-from supervisor.journal.schema import JournalError
-from supervisor.journal.waits import JournalBusy, Waits
+from supervisor.journal.errors import JournalBusy, JournalError
+from supervisor.journal.waits import Waits
 from supervisor.journal.writer import _Write
 
 MORE_THAN_ANY_DISK = 4_294_967_294  # SQLite's largest max_page_count: some 17 TB of 4 KiB pages

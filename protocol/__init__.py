@@ -29,7 +29,6 @@ from protocol.messages import (
     MAX_NAME_CHARS,
     MAX_STACK_BYTES,
     PROTOCOL_VERSION,
-    READ_ONLY_OPERATIONS,
     STACK_CUT,
     TERMINAL,
     WARMUP_FAILED,
@@ -60,6 +59,7 @@ from protocol.messages import (
     pack,
 )
 from protocol.training import is_partial, partial_name
+from protocol.vocabulary import READ_ONLY_OPERATIONS, Operation
 
 __all__ = [
     "CONTROL_FD",
@@ -96,6 +96,7 @@ __all__ = [
     "Layer",
     "Message",
     "MessageReader",
+    "Operation",
     "OverBudget",
     "Refused",
     "Registry",

@@ -13,8 +13,6 @@ from protocol.frames import MAX_FRAME_BYTES, FrameError, FrameReader, encode
 
 # Bump on any change a peer could misread; a mismatched worker is rejected at hello.
 PROTOCOL_VERSION = 8
-# Operations without external effects: when one fails, its outcome is certain (as the reference says).
-READ_ONLY_OPERATIONS = frozenset({"knowledge_query"})
 # A worker's ``Stacks``, all threads' together: a stack is read by a person, and a deep one is cut at its outer end.
 MAX_STACK_BYTES = 256 * 1024
 STACK_CUT = "(outer calls cut)\n"  # begins a stack cut to its innermost calls (``innermost``)

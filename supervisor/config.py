@@ -13,7 +13,7 @@ import stat
 from collections.abc import Mapping
 from typing import Any
 
-from supervisor.settings_table import OPERATIONS as OPERATIONS  # the commands offer them
+from protocol import Operation
 from supervisor.settings_table import SPEC
 
 PREFIX = "AIP_CREWAI_"
@@ -152,7 +152,7 @@ def _check(s: Settings) -> str | None:
         raise ConfigError(f"{PREFIX}ALLOW_EPHEMERAL is only allowed on a loopback host, not {s.host!r}")
     if s.allow_unauthenticated and not s.loopback:
         raise ConfigError(f"{PREFIX}ALLOW_UNAUTHENTICATED is only allowed on a loopback host, not {s.host!r}")
-    if "train" in s.allowed_operations:
+    if Operation.TRAIN in s.allowed_operations:
         _check_training_dir(s.training_dir, s.worker_ids)
     if s.crew_env_dir:
         _check_crew_env_dir(s.crew_env_dir)

@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from supervisor.config import OPERATIONS
+from protocol import Operation
 
 MAX_INPUT_BYTES = 1024 * 1024
 MAX_INPUT_PROPERTIES = 512
@@ -43,8 +43,8 @@ def _addressable(action_id: str) -> str:
 
 
 ActionId = Annotated[Id, AfterValidator(_addressable)]
-Operation = Literal["run", "batch_run", "replay", "train", "test", "knowledge_query", "memory_reset"]
-assert set(Operation.__args__) == set(OPERATIONS)  # type: ignore[attr-defined]
+# A Literal of the plain names, not the Enum: the contract's JSON schema lists them inline, as the reference does.
+OperationName = Literal[tuple(operation.value for operation in Operation)]  # type: ignore[valid-type]
 
 
 class StartRequest(BaseModel):
@@ -52,7 +52,7 @@ class StartRequest(BaseModel):
 
     crew_id: Id
     action_id: ActionId
-    operation: Operation = "run"
+    operation: OperationName = Operation.RUN.value
     input: dict[str, Any] = Field(default_factory=dict)
     timeout_ms: Annotated[StrictInt, Field(ge=1, le=MAX_TIMEOUT_MS)] = DEFAULT_TIMEOUT_MS
 
@@ -73,7 +73,7 @@ class BulkCancelRequest(BaseModel):
 
     crew_id: Id | None = None
     phase: Literal["queued", "launching", "running"] | None = None  # a settling job's outcome is decided
-    operation: Operation | None = None
+    operation: OperationName | None = None
     reason: Annotated[str, StringConstraints(max_length=2048)] | None = None
     # JSON booleans only: a lax "yes" or 1 read as true would stop jobs, or every job, on a typo.
     dry_run: StrictBool = False
@@ -215,13 +215,13 @@ class MemoryResetInput(_Closed):
 
 
 INPUT_MODELS: dict[str, type[BaseModel]] = {
-    "run": RunInput,
-    "batch_run": BatchRunInput,
-    "replay": ReplayInput,
-    "train": TrainInput,
-    "test": TestInput,
-    "knowledge_query": KnowledgeQueryInput,
-    "memory_reset": MemoryResetInput,
+    Operation.RUN: RunInput,
+    Operation.BATCH_RUN: BatchRunInput,
+    Operation.REPLAY: ReplayInput,
+    Operation.TRAIN: TrainInput,
+    Operation.TEST: TestInput,
+    Operation.KNOWLEDGE_QUERY: KnowledgeQueryInput,
+    Operation.MEMORY_RESET: MemoryResetInput,
 }
 
 

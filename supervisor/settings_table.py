@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-OPERATIONS = ("run", "batch_run", "replay", "train", "test", "knowledge_query", "memory_reset")
+from protocol import Operation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,12 +79,12 @@ def _names(raw: str) -> tuple[str, ...]:
     return names
 
 
-@_accepting("comma-separated, any of", OPERATIONS)
+@_accepting("comma-separated, any of", tuple(Operation))
 def _operations(raw: str) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(part.strip() for part in raw.split(",") if part.strip()))
-    unknown = [name for name in names if name not in OPERATIONS]
+    unknown = [name for name in names if name not in set(Operation)]
     if unknown or not names:
-        raise ValueError(f"must be a comma-separated subset of {','.join(OPERATIONS)}")
+        raise ValueError(f"must be a comma-separated subset of {','.join(Operation)}")
     return names
 
 
@@ -150,7 +150,9 @@ SPEC: dict[str, Setting] = {
     "ALLOW_EPHEMERAL": Setting(
         _boolean, "false", "keep the journal in a temporary directory: a development switch, refused off loopback"
     ),
-    "ALLOWED_OPERATIONS": Setting(_operations, "run", "the operations clients may start, comma-separated"),
+    "ALLOWED_OPERATIONS": Setting(
+        _operations, Operation.RUN.value, "the operations clients may start, comma-separated"
+    ),
     "MAX_CONCURRENCY": Setting(_integer(1, 1024), "4", "workers running at once; more jobs wait in order"),
     "MAX_RETAINED_RUNS": Setting(
         _integer(1, 100000),

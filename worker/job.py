@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 from protocol import READ_ONLY_OPERATIONS, Built, Completed, Failed, Hello, Registry, Start, Started
 from worker import landlock, lifecycle, places, registry, spending, warmup
-from worker.operations import OPERATIONS, OperationError, OutputTooLarge, Work, bounded
+from worker.operations import HANDLERS, OperationError, OutputTooLarge, Work, bounded
 
 MAX_CHECK_ERROR_CHARS = 1000  # one line of the doctor's report, not a traceback
 
@@ -113,7 +113,7 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
 
     ``error_type`` is what the reference sidecar reports (the exception's class name); ``reason`` is ours.
     """
-    operation = OPERATIONS.get(start.operation)
+    operation = HANDLERS.get(start.operation)
     if start.crew_id not in crews or operation is None:
         what = "crew" if start.crew_id not in crews else "operation"
         out.send(failed(f"unknown_{what}", f"unknown_{what}", f"this worker has no such {what}", False))

@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from protocol import Chunk, partial_name
+from protocol import Chunk, Operation, partial_name
 from protocol.frames import MAX_OUTPUT_BYTES
 from worker import lifecycle, registry
 from worker.chunks import Coalescer
@@ -41,7 +41,7 @@ class Work:
     job_id: str  # the action id
 
 
-Operation = Callable[[Work], Awaitable[dict[str, Any]]]
+Handler = Callable[[Work], Awaitable[dict[str, Any]]]
 
 
 class OperationError(Exception):
@@ -327,12 +327,12 @@ async def memory_reset(work: Work) -> dict[str, Any]:
     return {"status": "completed", "command_type": command_type}
 
 
-OPERATIONS: dict[str, Operation] = {
-    "run": run,
-    "batch_run": batch_run,
-    "replay": replay,
-    "train": train,
-    "test": evaluate,
-    "knowledge_query": knowledge_query,
-    "memory_reset": memory_reset,
+HANDLERS: dict[str, Handler] = {
+    Operation.RUN: run,
+    Operation.BATCH_RUN: batch_run,
+    Operation.REPLAY: replay,
+    Operation.TRAIN: train,
+    Operation.TEST: evaluate,
+    Operation.KNOWLEDGE_QUERY: knowledge_query,
+    Operation.MEMORY_RESET: memory_reset,
 }

@@ -199,7 +199,7 @@ def _lookup() -> Any:
     return lookup
 
 
-def _kickoff(operation: operations.Operation, crew: Any, streamed: bool) -> None:
+def _kickoff(operation: operations.Handler, crew: Any, streamed: bool) -> None:
     """What a job of ``operation`` does on a fresh crew: streamed or not, the output converted; then the
     crew's HTTP clients are closed, so no connection outlives the warm-up."""
     chunks: list[Any] = []

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from supervisor.config import OPERATIONS
+from protocol import Operation
 from supervisor.console import views
 from supervisor.console.client import Client, OperatorError, job_path, resolve_target
 from supervisor.console.views import visible
@@ -37,6 +37,7 @@ OUTCOME_CODES = {"completed": 0, "failed": EXIT_FAILED, "cancelled": EXIT_CANCEL
 # One word per job everywhere (jobs, show, top): where it is while it runs, else how it ended.
 PHASES = ("queued", "launching", "running", "settling")
 OUTCOMES = ("completed", "failed", "cancelled")
+OPERATIONS = tuple(operation.value for operation in Operation)  # plain: argparse quotes a choice's repr
 
 
 def exit_status(*codes: tuple[int, str]) -> str:
@@ -182,7 +183,9 @@ def _add_actions(command: Callable[..., argparse.ArgumentParser]) -> None:
         default="{}",
         help="the job's input: inline JSON ('{\"topic\": \"x\"}'), @FILE or FILE, or '-' for stdin (default: {})",
     )
-    run_parser.add_argument("--operation", choices=OPERATIONS, default="run", help="the operation (default: run)")
+    run_parser.add_argument(
+        "--operation", choices=OPERATIONS, default=Operation.RUN.value, help="the operation (default: run)"
+    )
     run_parser.add_argument("--action-id", help="default: a new cli-<uuid>")
     run_parser.add_argument("--timeout-ms", type=int, help="the job's timeout (server default if absent)")
     run_parser.add_argument("--idempotency-key", help="default: a new random key")

@@ -13,6 +13,7 @@ import stat
 import tempfile
 from pathlib import Path
 
+from protocol import Operation
 from supervisor.config import PREFIX, Settings
 from supervisor.doctor.findings import Finding, ok, problem, warning
 from supervisor.journal.errors import JournalError
@@ -87,7 +88,7 @@ def token_and_training(settings: Settings) -> list[Finding]:
     """The token and, when train is allowed, TRAINING_DIR: ``config.load`` has refused them already if
     they were wrong; this says what they are."""
     found = [_token(settings)]
-    if "train" in settings.allowed_operations:
+    if Operation.TRAIN in settings.allowed_operations:
         info = os.lstat(settings.training_dir)
         found.append(
             ok(

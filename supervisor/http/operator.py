@@ -26,7 +26,7 @@ from supervisor.jobs.live import LiveJob
 from supervisor.jobs.outcomes import bounded
 from supervisor.jobs.phases import Phase
 from supervisor.journal.records import Streams, shown
-from supervisor.models import BulkCancelRequest, Operation, path_id_problem
+from supervisor.models import BulkCancelRequest, OperationName, path_id_problem
 from supervisor.processes.containment import ProcessTable
 from supervisor.processes.limits import Limits
 from supervisor.processes.process import WorkerProcess
@@ -54,7 +54,7 @@ async def list_jobs(
     status: Status | None = None,
     phase: LivePhase | None = None,
     crew_id: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
-    operation: Operation | None = None,
+    operation: OperationName | None = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
     cursor: Annotated[str | None, Query(max_length=MAX_CURSOR_CHARS)] = None,
 ) -> dict[str, Any]:

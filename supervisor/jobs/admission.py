@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from protocol import Operation
 from supervisor.config import Settings
 from supervisor.journal.errors import JournalBusy, JournalError
 from supervisor.journal.records import Job
@@ -95,7 +96,7 @@ class Admission:
             await asyncio.shield(under_way)
         if input_too_large(body):
             raise InputTooLarge("input exceeds 1 MiB")
-        if legacy and body.operation != "run":
+        if legacy and body.operation != Operation.RUN:
             raise WrongRoute("this route starts only the run operation")
         bad_key = key_problem(key)
         digest = request_hash(body, key) if bad_key is None and key is not None else ""

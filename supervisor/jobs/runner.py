@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from protocol import READ_ONLY_OPERATIONS, Start
+from protocol import READ_ONLY_OPERATIONS, Operation, Start
 from supervisor.config import Settings
 from supervisor.jobs.environment import CrewEnvError, crew_places, job_env, read_crew_env, worker_settings
 from supervisor.jobs.leftovers import remove_partial
@@ -205,7 +205,7 @@ class Runner:
                 elif left := await asyncio.to_thread(self.limits.tree(job.worker).kill):  # each end kills its remains
                     log.warning("killed %d process(es) a job left", len(left), extra={"action_id": job.action_id})
                 self.limits.release(job.worker)
-                if job.operation == "train" and job.worker.exited.done():  # gone: nothing writes the file now
+                if job.operation == Operation.TRAIN and job.worker.exited.done():  # gone: nothing writes the file now
                     remove_partial(self.settings.training_dir, job.input["artifact_name"], job.action_id)
             shutil.rmtree(scratch, ignore_errors=True)
 

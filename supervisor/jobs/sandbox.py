@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from protocol import LANDLOCK_ABI, Layer
+from protocol import LANDLOCK_ABI, Layer, Operation
 from supervisor.config import PREFIX, ConfigError, Settings
 from supervisor.journal.statefiles import WORKER_PLACES
 
@@ -84,7 +84,7 @@ class Sandbox:
         """The places a job may change, its Start's ``writable`` (None: no sandbox)."""
         if self.mode == "off":
             return None
-        training = self._training if operation == "train" else []
+        training = self._training if operation == Operation.TRAIN else []
         return [*_resolved(cwd, env["HOME"], env["CREWAI_STORAGE_DIR"]), *self._shared, *training]
 
     def health(self) -> dict[str, object]:

@@ -1,0 +1,36 @@
+"""The contract's names are spelled once, in protocol/vocabulary.py: elsewhere they are used by reference."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from protocol import Operation
+from tests.conftest import ROOT
+
+HOME = ROOT / "protocol" / "vocabulary.py"
+SOURCES = sorted(path for package in ("protocol", "supervisor", "worker") for path in (ROOT / package).rglob("*.py"))
+# The same word naming something else: the CLI's ``run`` command (which starts any operation).
+ELSEWHERE = {ROOT / "supervisor" / "console" / "commands.py": {"run"}}
+
+
+def spelled(path: Path, names: set[str]) -> list[str]:
+    """Where a string literal in ``path`` is one of ``names``."""
+    tree = ast.parse(path.read_text(), str(path))
+    return [
+        f"{path.name}:{node.lineno}: {node.value!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and node.value in names
+    ]
+
+
+def test_operations_are_spelled_only_in_the_vocabulary() -> None:
+    names = {operation.value for operation in Operation}
+    found = [where for path in SOURCES if path != HOME for where in spelled(path, names - ELSEWHERE.get(path, set()))]
+    assert found == []
+
+
+def test_the_check_sees_a_literal_in_any_place(tmp_path: Path) -> None:
+    module = tmp_path / "runner.py"
+    module.write_text('if job.operation == "train" or f(op="replay"):\n    pass\n')
+    assert spelled(module, {"train", "replay", "run"}) == ["runner.py:1: 'train'", "runner.py:1: 'replay'"]

@@ -3,20 +3,32 @@ up when, and the wait logged every ``LOG_EVERY_SECONDS`` (``supervisor.journal.w
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
 import logging
 import math
 import os
 import sqlite3
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any
 
 from supervisor.journal.errors import JournalBusy, JournalError
 
-if TYPE_CHECKING:
-    from supervisor.journal.writer import _Write as Write
-
 log = logging.getLogger("crew_supervisor.journal")
 LOG_EVERY_SECONDS = 5.0
+
+
+@dataclasses.dataclass(eq=False)
+class Write:
+    """One write queued for the writer thread, and what becomes of it while it waits."""
+
+    apply: Callable[[sqlite3.Connection], Any]  # runs on the writer thread, inside a transaction
+    fallback: Callable[[sqlite3.Connection], Any] | None  # tried instead if ``apply`` fails
+    durable: bool  # committed with an fsync (``synchronous=FULL``), else ``NORMAL``
+    deadline: float  # monotonic; past it a write still waiting for the lock fails (inf: never)
+    future: concurrent.futures.Future[Any]
+    touched: frozenset[str] = frozenset()  # the jobs whose events it writes: their readers look again
 
 
 class Waits:

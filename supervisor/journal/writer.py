@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import functools
 import logging
 import math
@@ -45,7 +44,7 @@ from collections.abc import Callable, Generator
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from supervisor.journal.errors import JournalError
-from supervisor.journal.waits import Waits
+from supervisor.journal.waits import Waits, Write
 
 log = logging.getLogger("crew_supervisor.journal")
 T = TypeVar("T")
@@ -66,16 +65,6 @@ class Written(Generic[T]):
 
     def wait(self) -> T:
         return self.future.result()
-
-
-@dataclasses.dataclass(eq=False)
-class _Write:
-    apply: Callable[[sqlite3.Connection], Any]  # runs on the writer thread, inside a transaction
-    fallback: Callable[[sqlite3.Connection], Any] | None  # tried instead if ``apply`` fails
-    durable: bool  # committed with an fsync (``synchronous=FULL``), else ``NORMAL``
-    deadline: float  # monotonic; past it a write still waiting for the lock fails (inf: never)
-    future: concurrent.futures.Future[Any]
-    touched: frozenset[str] = frozenset()  # the jobs whose events it writes: their readers look again
 
 
 class _Event(NamedTuple):
@@ -100,7 +89,7 @@ class Writer:
         self._commit_seconds = commit_seconds
         db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         self._synchronous = db.execute("PRAGMA synchronous").fetchone()[0]
-        self._queue: queue.SimpleQueue[_Write | _Event | None] = queue.SimpleQueue()  # None: close
+        self._queue: queue.SimpleQueue[Write | _Event | None] = queue.SimpleQueue()  # None: close
         self._group = _Group()
         self._urgent = threading.Event()  # set with whatever must not wait for the group's time
         self._closed = False
@@ -124,7 +113,7 @@ class Writer:
             raise JournalError("journal is closed")
         deadline = math.inf if patience is None else time.monotonic() + patience
         future: concurrent.futures.Future[T] = _running()
-        self._put(_Write(apply, fallback, durable, deadline, future, touched))
+        self._put(Write(apply, fallback, durable, deadline, future, touched))
         return future
 
     def append(
@@ -153,7 +142,7 @@ class Writer:
         self._put(None)
         self._thread.join()
 
-    def _put(self, item: _Write | _Event | None) -> None:
+    def _put(self, item: Write | _Event | None) -> None:
         self._queue.put(item)
         if not isinstance(item, _Event) or item.ends is not None:  # a plain event waits for its group's time
             self._urgent.set()
@@ -161,7 +150,7 @@ class Writer:
     # The thread ------------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        pending: list[_Write] = []
+        pending: list[Write] = []
         while True:
             if not pending and self._waits.closing:
                 return
@@ -177,7 +166,7 @@ class Writer:
                 _fail(pending, JournalError(f"journal write failed: {exc}"))
                 pending = []
 
-    def _wait(self, pending: list[_Write]) -> float | None:
+    def _wait(self, pending: list[Write]) -> float | None:
         """How long to wait for the next write: until the group is due, or (with writes waiting for the
         lock or for space) not at all, or until space may have been freed; None: until one comes."""
         if pending:
@@ -186,7 +175,7 @@ class Writer:
             return max(self._group.due - time.monotonic(), 0)
         return None
 
-    def _take(self, pending: list[_Write], wait: float | None) -> None:
+    def _take(self, pending: list[Write], wait: float | None) -> None:
         """Everything queued now, after waiting up to ``wait`` seconds for the first (None: until it comes);
         the group joins ``pending`` when something ends it or it is due."""
         if wait and not pending and self._group.due < math.inf:
@@ -214,7 +203,7 @@ class Writer:
         if time.monotonic() >= self._group.due:
             self._group.write_into(pending)
 
-    def _round(self, pending: list[_Write]) -> list[_Write]:
+    def _round(self, pending: list[Write]) -> list[Write]:
         """One transaction for ``pending``; returns the writes to try again (the lock was busy, or SQLite
         rolled back the transaction under them)."""
         self._set_synchronous(any(write.durable for write in pending))
@@ -227,8 +216,8 @@ class Writer:
             return self._waits.busy(pending)
         self._waits.lock_taken()
         started = time.monotonic()
-        results: list[tuple[_Write, Any]] = []
-        failures: list[tuple[_Write, Exception]] = []
+        results: list[tuple[Write, Any]] = []
+        failures: list[tuple[Write, Exception]] = []
         for write in pending:
             try:
                 results.append((write, _apply(self._db, write)))
@@ -263,8 +252,8 @@ class Writer:
         return []
 
     def _disk_full(
-        self, pending: list[_Write], failures: list[tuple[_Write, Exception]], exc: sqlite3.Error
-    ) -> list[_Write]:
+        self, pending: list[Write], failures: list[tuple[Write, Exception]], exc: sqlite3.Error
+    ) -> list[Write]:
         """Roll the round back; the writes that failed on their own are told, the others wait for space."""
         if self._db.in_transaction:
             self._db.execute("ROLLBACK")
@@ -293,7 +282,7 @@ class _Group:
             self.due = event.at + GROUP_SECONDS
         self._events.append((event.action_id, event.event, event.data))
 
-    def write_into(self, pending: list[_Write], future: concurrent.futures.Future[None] | None = None) -> None:
+    def write_into(self, pending: list[Write], future: concurrent.futures.Future[None] | None = None) -> None:
         """Hand the events to the round as one write (``future``: its waiter's), and begin a new group."""
         if not self._events:
             return
@@ -301,14 +290,14 @@ class _Group:
         future = future or _running()
         future.add_done_callback(_log_failed_group)
         touched = frozenset(action_id for action_id, _, _ in events)
-        pending.append(_Write(functools.partial(_insert_group, events), None, True, math.inf, future, touched))
+        pending.append(Write(functools.partial(_insert_group, events), None, True, math.inf, future, touched))
 
 
 class _RolledBack(Exception):
     """SQLite rolled back the whole transaction while a write failed; its fallback takes its place."""
 
 
-def _apply(db: sqlite3.Connection, write: _Write) -> Any:
+def _apply(db: sqlite3.Connection, write: Write) -> Any:
     """One write in its own savepoint; if it fails, its fallback (once) in a fresh one."""
     while True:
         db.execute("SAVEPOINT write")
@@ -344,14 +333,14 @@ def _journal_error(exc: Exception) -> JournalError:
     return exc if isinstance(exc, JournalError) else JournalError(f"journal write failed: {exc}")
 
 
-def _resolve(results: list[tuple[_Write, Any]], failures: list[tuple[_Write, Exception]]) -> None:
+def _resolve(results: list[tuple[Write, Any]], failures: list[tuple[Write, Exception]]) -> None:
     for write, result in results:
         write.future.set_result(result)
     for write, exc in failures:
         write.future.set_exception(exc)
 
 
-def _fail(writes: list[_Write], exc: JournalError) -> None:
+def _fail(writes: list[Write], exc: JournalError) -> None:
     for write in writes:
         if not write.future.done():
             write.future.set_exception(exc)

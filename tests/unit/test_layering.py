@@ -128,3 +128,87 @@ def test_no_class_or_function_in_the_supervisor_outgrows_one_concern() -> None:
                 if lines > bound:
                     too_long.append(f"{path.relative_to(ROOT)}: {node.name} has {lines} lines (at most {bound})")
     assert not too_long, "\n".join(too_long)
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(root: Path, path: Path, known: set[str]) -> set[str]:
+    """The modules of ``known`` that ``path`` imports, in every form and wherever (``if TYPE_CHECKING:`` and
+    function bodies too); a name imported from a package is the submodule of that name when there is one."""
+    package = path.relative_to(root).parts[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else ()
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            found.update(f"{module}.{a.name}" if f"{module}.{a.name}" in known else module for a in node.names)
+    return found & known
+
+
+def import_graph(root: Path, packages: tuple[str, ...]) -> dict[str, set[str]]:
+    """Module -> the modules it imports, over every module of ``packages`` under ``root``."""
+    paths = {module_name(root, path): path for package in packages for path in (root / package).rglob("*.py")}
+    return {name: imports_of(root, path, set(paths)) - {name} for name, path in paths.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One import cycle, as ``[a, b, ..., a]``, through each group of modules that reach one another."""
+    found: list[list[str]] = []
+    seen: set[str] = set()
+    for start in sorted(graph):
+        if start in seen:
+            continue
+        group = {node for node in reachable(graph, start) if start in reachable(graph, node)}
+        seen |= group | {start}
+        if group:
+            found.append(path_back(graph, start, group))
+    return found
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others."""
+    reached: set[str] = set()
+    todo = list(graph[start])
+    while todo:
+        node = todo.pop()
+        if node not in reached:
+            reached.add(node)
+            todo.extend(graph[node])
+    return reached
+
+
+def path_back(graph: dict[str, set[str]], start: str, group: set[str]) -> list[str]:
+    """The shortest chain of imports from ``start`` back to itself, through ``group``."""
+    came_from: dict[str, str] = {}
+    frontier = [start]
+    while start not in came_from:
+        reached = []
+        for node in frontier:
+            for target in sorted(graph[node] & group - came_from.keys()):
+                came_from[target] = node
+                reached.append(target)
+        frontier = reached
+    chain = [start]
+    while len(chain) == 1 or chain[-1] != start:
+        chain.append(came_from[chain[-1]])
+    return chain[::-1]
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    """No import circle in the house, not even one only a type checker follows (issue 45)."""
+    found = cycles(import_graph(ROOT, ("supervisor", "worker", "protocol")))
+    assert not found, "import cycles:\n" + "\n".join(" -> ".join(cycle) for cycle in found)
+
+
+def test_the_cycle_check_names_a_cycle_seen_only_by_a_type_checker(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "a.py").write_text("from pkg.b import B\n")
+    (tmp_path / "pkg" / "b.py").write_text("def f():\n    from . import c\n")
+    (tmp_path / "pkg" / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\n")
+    assert cycles(import_graph(tmp_path, ("pkg",))) == [["pkg.a", "pkg.b", "pkg.c", "pkg.a"]]

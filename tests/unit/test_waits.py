@@ -15,14 +15,13 @@ import pytest
 
 from supervisor.journal import waits
 from supervisor.journal.errors import JournalBusy, JournalError
-from supervisor.journal.waits import Waits
-from supervisor.journal.writer import _Write
+from supervisor.journal.waits import Waits, Write
 
 MORE_THAN_ANY_DISK = 4_294_967_294  # SQLite's largest max_page_count: some 17 TB of 4 KiB pages
 
 
-def write(deadline: float = math.inf, fallback: bool = False) -> _Write:
-    return _Write(
+def write(deadline: float = math.inf, fallback: bool = False) -> Write:
+    return Write(
         apply=lambda db: "whole",
         fallback=(lambda db: "smaller") if fallback else None,
         durable=True,

@@ -1,4 +1,4 @@
-"""The pages of docs/ that are made from the code, so that each has one source (tests/unit/test_docs_settings.py).
+"""The pages of docs/ that are made from the code, so that each has one source (tests/project/test_docs_settings.py).
 
 usage: scripts/docs.py settings   # write docs/settings.md from the settings table, supervisor/config.py's SPEC
 """

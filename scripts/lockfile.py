@@ -4,7 +4,7 @@ requirements-dev.lock is what .venv runs (scripts/venv.sh): its dependencies, te
 build backend (the editable install and the project's wheel are built with it) and uv (which installs the rest).
 requirements.lock is what the image runs (scripts/wheelhouse): the dependencies alone, resolved within the dev lock's
 pins. Each starts with a stamp of pyproject's dependency tables, so an edit of those tables without a refresh is
-caught offline (tests/unit/test_lock.py), even one that the pinned versions happen to satisfy.
+caught offline (tests/project/test_lock.py), even one that the pinned versions happen to satisfy.
 
 usage: scripts/lockfile.py dev-inputs   # what requirements-dev.lock locks besides pyproject's tables (scripts/lock)
        scripts/lockfile.py stamp        # write the stamp line at the top of both lock files (scripts/lock)

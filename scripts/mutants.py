@@ -9,7 +9,7 @@ own (the copy's own supervisor and workers: nothing of this checkout is touched)
 every one of them fails. The same tests first run on an unchanged copy, where each must pass, so a catch is
 the break's and not a broken test.
 ``--list`` prints the mutants and checks that each one still applies (its text is in the source exactly once):
-``tests/unit/test_mutants.py`` does that in the suite, so a mutant cannot rot into a no-op.
+``tests/project/test_mutants.py`` does that in the suite, so a mutant cannot rot into a no-op.
 
 Exit 0 when every mutant is caught, 1 otherwise; a line per mutant either way.
 """
@@ -47,8 +47,8 @@ MUTANTS = (
         "            if job.ask_stop(StopReason.CANCEL):\n",
         "            if False:\n",
         (
-            "tests/core/test_stops.py::test_a_cancel_kills_the_running_worker_and_proves_it",
-            "tests/integration/test_api.py::test_cancel_mid_stream_kills_the_worker_and_proves_it",
+            "tests/supervisor/jobs/test_stops.py::test_a_cancel_kills_the_running_worker_and_proves_it",
+            "tests/supervisor/http/test_api.py::test_cancel_mid_stream_kills_the_worker_and_proves_it",
         ),
     ),
     Mutant(
@@ -58,8 +58,8 @@ MUTANTS = (
         "        killed = await asyncio.to_thread(containment.kill, snapshot)\n",
         "        killed: list[psutil.Process] = []\n",
         (
-            "tests/core/test_stops.py::test_a_cancel_kills_the_workers_tree_even_what_left_its_group",
-            "tests/integration/test_api.py::test_cancel_over_http_kills_a_child_and_a_grandchild_that_left_the_group",
+            "tests/supervisor/jobs/test_stops.py::test_a_cancel_kills_the_workers_tree_even_what_left_its_group",
+            "tests/supervisor/http/test_api.py::test_cancel_over_http_kills_a_child_and_a_grandchild_that_left_the_group",
         ),
     ),
     Mutant(
@@ -68,7 +68,7 @@ MUTANTS = (
         "supervisor/jobs/supervisor.py",
         "            if fenced := await fence_restored(journal):\n",
         "            if fenced := []:\n",
-        ("tests/integration/test_fencing.py::test_an_orphan_that_survived_a_crash_is_killed_at_restart",),
+        ("tests/supervisor/processes/test_fencing.py::test_an_orphan_that_survived_a_crash_is_killed_at_restart",),
     ),
     Mutant(
         "output-drops-fields",
@@ -77,7 +77,7 @@ MUTANTS = (
         "    for field, default in OUTPUT_FIELDS.items():\n        data.setdefault(field, default)\n",
         "    for field, default in OUTPUT_FIELDS.items():\n        data.setdefault(field, default)\n"
         '    data["pydantic"], data["tasks_output"] = None, []\n',
-        ("tests/compat/test_fidelity.py::test_run_gives_what_kickoff_gives",),
+        ("tests/system/compat/test_fidelity.py::test_run_gives_what_kickoff_gives",),
     ),
     Mutant(
         "header-timeout-off",
@@ -85,7 +85,7 @@ MUTANTS = (
         "supervisor/http/connections.py",
         "        self._deadline = self.loop.call_later(self.guard.bounds.header_timeout, self.close)\n",
         "        self._deadline = None\n",
-        ("tests/security/test_connections.py::test_silent_sockets_neither_exhaust_nor_block_the_supervisor",),
+        ("tests/system/security/test_connections.py::test_silent_sockets_neither_exhaust_nor_block_the_supervisor",),
     ),
 )
 

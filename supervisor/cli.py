@@ -43,7 +43,7 @@ SERVE_EXIT = (
 
 
 def parser() -> argparse.ArgumentParser:
-    """Every command's parser (tests/unit/test_help.py reads each one's help)."""
+    """Every command's parser (tests/project/test_help.py reads each one's help)."""
     raw = argparse.RawDescriptionHelpFormatter  # the descriptions are laid out by hand
     top = argparse.ArgumentParser(prog="crew-supervisor", description=DESCRIPTION, formatter_class=raw)
     commands = top.add_subparsers(dest="command", required=True)

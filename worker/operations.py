@@ -103,7 +103,7 @@ def chunk_message(chunk: Any) -> Chunk:
 def _text_chunk(chunk: Any) -> dict[str, Any] | None:
     """What ``to_json`` gives for a plain text ``StreamChunk``, read off its fields (a chunk flood's
     commonest event: ``model_dump`` and the JSON round trip were ~25 us of its ~40 us here); None for
-    anything else. Equal to ``to_json``'s answer: tests/integration/test_operations_worker.py checks."""
+    anything else. Equal to ``to_json``'s answer: tests/worker/test_operations_worker.py checks."""
     from crewai.types.streaming import StreamChunk
 
     if type(chunk) is not StreamChunk or chunk.tool_call is not None:

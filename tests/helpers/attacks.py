@@ -1,6 +1,6 @@
 """What a hostile crew tries on the kernel and on other processes, each through ctypes' ``syscall``: the name of the
-errno each call got, or ``ok``. Run inside a worker (``tests/security/trust_crews.py``'s prober) and in a process
-that installs the filter itself (``tests/unit/test_seccomp.py``). Every call is harmless should it pass: a mount
+errno each call got, or ``ok``. Run inside a worker (``tests/system/security/trust_crews.py``'s prober) and in a process
+that installs the filter itself (``tests/worker/test_seccomp.py``). Every call is harmless should it pass: a mount
 on a path that does not exist, a clone whose child leaves at once, a tracee detached again."""
 
 from __future__ import annotations

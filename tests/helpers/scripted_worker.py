@@ -1,5 +1,5 @@
 """A worker without CrewAI that plays its job's ``input["script"]``: a real process speaking the real protocol in
-~50 ms, so the job core's every branch can be driven from a test (``tests/core``).
+~50 ms, so the job core's every branch can be driven from a test (``tests/supervisor/jobs``).
 
 ``python scripted_worker.py job --parent-pid PID --cwd DIR``, as the spawn launcher starts ``python -m worker``.
 Steps, in order: ``started``, ``chunk``, ``complete``, ``fail`` (a terminal, then the worker leaves as the real one

@@ -1,0 +1,114 @@
+"""Admission in the core: each refusal in the reference's order, made before anything is stored; an exact repeat
+is the same job; the queue keeps order and the journal its capacity (``test_refusals`` maps each to its status)."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from supervisor.jobs import admission
+from supervisor.models import StartRequest
+from tests.supervisor.jobs.harness import CREW, Core, core, in_loop
+
+MiB = 1024 * 1024
+
+
+async def refusal(it: Core, key: str | None = "key", legacy: bool = False, **fields: Any) -> type[Exception] | None:
+    """The kind of refusal a start gets (None: admitted); whatever it was, nothing of it was stored."""
+    body = StartRequest(**{"crew_id": CREW, "action_id": "refused", **fields})
+    try:
+        await it.sup.admission.admit(body, key, legacy)
+    except admission.Refused as exc:
+        assert it.journal.reader.get(body.action_id) is None
+        return type(exc)
+    return None
+
+
+@pytest.mark.parametrize(
+    ("start", "refused"),
+    [
+        # Each breaks every rule after its own too: the first rule broken is the one that answers.
+        ({"input": {"blob": "x" * MiB}, "legacy": True, "operation": "replay", "key": None}, admission.InputTooLarge),
+        ({"legacy": True, "operation": "batch_run", "key": None, "crew_id": "nope"}, admission.WrongRoute),
+        ({"operation": "train", "key": None, "crew_id": "nope"}, admission.OperationDisabled),
+        ({"key": None, "input": {"inputs": 1}, "operation": "batch_run"}, admission.KeyMissing),
+        ({"key": "  ", "crew_id": "nope"}, admission.KeyMissing),
+        ({"key": "k" * 513, "crew_id": "nope"}, admission.KeyInvalid),
+        ({"key": "a\tb", "crew_id": "nope"}, admission.KeyInvalid),
+        ({"input": {f"p{i}": i for i in range(513)}, "crew_id": "nope"}, admission.InputInvalid),
+        ({"crew_id": "nope"}, admission.CrewNotFound),
+    ],
+    ids=lambda value: value.__name__ if isinstance(value, type) else "",
+)
+@in_loop
+async def test_a_refusal_comes_in_the_references_order(
+    tmp_path: Path, start: dict[str, Any], refused: type[Exception]
+) -> None:
+    async with core(tmp_path, allowed_operations="run,batch_run,replay") as it:
+        assert await refusal(it, **start) is refused
+
+
+@in_loop
+async def test_an_exact_repeat_is_the_same_job_and_anything_else_conflicts(tmp_path: Path) -> None:
+    async with core(tmp_path) as it:
+        first = await it.start(["started", "complete"], action_id="once")
+        assert (await it.settled("once"))[0] == "completed"
+        again = await it.start(["started", "complete"], action_id="once")
+        assert (again.action_id, again.request_hash, again.status) == ("once", first.request_hash, "completed")
+        assert len(it.launcher.workers) == 1 and [name for name, _ in it.events("once")] == ["started", "completed"]
+        changed = StartRequest(crew_id=CREW, action_id="once", input={"script": []})
+        with pytest.raises(admission.ConflictingReuse):
+            await it.sup.admission.admit(changed, "key-once", legacy=False)
+        with pytest.raises(admission.ConflictingReuse):  # the same body under another key
+            same = StartRequest(crew_id=CREW, action_id="once", input={"script": ["started", "complete"]})
+            await it.sup.admission.admit(same, "key-other", legacy=False)
+
+
+@in_loop
+async def test_starts_of_one_action_id_at_once_make_one_job(tmp_path: Path) -> None:
+    async with core(tmp_path) as it:
+        jobs = await asyncio.gather(*(it.start(["started", "complete"], action_id="racing") for _ in range(5)))
+        assert {job.request_hash for job in jobs} == {jobs[0].request_hash}
+        assert (await it.settled("racing"))[0] == "completed" and len(it.launcher.workers) == 1
+
+
+@in_loop
+async def test_the_queue_keeps_order_and_the_journal_its_capacity(tmp_path: Path) -> None:
+    async with core(tmp_path, max_concurrency="1", max_retained_runs="3") as it:
+        for name in ("first", "second", "third"):
+            await it.start(["started", "complete"], action_id=name)
+        assert await refusal(it, input={"script": []}) is admission.JournalFull
+        for name in ("first", "second", "third"):
+            assert (await it.settled(name))[0] == "completed"
+        # One slot, taken in admission order: the workers were spawned in that order.
+        pids = [it.journal.reader.get(name).worker_pid for name in ("first", "second", "third")]  # type: ignore[union-attr]
+        assert pids == [worker.pid for worker in it.launcher.workers]
+
+
+@in_loop
+async def test_a_journal_locked_by_another_process_is_a_temporary_refusal(tmp_path: Path) -> None:
+    async with core(tmp_path) as it:
+        other = sqlite3.connect(it.journal.path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        try:
+            assert await refusal(it, input={"script": []}) is admission.JournalUnavailable
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        await it.start(["started", "complete"])
+        assert (await it.settled())[0] == "completed"
+
+
+@in_loop
+async def test_after_a_drain_began_only_an_exact_repeat_is_answered(tmp_path: Path) -> None:
+    async with core(tmp_path) as it:
+        await it.start(["started", "complete"], action_id="before")
+        await it.settled("before")
+        await it.sup.stop(drain_seconds=0)
+        assert it.sup.draining
+        assert (await it.start(["started", "complete"], action_id="before")).status == "completed"
+        assert await refusal(it, input={"script": []}) is admission.ShuttingDown

@@ -10,29 +10,42 @@ from fastapi.responses import JSONResponse
 from supervisor.http import contract, operator
 from supervisor.http.auth import BearerAuth
 from supervisor.http.responses import BEARER_SCHEME, errors
-from supervisor.jobs import admission
+from supervisor.jobs.admission import (
+    ConflictingReuse,
+    CrewNotFound,
+    InputInvalid,
+    InputTooLarge,
+    JournalFull,
+    JournalUnavailable,
+    KeyInvalid,
+    KeyMissing,
+    OperationDisabled,
+    Refused,
+    ShuttingDown,
+    WrongRoute,
+)
 from supervisor.jobs.supervisor import Supervisor
 from supervisor.metrics import router as metrics_router
 
 # The input bound is 1 MiB of compact JSON; the envelope and pretty-printing get room beside it.
 MAX_BODY_BYTES = 4 * 1024 * 1024
 # What the reference answers for each refused start.
-REFUSALS: dict[type[admission.Refused], int] = {
-    admission.ShuttingDown: 503,
-    admission.InputTooLarge: 413,
-    admission.WrongRoute: 400,
-    admission.OperationDisabled: 403,
-    admission.KeyMissing: 428,
-    admission.KeyInvalid: 400,
-    admission.InputInvalid: 422,
-    admission.CrewNotFound: 404,
-    admission.ConflictingReuse: 409,
-    admission.JournalFull: 507,
-    admission.JournalUnavailable: 503,
+REFUSALS: dict[type[Refused], int] = {
+    ShuttingDown: 503,
+    InputTooLarge: 413,
+    WrongRoute: 400,
+    OperationDisabled: 403,
+    KeyMissing: 428,
+    KeyInvalid: 400,
+    InputInvalid: 422,
+    CrewNotFound: 404,
+    ConflictingReuse: 409,
+    JournalFull: 507,
+    JournalUnavailable: 503,
 }
-RETRY_AFTER_SECONDS: dict[type[admission.Refused], str] = {
-    admission.ShuttingDown: "5",
-    admission.JournalUnavailable: "1",
+RETRY_AFTER_SECONDS: dict[type[Refused], str] = {
+    ShuttingDown: "5",
+    JournalUnavailable: "1",
 }
 
 
@@ -58,7 +71,7 @@ def create_app(sup: Supervisor) -> FastAPI:
         app.include_router(webconsole.router())
         public = webconsole.PUBLIC_PATHS
     app.add_middleware(BearerAuth, token=sup.settings.token, public=public)
-    app.add_exception_handler(admission.Refused, refused)  # type: ignore[arg-type]
+    app.add_exception_handler(Refused, refused)  # type: ignore[arg-type]
     app.include_router(contract.router)
     # The operator routes answer 404 (unknown job) and 422 with a sentence (bad page cursor, path id).
     app.include_router(operator.router)
@@ -76,7 +89,7 @@ def create_app(sup: Supervisor) -> FastAPI:
     return app
 
 
-async def refused(request: Request, exc: admission.Refused) -> JSONResponse:
+async def refused(request: Request, exc: Refused) -> JSONResponse:
     retry_after = RETRY_AFTER_SECONDS.get(type(exc))
     headers = {"Retry-After": retry_after} if retry_after is not None else None
     return JSONResponse({"detail": str(exc)}, REFUSALS[type(exc)], headers=headers)

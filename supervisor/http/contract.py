@@ -29,7 +29,6 @@ PAGE_DATA_BYTES = 4 * 1024 * 1024
 # Sequences are SQLite integers (64-bit signed): a resume cursor (Last-Event-ID + 1) must be one too.
 MAX_SEQUENCE = 2**63 - 1
 MAX_SEQUENCE_DIGITS = len(str(MAX_SEQUENCE))
-CONTROL_OPERATIONS = ("status", "events", "cancel")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
@@ -49,31 +48,7 @@ router = APIRouter(route_class=StrictJSONRoute)
 
 @router.get("/health")
 async def health(sup: Sup) -> dict[str, Any]:
-    """The reference's keys, types and order (crews and operations sorted), then ours. While the supervisor
-    drains, ``status`` is ``draining``: the reference's client starts work only on ``ready``, and the
-    container's probe reports it unready, so an orchestrator sends nothing new meanwhile."""
-    settings = sup.settings
-    return {
-        "status": "draining" if sup.draining else "ready",
-        "crews": sorted(sup.crews),
-        "active_runs": len(sup.live),
-        "retained_runs": sup.reader.count(),
-        "max_retained_runs": settings.max_retained_runs,
-        "durable_journal": bool(settings.state_file),
-        "stream_checkpoint_events": settings.stream_checkpoint_events,
-        "operations": sorted({*settings.allowed_operations, *CONTROL_OPERATIONS}),
-        "training_directory": bool(settings.training_dir),
-        "instance": sup.instance,
-        "launcher": sup.launcher.name,
-        **sup.launcher.health(),
-        **sup.limits.health(),
-        "sandbox": sup.sandbox.health(),
-        "llm_budget": {  # per job (0: none); a crew's own where its registry entry asks for less
-            "max_tokens": settings.worker_max_tokens,
-            "max_llm_calls": settings.worker_max_llm_calls,
-            "crews": sup.budgets,
-        },
-    }
+    return sup.health()
 
 
 @router.post("/jobs", responses=START_ERRORS)
@@ -90,7 +65,7 @@ async def post_job_stream(
     """The legacy ``/runs`` routes start only ``run``. A malformed Last-Event-ID is refused before anything
     is admitted; one beyond the job's events (416) can only be known once the job is."""
     resume_after = last_event_id(last_id)
-    job = await sup.admission.admit(body, key, legacy=request.url.path == "/runs/stream")
+    job = await sup.admit(body, key, legacy=request.url.path == "/runs/stream")
     cursor = 0 if resume_after is None else resume_after + 1
     check_cursor(cursor, job.event_count)
     return stream(sup, job.action_id, cursor)
@@ -116,7 +91,7 @@ async def get_events(
     check_cursor(cursor, job.event_count)
     if "text/event-stream" in request.headers.get("accept", ""):
         return stream(sup, action_id, cursor)
-    events = sup.reader.stored_events(action_id, cursor, EVENTS_PER_PAGE, PAGE_DATA_BYTES)
+    events = sup.events(action_id, cursor, EVENTS_PER_PAGE, PAGE_DATA_BYTES)
     return Response(page(job, cursor, events), media_type="application/json")
 
 
@@ -128,8 +103,8 @@ async def cancel(sup: Sup, action_id: str, body: CancelRequest) -> dict[str, Any
     job = find(sup, action_id)
     if job.crew_id != body.crew_id:
         raise HTTPException(404, "run was not found")
-    await sup.runner.cancel(action_id, body.reason)
-    return view(sup, sup.reader.get(action_id) or job)
+    await sup.cancel(action_id, body.reason)
+    return view(sup, sup.job(action_id) or job)
 
 
 @router.delete("/jobs/{action_id}", responses=errors(404, 409, 422, 428, 503, 507))
@@ -144,7 +119,7 @@ async def archive(
     if job.status == "running":
         raise HTTPException(409, "a running job cannot be archived")
     try:
-        await sup.journal.archive(action_id)
+        await sup.archive(action_id)
     except JournalBusy:
         detail = "the journal is locked by another process; try again shortly"
         raise HTTPException(503, detail, headers={"Retry-After": "1"}) from None
@@ -156,15 +131,13 @@ async def archive(
 async def start_blocking(sup: Supervisor, body: StartRequest, key: str | None, legacy: bool) -> Response:
     """Wait for the job up to its own timeout: 200 output, 409 cancelled, 502 failed (a job that reached its
     own timeout too: the wait lasts until its kill is confirmed), 504 wait expired (the job continues)."""
-    loop = asyncio.get_running_loop()
-    job = await sup.admission.admit(body, key, legacy)
-    until = sup.runner.answer_by(job.action_id, loop.time() + body.timeout_ms / 1000)
-    finished = await sup.runner.wait(job.action_id, until - loop.time())
-    job = sup.reader.get(job.action_id) or job
+    job = await sup.admit(body, key, legacy)
+    finished = await sup.wait(job.action_id, body.timeout_ms / 1000)
+    job = sup.job(job.action_id) or job
     if not finished or job.status == "running":
         return JSONResponse({"detail": "timed out waiting; the job continues", **view(sup, job)}, 504)
     if job.status == "completed":
-        return JSONResponse(sup.reader.output(job.action_id))
+        return JSONResponse(sup.output(job.action_id))
     detail = "run was cancelled" if job.status == "cancelled" else "run failed"
     return JSONResponse({"detail": detail, **view(sup, job)}, 409 if job.status == "cancelled" else 502)
 
@@ -172,7 +145,7 @@ async def start_blocking(sup: Supervisor, body: StartRequest, key: str | None, l
 def find(sup: Supervisor, action_id: str) -> Job:
     if problem := path_id_problem(action_id):
         raise HTTPException(422, problem)
-    job = sup.reader.get(action_id)
+    job = sup.job(action_id)
     if job is None:
         raise HTTPException(404, "run was not found")
     return job
@@ -183,7 +156,7 @@ def view(sup: Supervisor, job: Job) -> dict[str, Any]:
     job is (``phase``: queued, launching, running or settling; null once terminal), and when it was admitted
     and ended (Unix seconds; ``ended_at`` null while it runs), and its LLM spend: so far while it runs, all of it
     once it failed or was cancelled (its terminal's evidence keeps it; a completed job's ``token_usage`` says it)."""
-    last = sup.reader.last_event(job.action_id) if job.status != "running" else None
+    last = sup.last_event(job.action_id) if job.status != "running" else None
     terminal = last.data if last is not None and last.terminal else None
     kept = terminal.get("llm_spent") if terminal is not None and job.status in ("failed", "cancelled") else None
     return {
@@ -192,7 +165,7 @@ def view(sup: Supervisor, job: Job) -> dict[str, Any]:
         "operation": job.operation,
         "status": job.status,
         "event_count": job.event_count,
-        "output": sup.reader.output(job.action_id) if job.status == "completed" else None,
+        "output": sup.output(job.action_id) if job.status == "completed" else None,
         "terminal": terminal,
         "exit_status": job.exit_status,
         "phase": sup.phase_of(job.action_id, job.status),
@@ -212,8 +185,7 @@ def page(job: Job, cursor: int, events: list[StoredEvent]) -> bytes:
 
 
 def stream(sup: Supervisor, action_id: str, cursor: int) -> EventStream:
-    batches = sup.recorder.follow(action_id, cursor, sup.settings.heartbeat_seconds)
-    return EventStream(sse_frames(batches), headers=SSE_HEADERS)
+    return EventStream(sse_frames(sup.follow(action_id, cursor)), headers=SSE_HEADERS)
 
 
 def last_event_id(header: str | None) -> int | None:

@@ -1,7 +1,8 @@
 """The job lifecycle, wired: admission (validate, fence, admit) hands jobs to the runner (queue, spawn,
 relay, settle), which writes through the recorder (events into the journal, followers woken); one
 housekeeping tick samples and reaps. ``open`` brings them up on the serving loop and down again; ``stop``
-(drain, then every job ended, then the services) is the one way down, whoever asks first."""
+(drain, then every job ended, then the services) is the one way down, whoever asks first. The one facade HTTP
+talks to: its commands here, its reads in ``reads.py``."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from typing import Any
 
 from protocol import Registry
 from supervisor.config import Settings
-from supervisor.jobs import stacks
 from supervisor.jobs.admission import Admission
 from supervisor.jobs.environment import worker_env
 from supervisor.jobs.fencing import fence_restored
@@ -25,13 +25,14 @@ from supervisor.jobs.housekeeping import Housekeeping
 from supervisor.jobs.leftovers import remove_stale_partials
 from supervisor.jobs.live import Budget, LiveJob
 from supervisor.jobs.phases import Phase
+from supervisor.jobs.reads import Reads
 from supervisor.jobs.recorder import Recorder, wake_followers
 from supervisor.jobs.runner import Runner
 from supervisor.jobs.sandbox import Sandbox
 from supervisor.journal.records import Job
 from supervisor.journal.store import Journal
 from supervisor.metrics import Metrics
-from supervisor.models import BulkCancelRequest
+from supervisor.models import BulkCancelRequest, StartRequest
 from supervisor.processes.launcher import Launcher
 from supervisor.processes.limits import Limits
 from supervisor.processes.reaper import Reaper
@@ -41,7 +42,7 @@ MAX_BULK_CANCEL = 1000  # jobs one bulk cancel stops; the answer says how many m
 log = logging.getLogger("crew_supervisor")
 
 
-class Supervisor:
+class Supervisor(Reads):
     def __init__(
         self,
         settings: Settings,
@@ -136,21 +137,29 @@ class Supervisor:
         self.runner.launch(job, input, timeout_ms)
         self.housekeeping.poke()  # a live job is sampled and its orphans reaped
 
-    def phase_of(self, action_id: str, status: str) -> Phase | None:
-        """Where a job of ``status`` running (as the journal says) is: queued, launching, running or settling; None
-        once it has ended (its terminal event may commit a moment before it leaves ``live``)."""
-        job = self.live.get(action_id) if status == "running" else None
-        return job.phase if job is not None and job.phase is not Phase.SETTLED else None
+    async def admit(self, body: StartRequest, key: str | None, legacy: bool) -> Job:
+        """Admission's answer (``Admission.admit``): the job, durable and launched; or a ``Refused``."""
+        return await self.admission.admit(body, key, legacy)
 
-    def spent_of(self, action_id: str, status: str) -> dict[str, Any] | None:
-        """A running job's LLM spend so far (tokens, calls, the last call's model); None once it has ended: its
-        output's ``token_usage``, or its terminal's evidence, says it then."""
-        job = self.live.get(action_id) if status == "running" else None
-        return job.spent.summary() if job is not None else None
+    async def cancel(self, action_id: str, reason: str | None) -> None:
+        """Return once the job is terminal (``Runner.cancel``)."""
+        await self.runner.cancel(action_id, reason)
 
-    async def cancel_many(self, request: BulkCancelRequest) -> tuple[list[str], int]:
+    async def wait(self, action_id: str, seconds: float) -> bool:
+        """True once the job is terminal, False if ``seconds`` passed first; longer by what its kill may take if its
+        own timeout falls within them (``Runner.answer_by``)."""
+        loop = asyncio.get_running_loop()
+        until = self.runner.answer_by(action_id, loop.time() + seconds)
+        return await self.runner.wait(action_id, until - loop.time())
+
+    async def archive(self, action_id: str) -> None:
+        """Remove an ended job from the journal; raises ``JournalBusy`` or ``JournalError``."""
+        await self.journal.archive(action_id)
+
+    async def cancel_many(self, request: BulkCancelRequest) -> tuple[dict[str, Phase], int]:
         """Cancel the live jobs ``request`` names, oldest first and at most MAX_BULK_CANCEL of them, all at once;
-        return once each is terminal (or, ``dry_run``, at once, none touched). Their ids, and how many more matched."""
+        return once each is terminal (or, ``dry_run``, at once, none touched). Their ids with the phase each was in,
+        and how many more matched."""
         named = sorted(
             (
                 job
@@ -162,32 +171,10 @@ class Supervisor:
             ),
             key=lambda job: job.admitted,
         )
-        taken = [job.action_id for job in named[:MAX_BULK_CANCEL]]
+        taken = {job.action_id: job.phase for job in named[:MAX_BULK_CANCEL]}
         if not request.dry_run:
             await asyncio.gather(*(self.runner.cancel(action_id, request.reason) for action_id in taken))
         return taken, len(named) - len(taken)
-
-    async def stacks_of(self, action_id: str) -> dict[str, Any]:
-        """Every thread's stack of a running job, now; or of an ended one, those taken just before its timeout's,
-        cancel's or limit's kill. Raises LookupError (no such job), ``stacks.Unavailable`` or ``stacks.Late``."""
-        job = self.live.get(action_id)
-        if job is not None:
-            return {"action_id": action_id, "status": "running", **await stacks.of_running(job)}
-        record = self.reader.get(action_id)
-        if record is None:
-            raise LookupError(action_id)
-        kept = self.reader.stack(action_id)
-        if kept is None:
-            raise stacks.Unavailable(
-                f"the job {record.status}, and no stack was taken: only a timeout, a cancel or a broken limit keeps"
-                " where a running job was before its kill"
-            )
-        return {"action_id": action_id, "status": record.status, **kept}
-
-    @property
-    def draining(self) -> bool:
-        """From a drain's start (or a stop's) to the end: new starts answer 503."""
-        return self.admission.stopped
 
     async def stop(self, drain_seconds: float | None = None, skip: asyncio.Event | None = None) -> None:
         """The one way down, run once whoever asks first (a signal, ``open``'s exit, a test); later callers wait for

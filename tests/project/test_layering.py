@@ -4,6 +4,7 @@ function-level ones too), so a lazy import cannot slip past."""
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -56,7 +57,7 @@ LAYERS = {
     "processes": set(),
     "journal": {"processes"},
     "jobs": {"journal", "processes"},
-    "http": {"jobs", "journal", "processes"},
+    "http": {"jobs", "journal"},  # and of those only what FACADE allows
     "console": {"journal"},
     "chaos": {"console"},  # a client of the HTTP API (the CLI's target and token) and of the processes it sees
     "doctor": {"jobs", "journal", "processes"},
@@ -88,6 +89,81 @@ def test_supervisor_layers_import_downwards(layer: str) -> None:
     paths = (ROOT / "supervisor" / layer).rglob("*.py")
     reached = set().union(*(layers_reached(path, path.relative_to(ROOT).parts[:-1]) for path in paths))
     assert reached & set(LAYERS) - {layer} <= LAYERS[layer]
+
+
+# HTTP and the console talk to the Supervisor facade alone: of the jobs, http imports the facade's module and the
+# errors its methods raise; of the journal, the records and errors those methods return and raise.
+FACADE = "supervisor.jobs.supervisor"
+SHOWN_TYPES = {"supervisor.journal.records", "supervisor.journal.errors"}
+BEHIND = ("supervisor.jobs", "supervisor.journal")
+
+
+def reached_past_the_facade(path: Path) -> list[str]:
+    """What ``path`` (an http module) imports from supervisor.jobs or supervisor.journal that the rule refuses."""
+    wrong = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            wrong += [alias.name for alias in node.names if alias.name.startswith(BEHIND)]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(BEHIND):
+            if node.module in (FACADE, *SHOWN_TYPES):
+                continue
+            wrong += [f"{node.module}.{alias.name}" for alias in node.names if not _error(node.module, alias.name)]
+    return wrong
+
+
+def _error(module: str, name: str) -> bool:
+    """Whether ``from module import name`` names an exception class of supervisor.jobs."""
+    thing = getattr(importlib.import_module(module), name, None)
+    return module.startswith("supervisor.jobs") and isinstance(thing, type) and issubclass(thing, Exception)
+
+
+def test_http_talks_only_to_the_supervisor_facade() -> None:
+    paths = sorted((ROOT / "supervisor" / "http").rglob("*.py"))
+    wrong = {str(path.relative_to(ROOT)): reached_past_the_facade(path) for path in paths}
+    assert {path: names for path, names in wrong.items() if names} == {}
+
+
+# The parts the facade wires: a route that reaches one through it (``sup.reader.get``) talks past it too.
+PARTS = {
+    "admission",
+    "housekeeping",
+    "journal",
+    "launcher",
+    "limits",
+    "live",
+    "reader",
+    "recorder",
+    "runner",
+    "sandbox",
+}
+
+
+def test_http_reaches_no_part_through_the_facade() -> None:
+    reached = {
+        f"{path.relative_to(ROOT)}: sup.{node.attr}"
+        for path in sorted((ROOT / "supervisor" / "http").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "sup"
+        if node.attr in PARTS
+    }
+    assert reached == set()
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "from supervisor.jobs import runner",
+        "import supervisor.jobs.live",
+        "from supervisor.jobs.outcomes import bounded",
+        "from supervisor.journal.reader import Reader",
+    ],
+)
+def test_the_facade_check_sees_a_reach_past_it(tmp_path: Path, line: str) -> None:
+    module = tmp_path / "route.py"
+    module.write_text(
+        f"{line}\nfrom supervisor.jobs.stacks import Late\nfrom supervisor.jobs.supervisor import Supervisor\n"
+    )
+    assert len(reached_past_the_facade(module)) == 1
 
 
 FORMS = ["import supervisor.http.app", "from supervisor.http import app", "from supervisor import http"]

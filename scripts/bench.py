@@ -61,6 +61,7 @@ from bench_measure import (
     stream_chunks,
 )
 from bench_report import Count, figure_names, latency_figures, median_of, percentile, plot, quantile, table, verdicts
+from bench_steps import Histogram, batch_steps, read_steps
 
 from protocol import QUIET_CREWAI
 from supervisor.console.sse import StreamError
@@ -141,6 +142,24 @@ class Results:
         for part in parts:
             self.put(f"{prefix}_{part}_{suffix}", cpu[part], n)
 
+    def steps(self, prefix: str, steps: dict[str, Histogram], latencies: list[float]) -> None:
+        """Each step's median and mean, as the supervisor timed them, and what the client waited beyond them (by
+        means): the request in, admission and its commit, the answer out."""
+        jobs = len(latencies)
+        for step, histogram in steps.items():
+            self.put(f"{prefix}_step_{step}_p50_ms", histogram.median() * 1e3, jobs)
+            self.put(f"{prefix}_step_{step}_mean_ms", histogram.total / jobs * 1e3, jobs)
+        beyond = sum(latencies) - sum(histogram.total for histogram in steps.values())
+        self.put(f"{prefix}_step_admission_http_mean_ms", beyond / jobs * 1e3, jobs)
+
+
+JOB_CPU_PARTS = ("worker", "supervisor", "forkserver", "middle")
+
+
+def steps_now(sup: Server) -> dict[str, Histogram]:
+    with sup.client() as client:
+        return read_steps(client)
+
 
 def _flat(n: Count) -> list[int]:
     return n if isinstance(n, list) else [n]
@@ -219,10 +238,11 @@ def measure_warm(plan: Plan, warm: Server, unboxed: Server, markers: Path, out: 
 
     say(f"crews on CrewAI's own LLM: {plan.llm_jobs} blocking jobs of a two-agent crew over HTTP to the provider")
     api_throughput(warm, plan.warmup, 1, "llm")
-    before = meter.read()
+    before, steps = meter.read(), steps_now(warm)
     llm = api_throughput(warm, plan.llm_jobs, 1, "llm")
     cpu = meter.per(before, llm.completed, 1e3)
-    out.cpu("llm_job_cpu", "ms", cpu, llm.completed, ("worker", "supervisor", "forkserver"))
+    out.steps("llm_job", batch_steps(steps, steps_now(warm), llm.completed), llm.latencies)
+    out.cpu("llm_job_cpu", "ms", cpu, llm.completed, JOB_CPU_PARTS)
     out.latencies("llm_job_blocking", llm.latencies)
     builds = llm_builds(llm.outputs)
     out.put("llm_build_worker_ms", percentile([wall for wall, _ in builds], 50), len(builds))
@@ -230,9 +250,10 @@ def measure_warm(plan: Plan, warm: Server, unboxed: Server, markers: Path, out: 
 
     say("throughput: fast jobs through the API at concurrency 1 and 4")
     api_throughput(warm, plan.warmup, 1)
-    before = meter.read()
+    before, steps = meter.read(), steps_now(warm)
     c1 = api_throughput(warm, plan.jobs_c1, 1)
-    out.cpu("job_cpu", "ms", meter.per(before, c1.completed, 1e3), c1.completed, ("worker", "supervisor", "forkserver"))
+    out.cpu("job_cpu", "ms", meter.per(before, c1.completed, 1e3), c1.completed, JOB_CPU_PARTS)
+    out.steps("job", batch_steps(steps, steps_now(warm), c1.completed), c1.latencies)
     c4 = api_throughput(warm, plan.jobs_c4, 4)
     out.put("jobs_per_s_c1", c1.per_second, c1.completed)
     out.put("jobs_per_s_c4", c4.per_second, c4.completed)

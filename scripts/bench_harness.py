@@ -234,19 +234,20 @@ class CpuMeter:
         self.supervisor = psutil.Process(sup.pid)
         self.forkserver = forkserver
 
-    def read(self) -> tuple[float, float, float, float]:
+    def read(self) -> tuple[float, float, float, float, float]:
         own, server = self.supervisor.cpu_times(), self.forkserver.cpu_times()
         return (
             own.user + own.system,
-            server.user + server.system + server.children_user + server.children_system,  # and its middles
+            server.user + server.system,
+            server.children_user + server.children_system,  # its middle processes, each reaped by it
             own.children_user + own.children_system,
             time.process_time(),
         )
 
     def per(self, before: tuple[float, ...], count: int, unit: float) -> dict[str, float]:
-        """CPU per item of each part (supervisor, forkserver, worker, client), in ``unit`` per second."""
+        """CPU per item of each part (supervisor, forkserver, middle, worker, client), in ``unit`` per second."""
         spent = (after - earlier for after, earlier in zip(self.read(), before, strict=True))
         return {name: cpu / count * unit for name, cpu in zip(CPU_PARTS, spent, strict=True)}
 
 
-CPU_PARTS = ("supervisor", "forkserver", "worker", "client")
+CPU_PARTS = ("supervisor", "forkserver", "middle", "worker", "client")

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_harness import JOURNAL_SIZES
+from bench_steps import STEPS
 
 # Latency samples (milliseconds, in samples_ms) and the percentiles reported of each.
 LATENCIES: dict[str, tuple[int, ...]] = {
@@ -40,6 +41,9 @@ ORDER = [
     "job_cpu_worker_ms",
     "job_cpu_supervisor_ms",
     "job_cpu_forkserver_ms",
+    "job_cpu_middle_ms",
+    *(f"job_step_{step}_{stat}_ms" for step in STEPS for stat in ("p50", "mean")),
+    "job_step_admission_http_mean_ms",
     "inproc_cpu_ms",
     "job_cpu_worker_over_inproc",
     "llm_job_blocking",
@@ -48,6 +52,9 @@ ORDER = [
     "llm_job_cpu_worker_ms",
     "llm_job_cpu_supervisor_ms",
     "llm_job_cpu_forkserver_ms",
+    "llm_job_cpu_middle_ms",
+    *(f"llm_job_step_{step}_{stat}_ms" for step in STEPS for stat in ("p50", "mean")),
+    "llm_job_step_admission_http_mean_ms",
     "inproc_llm_cpu_ms",
     "llm_job_cpu_worker_over_inproc",
     "llm_build_worker_ms",

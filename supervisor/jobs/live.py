@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from protocol import Spent
@@ -15,6 +15,14 @@ from supervisor.processes.process import WorkerProcess
 
 log = logging.getLogger("crew_supervisor.jobs")
 MODEL_CHARS = 200  # of the model a worker names: it goes into the record and a stopped job's terminal
+# The step of a job's time that leaving each phase ends (``LiveJob.lap``): the runner and the relay lap the two
+# steps inside a phase, "worker_start" (Start sent -> Started) and "exit" (terminal frame -> worker gone, confirmed).
+STEP_ENDED_BY_LEAVING: dict[Phase, str] = {
+    Phase.QUEUED: "queue",
+    Phase.LAUNCHING: "launch",
+    Phase.RUNNING: "job",
+    Phase.SETTLING: "journal",
+}
 
 
 @dataclasses.dataclass
@@ -117,11 +125,24 @@ class LiveJob:
     done: asyncio.Future[None] = dataclasses.field(default_factory=lambda: asyncio.get_running_loop().create_future())
     changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     stopped: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)  # set with stop
+    timed: Callable[[str, float], None] | None = None  # told each step of its time as it ends: name, seconds
+    lapped: float = dataclasses.field(init=False)  # loop time the step in hand began
+
+    def __post_init__(self) -> None:
+        self.lapped = self.admitted
 
     def move(self, to: Phase) -> None:
         check_move(self.phase, to)
         log.debug("job phase", extra={"action_id": self.action_id, "phase": to})
+        self.lap(STEP_ENDED_BY_LEAVING[self.phase])
         self.phase = to
+
+    def lap(self, step: str) -> None:
+        """``step`` of the job's time ends now: ``timed`` is told how long it took since the last one ended."""
+        now = asyncio.get_running_loop().time()
+        if self.timed is not None:
+            self.timed(step, now - self.lapped)
+        self.lapped = now
 
     def ask_stop(self, reason: StopReason) -> bool:
         """Whether this reason stops the job: the first asked does, unless its outcome is already decided."""

@@ -44,6 +44,7 @@ class Relay:
                 return message
             if isinstance(message, Started):
                 job.started = True
+                job.lap("worker_start")
                 self.limits.begin(worker)
                 self.metrics.start_latency.observe(asyncio.get_running_loop().time() - job.admitted)
                 started = {"status": "running", "operation": job.operation, "pid": worker.pid}

@@ -75,6 +75,7 @@ class Runner:
         now = loop.time()
         live = LiveJob(job.action_id, job.crew_id, job.operation, input, timeout_ms, now, now + timeout_ms / 1000)
         live.budget = self.budget.within(self.budgets.get(job.crew_id, Budget()))
+        live.timed = self.metrics.job_step
         self.live[job.action_id] = live
         if self.stopping or self.queue_closed:  # admitted as the queue closed: it ends as the others did
             live.ask_stop(StopReason.STOP if self.stopping else StopReason.DRAIN)
@@ -231,6 +232,7 @@ class Runner:
             job.move(Phase.SETTLING)  # nothing stops it now: its terminal event waits for the journal
         if outcome.event == "failed" and job.operation in READ_ONLY_OPERATIONS:
             outcome.data["uncertain_outcome"] = False  # nothing it did can have changed the world
+        job.lap("exit")  # its worker gone and confirmed (or never launched): what is left is the journal's
         await self.recorder.finish(job, outcome)
         evidence = outcome.data if outcome.event != "completed" else {}  # completed data is the output itself
         log.info("job finished", extra=_finished(job, outcome.event, evidence))

@@ -21,6 +21,7 @@ from protocol import QUIET_CREWAI
 from supervisor.console import sse
 from supervisor.processes.reaper import become_subreaper, stop_being_subreaper
 from supervisor.testing import Server
+from tests.helpers.scripted_provider import scripted_provider
 from tests.helpers.waiting import wait_until
 from worker.provider import Provider
 
@@ -157,8 +158,9 @@ def server(crew_supervisor_module: Server) -> Server:
 @pytest.fixture(scope="module")
 def provider() -> Iterator[Provider]:
     """The module's loopback OpenAI-compatible provider, for crews on CrewAI's own ``LLM`` class: give its
-    ``url`` to a supervisor as ``CREW_PROVIDER_URL`` (``worker.demo.provider_llm``)."""
-    with Provider() as running:
+    ``url`` to a supervisor as ``CREW_PROVIDER_URL`` (``worker.demo.provider_llm``). It knows the tests'
+    directives too (``tests.helpers.scripted_provider``)."""
+    with scripted_provider() as running:
         yield running
 
 

@@ -7,12 +7,12 @@ nothing of CrewAI or the SDK replaced. The fork server warms that path against o
 
 The model name is the script, directives joined by ``+``: ``answer`` (anything else: answer at once),
 ``slow-<ms>`` (answer after that long), ``hang`` (never answer: until the client hangs up or the server
-stops), ``fail-<status>`` (an OpenAI error answer, 429 or 500 say), ``loop`` (call a tool on every turn,
-never answer), ``words-<n>`` (a final answer n words longer: ``w0 w1 ...``, streamed a word a chunk). A
-request that offers tools and has no tool result yet gets a call of its first tool; one with
-``response_format`` gets JSON that fits the schema. Answers are derived from the prompt, so the same
-crew gets the same answers in-process and through the sidecar, blocking (``Content-Length``) or streamed
-(``stream: true``: SSE over chunked encoding, with a usage chunk when ``stream_options.include_usage``).
+stops); a ``Provider`` given more ``directives`` knows more (the tests' failures, tool loops and long
+answers: ``tests/helpers/scripted_provider.py``). A request that offers tools and has no tool result yet gets
+a call of its first tool; one with ``response_format`` gets JSON that fits the schema. Answers are derived
+from the prompt, so the same crew gets the same answers in-process and through the sidecar, blocking
+(``Content-Length``) or streamed (``stream: true``: SSE over chunked encoding, with a usage chunk when
+``stream_options.include_usage``).
 
 Every request is recorded (``calls``), with when its client hung up if it did so before the answer was
 whole; ``wait`` blocks until a condition on the calls holds. Standard library only: it imports in
@@ -38,16 +38,13 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 URL_ENV = "CREW_PROVIDER_URL"  # where the demo's and the tests' real-LLM crews find one (worker.demo.provider_llm)
 DEFAULT_URL = "http://127.0.0.1:8091/v1"
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a request larger than this is answered 413 unread
 HOST = "127.0.0.1"
-_SLOW = re.compile(r"slow-([0-9]{1,7})$")
-_FAIL = re.compile(r"fail-([45][0-9][0-9])$")
-_WORDS = re.compile(r"words-([0-9]{1,6})$")
 _WORD = re.compile(r"\S+")
 CREATED = 1_767_225_600  # a fixed `created`: answers are the same in every run
 
@@ -67,10 +64,32 @@ class Call:
     status: int = 200
 
 
-class Provider:
-    """The server: ``start()`` it, point crews at ``url``, ``stop()`` it (or use it as a context manager)."""
+@dataclasses.dataclass
+class Turn:
+    """A call being answered, as its script's directives shape it: they may wait, change ``message``, or set
+    ``call.status`` to answer an OpenAI error of that status instead."""
 
-    def __init__(self, host: str = HOST, port: int = 0) -> None:
+    call: Call
+    body: dict[str, Any]  # the request
+    message: dict[str, Any]  # the assistant's message to send
+    wait: Callable[[float | None], None]  # seconds (None: for ever), cut short when the client hangs up
+
+
+Directive = Callable[[Turn, re.Match[str]], None]
+DIRECTIVES: Mapping[re.Pattern[str], Directive] = {
+    re.compile(r"hang$"): lambda turn, _: turn.wait(None),
+    re.compile(r"slow-([0-9]{1,7})$"): lambda turn, match: turn.wait(int(match.group(1)) / 1000),
+}
+
+
+class Provider:
+    """The server: ``start()`` it, point crews at ``url``, ``stop()`` it (or use it as a context manager).
+    ``directives`` are the script's words it knows, each applied in turn to a call's ``Turn``."""
+
+    def __init__(
+        self, host: str = HOST, port: int = 0, directives: Mapping[re.Pattern[str], Directive] = DIRECTIVES
+    ) -> None:
+        self.directives = directives
         self._server = _Server((host, port), _Handler)
         self._server.provider = self
         self._thread: threading.Thread | None = None
@@ -200,18 +219,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.server.provider._update(call, answered=time.monotonic())
 
     def _answer(self, call: Call, body: dict[str, Any]) -> None:
-        directives = call.model.split("+")
-        for directive in directives:
-            if directive == "hang":
-                self._wait(None)
-            elif match := _SLOW.match(directive):
-                self._wait(int(match.group(1)) / 1000)
-            elif match := _FAIL.match(directive):
-                call.status = int(match.group(1))
+        turn = Turn(call, body, _reply(call, body), self._wait)
+        for word in call.model.split("+"):
+            for pattern, directive in self.server.provider.directives.items():
+                if match := pattern.match(word):
+                    directive(turn, match)
+            if call.status != 200:
                 self._send_json(call.status, _error("provider_error", f"the provider answered {call.status}"))
                 return
-        longer = next((int(match.group(1)) for d in directives if (match := _WORDS.match(d))), 0)
-        message = _reply(call, body, loop="loop" in directives, longer=longer)
+        message = turn.message
         usage = _usage(call.messages, message)
         if not call.stream:
             choice = {"index": 0, "message": message, "finish_reason": _finish(message), "logprobs": None}
@@ -284,28 +300,39 @@ def _text(messages: list[dict[str, Any]]) -> str:
     return "\n".join(parts)
 
 
-def _reply(call: Call, body: dict[str, Any], loop: bool, longer: int = 0) -> dict[str, Any]:
-    """The assistant's message: a call of the first offered tool (once, or every turn with ``loop``), JSON for
-    a ``response_format`` schema, else a final answer naming a digest of the prompt (and ``longer`` words more)."""
-    digest = hashlib.sha256(_text(call.messages).encode()).hexdigest()[:12]
-    tools = [t["function"] for t in body.get("tools") or [] if isinstance(t, dict) and "function" in t]
+def _reply(call: Call, body: dict[str, Any]) -> dict[str, Any]:
+    """The assistant's message: a call of the first offered tool until a tool has answered, JSON for a
+    ``response_format`` schema, else a final answer naming a digest of the prompt."""
     answered_tool = any(isinstance(m, dict) and m.get("role") == "tool" for m in call.messages)
-    if tools and (loop or not answered_tool):
-        arguments = json.dumps(_sample(tools[0].get("parameters") or {}, digest), separators=(",", ":"))
-        tool_call = {
-            "id": f"call_{digest}",
-            "type": "function",
-            "function": {"name": tools[0]["name"], "arguments": arguments},
-        }
-        return {"role": "assistant", "content": None, "tool_calls": [tool_call]}
+    if not answered_tool and (calling := tool_call(call, body)):
+        return calling
+    digest = _digest(call)
     schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema")
     if schema is not None:
         return {"role": "assistant", "content": json.dumps(_sample(schema, f"finding {digest}"))}
-    more = "".join(f" w{i}" for i in range(longer))
     return {
         "role": "assistant",
-        "content": f"Thought: I know the answer.\nFinal Answer: the provider reports finding {digest}.{more}",
+        "content": f"Thought: I know the answer.\nFinal Answer: the provider reports finding {digest}.",
     }
+
+
+def tool_call(call: Call, body: dict[str, Any]) -> dict[str, Any] | None:
+    """The assistant's call of the first offered tool, with arguments that fit its parameters (None: no tools)."""
+    tools = [t["function"] for t in body.get("tools") or [] if isinstance(t, dict) and "function" in t]
+    if not tools:
+        return None
+    digest = _digest(call)
+    arguments = json.dumps(_sample(tools[0].get("parameters") or {}, digest), separators=(",", ":"))
+    calling = {
+        "id": f"call_{digest}",
+        "type": "function",
+        "function": {"name": tools[0]["name"], "arguments": arguments},
+    }
+    return {"role": "assistant", "content": None, "tool_calls": [calling]}
+
+
+def _digest(call: Call) -> str:
+    return hashlib.sha256(_text(call.messages).encode()).hexdigest()[:12]
 
 
 def _sample(schema: dict[str, Any], text: str, defs: dict[str, Any] | None = None) -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.helpers.scripted_provider import scripted_provider
 from worker.provider import Provider
 
 MESSAGES = [{"role": "system", "content": "You are a tester."}, {"role": "user", "content": "Say something."}]
@@ -32,7 +33,7 @@ TOOLS = [
 
 @pytest.fixture
 def provider() -> Iterator[Provider]:
-    with Provider() as running:
+    with scripted_provider() as running:
         yield running
 
 
@@ -130,6 +131,24 @@ def test_a_failing_call_answers_its_status_with_an_openai_error(provider: Provid
     assert answer.status_code == status
     assert answer.json()["error"]["message"] == f"the provider answered {status}"
     assert provider.calls[0].status == status
+
+
+def test_the_shipped_provider_knows_only_what_warm_up_demo_and_bench_use() -> None:
+    """Failures, tool loops and long answers are the tests' directives: shipped, they answer as ``answer`` does."""
+    answered = [*MESSAGES, {"role": "tool", "tool_call_id": "call_x", "content": "found"}]
+    with Provider() as shipped:
+        answer = post(shipped).json()["choices"][0]["message"]
+        for script in ("fail-500", "words-3", "loop"):
+            assert post(shipped, script).json()["choices"][0]["message"] == answer
+        loop = post(shipped, "loop", messages=answered, tools=TOOLS).json()
+        assert loop["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_long_answer_is_n_words_longer_and_streams_a_word_a_chunk(provider: Provider) -> None:
+    short = post(provider).json()["choices"][0]["message"]["content"]
+    assert post(provider, "words-3").json()["choices"][0]["message"]["content"] == f"{short} w0 w1 w2"
+    streamed = events(post(provider, "words-3", stream=True))
+    assert [chunk["choices"][0]["delta"].get("content") for chunk in streamed[-5:-2]] == ["w0 ", "w1 ", "w2"]
 
 
 def test_a_slow_call_answers_no_sooner_than_its_delay(provider: Provider) -> None:

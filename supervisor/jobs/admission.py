@@ -12,6 +12,7 @@ from typing import Any
 
 from protocol import Operation
 from supervisor.config import Settings
+from supervisor.jobs.lifecycle import Lifecycle
 from supervisor.journal.errors import JournalBusy, JournalError
 from supervisor.journal.records import Job
 from supervisor.journal.store import Journal
@@ -72,18 +73,19 @@ Launch = Callable[[Job, dict[str, Any], int], None]
 
 
 class Admission:
-    def __init__(self, settings: Settings, journal: Journal, crews: list[str], launch: Launch) -> None:
+    def __init__(
+        self, settings: Settings, journal: Journal, crews: list[str], launch: Launch, lifecycle: Callable[[], Lifecycle]
+    ) -> None:
         self.settings = settings
         self.journal = journal
         self.crews = crews
         self.launch = launch
-        self.stopped = False  # no new starts once the supervisor drains
+        self.lifecycle = lifecycle  # the supervisor's, which it alone sets: no new starts once it drains
         # Admissions being made durable, by action id: checked as if already in the journal.
         self._admitting: dict[str, asyncio.Future[None]] = {}
 
-    async def stop(self) -> None:
-        """No new starts; returns once the admissions under way are durable and launched (or refused)."""
-        self.stopped = True
+    async def under_way(self) -> None:
+        """Return once the admissions under way are durable and launched (or refused)."""
         await asyncio.gather(*self._admitting.values())
 
     async def admit(self, body: StartRequest, key: str | None, legacy: bool) -> Job:
@@ -103,7 +105,7 @@ class Admission:
         existing = self.journal.reader.get(body.action_id)
         if existing is not None and existing.request_hash == digest:
             return existing
-        if self.stopped:
+        if not self.lifecycle().admits:
             raise ShuttingDown("the supervisor is shutting down")
         if body.operation not in self.settings.allowed_operations:
             raise OperationDisabled(f"operation {body.operation} is not allowed")

@@ -8,7 +8,7 @@ from typing import Any
 
 from supervisor.config import Settings
 from supervisor.jobs import stacks
-from supervisor.jobs.admission import Admission
+from supervisor.jobs.lifecycle import Lifecycle
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.outcomes import bounded
 from supervisor.jobs.phases import Phase
@@ -36,12 +36,12 @@ class Reads:
     limits: Limits
     sandbox: Sandbox
 
-    admission: Admission
+    lifecycle: Lifecycle
 
     @property
     def draining(self) -> bool:
         """From a drain's start (or a stop's) to the end: new starts answer 503."""
-        return self.admission.stopped
+        return not self.lifecycle.admits
 
     def health(self) -> dict[str, Any]:
         """The reference's keys, types and order (crews and operations sorted), then ours. While the supervisor

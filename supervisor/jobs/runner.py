@@ -22,6 +22,7 @@ from protocol import READ_ONLY_OPERATIONS, Operation, Start
 from supervisor.config import Settings
 from supervisor.jobs.environment import CrewEnvError, crew_places, job_env, read_crew_env, worker_settings
 from supervisor.jobs.leftovers import remove_partial
+from supervisor.jobs.lifecycle import Lifecycle
 from supervisor.jobs.live import Budget, LiveJob
 from supervisor.jobs.outcomes import Outcome, failure, interrupted
 from supervisor.jobs.phases import Phase, StopReason
@@ -52,6 +53,7 @@ class Runner:
         state: Path,
         live: dict[str, LiveJob],
         budgets: Mapping[str, Budget],
+        lifecycle: Callable[[], Lifecycle],
     ) -> None:
         self.settings = settings
         self.budget = Budget(settings.worker_max_tokens, settings.worker_max_llm_calls)
@@ -64,8 +66,7 @@ class Runner:
         self.relay = Relay(settings, limits, recorder, metrics)
         self.state = state
         self.live = live
-        self.queue_closed = False  # draining: no queued job starts
-        self.stopping = False  # stopping: every job ends now
+        self.lifecycle = lifecycle  # the supervisor's, which it alone sets
         self._slots = asyncio.Semaphore(settings.max_concurrency)
         self._grace = settings.stop_grace_ms / 1000
 
@@ -77,8 +78,8 @@ class Runner:
         live.budget = self.budget.within(self.budgets.get(job.crew_id, Budget()))
         live.timed = self.metrics.job_step
         self.live[job.action_id] = live
-        if self.stopping or self.queue_closed:  # admitted as the queue closed: it ends as the others did
-            live.ask_stop(StopReason.STOP if self.stopping else StopReason.DRAIN)
+        if (now_in := self.lifecycle()).queue_closed:  # admitted as the queue closed: it ends as the others did
+            live.ask_stop(StopReason.STOP if now_in.stopping else StopReason.DRAIN)
         live.task = loop.create_task(self._run(live), name=f"job:{job.action_id}")
         self.metrics.admitted.labels(job.operation).inc()
 
@@ -114,16 +115,15 @@ class Runner:
 
     async def close_queue(self) -> int:
         """No queued job will start: each ends `failed`, `supervisor_stopped`, `uncertain_outcome: false`.
-        Jobs already launching or running go on. Returns how many were queued."""
-        self.queue_closed = True
+        Jobs already launching or running go on. Returns how many were queued. (The supervisor is draining.)"""
         queued = [job for job in self.live.values() if job.phase is Phase.QUEUED and job.ask_stop(StopReason.DRAIN)]
         await asyncio.gather(*(asyncio.shield(job.done) for job in queued))
         return len(queued)
 
     async def stop(self) -> None:
         """Every worker is killed and its job ends `failed` with `uncertain_outcome` and the kill's evidence
-        (never `cancelled`: nobody asked for that); a job still queued ends `failed`, certain."""
-        self.stopping = True
+        (never `cancelled`: nobody asked for that); a job still queued ends `failed`, certain. (The supervisor is
+        stopping.)"""
         jobs = list(self.live.values())
         for job in jobs:
             if job.ask_stop(StopReason.STOP) and job.phase in (Phase.LAUNCHING, Phase.RUNNING):

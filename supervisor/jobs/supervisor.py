@@ -23,6 +23,7 @@ from supervisor.jobs.environment import worker_env
 from supervisor.jobs.fencing import fence_restored
 from supervisor.jobs.housekeeping import Housekeeping
 from supervisor.jobs.leftovers import remove_stale_partials
+from supervisor.jobs.lifecycle import Lifecycle
 from supervisor.jobs.live import Budget, LiveJob
 from supervisor.jobs.phases import Phase
 from supervisor.jobs.reads import Reads
@@ -72,8 +73,10 @@ class Supervisor(Reads):
         self.sandbox = sandbox
         self._stopping: asyncio.Future[None] | None = None
         self.recorder = Recorder(settings, journal, live)
-        self.runner = Runner(settings, launcher, limits, sandbox, self.recorder, metrics, state, live, owns)
-        self.admission = Admission(settings, journal, self.crews, self._launch)
+        self.lifecycle = Lifecycle.OPENING  # moved on by _become alone
+        now_in = self._now_in
+        self.runner = Runner(settings, launcher, limits, sandbox, self.recorder, metrics, state, live, owns, now_in)
+        self.admission = Admission(settings, journal, self.crews, self._launch, now_in)
         self.housekeeping = Housekeeping(limits, reaper, metrics, live=lambda: bool(live))
         metrics.observe_with(
             running=lambda: sum(job.phase in (Phase.LAUNCHING, Phase.RUNNING) for job in live.values()),
@@ -131,6 +134,7 @@ class Supervisor(Reads):
             remove_stale_partials(settings.training_dir)  # nothing runs yet: no such file is anyone's
             launcher.start()
             sup.housekeeping.start()
+            sup._become(Lifecycle.OPEN)
             yield sup
 
     def _launch(self, job: Job, input: dict[str, Any], timeout_ms: int) -> None:
@@ -186,12 +190,21 @@ class Supervisor(Reads):
         await asyncio.shield(self._stopping)
 
     async def _stop(self, drain_seconds: float | None, skip: asyncio.Event) -> None:
-        await self.admission.stop()
+        self._become(Lifecycle.CLOSING)
+        await self.admission.under_way()
         if drain_seconds is not None:
             await self._drain(drain_seconds, skip)
         self.journal.stop_waiting()
+        self._become(Lifecycle.STOPPING)
         await self.runner.stop()
         await self.housekeeping.stop()
+        self._become(Lifecycle.STOPPED)
+
+    def _become(self, state: Lifecycle) -> None:
+        self.lifecycle = state
+
+    def _now_in(self) -> Lifecycle:
+        return self.lifecycle
 
     async def _drain(self, seconds: float, skip: asyncio.Event) -> None:
         """Queued jobs fail, certain; running jobs get up to ``seconds`` to finish, or until ``skip`` is set.
@@ -199,6 +212,7 @@ class Supervisor(Reads):
         running."""
         loop = asyncio.get_running_loop()
         began = loop.time()
+        self._become(Lifecycle.DRAINING)
         queued = await self.runner.close_queue()
         log.warning("drain began", extra={"seconds": seconds, "running": len(self.live), "queued": queued})
         pending = [job.done for job in self.live.values()]

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from supervisor.jobs import admission
+from supervisor.jobs.lifecycle import Lifecycle
 from supervisor.models import StartRequest
 from tests.supervisor.jobs.harness import CREW, Core, core, in_loop
 
@@ -108,7 +109,8 @@ async def test_after_a_drain_began_only_an_exact_repeat_is_answered(tmp_path: Pa
     async with core(tmp_path) as it:
         await it.start(["started", "complete"], action_id="before")
         await it.settled("before")
+        assert it.sup.lifecycle is Lifecycle.OPEN and it.sup.health()["status"] == "ready"
         await it.sup.stop(drain_seconds=0)
-        assert it.sup.draining
+        assert it.sup.lifecycle is Lifecycle.STOPPED and it.sup.health()["status"] == "draining"
         assert (await it.start(["started", "complete"], action_id="before")).status == "completed"
         assert await refusal(it, input={"script": []}) is admission.ShuttingDown

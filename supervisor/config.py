@@ -13,10 +13,10 @@ import stat
 from collections.abc import Mapping
 from typing import Any
 
-from protocol import Operation
+from protocol import SETTINGS_PREFIX, Operation
 from supervisor.settings_table import SPEC
 
-PREFIX = "AIP_CREWAI_"
+PREFIX = SETTINGS_PREFIX  # the reference's settings; the worker takes its own under it too
 DEMO_REGISTRY = "worker.demo:registry"
 MAX_TOKEN_BYTES = 16384
 DEFAULT_PREFORK = 2  # idle pre-forked workers, at most MAX_CONCURRENCY

@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from protocol import CONTROL_FD, EVENT_FD, WORKER_IDS
+from protocol import CONTROL_FD, EVENT_FD
 from worker import forkserver, job, lifecycle
 
 
@@ -23,7 +23,7 @@ def main(argv: list[str]) -> None:
     lifecycle.take_settings()
     lifecycle.quiet_crewai_logs()
     # Before the registry is imported: no crew code runs with a capability, nor as root's uid with WORKER_IDS.
-    lifecycle.confine(_ids(lifecycle.settings.get(WORKER_IDS, "")))
+    lifecycle.confine(lifecycle.settings.ids)
     # After: a uid change clears the death signal. A parent that died before it was armed is caught here.
     lifecycle.bind_to_parent(args.parent_pid)
     if args.cwd:
@@ -32,13 +32,6 @@ def main(argv: list[str]) -> None:
         forkserver.serve(CONTROL_FD)  # at the supervisor's priority: its forks are on every start's path
     lifecycle.lower_priority()
     job.run(EVENT_FD, CONTROL_FD, mode=args.mode)
-
-
-def _ids(raw: str) -> tuple[int, int] | None:
-    if not raw:
-        return None
-    uid, _, gid = raw.partition(":")
-    return int(uid), int(gid)
 
 
 if __name__ == "__main__":

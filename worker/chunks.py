@@ -17,25 +17,24 @@ from collections.abc import Callable
 
 import orjson
 
-from protocol import MAX_EVENT_BYTES, MAX_EVENTS, Chunk
+from protocol import Chunk, WorkerSettings
 
 FIRST_WINDOW = 0.05  # seconds between a job's text events once it has spent a quarter of its events
 # Joined text stops growing here, whatever MAX_EVENT_BYTES allows: the AIP client refuses an SSE frame over 1 MiB,
 # and a follower waits for a whole event before it sees any of its text.
 MAX_JOINED_BYTES = 64 * 1024
-DEFAULTS = {MAX_EVENTS: "1000", MAX_EVENT_BYTES: "262144"}  # the supervisor's defaults, for a worker run alone
 
 
 class Coalescer:
     """Chunks in, chunk events out to ``send``; ``flush`` sends what it holds (at the stream's end)."""
 
     def __init__(
-        self, send: Callable[[Chunk], None], settings: dict[str, str], clock: Callable[[], float] = time.monotonic
+        self, send: Callable[[Chunk], None], settings: WorkerSettings, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self._send = send
         self._clock = clock
-        self._budget = int(settings.get(MAX_EVENTS, DEFAULTS[MAX_EVENTS]))
-        self._max_bytes = min(int(settings.get(MAX_EVENT_BYTES, DEFAULTS[MAX_EVENT_BYTES])), MAX_JOINED_BYTES)
+        self._budget = settings.max_events
+        self._max_bytes = min(settings.max_event_bytes, MAX_JOINED_BYTES)
         self._sent = 0
         self._last = -math.inf  # when the last event was sent (monotonic)
         self._held: Chunk | None = None  # the first of the text chunks held, whose fields the event keeps

@@ -64,7 +64,7 @@ def run(
 
 def load(out: lifecycle.FrameWriter) -> dict[str, Any] | None:
     """The registry, or None after telling the supervisor why it cannot be loaded."""
-    spec = lifecycle.settings.get(registry.ENV, "")
+    spec = lifecycle.settings.registry
     try:
         return registry.load(spec)
     except Exception as exc:
@@ -75,7 +75,7 @@ def load(out: lifecycle.FrameWriter) -> dict[str, Any] | None:
 
 
 def describe_registry(crews: dict[str, Any], warmed: dict[str, Any] | None = None) -> Registry:
-    eval_llms = sorted(registry.eval_llms(lifecycle.settings.get(registry.ENV, "")))
+    eval_llms = sorted(registry.eval_llms(lifecycle.settings.registry))
     budgets = spending.budgets(crews)
     return Registry(
         sorted(crews), eval_llms, warmed or {}, budgets, contained=lifecycle.contained, sandbox=lifecycle.offered

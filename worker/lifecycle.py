@@ -10,14 +10,12 @@ import signal
 import tempfile
 import threading
 
-import orjson
 import setproctitle
 
 from protocol import (
+    HOME,
     QUIET_CREWAI,
-    SANDBOX_HIDDEN,
-    SANDBOX_WRITABLE,
-    SETTINGS_PREFIX,
+    STORAGE_DIR,
     DumpStacks,
     FrameError,
     Layer,
@@ -26,11 +24,11 @@ from protocol import (
     Stacks,
     Start,
     Stop,
+    WorkerSettings,
     pack,
 )
 from worker import landlock, seccomp, stacks
 
-NICE = "AIP_CREWAI_WORKER_NICE"  # set by the supervisor from its settings
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 PR_SET_DUMPABLE = 4
@@ -46,7 +44,7 @@ contained = False  # this process can leave no cgroup (``confine``)
 offered: list[Layer] = []  # the layers of a job's sandbox here, once ``confine`` ran
 hiding: landlock.Hiding | None = None  # what this process's domain hides, listed once: its jobs' hide the same
 confined_to: list[str] = []  # what this process's domain lets it change: a spawned worker's are its job's places
-settings: dict[str, str] = {}  # the supervisor's settings for this process, out of its environment (``take_settings``)
+settings = WorkerSettings()  # the supervisor's settings for this process, out of its environment (``take_settings``)
 
 
 TITLE_CHARS = 200  # of a worker's command line (an action id may be 256 characters)
@@ -68,29 +66,25 @@ def _word(chosen: str) -> str:
 
 
 def lower_priority() -> None:
-    """The workers' niceness (``AIP_CREWAI_WORKER_NICE``), before any thread exists so all inherit it.
+    """The workers' niceness (``WORKER_NICE``), before any thread exists so all inherit it.
 
     It counts against the supervisor's because a worker stays in its session: where the kernel groups
     scheduling by session (autogroup, on in most distributions' kernels), a session of its own would
     weigh as much as the supervisor's whatever its nice value."""
-    os.nice(int(settings.get(NICE, "0")))
+    os.nice(settings.nice)
 
 
 def take_settings() -> None:
     """Move the supervisor's settings (``AIP_CREWAI_*``: the registry, niceness, warm-up, training directory, the
     workers' uid) from ``os.environ`` to ``settings``: the worker reads them there, and no job's code finds them
     in its environment, nor passes them on to what it runs."""
-    for name in [name for name in os.environ if name.startswith(SETTINGS_PREFIX)]:
-        settings[name] = os.environ.pop(name)
-
-
-def _listed(name: str) -> list[str]:
-    """A setting that holds a JSON list of paths (``SANDBOX_HIDDEN``, ``SANDBOX_WRITABLE``)."""
-    return list(orjson.loads(settings.get(name, "[]")))
+    global settings
+    settings = WorkerSettings.take(os.environ, settings)
 
 
 def adopt_environment(env: dict[str, str]) -> None:
-    """``env`` becomes this process's whole environment, without the settings it carries (``take_settings``).
+    """``env`` becomes this process's whole environment, without the settings it carries (``take_settings``): they
+    replace this process's, which it keeps where ``env`` has none (a Fork's carry its worker's, a Start's none).
     ``tempfile`` forgets the temporary directory it found (a forked worker's was its fork server's)."""
     os.environ.clear()
     os.environ.update(env)
@@ -139,7 +133,7 @@ def confine(ids: tuple[int, int] | None = None) -> None:
     """
     global hiding, confined_to, contained, offered
     os.umask(0o077)
-    if hidden := _listed(SANDBOX_HIDDEN):  # listed before any uid change: a workers' user may not list a 0711 one
+    if hidden := list(settings.hidden):  # listed before any uid change: a workers' user may not list a 0711 one
         hiding = landlock.Hiding(hidden)
     libc = ctypes.CDLL(None, use_errno=True)
     header = _CapHeader(LINUX_CAPABILITY_VERSION_3, 0)
@@ -162,7 +156,7 @@ def confine(ids: tuple[int, int] | None = None) -> None:
         raise OSError(ctypes.get_errno(), "capset failed")
     unjudged = hiding is not None and hiding.version == 2  # Landlock judges truncate(2) from ABI 3 on
     refused = seccomp.refuse_unneeded_calls(seccomp.TRUNCATE_BY_PATH if unjudged else None)  # with Landlock or not
-    confined_to = _listed(SANDBOX_WRITABLE)
+    confined_to = list(settings.writable)
     held = bool(hiding.enter(confined_to)) if hiding is not None else landlock.deny_cgroup_writes()
     contained = held and "clone3" in refused
     offered = [Layer.SECCOMP] * (refused >= frozenset(seccomp.REFUSED)) + landlock.layers(landlock.abi())
@@ -193,13 +187,13 @@ def prepare_environment() -> None:
     made by the supervisor's ``worker_env``) exists."""
     for name, value in QUIET_CREWAI.items():
         os.environ.setdefault(name, value)
-    home = os.environ.get("HOME")
+    home = os.environ.get(HOME)
     if home:
         os.makedirs(home, mode=0o700, exist_ok=True)
-    storage = os.environ.get("CREWAI_STORAGE_DIR")
+    storage = os.environ.get(STORAGE_DIR)
     if storage:
         if not os.path.isabs(storage):
-            raise ValueError("CREWAI_STORAGE_DIR must be an absolute path")
+            raise ValueError(f"{STORAGE_DIR} must be an absolute path")
         os.makedirs(storage, mode=0o700, exist_ok=True)
         # Without this marker the first replay per storage dir prints a tracing prompt.
         marker = os.path.join(storage, ".crewai_user.json")

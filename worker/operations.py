@@ -19,14 +19,13 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from protocol import Chunk, Operation, partial_name
+from protocol import TRAINING_DIR, Chunk, Operation, partial_name
 from protocol.frames import MAX_OUTPUT_BYTES
 from worker import lifecycle, registry
 from worker.chunks import Coalescer
 
 Emit = Callable[[Chunk], None]
 OUTPUT_FIELDS = {"raw": "", "json_dict": None, "pydantic": None, "tasks_output": [], "token_usage": {}}
-TRAINING_DIR_ENV = "AIP_CREWAI_TRAINING_DIR"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,7 +220,7 @@ async def train(work: Work) -> dict[str, Any]:
     try:
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as exc:
-        raise TrainingError(f"{TRAINING_DIR_ENV} cannot be written to: {exc.strerror}") from None
+        raise TrainingError(f"{TRAINING_DIR} cannot be written to: {exc.strerror}") from None
     try:
         with os.fdopen(fd, "wb") as out:
             await asyncio.to_thread(headless)
@@ -248,9 +247,9 @@ def feedback_provider(feedback: str) -> Any:
 
 
 def training_target(artifact_name: str) -> Path:
-    directory = lifecycle.settings.get(TRAINING_DIR_ENV, "")
+    directory = lifecycle.settings.training_dir
     if not os.path.isabs(directory) or not os.path.isdir(directory):
-        raise TrainingError(f"{TRAINING_DIR_ENV} must name an existing absolute directory")
+        raise TrainingError(f"{TRAINING_DIR} must name an existing absolute directory")
     return Path(directory) / artifact_name
 
 
@@ -280,7 +279,7 @@ async def evaluate(work: Work) -> dict[str, Any]:
 
     crew.stream = False
     name = job["eval_llm"]
-    factory = registry.eval_llms(lifecycle.settings.get(registry.ENV, "")).get(name)
+    factory = registry.eval_llms(lifecycle.settings.registry).get(name)
     eval_llm = factory() if factory is not None else name
     events: list[Any] = []
 

@@ -8,8 +8,6 @@ from typing import Any
 
 from protocol import factory_fix, not_a_factory
 
-ENV = "AIP_CREWAI_REGISTRY"
-
 
 class RegistryError(Exception):
     pass

@@ -36,10 +36,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from protocol import STORAGE_DIR, WARMUP
 from worker import lifecycle, operations, provider, tls
 
-STORAGE_ENV = "CREWAI_STORAGE_DIR"
-WARMUP = "AIP_CREWAI_WARMUP"  # set by the supervisor from its settings: providers (the default) or offline
 # The event bus's attributes quiescing needs (crewai 1.15's CrewAIEventsBus).
 BUS_ATTRIBUTES = ("flush", "_loop", "_loop_thread", "_sync_executor", "_executor_initialized", "_has_pending_events")
 KICKOFFS = 2  # a second kickoff still finds first-use work (measured: child CPU ~83 -> ~71 ms)
@@ -87,7 +86,7 @@ def warm(ours: Iterable[threading.Thread] = ()) -> Warmth:
         raise WarmupError(f"cannot import CrewAI: {type(exc).__name__}: {exc}") from None
     native = Threads(frozenset([threading.current_thread(), *ours]), Threads.now().kernel)
     sockets = _sockets()  # the supervisor's channel: any other socket left open would be every worker's
-    providers = lifecycle.settings.get(WARMUP) != "offline"
+    providers = lifecycle.settings.warmup != "offline"
     try:
         for _ in range(KICKOFFS):
             warmth = rehearse(providers)
@@ -116,16 +115,16 @@ def rehearse(providers: bool = True) -> Warmth:
     every job writes. Copying a provider job's pages ahead too (twice as many) cost every idle worker
     ~20 ms of CPU and ~20 MB more, and a wave of 64 provider jobs ran slower (docs/benchmarks.md)."""
     storage = tempfile.mkdtemp(prefix="crew-warmup-")
-    saved = os.environ.get(STORAGE_ENV)
-    os.environ[STORAGE_ENV] = storage
+    saved = os.environ.get(STORAGE_DIR)
+    os.environ[STORAGE_DIR] = storage
     try:
         _kickoff(operations.run, _crew(), streamed=True)
         return _rehearse_providers() if providers else Warmth()
     finally:
         if saved is None:
-            os.environ.pop(STORAGE_ENV, None)
+            os.environ.pop(STORAGE_DIR, None)
         else:
-            os.environ[STORAGE_ENV] = saved
+            os.environ[STORAGE_DIR] = saved
         shutil.rmtree(storage, ignore_errors=True)
 
 

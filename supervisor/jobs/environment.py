@@ -9,18 +9,16 @@ Its values are secrets: no error, log line or journal row quotes them, and a wor
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import stat
 from pathlib import Path
 
-from protocol import MAX_EVENT_BYTES, MAX_EVENTS, SANDBOX_HIDDEN, SANDBOX_WRITABLE, SETTINGS_PREFIX, WORKER_IDS
+from protocol import HOME, PLACES, SETTINGS_PREFIX, STORAGE_DIR, TMPDIR, WorkerSettings
 from supervisor.config import Settings
 from supervisor.jobs.sandbox import hidden, workers_writable
 
 ALWAYS_PASSED = ("PATH", "PYTHONPATH")  # what finds the interpreter's tools and the crews' code
-PLACES = ("HOME", "CREWAI_STORAGE_DIR", "TMPDIR")  # the worker's own, set here: a crew's file may not move them
 MAX_FILE_BYTES = 64 * 1024
 # What can be a file's name: no separator, no leading dot (``..``, a hidden file), nothing a shell would mangle.
 SAFE_CREW_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,200}")
@@ -54,7 +52,7 @@ def job_env(
     }
     env.update(crew_vars or {})
     home, storage = crew_places(state, crew_id)
-    env.update(HOME=str(home), CREWAI_STORAGE_DIR=str(storage), TMPDIR=str(tmpdir))
+    env.update({HOME: str(home), STORAGE_DIR: str(storage), TMPDIR: str(tmpdir)})
     return env
 
 
@@ -65,24 +63,22 @@ def crew_places(state: Path, crew_id: str) -> tuple[Path, Path]:
 
 
 def worker_settings(settings: Settings, state: Path, writable: list[str] | None = None) -> dict[str, str]:
-    """The settings the worker process reads from its environment (and then takes out of it): the registry,
-    its niceness, the fork server's warm-up, the job's event bounds, the workers' uid, the training directory, what
-    its sandbox hides and lets it change: ``writable`` (a job's places, for a worker spawned for it) or else every
-    worker's places."""
-    own = {
-        SANDBOX_HIDDEN: json.dumps(hidden(settings, state)),
-        SANDBOX_WRITABLE: json.dumps(workers_writable(settings, state) if writable is None else writable),
-        SETTINGS_PREFIX + "REGISTRY": settings.registry,
-        SETTINGS_PREFIX + "WORKER_NICE": str(settings.worker_nice),
-        SETTINGS_PREFIX + "WARMUP": settings.warmup,
-        MAX_EVENTS: str(settings.max_events_per_run),
-        MAX_EVENT_BYTES: str(settings.max_event_bytes),
-    }
-    if settings.worker_ids is not None:
-        own[WORKER_IDS] = "{}:{}".format(*settings.worker_ids)
-    if settings.training_dir:
-        own[SETTINGS_PREFIX + "TRAINING_DIR"] = str(Path(settings.training_dir).absolute())
-    return own
+    """The settings the worker process reads from its environment (and then takes out of it), as the contract
+    writes them: the registry, its niceness, the fork server's warm-up, the job's event bounds, the workers' uid,
+    the training directory, what its sandbox hides and lets it change: ``writable`` (a job's places, for a worker
+    spawned for it) or else every worker's places."""
+    contract = WorkerSettings(
+        registry=settings.registry,
+        nice=settings.worker_nice,
+        warmup=settings.warmup,
+        max_events=settings.max_events_per_run,
+        max_event_bytes=settings.max_event_bytes,
+        hidden=tuple(hidden(settings, state)),
+        writable=tuple(workers_writable(settings, state) if writable is None else writable),
+        ids=settings.worker_ids,
+        training_dir=str(Path(settings.training_dir).absolute()) if settings.training_dir else "",
+    )
+    return contract.to_environ()
 
 
 def worker_env(settings: Settings, state: Path, crew_id: str) -> dict[str, str]:

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from protocol import READ_ONLY_OPERATIONS, Operation, Start
+from protocol import HOME, READ_ONLY_OPERATIONS, STORAGE_DIR, Operation, Start
 from supervisor.config import Settings
 from supervisor.jobs.environment import CrewEnvError, crew_places, job_env, read_crew_env, worker_settings
 from supervisor.jobs.leftovers import remove_partial
@@ -189,7 +189,7 @@ class Runner:
                 worker.send(Start(*given, writable))
             job.move(Phase.RUNNING)
             breached, found = lambda breach: self.relay.breach(job, breach), self.recorder.record_boundary
-            places = Places(scratch, (Path(env["HOME"]), Path(env["CREWAI_STORAGE_DIR"])))
+            places = Places(scratch, (Path(env[HOME]), Path(env[STORAGE_DIR])))
             self.limits.watch(worker, places, breached, lambda boundary: found(job, boundary))
             result = await self._unless_stopped(job, lambda: self.relay.run(job, worker))
             job.move(Phase.SETTLING)

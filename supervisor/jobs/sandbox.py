@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from protocol import LANDLOCK_ABI, Layer, Operation
+from protocol import HOME, LANDLOCK_ABI, STORAGE_DIR, Layer, Operation
 from supervisor.config import PREFIX, ConfigError, Settings
 from supervisor.journal.statefiles import WORKER_PLACES
 
@@ -85,7 +85,7 @@ class Sandbox:
         if self.mode == "off":
             return None
         training = self._training if operation == Operation.TRAIN else []
-        return [*_resolved(cwd, env["HOME"], env["CREWAI_STORAGE_DIR"]), *self._shared, *training]
+        return [*_resolved(cwd, env[HOME], env[STORAGE_DIR]), *self._shared, *training]
 
     def health(self) -> dict[str, object]:
         return {"mode": self.mode, "layers": list(self.layers), "missing": list(self.missing)}

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import orjson
 import pytest
 
-from protocol import MAX_EVENT_BYTES, MAX_EVENTS, Chunk
+from protocol import Chunk, WorkerSettings
 from worker.chunks import FIRST_WINDOW, MAX_JOINED_BYTES, Coalescer
 
 
@@ -29,7 +29,7 @@ def coalescer(
     budget: int = 1000, max_bytes: int = 262144, clock: Callable[[], float] = time.monotonic
 ) -> tuple[Coalescer, list[Chunk]]:
     sent: list[Chunk] = []
-    return Coalescer(sent.append, {MAX_EVENTS: str(budget), MAX_EVENT_BYTES: str(max_bytes)}, clock), sent
+    return Coalescer(sent.append, WorkerSettings(max_events=budget, max_event_bytes=max_bytes), clock), sent
 
 
 def contents(sent: list[Chunk]) -> str:
@@ -72,7 +72,7 @@ def test_held_text_is_sent_when_its_window_passes_with_nothing_after_it() -> Non
     async def main() -> tuple[list[Chunk], float]:
         sent: list[Chunk] = []
         arrived = asyncio.Event()
-        chunks = Coalescer(lambda chunk: (sent.append(chunk), arrived.set()), {MAX_EVENTS: "1000"})
+        chunks = Coalescer(lambda chunk: (sent.append(chunk), arrived.set()), WorkerSettings())
         spend(chunks, 250)
         arrived.clear()
         began = time.monotonic()

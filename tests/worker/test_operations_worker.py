@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from protocol import Chunk, Completed, Failed, FrameError, Start, Started, partial_name
+from protocol import TRAINING_DIR, Chunk, Completed, Failed, FrameError, Start, Started, partial_name
 from supervisor.processes.containment import Containment
 from supervisor.processes.forkserver import ForkServerLauncher
 from supervisor.processes.launcher import SpawnLauncher
@@ -28,7 +28,6 @@ from supervisor.processes.reaper import Reaper
 from tests.conftest import gone, worker_env
 from tests.crews import CALL_LOG, HEARTBEAT
 
-TRAINING_DIR_ENV = "AIP_CREWAI_TRAINING_DIR"
 T = TypeVar("T")
 
 
@@ -96,7 +95,7 @@ def forks(subreaper: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 def env(tmp: Path) -> dict[str, str]:
     training = tmp / "training"
     training.mkdir(mode=0o700, exist_ok=True)
-    return {**worker_env(tmp), TRAINING_DIR_ENV: str(training)}
+    return {**worker_env(tmp), TRAINING_DIR: str(training)}
 
 
 async def launch(forks: Forks, tmp: Path, crew: str, operation: str, inputs: dict[str, Any]) -> WorkerProcess:

@@ -12,16 +12,14 @@ from typing import Any
 
 import pytest
 
-from protocol import MAX_EVENT_BYTES, MAX_EVENTS
+from protocol import WorkerSettings
 from supervisor.testing import Server
 from tests.conftest import start_server
 from tests.crews import LEAKED_KEY
 
 REGISTRY = "tests.system.security.trust_crews:registry"
-SANDBOX = {"AIP_CREWAI_SANDBOX_HIDDEN", "AIP_CREWAI_SANDBOX_WRITABLE"}
-# the fork server's own
-EVENT_BOUNDS = {MAX_EVENTS, MAX_EVENT_BYTES}  # the worker keeps its chunk events within them (worker/chunks.py)
-WORKER_SETTINGS = {"AIP_CREWAI_REGISTRY", "AIP_CREWAI_WORKER_NICE", "AIP_CREWAI_WARMUP", *SANDBOX, *EVENT_BOUNDS}
+# The fork server's own: what the worker contract always writes (WORKER_IDS, TRAINING_DIR only when set, not here).
+WORKER_SETTINGS = set(WorkerSettings().to_environ())
 
 
 def crew_env_dir(tmp_path: Path, files: dict[str, str]) -> Path:

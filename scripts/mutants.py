@@ -44,8 +44,8 @@ MUTANTS = (
         "cancel-is-a-no-op",
         "a cancel kills the work and proves it",
         "supervisor/jobs/runner.py",
-        "            if job.ask_stop(StopReason.CANCEL):\n",
-        "            if False:\n",
+        '            job.ask_stop(StopReason.CANCEL, said=reason or "cancelled by request")\n',
+        "            pass  # the stop is never asked\n",
         (
             "tests/supervisor/jobs/test_stops.py::test_a_cancel_kills_the_running_worker_and_proves_it",
             "tests/supervisor/http/test_api.py::test_cancel_mid_stream_kills_the_worker_and_proves_it",

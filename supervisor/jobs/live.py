@@ -109,24 +109,25 @@ class LiveJob:
     timeout_ms: int
     admitted: float  # loop time
     deadline: float  # loop time; the timeout counts from admission, queue wait included
-    event_count: int = 0
-    last_event_at: float | None = None  # wall clock
-    phase: Phase = Phase.QUEUED  # set through move() alone
-    stop: StopReason | None = None  # set through ask_stop() alone: the first reason asked
-    cancel_reason: str | None = None  # what the canceller said, when stop is CANCEL
-    breach: Breach | None = None  # the limit it broke, when stop is LIMIT
-    worker: WorkerProcess | None = None
-    started: bool = False  # its worker said Started: its crew runs, and it answers DumpStacks
-    stack: dict[str, Any] | None = None  # where it was just before a stop's kill, kept with its record
-    secrets: tuple[str, ...] = ()  # kept out of its worker's tails (supervisor/redaction.py)
-    spent: Spending = dataclasses.field(default_factory=Spending)
-    budget: Budget = Budget()
-    task: asyncio.Task[None] | None = None
+    # Each field below has one writer, named beside it; everything else only reads it.
+    budget: Budget = Budget()  # the runner, as it launches the job: the supervisor's, or its crew's own if lower
+    timed: Callable[[str, float], None] | None = None  # the runner: told each step of its time as it ends
+    event_count: int = 0  # the recorder, as it records an event
+    last_event_at: float | None = None  # the recorder; wall clock
+    phase: Phase = Phase.QUEUED  # move() alone, which the runner calls
+    stop: StopReason | None = None  # ask_stop() alone: the first reason asked
+    cancel_reason: str | None = None  # ask_stop(): what the canceller said, when stop is CANCEL
+    breach: Breach | None = None  # ask_stop(): the limit it broke, when stop is LIMIT
+    worker: WorkerProcess | None = None  # the runner, once its worker is launched
+    secrets: tuple[str, ...] = ()  # the runner: kept out of its worker's tails (supervisor/redaction.py)
+    started: bool = False  # the relay: its worker said Started: its crew runs, and it answers DumpStacks
+    spent: Spending = dataclasses.field(default_factory=Spending)  # the relay, counting each Spent
+    stack: dict[str, Any] | None = None  # the relay (stacks.before_kill): where it was just before a stop's kill
+    task: asyncio.Task[None] | None = None  # the runner: the job's one task
     done: asyncio.Future[None] = dataclasses.field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
-    stopped: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)  # set with stop
-    timed: Callable[[str, float], None] | None = None  # told each step of its time as it ends: name, seconds
-    lapped: float = dataclasses.field(init=False)  # loop time the step in hand began
+    changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)  # wake() alone
+    stopped: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)  # ask_stop() alone: set with stop
+    lapped: float = dataclasses.field(init=False)  # lap() alone: loop time the step in hand began
 
     def __post_init__(self) -> None:
         self.lapped = self.admitted
@@ -144,11 +145,12 @@ class LiveJob:
             self.timed(step, now - self.lapped)
         self.lapped = now
 
-    def ask_stop(self, reason: StopReason) -> bool:
-        """Whether this reason stops the job: the first asked does, unless its outcome is already decided."""
+    def ask_stop(self, reason: StopReason, said: str | None = None, breach: Breach | None = None) -> bool:
+        """Whether this reason stops the job: the first asked does, unless its outcome is already decided. What a
+        canceller ``said`` (CANCEL) and the ``breach`` (LIMIT) are kept with the reason that won."""
         if self.stop is not None or self.phase in (Phase.SETTLING, Phase.SETTLED):
             return False
-        self.stop = reason
+        self.stop, self.cancel_reason, self.breach = reason, said, breach
         self.stopped.set()
         return True
 

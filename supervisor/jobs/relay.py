@@ -1,5 +1,6 @@
-"""The relay: one worker's frames into its job's events, until its terminal message, and how the worker's end
-is read (an answer and an exit, a death, a fault); the kill that ends whatever it left."""
+"""The relay: the whole conversation with one worker. Frames out (its ``Start``; ``DumpStacks`` through
+``stacks.py``; the kill that ends whatever it left), its frames into its job's events until its terminal message,
+and how the worker's end is read (an answer and an exit, a death, a fault, a stop asked)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ from typing import Any
 
 import orjson
 
-from protocol import Chunk, Completed, Failed, Hello, OverBudget, Spent, Started
+from protocol import Chunk, Completed, Failed, Hello, OverBudget, Spent, Start, Started
 from supervisor.config import PREFIX, Settings
 from supervisor.jobs import stacks
 from supervisor.jobs.live import LiveJob
-from supervisor.jobs.outcomes import Outcome, after_terminal, exit_failure, failure, protocol_fault
+from supervisor.jobs.outcomes import Outcome, after_terminal, exit_failure, failure, interrupted, protocol_fault
 from supervisor.jobs.phases import Phase, StopReason
 from supervisor.jobs.recorder import Recorder
 from supervisor.metrics import Metrics
@@ -30,6 +31,26 @@ class Relay:
         self.limits = limits
         self.recorder = recorder
         self.metrics = metrics
+
+    def start(
+        self, job: LiveJob, worker: WorkerProcess, env: dict[str, str], cwd: str, writable: list[str] | None
+    ) -> None:
+        """Give the worker its job: ``Start``, with its environment, place, budget and what it may write."""
+        limits = (job.budget.max_tokens, job.budget.max_llm_calls)
+        given = (job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms, env, cwd, *limits)
+        worker.send(Start(*given, writable))
+
+    async def end(
+        self, job: LiveJob, worker: WorkerProcess, result: Completed | Failed | Outcome | None, grace: float
+    ) -> Outcome:
+        """The job's outcome from how its conversation ended (``run``'s result): None, a stop was asked (the worker
+        is killed, with ``grace`` unless over a limit, once where it was is kept); a fault or a death already read;
+        or the worker's answer, which it must follow by leaving."""
+        if result is None:
+            return interrupted(job, (await self._stop(job, worker, grace)).as_dict())
+        if isinstance(result, Outcome):
+            return result
+        return await self._conclude(job, worker, result)
 
     async def run(self, job: LiveJob, worker: WorkerProcess) -> Completed | Failed | Outcome:
         """Record the worker's frames until its terminal message, or fault it."""
@@ -67,7 +88,7 @@ class Relay:
             if fault is not None:
                 return await self._fault(worker, *fault)
 
-    async def conclude(self, job: LiveJob, worker: WorkerProcess, message: Completed | Failed) -> Outcome:
+    async def _conclude(self, job: LiveJob, worker: WorkerProcess, message: Completed | Failed) -> Outcome:
         """The worker answered; it must also leave. Its exit status joins the proof."""
         status = await worker.wait_exit(EXIT_WAIT_SECONDS)
         proof: dict[str, Any] = {"exit_status": status}
@@ -101,7 +122,7 @@ class Relay:
         if (breach := job.budget.breach(job.spent)) is not None:
             self.breach(job, breach)
 
-    async def stop(self, job: LiveJob, worker: WorkerProcess, grace: float) -> StopEvidence:
+    async def _stop(self, job: LiveJob, worker: WorkerProcess, grace: float) -> StopEvidence:
         """A stopped job's kill, once where it was is kept (``stacks.before_kill``). A job over a limit gets no grace:
         it would spend it growing."""
         await stacks.before_kill(job, worker)
@@ -131,5 +152,5 @@ class Relay:
 
     def breach(self, job: LiveJob, breach: Breach) -> None:
         """Stop a job over a limit the way a cancel does, unless it is already stopping or ending."""
-        if job.phase is Phase.RUNNING and job.ask_stop(StopReason.LIMIT):
-            job.breach = breach
+        if job.phase is Phase.RUNNING:
+            job.ask_stop(StopReason.LIMIT, breach=breach)

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from protocol import HOME, READ_ONLY_OPERATIONS, STORAGE_DIR, Operation, Start
+from protocol import HOME, READ_ONLY_OPERATIONS, STORAGE_DIR, Operation
 from supervisor.config import Settings
 from supervisor.jobs.environment import CrewEnvError, crew_places, job_env, read_crew_env, worker_settings
 from supervisor.jobs.leftovers import remove_partial
@@ -74,9 +74,11 @@ class Runner:
         """Schedule an admitted (already durable) job."""
         loop = asyncio.get_running_loop()
         now = loop.time()
-        live = LiveJob(job.action_id, job.crew_id, job.operation, input, timeout_ms, now, now + timeout_ms / 1000)
-        live.budget = self.budget.within(self.budgets.get(job.crew_id, Budget()))
-        live.timed = self.metrics.job_step
+        budget = self.budget.within(self.budgets.get(job.crew_id, Budget()))
+        deadline = now + timeout_ms / 1000
+        live = LiveJob(
+            job.action_id, job.crew_id, job.operation, input, timeout_ms, now, deadline, budget, self.metrics.job_step
+        )
         self.live[job.action_id] = live
         if (now_in := self.lifecycle()).queue_closed:  # admitted as the queue closed: it ends as the others did
             live.ask_stop(StopReason.STOP if now_in.stopping else StopReason.DRAIN)
@@ -89,8 +91,7 @@ class Runner:
         if job is None:
             return
         with self.metrics.cancel_latency.time():
-            if job.ask_stop(StopReason.CANCEL):
-                job.cancel_reason = reason or "cancelled by request"
+            job.ask_stop(StopReason.CANCEL, said=reason or "cancelled by request")
             await asyncio.shield(job.done)
 
     async def wait(self, action_id: str, timeout: float) -> bool:
@@ -184,20 +185,14 @@ class Runner:
             await self.limits.apply(worker)  # its cgroups first: the journal names them before its job starts
             await self.recorder.record_worker(job, worker, self.limits.tree(worker).boundary())
             if job.stop is None:  # a stop asked while launching: the worker is killed before it has its job
-                limits = (job.budget.max_tokens, job.budget.max_llm_calls)
-                given = (job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms, env, cwd, *limits)
-                worker.send(Start(*given, writable))
+                self.relay.start(job, worker, env, cwd, writable)
             job.move(Phase.RUNNING)
             breached, found = lambda breach: self.relay.breach(job, breach), self.recorder.record_boundary
             places = Places(scratch, (Path(env[HOME]), Path(env[STORAGE_DIR])))
             self.limits.watch(worker, places, breached, lambda boundary: found(job, boundary))
             result = await self._unless_stopped(job, lambda: self.relay.run(job, worker))
             job.move(Phase.SETTLING)
-            if result is None:
-                return interrupted(job, (await self.relay.stop(job, worker, self._grace)).as_dict())
-            if isinstance(result, Outcome):
-                return result
-            return await self.relay.conclude(job, worker, result)
+            return await self.relay.end(job, worker, result, self._grace)
         finally:
             if job.worker is not None:
                 self.limits.unwatch(job.worker)

@@ -7,10 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from supervisor import config, logs
-from supervisor.chaos import flags as chaos_flags
-from supervisor.console import commands as console
-from supervisor.doctor import run as doctor
+from supervisor.doctor import findings, names  # the standard library only: they run before protocol is imported
 
 # The top-level --help: what the tool is, its commands, where its documentation is.
 DESCRIPTION = """\
@@ -26,13 +23,13 @@ job, so that a cancel, a timeout or a memory limit really stops the work.
 "crew-supervisor COMMAND --help" says more of each. The documentation is the
 project's README.md and docs/ (docs/settings.md describes every setting)."""
 
-SERVE = f"""\
+SERVE = """\
 Run the supervisor: serve the HTTP API on HOST:PORT, admit jobs in order and
 run each in a worker process of its own, recorded in the journal (STATE_FILE).
 
-Each setting below is a flag or its {config.PREFIX}* environment variable (the
+Each setting below is a flag or its {prefix}* environment variable (the
 flag wins); docs/settings.md describes them. The bearer token is never a flag:
-give --bearer-token-file or {config.PREFIX}BEARER_TOKEN. "crew-supervisor
+give --bearer-token-file or {prefix}BEARER_TOKEN. "crew-supervisor
 doctor", with the same settings, checks them all first."""
 
 SERVE_EXIT = (
@@ -44,13 +41,18 @@ SERVE_EXIT = (
 
 def parser() -> argparse.ArgumentParser:
     """Every command's parser (tests/project/test_help.py reads each one's help)."""
+    from supervisor import config
+    from supervisor.chaos import flags as chaos_flags
+    from supervisor.console import commands as console
+    from supervisor.doctor import run as doctor
+
     raw = argparse.RawDescriptionHelpFormatter  # the descriptions are laid out by hand
     top = argparse.ArgumentParser(prog="crew-supervisor", description=DESCRIPTION, formatter_class=raw)
     commands = top.add_subparsers(dest="command", required=True)
     serve_parser = commands.add_parser(
         "serve",
         help="run the supervisor",
-        description=SERVE,
+        description=SERVE.format(prefix=config.PREFIX),
         epilog=console.exit_status(*SERVE_EXIT),
         formatter_class=raw,
     )
@@ -83,6 +85,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if names.shadowed():  # someone else's protocol would fail the imports below with no word of why
+        sys.exit(_refuse(argv))
+    from supervisor import config, logs
+    from supervisor.console import commands as console
+    from supervisor.doctor import run as doctor
+
     args = parser().parse_args(argv)
     if args.command == "chaos":
         from supervisor.chaos.run import run  # here: the harness (rich, psutil, the test harness) is chaos's alone
@@ -103,3 +112,15 @@ def main(argv: list[str] | None = None) -> None:
     from supervisor.serve import serve  # here, not at the top: the operator commands need none of it
 
     serve(settings, args.log_level)
+
+
+def _refuse(argv: list[str]) -> str | int:
+    """A shadowed package's finding: in the doctor's words and format (``--json`` too) for ``doctor``, else one
+    line."""
+    found = [finding for finding in names.check() if finding.status == findings.PROBLEM]
+    if argv[:1] != ["doctor"]:
+        return f"crew-supervisor: {found[0].detail}; fix: {found[0].fix}"
+    json_flag = argparse.ArgumentParser(add_help=False)
+    json_flag.add_argument("--json", action="store_true")
+    print(findings.report(found, json_flag.parse_known_args(argv[1:])[0].json))
+    return 1

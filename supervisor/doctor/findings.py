@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import orjson
+
+from supervisor.escaping import json_line, visible
+
 OK, WARNING, PROBLEM = "ok", "warning", "problem"
+BLOCKING = ("names", "settings", "runtime")  # a problem here stops the checks that need it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,3 +30,23 @@ def warning(check: str, detail: str, fix: str) -> Finding:
 
 def problem(check: str, detail: str, fix: str) -> Finding:
     return Finding(check, PROBLEM, detail, fix)
+
+
+def report(findings: list[Finding], as_json: bool) -> str:
+    """What the doctor prints: its findings as a JSON list, or a line each and the verdict."""
+    return json_line(orjson.dumps([vars(f) for f in findings])).decode() if as_json else _text(findings)
+
+
+def _text(findings: list[Finding]) -> str:
+    lines = [
+        f"{f.status:<8} {f.check:<11} {visible(f.detail)}" + (f"; fix: {visible(f.fix)}" if f.fix else "")
+        for f in findings
+    ]
+    counts = {status: sum(f.status == status for f in findings) for status in (PROBLEM, WARNING)}
+    said = [f"{n} {status}{'s' if n > 1 else ''}" for status, n in counts.items() if n]
+    verdict = "ready to serve" if not counts[PROBLEM] else "not ready"
+    lines.append(f"doctor: {verdict}" + (f" ({', '.join(said)})" if said else f" (every check {OK})"))
+    blocked = next((f.check for f in findings if f.status == PROBLEM and f.check in BLOCKING), None)
+    if blocked is not None:
+        lines.append(f"doctor: the checks that need the {blocked} did not run: fix it, then run the doctor again")
+    return "\n".join(lines)

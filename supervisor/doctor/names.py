@@ -30,6 +30,11 @@ def check() -> list[Finding]:
     return problems or [ok("names", f"{', '.join(PACKAGES)} are this installation's ({HOME})")]
 
 
+def shadowed() -> bool:
+    """Whether importing one of our packages would load another's (only the path is looked at: fast)."""
+    return any(_resolved(name) is not None for name in PACKAGES)
+
+
 def _resolved(name: str) -> Finding | None:
     """A problem if importing ``name`` would load anything but the package beside this one."""
     spec = importlib.util.find_spec(name)

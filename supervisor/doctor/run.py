@@ -1,5 +1,5 @@
-"""``crew-supervisor doctor``: the checks in order (a problem in ``BLOCKING`` stops those that need it), their
-lines and the verdict. ``DESCRIPTION`` and ``EXIT_CODES`` are its ``--help``.
+"""``crew-supervisor doctor``: the checks in order (a problem in ``findings.BLOCKING`` stops those that need it),
+their lines and the verdict. ``DESCRIPTION`` and ``EXIT_CODES`` are its ``--help``.
 
 It changes nothing of the deployment: a cgroup made to see whether the kernel allows one is removed at once,
 and the crews are built in a throw-away directory.
@@ -11,14 +11,10 @@ import argparse
 from collections.abc import Mapping
 from pathlib import Path
 
-import orjson
-
 from supervisor import config
 from supervisor.doctor import names
-from supervisor.doctor.findings import OK, PROBLEM, WARNING, Finding, ok, problem
-from supervisor.escaping import json_line, visible
+from supervisor.doctor.findings import PROBLEM, Finding, ok, problem, report
 
-BLOCKING = ("names", "settings", "runtime")  # a problem here stops the checks that need it
 SETTINGS_FIX = f"change that setting: its flag or {config.PREFIX} variable (crew-supervisor serve --help lists each)"
 DESCRIPTION = f"""\
 Check a deployment without serving it: that this installation's packages are
@@ -44,7 +40,7 @@ def run(flags: Mapping[str, str | None], as_json: bool) -> int:
     findings = names.check()
     if all(finding.status != PROBLEM for finding in findings):  # else the rest would run someone else's code
         findings += _deployment(flags)
-    print(json_line(orjson.dumps([vars(f) for f in findings])).decode() if as_json else _text(findings))
+    print(report(findings, as_json))
     return 1 if any(finding.status == PROBLEM for finding in findings) else 0
 
 
@@ -73,18 +69,3 @@ def _deployment(flags: Mapping[str, str | None]) -> list[Finding]:
         host.llm_budget(settings),
         files.disk(settings),
     ]
-
-
-def _text(findings: list[Finding]) -> str:
-    lines = [
-        f"{f.status:<8} {f.check:<11} {visible(f.detail)}" + (f"; fix: {visible(f.fix)}" if f.fix else "")
-        for f in findings
-    ]
-    counts = {status: sum(f.status == status for f in findings) for status in (PROBLEM, WARNING)}
-    said = [f"{n} {status}{'s' if n > 1 else ''}" for status, n in counts.items() if n]
-    verdict = "ready to serve" if not counts[PROBLEM] else "not ready"
-    lines.append(f"doctor: {verdict}" + (f" ({', '.join(said)})" if said else f" (every check {OK})"))
-    blocked = next((f.check for f in findings if f.status == PROBLEM and f.check in BLOCKING), None)
-    if blocked is not None:
-        lines.append(f"doctor: the checks that need the {blocked} did not run: fix it, then run the doctor again")
-    return "\n".join(lines)

@@ -78,10 +78,10 @@ def deployment(tmp_path: Path) -> Deployment:
     return Deployment(state, token, env, tmp_path)
 
 
-def doctor(deployment: Deployment, *args: str) -> Answer:
+def doctor(deployment: Deployment, *args: str, command: str = "doctor") -> Answer:
     """Run from outside the checkout, so that only PYTHONPATH decides what ``supervisor`` and the rest are."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "supervisor", "doctor", *args],
+        [sys.executable, "-m", "supervisor", command, *args],
         env=deployment.env,
         cwd=deployment.cwd,
         stdout=subprocess.PIPE,
@@ -294,6 +294,9 @@ def test_a_shadowed_package_is_reported_before_anything_runs(deployment: Deploym
     assert finding["check"] == "names" and finding["status"] == "problem"
     assert f"the package protocol resolves to {shadow / 'protocol'}, not to {ROOT / 'protocol'}" == finding["detail"]
     assert "virtual environment of its own" in finding["fix"]
+    other = doctor(deployment, command="jobs")  # any other command: refused in one line, before an ImportError
+    assert (other.code, other.out) == (1, "")
+    assert other.err == f"crew-supervisor: {finding['detail']}; fix: {finding['fix']}\n"
 
 
 def test_another_distribution_of_one_of_our_names_is_reported(deployment: Deployment) -> None:

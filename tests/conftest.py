@@ -113,7 +113,7 @@ def start_server(
     with ``path`` after this tree on its import path; a restart passes the ``port`` and ``token`` its clients
     know. Started by the plugin's factory: shut down, and its processes checked gone, when the test that
     started it ends (``stop_server`` for a fixture's)."""
-    evidence = (env or {}).get("CREW_TEST_EVIDENCE_DIR")  # tests/crews.py EVIDENCE_DIR
+    evidence = (env or {}).get("CREW_TEST_EVIDENCE_DIR")  # tests/crews/base.py EVIDENCE_DIR
     if evidence and "AIP_CREWAI_WORKER_WRITABLE" not in (env or {}):  # the crews leave it there, from their sandbox
         env = {**(env or {}), "AIP_CREWAI_WORKER_WRITABLE": evidence}
     options = {**SETTINGS, "registry": registry, "path": [ROOT, *path], "port": port, "token": token}
@@ -175,15 +175,14 @@ def base() -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def evidence(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where a module's crews leave their evidence (``EVIDENCE_DIR`` in ``tests/crews.py``)."""
+    """Where a module's crews leave their evidence (``EVIDENCE_DIR`` in ``tests/crews/base.py``)."""
     return tmp_path_factory.mktemp("evidence")
 
 
 def start_hostile_server(state: Path, evidence: Path, **settings: str) -> Server:
-    """A supervisor on the hostile registry (``tests/hostile_crews.py``), sampling limits every 50 ms,
-    its crews leaving their evidence (pids, counts) in ``evidence``; ``settings`` are AIP_CREWAI_* names."""
+    """A supervisor for the hostile crews (``tests/crews/hostile.py``), sampling limits every 50 ms, its crews
+    leaving their evidence (pids, counts) in ``evidence``; ``settings`` are AIP_CREWAI_* names."""
     env = {
-        "AIP_CREWAI_REGISTRY": "tests.hostile_crews:registry",
         "AIP_CREWAI_MAX_CONCURRENCY": "4",
         "AIP_CREWAI_LIMIT_SAMPLE_MS": "50",
         "CREW_TEST_EVIDENCE_DIR": str(evidence),

@@ -1,5 +1,5 @@
 """What a hostile crew tries on the kernel and on other processes, each through ctypes' ``syscall``: the name of the
-errno each call got, or ``ok``. Run inside a worker (``tests/system/security/trust_crews.py``'s prober) and in a process
+errno each call got, or ``ok``. Run inside a worker (``tests/crews/prober.py``'s prober) and in a process
 that installs the filter itself (``tests/worker/test_seccomp.py``). Every call is harmless should it pass: a mount
 on a path that does not exist, a clone whose child leaves at once, a tracee detached again."""
 

@@ -26,7 +26,7 @@ from supervisor.processes.launcher import SpawnLauncher
 from supervisor.processes.process import StopEvidence, WorkerProcess
 from supervisor.processes.reaper import Reaper
 from tests.conftest import gone, worker_env
-from tests.crews import CALL_LOG, HEARTBEAT
+from tests.crews.base import CALL_LOG, HEARTBEAT
 
 T = TypeVar("T")
 

@@ -32,7 +32,7 @@ from tests.conftest import (
     wait_until,
     worker_env,
 )
-from tests.crews import HOG_RELEASE, LONG_WORDS
+from tests.crews.base import HOG_RELEASE, LONG_WORDS
 from tests.helpers.kickoff import comparable
 from tests.supervisor.http.test_api import started_pid
 from worker.provider import URL_ENV, Call, Provider

@@ -1,5 +1,5 @@
 """A registry value must be a zero-arg factory: a Crew instance fails each of its jobs, on either launcher,
-with the fix in its message, while the registry's factories serve. Crews: ``tests/instance_crews.py``."""
+with the fix in its message, while the registry's factories serve. Crews: ``tests/crews/instance.py``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import Server, start_body, start_server, stop_server
 
 pytestmark = pytest.mark.both_launchers
-REGISTRY = "tests.instance_crews:registry"
+REGISTRY = "tests.crews.instance:registry"
 # A blocking start on spawn waits for a fresh interpreter to import CrewAI, the openai SDK and this registry
 # (~15 s of CPU): 10-20 s quiet, past a minute beside a burner and other tests (seen). A hang guard only.
 ANSWER_SECONDS = 300

@@ -29,7 +29,7 @@ from supervisor.processes.launcher import SpawnLauncher
 from supervisor.processes.process import WorkerProcess
 from supervisor.processes.reaper import Reaper
 from tests.conftest import ROOT, gone, reaped_orphan, wait_until, worker_env
-from tests.crews import BLOCKED
+from tests.crews.base import BLOCKED
 
 pytestmark = pytest.mark.usefixtures("subreaper")  # tests/conftest.py: orphans come to us, so gone means reaped
 

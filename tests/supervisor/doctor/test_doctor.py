@@ -246,7 +246,7 @@ def test_a_crew_whose_factory_raises_is_named(deployment: Deployment) -> None:
 
 
 def test_a_crew_instance_is_named_with_the_fix_its_jobs_give(deployment: Deployment) -> None:
-    deployment.env["AIP_CREWAI_REGISTRY"] = "tests.instance_crews:registry"
+    deployment.env["AIP_CREWAI_REGISTRY"] = "tests.crews.instance:registry"
     answer = doctor(deployment, "--json")
     assert answer.code == 1, answer.out + answer.err
     assert [f for f in findings(answer) if f["status"] == "problem"] == [
@@ -259,7 +259,7 @@ def test_a_crew_instance_is_named_with_the_fix_its_jobs_give(deployment: Deploym
         }
     ]
     registry = next(f for f in findings(answer) if f["check"] == "registry")
-    assert registry["detail"] == "tests.instance_crews:registry: 1 of 2 crews build (demo)"
+    assert registry["detail"] == "tests.crews.instance:registry: 1 of 2 crews build (demo)"
 
 
 REFUSES = "the fork server would refuse to start: "
@@ -269,7 +269,7 @@ REFUSES = "the fork server would refuse to start: "
 def test_the_warm_up_says_whether_the_fork_server_would_refuse(deployment: Deployment, kind: str, says: str) -> None:
     """Here a crew's first emit starts a thread that never ends (the fork server's own test renames an
     attribute of CrewAI's event bus instead: tests/supervisor/processes/test_forkserver.py)."""
-    deployment.env.update(AIP_CREWAI_REGISTRY="tests.unwarmable_crews:registry", AIP_CREWAI_LAUNCHER=kind)
+    deployment.env.update(AIP_CREWAI_REGISTRY="tests.crews.unwarmable:registry", AIP_CREWAI_LAUNCHER=kind)
     deployment.env["UNWARMABLE"] = "stuck"
     answer = doctor(deployment, "--json")
     warm = next(f for f in findings(answer) if f["check"] == "warm-up")

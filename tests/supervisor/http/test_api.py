@@ -89,7 +89,7 @@ def test_health_lists_crews_and_policy(server: Server) -> None:
     assert list(health)[: len(reference)] == list(reference)
     assert all(type(health[key]) is kind for key, kind in reference.items())
     assert health["operations"] == ["cancel", "events", "run", "status"]
-    budget = health["llm_budget"]  # none set here; the crews of tests/crews.py that ask for one, their own
+    budget = health["llm_budget"]  # none set here; the crews of tests/crews that ask for one, their own
     assert (budget["max_tokens"], budget["max_llm_calls"]) == (0, 0)
     assert budget["crews"]["llm-loop-calls"] == {"max_tokens": 0, "max_llm_calls": 5} and "demo" not in budget["crews"]
     warmed = health["forkserver"]["warmed"]  # the suite's fork servers warm their offline crews alone (SETTINGS)

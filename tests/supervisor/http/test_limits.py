@@ -20,7 +20,6 @@ from tests.conftest import gone, start_body, start_server
 pytestmark = pytest.mark.usefixtures("launcher")
 
 KEY = {"Idempotency-Key": "key-1"}
-HOSTILE = "tests.hostile_crews:registry"
 
 
 def sized(client: httpx.Client, action_id: str, size: int) -> httpx.Response:
@@ -48,7 +47,7 @@ def assert_failed_over(client: httpx.Client, action_id: str, reason: str, size: 
 
 
 def test_event_count_and_event_size_limits_fail_the_job_and_keep_the_terminal(tmp_path: Path) -> None:
-    env = {"AIP_CREWAI_REGISTRY": HOSTILE, "AIP_CREWAI_MAX_EVENTS_PER_RUN": "5", "AIP_CREWAI_MAX_EVENT_BYTES": "2048"}
+    env = {"AIP_CREWAI_MAX_EVENTS_PER_RUN": "5", "AIP_CREWAI_MAX_EVENT_BYTES": "2048"}
     server = start_server(tmp_path / "state", env=env)
     try:
         with server.client() as client:
@@ -71,7 +70,7 @@ def test_event_count_and_event_size_limits_fail_the_job_and_keep_the_terminal(tm
 
 def test_an_output_fits_its_completed_event_or_the_job_fails(tmp_path: Path) -> None:
     bound = 2048
-    env = {"AIP_CREWAI_REGISTRY": HOSTILE, "AIP_CREWAI_MAX_EVENT_BYTES": str(bound)}
+    env = {"AIP_CREWAI_MAX_EVENT_BYTES": str(bound)}
     server = start_server(tmp_path / "state", env=env)
     try:
         with server.client() as client:
@@ -91,7 +90,6 @@ def test_an_output_fits_its_completed_event_or_the_job_fails(tmp_path: Path) -> 
 
 def test_the_4_mib_output_bound_and_the_journal_byte_bound(tmp_path: Path) -> None:
     env = {
-        "AIP_CREWAI_REGISTRY": HOSTILE,
         "AIP_CREWAI_MAX_EVENT_BYTES": str(MAX_OUTPUT_BYTES),  # the largest setting: the output bound decides
         "AIP_CREWAI_MAX_STATE_BYTES": str(1024 * 1024),
     }

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Server, gone, start_body, start_server, stop_server, wait_until
-from tests.crews import EVIDENCE_DIR, HEARTBEAT
+from tests.crews.base import EVIDENCE_DIR, HEARTBEAT
 
 pytestmark = pytest.mark.usefixtures("launcher")
 

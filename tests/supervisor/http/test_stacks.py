@@ -12,7 +12,7 @@ import pytest
 
 from supervisor.jobs.stacks import ASK_SECONDS
 from tests.conftest import Server, gone, sse_events, start_body, start_server, stop_server, wait_until
-from tests.crews import BLOCKED
+from tests.crews.base import BLOCKED
 from tests.supervisor.console.test_cli import cli
 
 

@@ -14,7 +14,7 @@ from supervisor.journal.records import Job
 from supervisor.journal.statefiles import prepare_directory
 from supervisor.journal.store import Journal
 from tests.conftest import gone, start_body, start_server, wait_until
-from tests.crews import EVIDENCE_DIR, HEARTBEAT
+from tests.crews.base import EVIDENCE_DIR, HEARTBEAT
 
 pytestmark = pytest.mark.usefixtures("launcher")
 

@@ -15,7 +15,7 @@ import pytest
 
 from supervisor.testing import Server
 from tests.conftest import gone, start_body, start_server, wait_until
-from tests.crews import EVIDENCE_DIR, FAMILY
+from tests.crews.base import EVIDENCE_DIR, FAMILY
 from tests.helpers.family import ROLES
 from tests.helpers.waiting import SLOWDOWN
 

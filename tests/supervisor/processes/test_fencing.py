@@ -18,8 +18,8 @@ import pytest
 from supervisor.processes.containment import Boundary, kill_remains
 from supervisor.processes.process import CONFIRM_SECONDS
 from tests.conftest import gone, start_body, start_server, wait_until
-from tests.crews import EVIDENCE_DIR
-from tests.hostile_crews import EXIT_REFUSED
+from tests.crews.base import EVIDENCE_DIR
+from tests.crews.immortal import EXIT_REFUSED
 
 # subreaper (tests/conftest.py): orphans of a killed supervisor come to us, so gone means reaped.
 pytestmark = pytest.mark.usefixtures("launcher", "subreaper")
@@ -32,7 +32,7 @@ def test_an_orphan_that_survived_a_crash_is_killed_at_restart(tmp_path: Path) ->
     state = tmp_path / "state"
     evidence = tmp_path / "evidence"
     evidence.mkdir()
-    env = {"AIP_CREWAI_REGISTRY": "tests.hostile_crews:registry", EVIDENCE_DIR: str(evidence)}
+    env = {"AIP_CREWAI_REGISTRY": "tests.crews.immortal:registry", EVIDENCE_DIR: str(evidence)}
     first = start_server(state, env=env)
     with (
         first.client() as client,

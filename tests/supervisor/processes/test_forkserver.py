@@ -28,7 +28,7 @@ def alive_and_restarts(client: httpx.Client) -> tuple[bool, int]:
 
 
 def test_a_fork_server_with_a_second_thread_refuses_and_jobs_still_run(tmp_path: Path) -> None:
-    env = {"AIP_CREWAI_LAUNCHER": "forkserver", "AIP_CREWAI_REGISTRY": "tests.threaded_crews:registry"}
+    env = {"AIP_CREWAI_LAUNCHER": "forkserver", "AIP_CREWAI_REGISTRY": "tests.crews.threaded:registry"}
     server = start_server(tmp_path / "state", env=env)
     try:
         with server.client() as client:
@@ -44,7 +44,7 @@ def test_a_fork_server_with_a_second_thread_refuses_and_jobs_still_run(tmp_path:
 def test_a_fork_server_that_cannot_warm_refuses_in_one_line(tmp_path: Path) -> None:
     """And does not come back; jobs then start cold (the test above runs one). A thread left running by the
     warm-up is refused too: the doctor's warm-up check shows it (tests/supervisor/doctor/test_doctor.py)."""
-    env = {"AIP_CREWAI_LAUNCHER": "forkserver", "AIP_CREWAI_REGISTRY": "tests.unwarmable_crews:registry"}
+    env = {"AIP_CREWAI_LAUNCHER": "forkserver", "AIP_CREWAI_REGISTRY": "tests.crews.unwarmable:registry"}
     server = start_server(tmp_path / "state", env={**env, "UNWARMABLE": "renamed"})
     says = "its event bus has no _loop_thread"
     try:

@@ -1,7 +1,7 @@
 """The chaos harness users run (``crew-supervisor chaos``), run here too: 8 supervisor kills under load
 with every mid-run fault (workers and the fork server SIGKILLed, the supervisor frozen and thawed, the
 journal's disk filled), every invariant checked. Seed 4 schedules each fault at least once. Its slow jobs
-start a family of processes each (``family-slow`` in tests/crews.py: a child, a setsid grandchild, one that
+start a family of processes each (``family-slow`` in tests/crews/base.py: a child, a setsid grandchild, one that
 tries to leave its cgroups, one in a group of its own), which no kill may leave alive."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import ROOT, Server, start_server, stop_server
+from tests.conftest import TEST_REGISTRY, Server, start_server, stop_server
 from tests.system.compat.aip_client import (
     STREAMED,
     AipClient,
@@ -29,7 +29,6 @@ from tests.system.compat.aip_client import (
 )
 
 ALL = ("run", "batch_run", "replay", "train", "test", "knowledge_query", "memory_reset")
-SHAPES = ROOT / "tests" / "shapes.py"
 QUALIFICATION = "aip-qualification"
 QUALIFICATION_KEY = "aip-crewai-exact-upstream-v1"
 QUALIFICATION_INPUT = {"case_id": "AIP-QUALIFICATION"}
@@ -37,13 +36,6 @@ CREWS = ("demo", "demo-slow", "demo-knowledge", "stubborn")
 WAIT = 60.0  # deadline for anything a job does here (they take well under a second offline)
 VOLATILE = {"replay_task_ids", "execution_duration"}
 WRAPPER_KEYS = {"output", "exit_status"}  # what a wrapped completed event would put where the output belongs
-
-
-def _registry() -> str:
-    """tests/shapes.py (tests.crews plus the qualification crew) once it exists, else tests.crews."""
-    if SHAPES.exists() and QUALIFICATION in SHAPES.read_text():
-        return "tests.shapes:registry"
-    return "tests.crews:registry"
 
 
 @dataclass
@@ -64,7 +56,7 @@ def sidecar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sidecar]:
     root = tmp_path_factory.mktemp("compat")
     training = root / "training"
     training.mkdir(mode=0o700)
-    registry = _registry()
+    registry = TEST_REGISTRY
     env = {
         "AIP_CREWAI_REGISTRY": registry,
         "AIP_CREWAI_ALLOWED_OPERATIONS": ",".join(ALL),
@@ -337,8 +329,6 @@ def test_reread_from_a_cursor_as_json_and_as_sse(aip: AipClient) -> None:
 
 
 def test_qualification_crew_on_the_blocking_and_the_streamed_path(sidecar: Sidecar, aip: AipClient) -> None:
-    if QUALIFICATION not in sidecar.crews:
-        pytest.skip(f"the {QUALIFICATION} crew is not in {sidecar.registry} (tests/shapes.py not there yet)")
     blocking = aip.invoke(
         QUALIFICATION, "run", QUALIFICATION_INPUT, action_id=new_action_id(), idempotency_key=QUALIFICATION_KEY
     )

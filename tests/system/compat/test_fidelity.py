@@ -1,4 +1,4 @@
-"""The sidecar gives what plain CrewAI gives: for every crew shape of ``tests/shapes.py`` (tools, context,
+"""The sidecar gives what plain CrewAI gives: for every crew shape of ``tests/crews/shapes.py`` (tools, context,
 a manager, structured outputs, async tasks, knowledge, the AIP qualification crew, and crews on CrewAI's own
 ``LLM`` class over HTTP to the loopback provider), the output of ``run``,
 ``batch_run`` and ``replay`` through a real supervisor equals, field for field (``comparable``), what
@@ -21,11 +21,10 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.conftest import WARM_PROVIDERS, Server, start_server, stop_server, worker_env
+from tests.conftest import TEST_REGISTRY, WARM_PROVIDERS, Server, start_server, stop_server, worker_env
 from tests.helpers.kickoff import comparable
 from worker.provider import URL_ENV, Provider
 
-REGISTRY = "tests.shapes:registry"
 REFERENCE_TIMEOUT = 180.0
 QUALIFICATION_KEY = "aip-crewai-exact-upstream-v1"  # what the AIP client's own end-to-end check sends
 
@@ -91,10 +90,12 @@ def fidelity(tmp_path_factory: pytest.TempPathFactory, provider: Provider) -> It
     root = tmp_path_factory.mktemp("fidelity")
     jobs = _jobs()
     provided = {URL_ENV: provider.url}
-    reference = start_reference([[REGISTRY, s, op, payload] for (s, _), (op, payload) in jobs.items()], root, provided)
+    reference = start_reference(
+        [[TEST_REGISTRY, s, op, payload] for (s, _), (op, payload) in jobs.items()], root, provided
+    )
     try:
         settings = {
-            "AIP_CREWAI_REGISTRY": REGISTRY,
+            "AIP_CREWAI_REGISTRY": TEST_REGISTRY,
             "AIP_CREWAI_ALLOWED_OPERATIONS": "run,batch_run,replay",
             **provided,
             **WARM_PROVIDERS,
@@ -157,7 +158,7 @@ def test_every_shape_is_served(fidelity: Fidelity) -> None:
     with fidelity.server.client() as client:
         crews = client.get("/health").json()["crews"]
     assert set(SHAPES) <= set(crews)
-    assert {"demo", "demo-knowledge", "recorder"} <= set(crews)  # tests.crews comes along
+    assert {"demo", "demo-knowledge", "recorder"} <= set(crews)  # and the rest of the one registry
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -1,5 +1,5 @@
 """Workers that break on purpose: each job fails with its own error type, no process of it remains,
-and a normal job running beside it completes. Crews: ``tests/hostile_crews.py``."""
+and a normal job running beside it completes. Crews: ``tests/crews/hostile.py``."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from tests.conftest import (
     stop_server,
     wait_until,
 )
-from tests.hostile_crews import DAEMON_SEEN
+from tests.crews.hostile import DAEMON_SEEN
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def test_reasons_are_distinct() -> None:
 
 @pytest.mark.parametrize(("crew", "reason"), CASES)
 def test_a_broken_worker_fails_only_its_own_job(server: Server, evidence: Path, crew: str, reason: str) -> None:
-    # The daemon's worker waits until a sample has counted its daemon (hostile_crews: _daemon_seen_by_a_sample).
+    # The daemon's worker waits until a sample has counted its daemon (crews/hostile.py: _daemon_seen_by_a_sample).
     seen = release_once_sampled(server, crew, 2, evidence / DAEMON_SEEN) if crew == "runaway-daemon" else None
     terminal = run_with_neighbour(server, start_body(crew, crew))
     if seen is not None:
@@ -123,7 +123,7 @@ def test_a_registry_that_stops_importing_fails_jobs_with_registry_error(tmp_path
     evidence = tmp_path / "evidence"  # apart from the state directory, which no worker may read
     evidence.mkdir()
     env = {
-        "AIP_CREWAI_REGISTRY": "tests.flaky_registry:registry",
+        "AIP_CREWAI_REGISTRY": "tests.crews.flaky:registry",
         "AIP_CREWAI_LAUNCHER": "spawn",
         "CREW_TEST_EVIDENCE_DIR": str(evidence),
     }
@@ -143,7 +143,7 @@ def test_a_registry_that_cannot_import_stops_startup_with_one_line(tmp_path: Pat
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
-        "AIP_CREWAI_REGISTRY": "tests.flaky_registry:registry",
+        "AIP_CREWAI_REGISTRY": "tests.crews.flaky:registry",
         "AIP_CREWAI_ALLOW_EPHEMERAL": "true",
         "AIP_CREWAI_ALLOW_UNAUTHENTICATED": "true",
         "CREW_TEST_EVIDENCE_DIR": str(tmp_path),

@@ -2,7 +2,7 @@
 
 One supervisor with tight limits; each test runs a runaway crew beside a normal streaming job and
 checks the runaway's terminal event, that every process it made is gone, and that the neighbour
-completed. The limit crews live in ``tests/hostile_crews.py``.
+completed. The limit crews live in ``tests/crews/hostile.py``.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from tests.conftest import (
     stop_server,
     wait_until,
 )
+from tests.crews.hostile import DAEMON_SEEN, FLOOD_BYTES
 from tests.helpers.waiting import SLOWDOWN
-from tests.hostile_crews import DAEMON_SEEN, FLOOD_BYTES
 
 KEY = {"Idempotency-Key": "runaway"}
 MEMORY_MB = 400
@@ -113,7 +113,7 @@ def test_cpu_spinner_is_killed_after_its_cpu_seconds(server: Server) -> None:
     with server.client() as client:  # where it spun, taken just before its kill, kept with its record
         kept = client.get("/jobs/spinner/stack").json()
     assert kept.get("before") == "limit", kept
-    assert any("hostile_crews.py" in t["stack"] and ", in call\n" in t["stack"] for t in kept["threads"]), kept
+    assert any("crews/hostile.py" in t["stack"] and ", in call\n" in t["stack"] for t in kept["threads"]), kept
 
 
 def test_cpu_burnt_by_a_relay_of_processes_counts_against_the_job(server: Server) -> None:

@@ -1,4 +1,4 @@
-"""One supervisor for the security package, on the test registry plus ``tests/system/security/crews.py``."""
+"""One supervisor for the security package, on the one registry plus ``tests/crews/hostile_text.py``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import Server, start_server, stop_server
 
-REGISTRY = "tests.system.security.crews:registry"
+REGISTRY = "tests.crews.hostile_text:registry"
 
 
 @pytest.fixture(scope="package")

@@ -16,8 +16,8 @@ import pytest
 
 from supervisor.console import sse
 from tests.conftest import Server, start_body
+from tests.crews.hostile_text import ESCAPING_CLASS_NAME
 from tests.supervisor.console.test_cli import cli
-from tests.system.security.crews import ESCAPING_CLASS_NAME
 
 KEY = {"Idempotency-Key": "k"}
 TITLE_AND_OVERWRITE = "\x1b]0;PWNED\x07\x1b[2K\x1b[1A"  # sets the window title, erases the line above

@@ -15,9 +15,8 @@ import pytest
 from protocol import WorkerSettings
 from supervisor.testing import Server
 from tests.conftest import start_server
-from tests.crews import LEAKED_KEY
+from tests.crews.base import LEAKED_KEY
 
-REGISTRY = "tests.system.security.trust_crews:registry"
 # The fork server's own: what the worker contract always writes (WORKER_IDS, TRAINING_DIR only when set, not here).
 WORKER_SETTINGS = set(WorkerSettings().to_environ())
 
@@ -34,7 +33,7 @@ def crew_env_dir(tmp_path: Path, files: dict[str, str]) -> Path:
 def serve(tmp_path: Path, directory: Path, token: str, **env: str) -> Server:
     """A supervisor on ``directory`` with the token also under a name of no setting's."""
     settings = {"AIP_CREWAI_CREW_ENV_DIR": str(directory), "COPY_OF_TOKEN": token}
-    return start_server(tmp_path / "state", registry=REGISTRY, token=token, env={**settings, **env})
+    return start_server(tmp_path / "state", token=token, env={**settings, **env})
 
 
 def run(server: Server, crew_id: str, action_id: str, status: int = 200) -> dict[str, Any]:

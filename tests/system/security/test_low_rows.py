@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from tests.conftest import Server, start_body, wait_until
-from tests.system.security.crews import LONG_CLASS_NAME
+from tests.crews.hostile_text import LONG_CLASS_NAME
 
 KEY = {"Idempotency-Key": "k"}
 SSE = {"Accept": "text/event-stream"}

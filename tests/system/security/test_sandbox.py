@@ -1,6 +1,6 @@
 """A job reaches only what is its own: its sandbox (WORKER_SANDBOX, on by default), attacked from inside a job.
 
-While a job of another crew runs (the victim), a job of crew-a (``trust_crews.reach``) tries to read the journal,
+While a job of another crew runs (the victim), a job of crew-a (``prober.reach``) tries to read the journal,
 the token's file, the crews' env files, the training directory and the victim's HOME, storage and TMPDIR; to change
 those, the project's code and /etc; to read the memory and environ of the victim's worker, the supervisor and the
 fork server, attach to them, take a descriptor from them and signal them; and to connect to an abstract socket the
@@ -25,7 +25,6 @@ from tests.helpers.waiting import SLOWDOWN
 from worker import landlock
 from worker.seccomp import native_x86_64
 
-REGISTRY = "tests.system.security.trust_crews:registry"
 DENIED = {"EACCES", "EPERM"}
 pytestmark = pytest.mark.skipif(landlock.abi() < 2, reason="a job's sandbox needs Landlock ABI 2")
 
@@ -54,7 +53,7 @@ def test_a_job_reaches_nothing_outside_its_own(tmp_path: Path, launcher: str) ->
         "AIP_CREWAI_TRAINING_DIR": str(training),
     }
     state = tmp_path / "state"
-    server = start_server(state, registry=REGISTRY, env=settings, token=token)
+    server = start_server(state, env=settings, token=token)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     abstract = f"crew-supervisor-test-{secrets.token_hex(8)}"
     listener.bind("\0" + abstract)
@@ -125,7 +124,7 @@ def test_a_crew_cannot_plant_code_its_next_worker_would_run_before_its_sandbox(t
     evidence = tmp_path / "evidence"
     evidence.mkdir()
     ran = evidence / "planted-code-ran"
-    server = start_server(tmp_path / "state", registry=REGISTRY, env={"AIP_CREWAI_LAUNCHER": "spawn"})
+    server = start_server(tmp_path / "state", env={"AIP_CREWAI_LAUNCHER": "spawn"})
     try:
         with server.client() as client:
             text = f"import pathlib; pathlib.Path({str(ran)!r}).touch()\n"
@@ -145,7 +144,7 @@ def test_a_crew_cannot_plant_code_its_next_worker_would_run_before_its_sandbox(t
 def test_off_runs_jobs_unsandboxed(tmp_path: Path) -> None:
     """The switch is real: with WORKER_SANDBOX=off a job reads the journal (as root here) and signals its supervisor."""
     state = tmp_path / "state"
-    server = start_server(state, registry=REGISTRY, env={"AIP_CREWAI_WORKER_SANDBOX": "off"})
+    server = start_server(state, env={"AIP_CREWAI_WORKER_SANDBOX": "off"})
     try:
         with server.client() as client:
             health = client.get("/health").json()["sandbox"]

@@ -1,6 +1,6 @@
 """From inside a job, the calls a crew never needs are refused by the worker's seccomp filter.
 
-The prober (``trust_crews.py``, input ``attack``) attacks another job's worker, which shares its uid and is
+The prober (``tests/crews/prober.py``, input ``attack``) attacks another job's worker, which shares its uid and is
 dumpable while it runs, so that only the filter stands in the way: PTRACE_ATTACH, process_vm_readv and
 pidfd_getfd on it; then the kernel: a user namespace (unshare, and clone with CLONE_NEWUSER), a mount, the
 keyrings, a BPF map, a perf event, userfaultfd, open_by_handle_at. Each gets EPERM; clone3 ENOSYS. On both
@@ -17,13 +17,12 @@ import pytest
 from tests.conftest import gone_for_good, ours, sse_events, start_body, start_server
 from worker.seccomp import native_x86_64
 
-REGISTRY = "tests.system.security.trust_crews:registry"
 pytestmark = pytest.mark.skipif(not native_x86_64(), reason="the deny-list's numbers are x86_64's; elsewhere clone3")
 
 
 @pytest.mark.parametrize("launcher", ["forkserver", "spawn"])
 def test_a_job_is_refused_what_a_crew_never_needs(tmp_path: Path, launcher: str) -> None:
-    server = start_server(tmp_path / "state", registry=REGISTRY, env={"AIP_CREWAI_LAUNCHER": launcher})
+    server = start_server(tmp_path / "state", env={"AIP_CREWAI_LAUNCHER": launcher})
     try:
         with server.client() as client:
             body = start_body("demo-slow", "victim", input={"seconds": 600})

@@ -21,7 +21,6 @@ import pytest
 from supervisor.journal.statefiles import WORKER_PLACES
 from tests.conftest import start_server
 
-REGISTRY = "tests.system.security.trust_crews:registry"
 EXIT_SECONDS = 60.0
 FILES = ("journal.db", "journal.db-wal", "journal.db-shm", "journal.db.lock", "journal.db.reference.json")
 FILES += ("journal.db.v1.backup",)
@@ -72,7 +71,7 @@ def test_a_listable_state_directory_is_made_private_at_start_and_said(tmp_path: 
 
 
 def test_crewai_files_are_private_and_each_crew_has_its_own_home(tmp_path: Path) -> None:
-    server = start_server(tmp_path / "state", registry=REGISTRY, env={"AIP_CREWAI_ALLOWED_OPERATIONS": "run,replay"})
+    server = start_server(tmp_path / "state", env={"AIP_CREWAI_ALLOWED_OPERATIONS": "run,replay"})
     try:
         with server.client() as client:
             for crew in ("demo", "prober"):

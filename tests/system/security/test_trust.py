@@ -1,6 +1,6 @@
 """Crews are trusted code, but a crew's worker can no longer reach into the supervisor or the fork server.
 
-A crew probes from inside its own worker (``trust_crews.prober``): the supervisor's and the fork server's
+A crew probes from inside its own worker (``tests/crews/prober.py``): the supervisor's and the fork server's
 /proc/<pid>/environ, PTRACE_ATTACH and pidfd_getfd all answer EACCES/EPERM; the supervisor's token is in
 neither its own environment block nor the worker's; a descriptor the supervisor's launcher leaked to it
 reaches neither the fork server nor a worker. This machine runs the tests as root, so it also shows that
@@ -18,7 +18,6 @@ import pytest
 
 from tests.conftest import start_server
 
-REGISTRY = "tests.system.security.trust_crews:registry"
 DENIED = {"EACCES", "EPERM"}
 
 
@@ -28,9 +27,7 @@ def test_a_worker_cannot_read_attach_to_or_inherit_from_the_supervisor(tmp_path:
     leaked = os.open(marker, os.O_RDONLY | os.O_CREAT, 0o600)
     os.set_inheritable(leaked, True)  # as a careless launcher leaves one: not close-on-exec
     try:
-        server = start_server(
-            tmp_path / "state", registry=REGISTRY, pass_fds=[leaked], env={"AIP_CREWAI_LAUNCHER": launcher}
-        )
+        server = start_server(tmp_path / "state", pass_fds=[leaked], env={"AIP_CREWAI_LAUNCHER": launcher})
     finally:
         os.close(leaked)
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import start_body, start_server
-from tests.crews import LEAKED_KEY
+from tests.crews.base import LEAKED_KEY
 
 PLANTED = {"KEEP_ONE": "1", "KEEP_TWO": "2", "ALSO": "3", "DROP": "4", "AIP_CREWAI_BEARER_TOKEN_HINT": "5"}
 

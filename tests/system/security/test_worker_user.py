@@ -1,6 +1,6 @@
 """A root supervisor runs its workers and fork server as another user (``AIP_CREWAI_WORKER_USER``).
 
-A crew probes from inside its worker (``trust_crews.prober``): it runs as that uid and gid with no
+A crew probes from inside its worker (``tests/crews/prober.py``): it runs as that uid and gid with no
 supplementary group and no capability (the bounding set included); the supervisor's environ, ptrace,
 pidfd_getfd and signals are refused; the journal, its lock and the state directory's listing are not
 readable; its scratch directory, HOME and CrewAI storage are writable. A cancel still kills the worker
@@ -38,6 +38,7 @@ from supervisor.journal.statefiles import WORKER_PLACES, prepare_directory, prep
 from supervisor.testing import free_port
 from tests.conftest import (
     ROOT,
+    TEST_REGISTRY,
     gone,
     memory_stop_checked,
     reaped_orphan,
@@ -47,7 +48,6 @@ from tests.conftest import (
     worker_env,
 )
 
-REGISTRY = "tests.system.security.trust_crews:registry"
 USER = "nobody"
 DENIED = {"EACCES", "EPERM"}
 MEMORY_MB = 300
@@ -150,9 +150,7 @@ def test_a_worker_user_that_cannot_reach_the_interpreter_is_refused_at_start(
 
 def refusal(state: Path, python: str, packages: list[str]) -> list[str]:
     """The one line a supervisor on ``python`` with the workers' user printed as it refused to start."""
-    server = start_server(
-        state, registry=REGISTRY, env={"AIP_CREWAI_WORKER_USER": USER}, python=python, path=packages, wait=False
-    )
+    server = start_server(state, env={"AIP_CREWAI_WORKER_USER": USER}, python=python, path=packages, wait=False)
     try:
         returncode = server.process.wait(EXIT_SECONDS)
     except subprocess.TimeoutExpired:
@@ -272,13 +270,13 @@ def test_workers_run_as_the_worker_user_and_cannot_reach_the_supervisor(
     python, packages = runtime
     state = base / "state"
     env = {
-        "AIP_CREWAI_REGISTRY": REGISTRY,
+        "AIP_CREWAI_REGISTRY": TEST_REGISTRY,
         "AIP_CREWAI_LAUNCHER": launcher,
         "AIP_CREWAI_WORKER_USER": USER,
         "AIP_CREWAI_WORKER_MAX_MEMORY_MB": str(MEMORY_MB),
         "AIP_CREWAI_LIMIT_SAMPLE_MS": "50",
     }
-    server = start_server(state, registry=REGISTRY, env=env, python=python, path=packages)
+    server = start_server(state, env=env, python=python, path=packages)
     try:
         journal = state / "journal.db"
         # The supervisor's own files stay its own; the state directory can be traversed, not listed.

@@ -1,6 +1,7 @@
-"""The test registry plus crews that put hostile text where it travels: chunks, outputs, error types.
+"""The one registry plus crews that put hostile text where it travels: chunks, outputs, error types.
 
-Loaded by real workers as ``AIP_CREWAI_REGISTRY=tests.system.security.crews:registry``.
+Apart because two of its factories raise by design (an exception class named with a terminal escape, one of
+200 KB): a doctor run on the one registry would name them. ``AIP_CREWAI_REGISTRY=tests.crews.hostile_text:registry``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from crewai import Agent, Crew, Task
 from crewai.llms.base_llm import llm_call_context
 
-from tests.crews import registry as test_registry
+from tests.crews import registry as one_registry
 from worker.demo import OfflineLLM, prompt_text
 
 # The task quotes the job's input between these marks; the model streams and answers exactly that.
@@ -49,7 +50,7 @@ def _raising(class_name: str) -> Callable[[], Crew]:
 
 
 registry: dict[str, Callable[[], Crew]] = {
-    **test_registry,
+    **one_registry,
     "echo": echo,
     "escaping-error": _raising(ESCAPING_CLASS_NAME),
     "long-error": _raising(LONG_CLASS_NAME),

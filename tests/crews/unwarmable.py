@@ -3,7 +3,8 @@
 ``UNWARMABLE=renamed``: the bus keeps its loop thread under another name (an attribute warming relies on
 is missing). ``UNWARMABLE=stuck``: the first emit also starts a thread that never ends. Either way warming
 must refuse in one line: the fork server's test shows ``renamed`` (tests/supervisor/processes/test_forkserver.py), the
-doctor's warm-up check ``stuck`` (tests/supervisor/doctor/test_doctor.py).
+doctor's warm-up check ``stuck`` (tests/supervisor/doctor/test_doctor.py). Apart because it breaks the
+fork server's warm-up by design.
 """
 
 from __future__ import annotations

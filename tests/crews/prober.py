@@ -1,6 +1,6 @@
-"""The test registry plus a crew that probes, from inside its worker, what a crew can reach.
+"""A crew that probes, from inside its worker, what a crew can reach: part of ``tests.crews:registry``.
 
-``AIP_CREWAI_REGISTRY=tests.system.security.trust_crews:registry``. Given ``attack`` (a pid), its output's ``raw`` is
+Given ``attack`` (a pid), its output's ``raw`` is
 JSON: what each of ``tests/helpers/attacks.py``'s attacks on that process and on the kernel gave, and the worker's
 seccomp mode and no_new_privs. Else: for each pid in the input's ``targets``, what reading its environ,
 PTRACE_ATTACH and pidfd_getfd gave (``ok`` or the errno's name), and the worker's own descriptors, environment
@@ -33,7 +33,6 @@ from tests.helpers.attacks import (
     read_environ,
     steal_descriptor,
 )
-from tests.hostile_crews import registry as hostile_registry
 from worker.demo import OfflineLLM
 
 PR_GET_DUMPABLE = 3
@@ -215,5 +214,5 @@ def prober() -> Crew:
     return ProbeCrew(agents=[agent], tasks=[Task(description="Probe.", expected_output="Findings.", agent=agent)])
 
 
-# the test registry and the runaway crews, too; crew-a and crew-b probe as two crews with keys of their own
-registry = {**hostile_registry, "prober": prober, "crew-a": prober, "crew-b": prober}
+# crew-a and crew-b probe as two crews with keys of their own
+CREWS = {"prober": prober, "crew-a": prober, "crew-b": prober}

@@ -3,9 +3,8 @@ outputs, async tasks, knowledge, and the AIP client's qualification crew; and th
 ``LLM`` class, over HTTP to the loopback provider at ``$CREW_PROVIDER_URL`` (native tool calls, context,
 structured outputs: ``shape-llm-*``).
 
-Loaded by real workers as ``AIP_CREWAI_REGISTRY=tests.shapes:registry`` (the crews of ``tests.crews``
-included). Every factory builds a fresh Crew with fresh models, and every answer is a pure function of
-the prompt, so two faithful runs of a crew give equal outputs (``comparable``).
+Part of ``tests.crews:registry``. Every factory builds a fresh Crew with fresh models, and every answer is a pure
+function of the prompt, so two faithful runs of a crew give equal outputs (``tests.helpers.kickoff.comparable``).
 """
 
 from __future__ import annotations
@@ -23,8 +22,6 @@ from crewai.llms.base_llm import BaseLLM, llm_call_context
 from crewai.tools import BaseTool, tool
 from pydantic import BaseModel, Field
 
-from tests import crews
-from tests.helpers import kickoff
 from worker.demo import OFFLINE_EMBEDDER, OfflineLLM, _words, prompt_text, provider_llm
 
 _OBSERVATION = re.compile(r"\nObservation:\s*(.*)\Z", re.S)
@@ -338,7 +335,3 @@ SHAPES: dict[str, Callable[[], Crew]] = {
     "shape-llm-tools": shape_llm_tools,
     "shape-llm-structured": shape_llm_structured,
 }
-registry: dict[str, Callable[[], Crew]] = {**crews.registry, **SHAPES}
-eval_llms = dict(crews.eval_llms)
-# What two faithful runs must give equally; defined beside the reference runner, which must not import CrewAI.
-comparable = kickoff.comparable

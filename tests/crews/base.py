@@ -1,7 +1,4 @@
-"""A test registry: the demo crews plus crews that misbehave on purpose.
-
-Loaded by real workers as ``AIP_CREWAI_REGISTRY=tests.crews:registry``.
-"""
+"""The demo crews plus crews that misbehave on purpose: the part of ``tests.crews:registry`` most tests run."""
 
 from __future__ import annotations
 
@@ -36,7 +33,6 @@ from worker.demo import (
     prompt_text,
     provider_llm,
 )
-from worker.demo import eval_llms as demo_eval_llms
 from worker.spending import budget
 
 HOUR = 3600
@@ -388,5 +384,3 @@ registry: dict[str, Callable[[], Crew]] = {
     "llm-fail-429": lambda: _provider_failing(429),
     "llm-fail-500": lambda: _provider_failing(500),
 }
-# What ``test`` may name as eval_llm here (read from this module by worker.registry.eval_llms).
-eval_llms = dict(demo_eval_llms)

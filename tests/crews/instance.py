@@ -1,5 +1,6 @@
 """A registry holding a Crew instance beside a factory: workers refuse the instance, in words naming the fix
-(``worker/registry.py``), and the factory's jobs run."""
+(``worker/registry.py``), and the factory's jobs run. Apart because a value that is not a factory is refused
+by design, and the tests read the whole registry's answer (``1 of 2 crews build``)."""
 
 from __future__ import annotations
 

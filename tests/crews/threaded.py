@@ -1,4 +1,6 @@
-"""A registry whose import starts a thread: a fork server that loads it must refuse to fork."""
+"""The one registry, and an import that starts a thread: a fork server that loads it must refuse to fork.
+
+Apart because it breaks the fork server by design."""
 
 from __future__ import annotations
 

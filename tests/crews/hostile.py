@@ -1,6 +1,4 @@
-"""The test registry plus crews that push the supervisor's limits or play an orphan.
-
-``AIP_CREWAI_REGISTRY=tests.hostile_crews:registry``."""
+"""Crews that push the supervisor's limits, break the protocol or play an orphan: part of ``tests.crews:registry``."""
 
 from __future__ import annotations
 
@@ -9,9 +7,7 @@ import os
 import struct
 import subprocess
 import sys
-import threading
 import time
-import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,20 +20,16 @@ from crewai.llms.base_llm import llm_call_context
 from crewai.types.usage_metrics import UsageMetrics
 
 from protocol import EVENT_FD, PROTOCOL_VERSION, Completed, pack
-from tests.crews import EVIDENCE_DIR, HOUR, _single, stubborn
-from tests.crews import registry as base_registry
+from tests.crews.base import EVIDENCE_DIR, HOUR, _single
 from tests.helpers import family
 from tests.helpers.waiting import wait_until
-from worker import lifecycle
 from worker.demo import OfflineLLM
 
-PR_SET_PDEATHSIG = 1
 MiB = 1024 * 1024
 FLOOD_BYTES = 24 * MiB
 RELAY_SECONDS = 0.3  # of CPU, each process of runaway-reforker's relay
 DAEMON_SEEN = "daemon.seen"  # in EVIDENCE_DIR: the test's word that a sample counted runaway-daemon's daemon
 HOLD_SECONDS = 30  # the longest a crew here waits for something it needs before failing its job
-EXIT_REFUSED = "exit-refused.pids"  # in EVIDENCE_DIR: immortal workers that were told to exit and did not
 
 
 class SizedLLM(OfflineLLM):
@@ -59,7 +51,7 @@ class SizedLLM(OfflineLLM):
         return "Thought: done\nFinal Answer: " + "a" * self.answer_bytes
 
 
-def _leave_pid(name: str) -> None:
+def leave_pid(name: str) -> None:
     """Append this process's pid to a file in the test's evidence directory, for the test to check on."""
     with open(os.path.join(os.environ[EVIDENCE_DIR], name), "a") as pids:
         pids.write(f"{os.getpid()}\n")
@@ -74,7 +66,7 @@ def _orphan_that_exits() -> None:
         try:
             middle_pid = os.getpid()
             if os.fork() == 0 and wait_until(lambda: os.getppid() != middle_pid, timeout=HOLD_SECONDS):  # adopted
-                _leave_pid("orphan.pids")
+                leave_pid("orphan.pids")
                 os.write(writable, b"%d" % os.getpid())
         finally:
             os._exit(0)  # the middle at once; the grandchild once it has said who it is
@@ -161,7 +153,7 @@ class RunawayLLM(OfflineLLM):
             for _ in range(2000):
                 try:
                     if os.fork() == 0:
-                        _leave_pid("forkbomb.pids")
+                        leave_pid("forkbomb.pids")
                         time.sleep(HOUR)
                         os._exit(0)
                 except OSError:
@@ -268,31 +260,11 @@ def sized_output() -> Crew:
     return SizedCrew(agents=[agent], tasks=[Task(description="Answer.", expected_output="Bytes.", agent=agent)])
 
 
-def immortal() -> Crew:
-    """Disarms the worker's own ways of dying with its supervisor: only restart fencing stops it. Where its
-    control thread would exit (its pipe closed, or a Stop), it appends its pid to EXIT_REFUSED and blocks."""
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0)
-    forever = threading.Event()
-
-    def refuse_exit(code: int) -> None:
-        _leave_pid(EXIT_REFUSED)
-        forever.wait()
-
-    # The control thread looks up os._exit when its pipe closes: make that call block instead.
-    patched = types.ModuleType("os")
-    patched.__dict__.update(os.__dict__)
-    patched._exit = refuse_exit  # type: ignore[attr-defined]
-    lifecycle.os = patched  # type: ignore[attr-defined]
-    return stubborn()  # blocks in an LLM call, writing nothing that could fail on a dead pipe
-
-
 RUNAWAY = (
     *("memory", "cpu", "reforker", "disk", "disk-home", "forkbomb", "files", "escape-memory", "escape-forkbomb"),
     *("events", "stdout", "stdout-endless", "stdout-grandchild", "daemon", "orphan"),
 )
-registry = {
-    **base_registry,
-    "immortal": immortal,
+CREWS = {
     "big-chunk": big_chunk,
     "sized-output": sized_output,
     **{f"runaway-{mode}": _runaway(mode) for mode in RUNAWAY},

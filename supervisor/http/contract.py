@@ -48,6 +48,9 @@ router = APIRouter(route_class=StrictJSONRoute)
 
 @router.get("/health")
 async def health(sup: Sup) -> dict[str, Any]:
+    """The reference's keys, types and order (crews and operations sorted), then ours. While the supervisor
+    drains, ``status`` is ``draining``: the reference's client starts work only on ``ready``, and the
+    container's probe reports it unready, so an orchestrator sends nothing new meanwhile."""
     return sup.health()
 
 

@@ -44,9 +44,7 @@ class Reads:
         return not self.lifecycle.admits
 
     def health(self) -> dict[str, Any]:
-        """The reference's keys, types and order (crews and operations sorted), then ours. While the supervisor
-        drains, ``status`` is ``draining``: the reference's client starts work only on ``ready``, and the
-        container's probe reports it unready, so an orchestrator sends nothing new meanwhile."""
+        """What ``/health`` answers (``http/contract.py`` says why each key is there)."""
         settings = self.settings
         operations: set[str] = {*settings.allowed_operations, *CONTROL_OPERATIONS}
         return {

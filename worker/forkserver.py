@@ -6,11 +6,11 @@ work, and parses the TLS contexts a job's HTTP clients will take (``tls.py``); t
 event-bus threads the kickoffs started: forking with them alive hangs the child. If that cannot be done
 the fork server refuses to start, saying why in one line, and the supervisor spawns workers cold. It must
 stay single-threaded: it checks before every fork and refuses, then exits, if not.
-Each worker is forked through a middle process that leaves at once, so the worker is the supervisor's
-own child (the supervisor is a subreaper): the supervisor reaps it and reads its exit status, and the
-fork server's death takes no worker with it. A worker leads a process group, ties its death signal to
-the supervisor once adopted, and carries the name ``crew-worker`` (``ps``, ``top``), its job's crew and
-action id as its command line once it has one.
+Each worker is forked as the supervisor's own child (``beside.py``: ``clone`` with ``CLONE_PARENT``; on a machine
+where that call is not known, through a middle process that leaves at once, the supervisor being a subreaper): the
+supervisor reaps it and reads its exit status, and the fork server's death takes no worker with it. A worker
+leads a process group, ties its death signal to the supervisor once adopted, and carries the name ``crew-worker``
+(``ps``, ``top``), its job's crew and action id as its command line once it has one.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from protocol import (
     MessageReader,
     Refused,
 )
-from worker import job, lifecycle, prefault, warmup
+from worker import beside, job, lifecycle, prefault, warmup
 
 EXIT_NOT_SINGLE_THREADED = 79
 EXIT_NOT_WARMED = 80
@@ -87,12 +87,23 @@ def _fork_one(
     sys.stdout.flush()
     sys.stderr.flush()
     fork = messages[0]
-    pid = _double_fork(
-        lambda middle: _become_worker(fork, fds, (supervisor, middle), crews, written, [channel.fileno()])
-    )
+    become = lambda middle: _become_worker(fork, fds, (supervisor, middle), crews, written, [channel.fileno()])  # noqa: E731
+    pid = _fork_beside(become, supervisor) if beside.supported() else _double_fork(become)
     for fd in fds:
         os.close(fd)
     out.send(Forked(pid=pid))
+
+
+def _fork_beside(become: Callable[[int], NoReturn], supervisor: int) -> int:
+    """Fork a worker as the supervisor's own child (``beside.fork_beside``): ``become`` is given the supervisor's pid
+    as its middle's, for there is none. The worker's pid, or 0 if the fork failed."""
+    try:
+        pid = beside.fork_beside()
+    except OSError:  # EAGAIN (a process limit), ENOMEM: no worker this time, and the supervisor is told
+        return 0
+    if pid == 0:
+        become(supervisor)
+    return pid
 
 
 def _double_fork(become: Callable[[int], NoReturn]) -> int:

@@ -153,7 +153,7 @@ class Results:
         self.put(f"{prefix}_step_admission_http_mean_ms", beyond / jobs * 1e3, jobs)
 
 
-JOB_CPU_PARTS = ("worker", "supervisor", "forkserver", "middle")
+JOB_CPU_PARTS = ("worker", "supervisor", "forkserver")
 
 
 def steps_now(sup: Server) -> dict[str, Histogram]:

@@ -223,8 +223,8 @@ class CpuMeter:
 
     A worker's time lands in its reaper's children's times once it is reaped, which happens before its
     job's terminal event is recorded (the exit status is part of the proof). The reaper is the supervisor
-    (a forked worker's middle process leaves it to us); the fork server's children's times count its
-    middle processes (the fork server itself is never reaped during a run).
+    (the fork server clones each worker as its child); the fork server's children's times count its probe
+    and, where it forks through them, its middle processes (the fork server itself is never reaped during a run).
     """
 
     def __init__(self, sup: Server) -> None:
@@ -234,20 +234,19 @@ class CpuMeter:
         self.supervisor = psutil.Process(sup.pid)
         self.forkserver = forkserver
 
-    def read(self) -> tuple[float, float, float, float, float]:
+    def read(self) -> tuple[float, float, float, float]:
         own, server = self.supervisor.cpu_times(), self.forkserver.cpu_times()
         return (
             own.user + own.system,
-            server.user + server.system,
-            server.children_user + server.children_system,  # its middle processes, each reaped by it
+            server.user + server.system + server.children_user + server.children_system,  # any middle processes
             own.children_user + own.children_system,
             time.process_time(),
         )
 
     def per(self, before: tuple[float, ...], count: int, unit: float) -> dict[str, float]:
-        """CPU per item of each part (supervisor, forkserver, middle, worker, client), in ``unit`` per second."""
+        """CPU per item of each part (supervisor, forkserver, worker, client), in ``unit`` per second."""
         spent = (after - earlier for after, earlier in zip(self.read(), before, strict=True))
         return {name: cpu / count * unit for name, cpu in zip(CPU_PARTS, spent, strict=True)}
 
 
-CPU_PARTS = ("supervisor", "forkserver", "middle", "worker", "client")
+CPU_PARTS = ("supervisor", "forkserver", "worker", "client")

@@ -1,8 +1,9 @@
 """Warm starts: a fork server that has imported CrewAI and the registry forks each job's worker.
 
-Each worker is forked through a middle process that leaves at once, so it is our child (we are a
-subreaper), not the fork server's: we reap it and read its exit status, watch it through a pidfd, kill
-its group and confirm it gone exactly as for a spawned worker, and the fork server's death takes none.
+Each worker is forked as our child (the fork server clones it with ``CLONE_PARENT``, or where it cannot, forks it
+through a middle process that leaves at once: we are a subreaper), not the fork server's: we reap it and read its
+exit status, watch it through a pidfd, kill its group and confirm it gone exactly as for a spawned worker, and the
+fork server's death takes none.
 If the fork server dies or refuses, jobs fall back to cold spawning while a new one starts. One that
 cannot warm CrewAI (a CrewAI release changed what warming relies on) refuses at start, in one line we
 log; it would refuse again, so workers are then spawned cold for the supervisor's whole life.
@@ -274,7 +275,7 @@ class _ForkServer:
                 raise _Unavailable("it exited")
             ours, theirs = make_pipes()
             pending = self._pending = asyncio.get_running_loop().create_future()
-            # Our child from the moment its middle process leaves, before the reply: not an orphan to reap.
+            # Our child from its clone (or its middle process leaving), before the reply: not an orphan to reap.
             self.reaper.adopting = True
             try:
                 worker = await self._exchange(ours, theirs, pending, Fork(env=dict(env), cwd=cwd, prefault=prefault))

@@ -2,9 +2,9 @@
 
 Two kinds of process end here:
 
-- **Our children** (a cold-started worker, the fork server, and a forked worker, which its middle
-  process left to us): ``register``-ed when they are made, watched through a pidfd, reaped here the
-  moment they exit; ``watch`` gives the exit status.
+- **Our children** (a cold-started worker, the fork server, and a forked worker, which the fork server
+  cloned as ours, or its middle process left to us): ``register``-ed when they are made, watched through a pidfd,
+  reaped here the moment they exit; ``watch`` gives the exit status.
 - **Orphans we adopted** as a child subreaper (a job's grandchild whose parent died): reaped by
   ``reap`` (called every second) or by ``confirm_gone`` when a kill waits for them. Registered
   children are never reaped this way: their status belongs to whoever watches them.
@@ -58,7 +58,7 @@ class Reaper:
     def __init__(self) -> None:
         self._children: dict[int, _Child] = {}
         self.adopted = 0  # orphans of ours still there after the last ``reap`` (running or not yet reaped)
-        # A forked worker in flight: ours once its middle process leaves, registered once its pid is known.
+        # A forked worker in flight: ours once forked, registered once its pid is known.
         self.adopting = False
 
     def register(self, pid: int, kill_group: bool = True) -> None:

@@ -98,9 +98,9 @@ class Recorder:
     @staticmethod
     def _log_traceback(job: LiveJob, stderr: str) -> None:
         """A crew's exception, for the operator, as the reference logs it; its event keeps the generic words."""
-        raised = last_traceback(stderr)
+        raised = last_traceback(stderr, max_chars=MAX_LOGGED_TRACEBACK)
         if raised is not None:
-            ending = raised[-MAX_LOGGED_TRACEBACK:]
+            ending = raised[-MAX_LOGGED_TRACEBACK:]  # the last traceback alone may be longer still
             log.warning(
                 "the crew raised", extra={"action_id": job.action_id, "crew_id": job.crew_id, "traceback": ending}
             )

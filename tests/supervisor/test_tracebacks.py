@@ -52,6 +52,13 @@ def test_a_chain_longer_than_the_bound_keeps_its_end() -> None:
     assert "KeyError" not in shown and "ValueError: the crew's error" in shown
 
 
+def test_a_chain_longer_than_its_characters_keeps_its_last_tracebacks_whole() -> None:
+    printed = _printed(_raised_from())
+    last = printed[printed.rindex("Traceback (most recent call last):") :].rstrip("\n")
+    assert last_traceback(printed, max_chars=len(last)) == last
+    assert last_traceback(printed, max_chars=len(printed)) == printed.rstrip("\n")
+
+
 def test_no_traceback_or_one_too_far_back_is_none() -> None:
     assert last_traceback("just output\n") is None
     assert last_traceback(_printed(_raised(ValueError("old"))) + "line\n" * 400) is None

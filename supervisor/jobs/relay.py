@@ -92,9 +92,9 @@ class Relay:
         """The worker answered; it must also leave. Its exit status joins the proof."""
         status = await worker.wait_exit(EXIT_WAIT_SECONDS)
         proof: dict[str, Any] = {"exit_status": status}
-        strays = len(await asyncio.to_thread(self.limits.tree(worker).leftovers)) if status is not None else 0
+        strays = len(await asyncio.to_thread(worker.containment.leftovers)) if status is not None else 0
         if status is None or strays:
-            proof = (await self.kill(worker)).as_dict()
+            proof = (await worker.kill()).as_dict()
             strays = proof["descendants_killed"] if strays else 0  # a worker slow to leave left nothing behind
         if isinstance(message, Failed):  # its message may quote a key the crew was given, as a provider's does
             text = redact(message.message, job.secrets)
@@ -126,11 +126,7 @@ class Relay:
         """A stopped job's kill, once where it was is kept (``stacks.before_kill``). A job over a limit gets no grace:
         it would spend it growing."""
         await stacks.before_kill(job, worker)
-        return await self.kill(worker, 0 if job.stop is StopReason.LIMIT else grace)
-
-    async def kill(self, worker: WorkerProcess, grace: float = 0.0) -> StopEvidence:
-        """Kill the worker's group and everything else of its job, as its containment holds it."""
-        return await worker.kill(grace, self.limits.tree(worker))
+        return await worker.kill(0 if job.stop is StopReason.LIMIT else grace)
 
     async def _ended(self, worker: WorkerProcess) -> Outcome:
         """The event pipe closed before a result: the worker died, or it closed the pipe and runs on."""
@@ -138,16 +134,16 @@ class Relay:
         if worker.exited.done():
             breach = self.limits.oom_breach(worker)
             if breach is not None:  # the kernel stopped it at its memory cap: the rest of its tree goes too
-                evidence = await self.kill(worker)
+                evidence = await worker.kill()
                 return failure(breach.error_type, breach.message, True, **breach.proof, **evidence.as_dict())
             outcome = exit_failure(status, worker.pid)
-            if await asyncio.to_thread(self.limits.tree(worker).leftovers):  # what it started dies with it, counted
-                outcome.data["descendants_killed"] = (await self.kill(worker)).descendants_killed
+            if await asyncio.to_thread(worker.containment.leftovers):  # what it started dies with it, counted
+                outcome.data["descendants_killed"] = (await worker.kill()).descendants_killed
             return outcome
         return await self._fault(worker, "frame_pipe_closed", "the worker closed its event pipe and kept running")
 
     async def _fault(self, worker: WorkerProcess, reason: str, message: str) -> Outcome:
-        evidence = await self.kill(worker)
+        evidence = await worker.kill()
         return failure(reason, message, True, **evidence.as_dict())
 
     def breach(self, job: LiveJob, breach: Breach) -> None:

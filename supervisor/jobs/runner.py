@@ -183,7 +183,7 @@ class Runner:
             job.worker = worker
             self.metrics.worker_starts.labels(worker.launched_by).inc()
             await self.limits.apply(worker)  # its cgroups first: the journal names them before its job starts
-            await self.recorder.record_worker(job, worker, self.limits.tree(worker).boundary())
+            await self.recorder.record_worker(job, worker, worker.containment.boundary())
             if job.stop is None:  # a stop asked while launching: the worker is killed before it has its job
                 self.relay.start(job, worker, env, cwd, writable)
             job.move(Phase.RUNNING)
@@ -197,8 +197,8 @@ class Runner:
             if job.worker is not None:
                 self.limits.unwatch(job.worker)
                 if not job.worker.exited.done():
-                    await self.relay.kill(job.worker)
-                elif left := await asyncio.to_thread(self.limits.tree(job.worker).kill):  # each end kills its remains
+                    await job.worker.kill()
+                elif left := await asyncio.to_thread(job.worker.containment.kill):  # each end kills its remains
                     log.warning("killed %d process(es) a job left", len(left), extra={"action_id": job.action_id})
                 self.limits.release(job.worker)
                 if job.operation == Operation.TRAIN and job.worker.exited.done():  # gone: nothing writes the file now

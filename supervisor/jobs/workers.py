@@ -24,7 +24,7 @@ async def workers(live: dict[str, LiveJob], limits: Limits) -> list[dict[str, An
     """Every live job's view, oldest first; one ended while it was measured is left out."""
     jobs = sorted(live.values(), key=lambda job: job.admitted)
     table = ProcessTable.scan()  # one scan of the process table for every job's tree
-    readings = [memory_reading(job, limits, table) for job in jobs]
+    readings = [memory_reading(job, table) for job in jobs]
     # Off the loop: a PSS reading walks each process's mappings in the kernel.
     memory = await asyncio.to_thread(lambda: [read() if read is not None else (None, None) for read in readings])
     now = asyncio.get_running_loop().time()
@@ -35,11 +35,11 @@ async def workers(live: dict[str, LiveJob], limits: Limits) -> list[dict[str, An
     ]
 
 
-def memory_reading(job: LiveJob, limits: Limits, table: ProcessTable) -> Callable[[], tuple[int | None, str]] | None:
+def memory_reading(job: LiveJob, table: ProcessTable) -> Callable[[], tuple[int | None, str]] | None:
     if job.worker is None or job.worker.exited.done():
         return None
     try:
-        return limits.tree(job.worker).memory_view(table)
+        return job.worker.containment.memory_view(table)
     except psutil.NoSuchProcess:  # it has just exited
         return None
 
@@ -50,7 +50,7 @@ def worker_view(
     """A queued job has no worker yet: its process fields are null. ``memory`` is the job's as its cap measures
     it (``measure``: ``cgroup``, the kernel's charge, or ``pss``), where RSS counts every shared page in full."""
     worker = job.worker
-    tree = limits.tree(worker) if worker is not None else None
+    tree = worker.containment if worker is not None else None
     # The sampler refreshes ``usage``; until its first pass one sample here is cheap.
     usage = (tree.usage or tree.sample()) if tree is not None else None
     return {

@@ -4,9 +4,9 @@ Kernel limits are set on the worker from here (``prlimit``, not a request to the
 address space, a pids and a memory cgroup (where they can be made) before it is given its job, a CPU backstop once
 the job starts. A sampler measures every worker's whole tree each period and names the limit a job broke.
 
-Each bounded worker's processes are a ``Containment`` (``containment.py``): its cgroups, the samples and
-every descendant they saw. The limits make one in ``apply`` (or ``watch``) and drop it in ``release``;
-whoever kills the worker has it kill everything else of the job.
+Each worker's processes are its ``Containment`` (``containment.py``, the worker's ``containment``): its cgroups,
+the samples and every descendant they saw. The limits give it its cgroups in ``apply`` and remove them in
+``release``; whoever kills the worker has it kill everything else of the job.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from supervisor.config import Settings
 from supervisor.processes.cgroups import CPU, MEMORY, PIDS, Cgroups
-from supervisor.processes.containment import Boundary, Containment, ProcessTable
+from supervisor.processes.containment import Boundary, ProcessTable
 from supervisor.processes.places import MAX_NEW_ENTRIES, Places
 from supervisor.processes.process import WorkerProcess
 
@@ -51,7 +51,7 @@ class Limits:
         wanted = [PIDS, *(name for name, cap in ((MEMORY, self.memory_bytes), (CPU, self.cpu_seconds)) if cap)]
         self.cgroups = Cgroups.find(wanted) if settings.cgroups == "auto" else None
         self.contained = False  # the workers deny themselves cgroup writes (their registry says): none leaves its own
-        self._trees: dict[WorkerProcess, Containment] = {}
+        self._applied: set[WorkerProcess] = set()
         self._watched: dict[WorkerProcess, tuple[Callable[[Breach], None], Callable[[Boundary], None]]] = {}
 
     def health(self) -> dict[str, object]:
@@ -77,7 +77,7 @@ class Limits:
 
     async def apply(self, worker: WorkerProcess) -> None:
         """Bound a worker that has not yet been given its job; once (a pre-forked one is bounded while idle)."""
-        if worker in self._trees:
+        if worker in self._applied:
             return
         rlimits = (
             (resource.RLIMIT_NOFILE, self.open_files),
@@ -92,25 +92,22 @@ class Limits:
             # Off the loop: moving a process between cgroups waits on the kernel (~15 ms measured).
             name = f"{worker.pid}-{worker.create_time:.2f}"  # a pid is reused; with its start time it is not
             cgroup = await asyncio.to_thread(self.cgroups.join, name, worker.pid, self.processes, self.memory_bytes)
-        self._trees[worker] = Containment(worker.pid, worker.create_time, cgroup)
+        worker.containment.cgroup = cgroup
+        self._applied.add(worker)
 
     def begin(self, worker: WorkerProcess) -> None:
         """The job starts now: CPU counts from here (not a cold start's imports), with a kernel backstop."""
-        tree = self._bounded(worker)
+        tree = worker.containment
         tree.cpu_baseline = tree.job_cpu_seconds(tree.cpu_seconds())
         if self.cpu_seconds:
             soft = int(tree.cpu_baseline) + self.cpu_seconds + CPU_BACKSTOP_SECONDS
             _prlimit(worker.pid, resource.RLIMIT_CPU, soft, soft + 1)  # SIGXCPU first, SIGKILL a second later
 
-    def tree(self, worker: WorkerProcess) -> Containment:
-        """What the limits know of ``worker``'s processes; a worker not (yet) bounded gets a fresh look."""
-        return self._trees.get(worker) or Containment(worker.pid, worker.create_time)
-
     def release(self, worker: WorkerProcess) -> None:
         """The worker is gone: forget its tree and remove its cgroup."""
-        tree = self._trees.pop(worker, None)
-        if tree is not None and tree.cgroup is not None:
-            tree.cgroup.remove()
+        if worker in self._applied and worker.containment.cgroup is not None:
+            worker.containment.cgroup.remove()
+        self._applied.discard(worker)
 
     def stop(self) -> None:
         """Remove this supervisor's cgroups (each job's is removed at ``release``)."""
@@ -119,7 +116,7 @@ class Limits:
 
     def check(self, worker: WorkerProcess, table: ProcessTable | None = None) -> Breach | None:
         """Sample the worker's tree now; the first limit it breaks, if any."""
-        tree = self._bounded(worker)
+        tree = worker.containment
         usage = tree.sample(table)
         if usage is None:
             return None
@@ -162,8 +159,7 @@ class Limits:
 
     def oom_breach(self, worker: WorkerProcess) -> Breach | None:
         """The memory limit, if the kernel enforced it: its OOM killer stopped a process of the job."""
-        tree = self._trees.get(worker)
-        cgroup = tree.cgroup if tree is not None else None
+        cgroup = worker.containment.cgroup
         kills = cgroup.oom_kills() if cgroup is not None else 0
         if cgroup is None or not kills:
             return None
@@ -189,7 +185,7 @@ class Limits:
         """Sample ``worker`` (and what its job wrote to ``places``) in every round until ``unwatch``; ``on_breach``
         is told once of the limit it broke, ``on_found`` of its boundary each time a round found processes of the
         job it had not seen."""
-        self._bounded(worker).places = places
+        worker.containment.places = places
         self._watched[worker] = (on_breach, on_found)
         if self.output_bytes:  # checked as it is read, not sampled: a flood passes nothing between two samples
             cap = self.output_bytes
@@ -209,13 +205,6 @@ class Limits:
         """Whether any worker is sampled each period."""
         return bool(self._watched)
 
-    def _bounded(self, worker: WorkerProcess) -> Containment:
-        """The containment kept for ``worker`` until ``release``: made now if ``apply`` did not run."""
-        tree = self._trees.get(worker)
-        if tree is None:
-            tree = self._trees[worker] = Containment(worker.pid, worker.create_time)
-        return tree
-
     def sample(self) -> None:
         """One round for every watched worker, sharing one scan of the process table (housekeeping calls
         this every ``period``)."""
@@ -224,8 +213,8 @@ class Limits:
         table = ProcessTable.scan()
         for worker, (_, on_found) in list(self._watched.items()):
             breach = None if worker.exited.done() else self.check(worker, table)
-            if self._trees[worker].boundary_grew:
-                on_found(self._trees[worker].boundary())
+            if worker.containment.boundary_grew:
+                on_found(worker.containment.boundary())
             if breach is not None:
                 self._breached(worker, breach)
 

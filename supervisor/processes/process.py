@@ -47,6 +47,9 @@ class WorkerProcess:
         self.launched_by = launched_by
         self.pgid = pid  # the worker leads its own process group
         self.create_time = psutil.Process(pid).create_time()
+        # The job's boundary, the one object that holds every process of it: its group, the descendants samples
+        # saw, and the cgroups the limits give it (``Limits.apply``). Whoever stops the job kills through it.
+        self.containment = Containment(pid, self.create_time)
         self.stdout = Tail()
         self.stderr = Tail()
         self.exited = exited
@@ -138,12 +141,12 @@ class WorkerProcess:
         except TimeoutError:
             return None
 
-    async def kill(self, grace: float = 0.0, containment: Containment | None = None) -> StopEvidence:
-        """Stop the worker's whole group and every other process of its job (``containment``: its cgroups and
+    async def kill(self, grace: float = 0.0) -> StopEvidence:
+        """Stop the worker's whole group and every other process of its job (its ``containment``: its cgroups and
         the descendants samples saw), then prove they are all gone. ``descendants_killed`` counts the job's
         processes but the worker that were running when the stop began, or were found and killed during it."""
         started = time.monotonic()
-        containment = containment or Containment(self.pid, self.create_time)
+        containment = self.containment
         # Before any signal: a grandchild may have left the group. Once the worker is reaped its pid may be
         # another's, so nothing is looked up by it: only what the job holds (its cgroup, group, samples).
         look = containment.leftovers if self.exited.done() else containment.descendants

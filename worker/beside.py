@@ -28,6 +28,13 @@ def supported() -> bool:
     return SYS_CLONE is not None
 
 
+def alone() -> bool:
+    """Whether this process has one thread, by the kernel's count. The fork server's Python threads are checked
+    before every fork; a native one (a library's pool, started at import) may hold a lock of the C library, which
+    only the C library's own fork takes before it forks."""
+    return len(os.listdir("/proc/self/task")) == 1
+
+
 def fork_beside() -> int:
     """``os.fork``, but the child's parent is ours: 0 in the child, its pid in the parent. OSError if it failed."""
     if SYS_CLONE is None:

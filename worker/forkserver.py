@@ -7,8 +7,9 @@ event-bus threads the kickoffs started: forking with them alive hangs the child.
 the fork server refuses to start, saying why in one line, and the supervisor spawns workers cold. It must
 stay single-threaded: it checks before every fork and refuses, then exits, if not.
 Each worker is forked as the supervisor's own child (``beside.py``: ``clone`` with ``CLONE_PARENT``; on a machine
-where that call is not known, through a middle process that leaves at once, the supervisor being a subreaper): the
-supervisor reaps it and reads its exit status, and the fork server's death takes no worker with it. A worker
+where that call is not known, or while a native thread runs beside it, through a middle process that leaves at
+once, the supervisor being a subreaper): the supervisor reaps it and reads its exit status, and the fork server's
+death takes no worker with it. A worker
 leads a process group, ties its death signal to the supervisor once adopted, and carries the name ``crew-worker``
 (``ps``, ``top``), its job's crew and action id as its command line once it has one.
 """
@@ -88,7 +89,7 @@ def _fork_one(
     sys.stderr.flush()
     fork = messages[0]
     become = lambda middle: _become_worker(fork, fds, (supervisor, middle), crews, written, [channel.fileno()])  # noqa: E731
-    pid = _fork_beside(become, supervisor) if beside.supported() else _double_fork(become)
+    pid = _fork_beside(become, supervisor) if beside.supported() and beside.alone() else _double_fork(become)
     for fd in fds:
         os.close(fd)
     out.send(Forked(pid=pid))

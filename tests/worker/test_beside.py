@@ -46,3 +46,22 @@ def test_a_child_forked_beside_is_our_parents_to_reap() -> None:
     inside = next(line for line in said if "pid" in line)
     assert inside["parent"] == os.getpid() and inside["pid"] == child == inside["native"]
     assert inside["hooks"] == ["child"]
+
+
+def test_a_native_thread_makes_the_process_not_alone() -> None:
+    """What the fork server asks before it forks beside: the kernel's count of its threads, which a native pool's
+    are in as much as Python's."""
+    probe = textwrap.dedent(
+        """
+        import threading, time
+        from worker import beside
+        alone = beside.alone()
+        thread = threading.Thread(target=time.sleep, args=(2,), daemon=True)  # a kernel task, as a native thread is
+        thread.start()
+        print(alone, beside.alone())
+        """
+    )
+    said = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+    )
+    assert said.stdout.split() == ["True", "False"]

@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from protocol import Operation
+from supervisor.vocabulary import STOPPABLE_PHASES, literal
 
 MAX_INPUT_BYTES = 1024 * 1024
 MAX_INPUT_PROPERTIES = 512
@@ -43,8 +44,7 @@ def _addressable(action_id: str) -> str:
 
 
 ActionId = Annotated[Id, AfterValidator(_addressable)]
-# A Literal of the plain names, not the Enum: the contract's JSON schema lists them inline, as the reference does.
-OperationName = Literal[tuple(operation.value for operation in Operation)]  # type: ignore[valid-type]
+OperationName = literal(Operation)
 
 
 class StartRequest(BaseModel):
@@ -72,7 +72,7 @@ class BulkCancelRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     crew_id: Id | None = None
-    phase: Literal["queued", "launching", "running"] | None = None  # a settling job's outcome is decided
+    phase: literal(STOPPABLE_PHASES) | None = None  # type: ignore[valid-type]
     operation: OperationName | None = None
     reason: Annotated[str, StringConstraints(max_length=2048)] | None = None
     # JSON booleans only: a lax "yes" or 1 read as true would stop jobs, or every job, on a typo.

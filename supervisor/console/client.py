@@ -16,7 +16,7 @@ import orjson
 
 from supervisor.config import PREFIX
 from supervisor.console import sse
-from supervisor.journal.schema import TERMINAL_EVENTS
+from supervisor.vocabulary import TERMINAL_EVENTS
 
 DEFAULT_URL = "http://127.0.0.1:8090"
 SSE = {"Accept": "text/event-stream"}

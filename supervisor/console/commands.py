@@ -28,16 +28,19 @@ from supervisor.console import views
 from supervisor.console.client import Client, OperatorError, job_path, resolve_target
 from supervisor.console.views import visible
 from supervisor.escaping import ident, json_line, typed_id
+from supervisor.vocabulary import LIVE_PHASES, STOPPABLE_PHASES, TERMINAL_EVENTS, Status
 
 EXIT_ERROR, EXIT_FAILED, EXIT_CANCELLED = 1, 3, 4
 ACTION_ID_HELP = "the job's action id, as the CLI prints it (\\u0456 for a character it writes out) or as it is"
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 EXIT_PIPE_CLOSED = 141  # the reader of its output went away, as shells report SIGPIPE
-OUTCOME_CODES = {"completed": 0, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}
+OUTCOME_CODES = {Status.COMPLETED: 0, Status.FAILED: EXIT_FAILED, Status.CANCELLED: EXIT_CANCELLED}
+# The choices as plain text: argparse quotes a choice's repr when it refuses a value.
+OPERATIONS = tuple(operation.value for operation in Operation)
 # One word per job everywhere (jobs, show, top): where it is while it runs, else how it ended.
-PHASES = ("queued", "launching", "running", "settling")
-OUTCOMES = ("completed", "failed", "cancelled")
-OPERATIONS = tuple(operation.value for operation in Operation)  # plain: argparse quotes a choice's repr
+PHASES = tuple(phase.value for phase in LIVE_PHASES)
+OUTCOMES = tuple(event.value for event in TERMINAL_EVENTS)
+STOPPABLE = tuple(phase.value for phase in STOPPABLE_PHASES)
 
 
 def exit_status(*codes: tuple[int, str]) -> str:
@@ -170,7 +173,7 @@ def _add_actions(command: Callable[..., argparse.ArgumentParser]) -> None:
     cancel_parser.add_argument("action_id", nargs="?", type=typed_id, help=every)
     cancel_parser.add_argument("--reason", help="recorded in the cancelled event")
     cancel_parser.add_argument("--crew", type=typed_id, help="without an id: every live job of this crew")
-    cancel_parser.add_argument("--status", choices=PHASES[:3], help="without an id: every live job where this says")
+    cancel_parser.add_argument("--status", choices=STOPPABLE, help="without an id: every live job where this says")
     cancel_parser.add_argument(
         "--operation", choices=OPERATIONS, help="without an id: every live job of this operation"
     )
@@ -249,7 +252,7 @@ def show(client: Client, args: argparse.Namespace, out: Console) -> int:
     event keeps the reference's generic words)."""
     job = client.get(job_path(args.action_id))
     code = answer(job, args, out, views.job_panel)
-    if not args.json and job["status"] == "failed":
+    if not args.json and job["status"] == Status.FAILED:
         try:
             stderr = client.get(job_path(args.action_id, "output"))["stderr"]["text"]
         except OperatorError:  # no output kept for it (an imported reference journal's job)

@@ -18,13 +18,14 @@ from rich.text import Text
 
 from supervisor.escaping import ident, visible
 from supervisor.tracebacks import last_traceback
+from supervisor.vocabulary import Phase, Status
 
 STATUS_STYLES = {
-    **dict.fromkeys(("queued", "launching", "settling"), "dim cyan"),
-    "running": "cyan",
-    "completed": "green",
-    "failed": "red",
-    "cancelled": "yellow",
+    **dict.fromkeys((Phase.QUEUED, Phase.LAUNCHING, Phase.SETTLING), "dim cyan"),
+    Status.RUNNING: "cyan",  # the phase's word too
+    Status.COMPLETED: "green",
+    Status.FAILED: "red",
+    Status.CANCELLED: "yellow",
 }
 OUTPUT_PREVIEW = 2000  # characters of a completed job's raw output that ``show`` prints
 
@@ -80,9 +81,9 @@ JOBS_DROPPED_FIRST = ("events", "admitted", "reason", "op")  # where the width r
 def why(job: dict[str, Any]) -> str | None:
     """Why a job failed, in short: its reason, its error type where that says more, its message (the API's list
     gives a failed job's); a cancelled job's reason, the canceller's words."""
-    if job["status"] == "cancelled":
+    if job["status"] == Status.CANCELLED:
         return job.get("reason")
-    if job["status"] != "failed":
+    if job["status"] != Status.FAILED:
         return None
     reason, error_type, message = (str(job.get(key) or "") for key in ("reason", "error_type", "message"))
     if error_type == reason or error_type in message:  # "the crew factory raised ValueError" says it already
@@ -148,7 +149,7 @@ def job_panel(job: dict[str, Any]) -> Table:
     for name in ("action_id", "crew_id", "operation", "event_count"):
         table.add_row(Text(name, style="bold"), id_text(job[name]) if name.endswith("_id") else plain(job[name]))
     table.add_row(Text("status", style="bold"), status_text(state(job)))
-    if job["status"] != "completed":  # a completed event's data is the output, shown below
+    if job["status"] != Status.COMPLETED:  # a completed event's data is the output, shown below
         for name, value in (job.get("terminal") or {}).items():
             if name != "status" and not (name == "exit_status" and value == job.get("exit_status")):  # shown below
                 table.add_row(plain(name, "dim"), plain(compact(value)))
@@ -170,9 +171,9 @@ def event_line(event: dict[str, Any]) -> Text:
 
 def terminal_line(event: dict[str, Any]) -> Text:
     data, name = event["data"], event["event"]
-    if name == "completed":
+    if name == Status.COMPLETED:
         detail = f"{len(orjson.dumps(data))} bytes of output"
-    elif name == "failed":
+    elif name == Status.FAILED:
         reason = f" (reason {data['reason']})" if data.get("reason") else ""
         detail = f"{data.get('error_type')}: {data.get('message')}{reason}"
     else:
@@ -227,10 +228,10 @@ def stacks_view(stacks: dict[str, Any]) -> Text:
 
 def cancel_line(job: dict[str, Any]) -> Text:
     terminal = job.get("terminal") or {}
-    if job["status"] != "cancelled":
+    if job["status"] != Status.CANCELLED:
         return Text.assemble(id_text(job["action_id"]), " had already ended: ", status_text(job["status"]))
     return Text.assemble(
-        id_text(job["action_id"]), " ", status_text("cancelled"), f" ({visible(stop_proof(terminal))})"
+        id_text(job["action_id"]), " ", status_text(Status.CANCELLED), f" ({visible(stop_proof(terminal))})"
     )
 
 
@@ -243,7 +244,7 @@ def cancelled(answer: dict[str, Any]) -> Text:
         else:
             lines.append(cancel_line(job))
     # A job settling as the cancel came kept its outcome (its line says "had already ended"): not counted.
-    count = len(jobs) if answer["dry_run"] else sum(job["status"] == "cancelled" for job in jobs)
+    count = len(jobs) if answer["dry_run"] else sum(job["status"] == Status.CANCELLED for job in jobs)
     verb = "would cancel" if answer["dry_run"] else "cancelled"
     head = Text(f"{verb} {count} job{'' if count == 1 else 's'}", "bold")
     more = [Text(f"{answer['more']} more matched: run it again to cancel them", "yellow")] if answer["more"] else []

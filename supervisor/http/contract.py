@@ -20,6 +20,7 @@ from supervisor.jobs.supervisor import Supervisor
 from supervisor.journal.errors import JournalBusy, JournalError
 from supervisor.journal.records import Job, StoredEvent
 from supervisor.models import CancelRequest, StartRequest, path_id_problem
+from supervisor.vocabulary import Status
 
 # A JSON page of events: at most this many, and this many bytes of their data (each event's ``data`` as
 # stored, compact JSON; the first event comes even if it alone is larger, so paging never sticks). An
@@ -119,7 +120,7 @@ async def archive(
     if confirmation != action_id:
         raise HTTPException(428, "X-AIP-Archive-Confirmation must equal the action id")
     job = find(sup, action_id)
-    if job.status == "running":
+    if job.status == Status.RUNNING:
         raise HTTPException(409, "a running job cannot be archived")
     try:
         await sup.archive(action_id)
@@ -137,12 +138,12 @@ async def start_blocking(sup: Supervisor, body: StartRequest, key: str | None, l
     job = await sup.admit(body, key, legacy)
     finished = await sup.wait(job.action_id, body.timeout_ms / 1000)
     job = sup.job(job.action_id) or job
-    if not finished or job.status == "running":
+    if not finished or job.status == Status.RUNNING:
         return JSONResponse({"detail": "timed out waiting; the job continues", **view(sup, job)}, 504)
-    if job.status == "completed":
+    if job.status == Status.COMPLETED:
         return JSONResponse(sup.output(job.action_id))
-    detail = "run was cancelled" if job.status == "cancelled" else "run failed"
-    return JSONResponse({"detail": detail, **view(sup, job)}, 409 if job.status == "cancelled" else 502)
+    detail = "run was cancelled" if job.status == Status.CANCELLED else "run failed"
+    return JSONResponse({"detail": detail, **view(sup, job)}, 409 if job.status == Status.CANCELLED else 502)
 
 
 def find(sup: Supervisor, action_id: str) -> Job:
@@ -159,16 +160,18 @@ def view(sup: Supervisor, job: Job) -> dict[str, Any]:
     job is (``phase``: queued, launching, running or settling; null once terminal), and when it was admitted
     and ended (Unix seconds; ``ended_at`` null while it runs), and its LLM spend: so far while it runs, all of it
     once it failed or was cancelled (its terminal's evidence keeps it; a completed job's ``token_usage`` says it)."""
-    last = sup.last_event(job.action_id) if job.status != "running" else None
+    last = sup.last_event(job.action_id) if job.status != Status.RUNNING else None
     terminal = last.data if last is not None and last.terminal else None
-    kept = terminal.get("llm_spent") if terminal is not None and job.status in ("failed", "cancelled") else None
+    kept = (
+        terminal.get("llm_spent") if terminal is not None and job.status in (Status.FAILED, Status.CANCELLED) else None
+    )
     return {
         "action_id": job.action_id,
         "crew_id": job.crew_id,
         "operation": job.operation,
         "status": job.status,
         "event_count": job.event_count,
-        "output": sup.output(job.action_id) if job.status == "completed" else None,
+        "output": sup.output(job.action_id) if job.status == Status.COMPLETED else None,
         "terminal": terminal,
         "exit_status": job.exit_status,
         "phase": sup.phase_of(job.action_id, job.status),

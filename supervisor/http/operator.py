@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, HTTPException, Query, Request
@@ -19,11 +19,12 @@ from supervisor.http.responses import errors
 from supervisor.http.routing import StrictJSONRoute, Sup
 from supervisor.jobs.stacks import Late, Unavailable
 from supervisor.models import BulkCancelRequest, OperationName, path_id_problem
+from supervisor.vocabulary import LIVE_PHASES, Status, literal
 
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
-Status = Literal["running", "completed", "failed", "cancelled"]  # the contract's, as the journal keeps it
-LivePhase = Literal["queued", "launching", "running", "settling"]  # where a job of status running is
+StatusName = literal(Status)
+LivePhase = literal(LIVE_PHASES)
 # Above the longest cursor ``encode_cursor`` can issue: base64 of [admitted_at, action_id] as JSON, where an
 # id of 256 characters is at most 1,024 bytes of UTF-8 (512 of escaped quotes), under 1,420 characters in
 # all. The 1,024 this replaced stuck paging at 422 after a page ending in a 256-emoji id.
@@ -38,7 +39,7 @@ router = APIRouter(route_class=StrictJSONRoute)
 async def list_jobs(
     sup: Sup,
     request: Request,
-    status: Status | None = None,
+    status: StatusName | None = None,
     phase: LivePhase | None = None,
     crew_id: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
     operation: OperationName | None = None,

@@ -18,6 +18,7 @@ from supervisor.journal.records import Job
 from supervisor.journal.store import Journal
 from supervisor.models import InputError, StartRequest, input_too_large, key_problem, request_hash, validate_input
 from supervisor.settings_table import MiB
+from supervisor.vocabulary import Status
 
 
 class Refused(Exception):
@@ -133,7 +134,7 @@ class Admission:
                 f"the journal's filesystem has {free // MiB} MiB free, below the"
                 f" {self.settings.min_free_disk_mb} MiB kept for running jobs; free space on it"
             )
-        job = Job(body.action_id, body.crew_id, body.operation, digest, "running", 0)
+        job = Job(body.action_id, body.crew_id, body.operation, digest, Status.RUNNING, 0)
         under_way = asyncio.get_running_loop().create_future()
         self._admitting[job.action_id] = under_way
         # Shielded: a client that goes away must not leave a durable record that nothing launched.

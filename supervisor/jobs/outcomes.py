@@ -17,6 +17,7 @@ from protocol import (
     VersionMismatch,
 )
 from supervisor.jobs.phases import StopReason
+from supervisor.vocabulary import Status
 
 if TYPE_CHECKING:
     from supervisor.jobs.live import LiveJob
@@ -63,13 +64,13 @@ class Outcome:
 def failure(reason: str, message: str, uncertain: bool, error_type: str | None = None, **proof: Any) -> Outcome:
     """``reason`` is our precise name; ``error_type`` the reference's value for it where it has one."""
     data = {
-        "status": "failed",
+        "status": Status.FAILED,
         "error_type": bounded(error_type or REFERENCE_ERROR_TYPES.get(reason, reason), MAX_ERROR_TYPE_CHARS),
         "reason": bounded(reason, MAX_ERROR_TYPE_CHARS),
         "message": bounded(message, MAX_MESSAGE_CHARS),
         "uncertain_outcome": uncertain,
     }
-    return Outcome("failed", {**data, **proof}, exit_status=proof.get("exit_status"))
+    return Outcome(Status.FAILED, {**data, **proof}, exit_status=proof.get("exit_status"))
 
 
 def bounded(text: str, limit: int) -> str:
@@ -123,8 +124,8 @@ def interrupted(job: LiveJob, proof: dict[str, Any]) -> Outcome:
     if job.stop is StopReason.LIMIT and job.breach is not None:
         return failure(job.breach.error_type, job.breach.message, True, **job.breach.proof, **proof)
     if job.stop is StopReason.CANCEL:
-        data = {"status": "cancelled", "reason": job.cancel_reason, **proof}
-        return Outcome("cancelled", data, exit_status=proof.get("exit_status"))
+        data = {"status": Status.CANCELLED, "reason": job.cancel_reason, **proof}
+        return Outcome(Status.CANCELLED, data, exit_status=proof.get("exit_status"))
     if job.stop is StopReason.TIMEOUT and launched:
         return failure("timeout", f"job exceeded timeout_ms={job.timeout_ms}", True, **proof)
     if job.stop is StopReason.TIMEOUT:

@@ -1,4 +1,5 @@
-"""A live job's phases, the moves between them, and why a job is stopped: the runner's state machine.
+"""A live job's phases (named in ``supervisor/vocabulary.py``, for every layer), the moves between them, and why a
+job is stopped: the runner's state machine.
 
 A job moves only forward, through ``MOVES``; ``docs/architecture.md`` draws this table (``diagram()``), and a
 test keeps the drawing true. A stop is asked for with a ``StopReason``: the first one asked wins, and none is
@@ -9,14 +10,7 @@ from __future__ import annotations
 
 import enum
 
-
-class Phase(enum.StrEnum):
-    QUEUED = "queued"  # admitted and durable, waiting for a worker slot
-    LAUNCHING = "launching"  # a slot taken: its worker is being spawned, journaled, bounded and sent Start
-    RUNNING = "running"  # its worker's frames are relayed to the journal
-    SETTLING = "settling"  # the outcome is decided: the worker is being killed or reaped, the terminal written
-    SETTLED = "settled"  # the terminal event is committed
-
+from supervisor.vocabulary import Phase
 
 MOVES: dict[Phase, frozenset[Phase]] = {
     Phase.QUEUED: frozenset({Phase.LAUNCHING, Phase.SETTLING}),  # a slot; or stopped, timed out while waiting

@@ -19,6 +19,7 @@ from supervisor.journal.reader import Reader
 from supervisor.journal.records import Event, Job, StoredEvent, Streams
 from supervisor.processes.launcher import Launcher
 from supervisor.processes.limits import Limits
+from supervisor.vocabulary import Status
 
 CONTROL_OPERATIONS = ("status", "events", "cancel")
 NOTHING_CAPTURED = Streams("", "", 0, 0)
@@ -109,13 +110,13 @@ class Reads:
     def phase_of(self, action_id: str, status: str) -> Phase | None:
         """Where a job of ``status`` running (as the journal says) is: queued, launching, running or settling; None
         once it has ended (its terminal event may commit a moment before it leaves ``live``)."""
-        job = self.live.get(action_id) if status == "running" else None
+        job = self.live.get(action_id) if status == Status.RUNNING else None
         return job.phase if job is not None and job.phase is not Phase.SETTLED else None
 
     def spent_of(self, action_id: str, status: str) -> dict[str, Any] | None:
         """A running job's LLM spend so far (tokens, calls, the last call's model); None once it has ended: its
         output's ``token_usage``, or its terminal's evidence, says it then."""
-        job = self.live.get(action_id) if status == "running" else None
+        job = self.live.get(action_id) if status == Status.RUNNING else None
         return job.spent.summary() if job is not None else None
 
     async def workers(self) -> list[dict[str, Any]]:
@@ -139,7 +140,7 @@ class Reads:
         cancel's or limit's kill. Raises LookupError (no such job), ``stacks.Unavailable`` or ``stacks.Late``."""
         job = self.live.get(action_id)
         if job is not None:
-            return {"action_id": action_id, "status": "running", **await stacks.of_running(job)}
+            return {"action_id": action_id, "status": Status.RUNNING, **await stacks.of_running(job)}
         record = self.reader.get(action_id)
         if record is None:
             raise LookupError(action_id)

@@ -20,6 +20,7 @@ from supervisor.journal.store import Journal
 from supervisor.processes.containment import Boundary
 from supervisor.processes.process import WorkerProcess
 from supervisor.tracebacks import last_traceback
+from supervisor.vocabulary import Status
 
 log = logging.getLogger("crew_supervisor.jobs")
 EVENTS_PER_READ = 256
@@ -72,7 +73,7 @@ class Recorder:
         commit. Another process holding
         the journal's lock only delays it; the journal failing it otherwise leaves the job to be fenced."""
         streams = Streams.of(job.worker.stdout, job.worker.stderr, job.secrets) if job.worker is not None else None
-        if outcome.event != "completed" and job.spent.llm_calls:  # a completed job's output's token_usage says it
+        if outcome.event != Status.COMPLETED and job.spent.llm_calls:  # a completed job's output's token_usage says it
             outcome.data.setdefault("llm_spent", job.spent.summary())
         try:
             await self.journal.finish(
@@ -91,7 +92,7 @@ class Recorder:
                 extra={"action_id": job.action_id},
             )
         job.wake()
-        raised = outcome.event == "failed" and outcome.data.get("reason") in CREW_RAISED
+        raised = outcome.event == Status.FAILED and outcome.data.get("reason") in CREW_RAISED
         if streams is not None and raised and self.settings.log_crew_tracebacks:
             self._log_traceback(job, streams.stderr)
 

@@ -20,6 +20,7 @@ from supervisor.metrics import Metrics
 from supervisor.processes.limits import Breach, Limits
 from supervisor.processes.process import StopEvidence, WorkerProcess
 from supervisor.redaction import redact
+from supervisor.vocabulary import Status
 
 EXIT_WAIT_SECONDS = 2.0  # after its terminal frame a worker leaves at once; past this it is killed
 TRAILING_SECONDS = 0.5  # after a worker's exit its event pipe reaches EOF at once; a descendant may hold it
@@ -68,7 +69,7 @@ class Relay:
                 job.lap("worker_start")
                 self.limits.begin(worker)
                 self.metrics.start_latency.observe(asyncio.get_running_loop().time() - job.admitted)
-                started = {"status": "running", "operation": job.operation, "pid": worker.pid}
+                started = {"status": Status.RUNNING, "operation": job.operation, "pid": worker.pid}
                 fault = await self.recorder.record(job, "started", started)
             elif isinstance(message, Chunk):
                 fault = await self.recorder.record(job, "chunk", message.data)
@@ -110,7 +111,7 @@ class Relay:
         if size > bound:
             message_text = f"an output of {size} bytes exceeds {PREFIX}MAX_EVENT_BYTES ({bound})"
             return failure("event_too_large", message_text, True, output_bytes=size, limit_bytes=bound, **proof)
-        return Outcome("completed", message.output, message.output, exit_status=proof.get("exit_status"))
+        return Outcome(Status.COMPLETED, message.output, message.output, exit_status=proof.get("exit_status"))
 
     def _spend(self, job: LiveJob, spent: Spent) -> None:
         """One LLM call's usage: the job's running totals and the supervisor's counters; over its budget, the

@@ -36,6 +36,7 @@ from supervisor.processes.limits import Limits
 from supervisor.processes.places import Places
 from supervisor.processes.process import CONFIRM_SECONDS
 from supervisor.redaction import secrets_in
+from supervisor.vocabulary import Status
 
 log = logging.getLogger("crew_supervisor.jobs")
 T = TypeVar("T")
@@ -225,11 +226,11 @@ class Runner:
     async def _settle(self, job: LiveJob, outcome: Outcome) -> None:
         if job.phase is not Phase.SETTLING:  # it never ran: queued, or its launch failed
             job.move(Phase.SETTLING)  # nothing stops it now: its terminal event waits for the journal
-        if outcome.event == "failed" and job.operation in READ_ONLY_OPERATIONS:
+        if outcome.event == Status.FAILED and job.operation in READ_ONLY_OPERATIONS:
             outcome.data["uncertain_outcome"] = False  # nothing it did can have changed the world
         job.lap("exit")  # its worker gone and confirmed (or never launched): what is left is the journal's
         await self.recorder.finish(job, outcome)
-        evidence = outcome.data if outcome.event != "completed" else {}  # completed data is the output itself
+        evidence = outcome.data if outcome.event != Status.COMPLETED else {}  # completed data is the output itself
         log.info("job finished", extra=_finished(job, outcome.event, evidence))
         job.move(Phase.SETTLED)
         self.metrics.finished.labels(job.operation, outcome.event).inc()

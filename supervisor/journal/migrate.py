@@ -18,9 +18,9 @@ from typing import Any
 import orjson
 
 from supervisor.journal.errors import JournalError
-from supervisor.journal.schema import SCHEMA, SCHEMA_VERSION, TERMINAL_EVENTS
+from supervisor.journal.schema import SCHEMA, SCHEMA_VERSION
+from supervisor.vocabulary import TERMINAL_EVENTS, Status
 
-STATUSES = ("running", *TERMINAL_EVENTS)
 EVENTS = ("started", "chunk", *TERMINAL_EVENTS)
 # Schema 1 wrapped a completed event's output: {"status", "exit_status", "output" | "output_in_record"}.
 WRAPPED_COMPLETED = frozenset({"status", "exit_status", "output", "output_in_record"})
@@ -93,7 +93,8 @@ def _insert(db: sqlite3.Connection, record: dict[str, Any]) -> None:
     try:
         action_id, crew_id, operation = record["action_id"], record["crew_id"], record["operation"]
         request_hash, status, events = record["request_hash"], record["status"], record.get("events", [])
-        if status not in STATUSES or not all(isinstance(v, str) for v in (action_id, crew_id, operation, request_hash)):
+        fields = (action_id, crew_id, operation, request_hash)
+        if status not in tuple(Status) or not all(isinstance(v, str) for v in fields):  # a tuple: any JSON value
             raise ValueError("bad field")
         rows = [(action_id, int(e["sequence"]), str(e["event"]), orjson.dumps(e.get("data", {}))) for e in events]
         if any(row[2] not in EVENTS for row in rows):
@@ -160,7 +161,7 @@ def _unwrap_completed(db: sqlite3.Connection) -> None:
     ).fetchall()
     for action_id, sequence, data, output in rows:
         wrapped = orjson.loads(data)
-        if wrapped.get("status") != "completed" or not wrapped.keys() <= WRAPPED_COMPLETED:
+        if wrapped.get("status") != Status.COMPLETED or not wrapped.keys() <= WRAPPED_COMPLETED:
             continue  # already the output itself (a reference journal's)
         unwrapped = wrapped["output"] if "output" in wrapped else orjson.loads(output or b"null")
         if not isinstance(unwrapped, dict):

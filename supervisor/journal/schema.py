@@ -3,7 +3,6 @@
 # 2: completed events hold the output itself; the worker's exit status is in jobs. 3: when a job ended (ended_at).
 # 4: what identifies a job's processes beside its worker (boundary: its cgroups, the descendants samples saw).
 SCHEMA_VERSION = 5
-TERMINAL_EVENTS = ("completed", "failed", "cancelled")
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     action_id TEXT PRIMARY KEY,

@@ -1,0 +1,46 @@
+"""The names every layer of the supervisor shares, each spelled once: a job's statuses, its terminal events, and
+where a live job is (its phase). The worker never sees them (the names both sides share are protocol/vocabulary.py).
+
+It imports nothing of ours, so each layer may import it, the console's CLI too (which reaches only the journal).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from typing import Any, Literal
+
+
+class Status(enum.StrEnum):
+    """A job's status, as the journal keeps it and the contract shows it: running until it ended, then its last
+    event's name."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_EVENTS = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)  # a job's last event: one of them, once
+
+
+class Phase(enum.StrEnum):
+    """Where a live job is: the runner's state machine moves it only forward (supervisor/jobs/phases.py)."""
+
+    QUEUED = "queued"  # admitted and durable, waiting for a worker slot
+    LAUNCHING = "launching"  # a slot taken: its worker is being spawned, journaled, bounded and sent Start
+    RUNNING = "running"  # its worker's frames are relayed to the journal
+    SETTLING = "settling"  # the outcome is decided: the worker is being killed or reaped, the terminal written
+    SETTLED = "settled"  # the terminal event is committed
+
+
+# Where a job of status running is, as the operator's API and the CLI show it (settled, its status says the rest).
+LIVE_PHASES = (Phase.QUEUED, Phase.LAUNCHING, Phase.RUNNING, Phase.SETTLING)
+# Where a cancel still reaches a job: a settling job's outcome is decided.
+STOPPABLE_PHASES = (Phase.QUEUED, Phase.LAUNCHING, Phase.RUNNING)
+
+
+def literal(names: Iterable[enum.StrEnum]) -> Any:
+    """``names`` as a ``Literal`` of their plain text: a pydantic model's (or FastAPI parameter's) JSON schema then
+    lists them inline, as the contract's always has, where an Enum would add a definition of its own."""
+    return Literal[tuple(name.value for name in names)]

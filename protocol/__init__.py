@@ -41,7 +41,6 @@ from protocol.messages import (
     PROTOCOL_VERSION,
     STACK_CUT,
     TERMINAL,
-    WARMUP_FAILED,
     Built,
     Chunk,
     Completed,
@@ -69,7 +68,7 @@ from protocol.messages import (
     pack,
 )
 from protocol.training import is_partial, partial_name
-from protocol.vocabulary import READ_ONLY_OPERATIONS, Operation
+from protocol.vocabulary import READ_ONLY_OPERATIONS, Operation, Reason
 
 __all__ = [
     "CONTROL_FD",
@@ -96,7 +95,6 @@ __all__ = [
     "TMPDIR",
     "TRAINING_DIR",
     "WARMUP",
-    "WARMUP_FAILED",
     "WORKER_IDS",
     "WORKER_NICE",
     "BadSetting",
@@ -117,6 +115,7 @@ __all__ = [
     "MessageReader",
     "Operation",
     "OverBudget",
+    "Reason",
     "Refused",
     "Registry",
     "Spent",

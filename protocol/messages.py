@@ -18,8 +18,6 @@ MAX_STACK_BYTES = 256 * 1024
 STACK_CUT = "(outer calls cut)\n"  # begins a stack cut to its innermost calls (``innermost``)
 MAX_NAME_CHARS = 200  # of a thread's name in a ``Stacks``: the crew names its threads
 THREAD_BYTES = 64  # what a thread costs of MAX_STACK_BYTES beside its name and stack: its id, its keys
-# The reason of the ``Failed`` a fork server sends instead of its registry when it cannot warm CrewAI.
-WARMUP_FAILED = "warmup_failed"
 
 
 class Layer(enum.StrEnum):

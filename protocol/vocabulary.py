@@ -1,4 +1,4 @@
-"""The names both sides of the pipe share: the operations a job runs, defined here once.
+"""The names both sides of the pipe share, each defined here once: the operations a job runs, and why one failed.
 
 A ``StrEnum`` member equals its name as text, so each side compares and keys by these members while the frames,
 the journal and the HTTP contract keep carrying the plain names.
@@ -23,3 +23,50 @@ class Operation(enum.StrEnum):
 
 # Operations without external effects: when one fails, its outcome is certain (as the reference says).
 READ_ONLY_OPERATIONS = frozenset({Operation.KNOWLEDGE_QUERY})
+
+
+class Reason(enum.StrEnum):
+    """Why a job failed: its failed event's ``reason`` (``error_type`` is the reference's name, where it has one).
+    A worker says the first group in its ``Failed``; the supervisor decides the rest."""
+
+    # The worker's
+    REGISTRY_ERROR = "registry_error"  # the registry would not load: configuration
+    SANDBOX_FAILED = "sandbox_failed"  # the job's sandbox could not be entered
+    UNKNOWN_CREW = "unknown_crew"
+    UNKNOWN_OPERATION = "unknown_operation"
+    CREW_FACTORY_FAILED = "crew_factory_failed"  # the registry's factory raised, or gave no crew
+    OPERATION_REFUSED = "operation_refused"  # the operation's input or its place was wrong: nothing ran
+    OPERATION_FAILED = "operation_failed"  # the crew raised
+    OUTPUT_TOO_LARGE = "output_too_large"
+    WARMUP_FAILED = "warmup_failed"  # a fork server's, sent instead of its registry: it could not warm CrewAI
+    # The supervisor's: the job's end
+    TIMEOUT = "timeout"
+    SUPERVISOR_STOPPED = "supervisor_stopped"
+    SUPERVISOR_RESTARTED = "supervisor_restarted"  # fenced at start: its supervisor died while it ran
+    SUPERVISOR_ERROR = "supervisor_error"
+    CREW_ENV_INVALID = "crew_env_invalid"  # its crew's file in CREW_ENV_DIR
+    LAUNCH_FAILED = "launch_failed"
+    # The supervisor's: its worker's
+    WORKER_EXITED = "worker_exited"
+    WORKER_CRASHED = "worker_crashed"
+    WORKER_KILLED = "worker_killed"  # by someone outside the supervisor
+    STRAY_PROCESSES = "stray_processes"  # left running after a result: killed
+    # The supervisor's: its worker's frames
+    PROTOCOL_ERROR = "protocol_error"
+    PROTOCOL_DUPLICATE_TERMINAL = "protocol_duplicate_terminal"
+    PROTOCOL_MESSAGE_AFTER_TERMINAL = "protocol_message_after_terminal"
+    PROTOCOL_UNKNOWN_MESSAGE = "protocol_unknown_message"
+    PROTOCOL_VERSION_MISMATCH = "protocol_version_mismatch"
+    FRAME_TOO_LARGE = "frame_too_large"
+    FRAME_TRUNCATED = "frame_truncated"
+    FRAME_INVALID = "frame_invalid"
+    # The supervisor's: a limit the job broke
+    EVENT_TOO_LARGE = "event_too_large"
+    EVENT_LIMIT_EXCEEDED = "event_limit_exceeded"
+    PROCESS_LIMIT_EXCEEDED = "process_limit_exceeded"
+    MEMORY_LIMIT_EXCEEDED = "memory_limit_exceeded"
+    CPU_LIMIT_EXCEEDED = "cpu_limit_exceeded"
+    OUTPUT_LIMIT_EXCEEDED = "output_limit_exceeded"
+    DISK_LIMIT_EXCEEDED = "disk_limit_exceeded"
+    TOKEN_LIMIT_EXCEEDED = "token_limit_exceeded"
+    LLM_CALL_LIMIT_EXCEEDED = "llm_call_limit_exceeded"

@@ -31,10 +31,10 @@ from protocol import (
     CONTROL_FD,
     EVENT_FD,
     MAX_FRAME_BYTES,
-    WARMUP_FAILED,
     Fork,
     Forked,
     MessageReader,
+    Reason,
     Refused,
 )
 from worker import beside, job, lifecycle, prefault, warmup
@@ -59,7 +59,7 @@ def serve(socket_fd: int) -> NoReturn:
         warmth = warmup.warm()
     except warmup.WarmupError as exc:
         line = " ".join(str(exc).split())[:1000]  # one line for the supervisor's log
-        out.send(job.failed(WARMUP_FAILED, WARMUP_FAILED, line, False))
+        out.send(job.failed(Reason.WARMUP_FAILED, Reason.WARMUP_FAILED, line, False))
         os._exit(EXIT_NOT_WARMED)
     gc.collect()  # the warm-up's garbage, so it is not frozen with the rest
     gc.freeze()  # what is imported and warmed now stays shared with every child

@@ -14,7 +14,7 @@ import threading
 import traceback
 from typing import Any, NoReturn
 
-from protocol import READ_ONLY_OPERATIONS, Built, Completed, Failed, Hello, Registry, Start, Started
+from protocol import READ_ONLY_OPERATIONS, Built, Completed, Failed, Hello, Reason, Registry, Start, Started
 from worker import landlock, lifecycle, places, registry, spending, warmup
 from worker.operations import HANDLERS, OperationError, OutputTooLarge, Work, bounded
 
@@ -50,7 +50,7 @@ def run(
             try:
                 enter(start, launched, domain)
             except OSError as exc:  # never run a crew outside the sandbox it was given
-                out.send(failed(type(exc).__name__, "sandbox_failed", f"the job's sandbox: {exc}", False))
+                out.send(failed(type(exc).__name__, Reason.SANDBOX_FAILED, f"the job's sandbox: {exc}", False))
                 return
             control.watch()  # in the job's domain
             asyncio.new_event_loop().run_until_complete(execute(start, crews, out))
@@ -70,7 +70,7 @@ def load(out: lifecycle.FrameWriter) -> dict[str, Any] | None:
     except Exception as exc:
         # Registry errors are configuration, so their text is safe and needed to fix startup.
         message = f"{spec}: {type(exc).__name__}: {exc}"
-        out.send(failed("registry_error", "registry_error", message, False))
+        out.send(failed(Reason.REGISTRY_ERROR, Reason.REGISTRY_ERROR, message, False))
         return None
 
 
@@ -115,19 +115,21 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
     """
     operation = HANDLERS.get(start.operation)
     if start.crew_id not in crews or operation is None:
-        what = "crew" if start.crew_id not in crews else "operation"
-        out.send(failed(f"unknown_{what}", f"unknown_{what}", f"this worker has no such {what}", False))
+        what, reason = (
+            ("crew", Reason.UNKNOWN_CREW) if start.crew_id not in crews else ("operation", Reason.UNKNOWN_OPERATION)
+        )
+        out.send(failed(reason, reason, f"this worker has no such {what}", False))
         return
     entry = crews[start.crew_id]
     try:
         crew = registry.build(start.crew_id, entry)
     except registry.NotAFactory as exc:  # our own words, with the fix the doctor gives too
-        out.send(failed(type(exc).__name__, "crew_factory_failed", f"{exc}; fix: {exc.fix}", False))
+        out.send(failed(type(exc).__name__, Reason.CREW_FACTORY_FAILED, f"{exc}; fix: {exc.fix}", False))
         return
     except Exception as exc:  # a broken factory is the registry's fault, reported by class
         message = f"the crew factory raised {type(exc).__name__}"
         _for_the_operator(exc)
-        out.send(failed(type(exc).__name__, "crew_factory_failed", message, False))
+        out.send(failed(type(exc).__name__, Reason.CREW_FACTORY_FAILED, message, False))
         return
     spending.report(out.send, start.max_tokens, start.max_llm_calls)
     out.send(Started())
@@ -137,12 +139,12 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
     try:
         output = bounded(await operation(work))
     except OutputTooLarge as exc:
-        out.send(failed("RegistryError", "output_too_large", str(exc), effects))
+        out.send(failed("RegistryError", Reason.OUTPUT_TOO_LARGE, str(exc), effects))
     except OperationError as exc:  # our own words (or CrewAI's configuration text), refused before any work
-        out.send(failed(type(exc).__name__, "operation_refused", str(exc), False))
+        out.send(failed(type(exc).__name__, Reason.OPERATION_REFUSED, str(exc), False))
     except Exception as exc:
         _for_the_operator(exc)
-        out.send(failed(type(exc).__name__, "operation_failed", "CrewAI operation failed", effects))
+        out.send(failed(type(exc).__name__, Reason.OPERATION_FAILED, "CrewAI operation failed", effects))
     else:
         out.send(Completed(output=output))
 

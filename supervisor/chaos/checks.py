@@ -15,10 +15,11 @@ from typing import Any
 import httpx
 import psutil
 
+from protocol import Reason
 from supervisor.chaos.faults import Record
+from supervisor.vocabulary import TERMINAL_EVENTS, Status
 
-TERMINAL = ("completed", "failed", "cancelled")
-OUR_FAULTS = ("supervisor_restarted", "supervisor_stopped")  # what a supervisor kill ends a job with
+OUR_FAULTS = (Reason.SUPERVISOR_RESTARTED, Reason.SUPERVISOR_STOPPED)  # what a supervisor kill ends a job with
 # CrewAI's own storage (SQLite under the state directory) failing on the full disk: the crew's outcome, true.
 DISK_ERRORS = ("DatabaseOperationError",)
 
@@ -67,21 +68,21 @@ def job_problems(action: str, job: dict[str, Any], events: list[dict[str, Any]],
     """What is wrong with one job read back after a restart."""
     problems = []
     names = [event["event"] for event in events]
-    if job["status"] == "running":
+    if job["status"] == Status.RUNNING:
         problems.append(f"{action} is running after the restart, with no worker")
     if len(events) != job["event_count"]:
         problems.append(f"{action} counts {job['event_count']} events but {len(events)} read back")
     if [event["sequence"] for event in events] != list(range(len(events))):
         problems.append(f"{action} has non-contiguous sequences")
-    if sum(name in TERMINAL for name in names) != 1 or not names or names[-1] not in TERMINAL:
+    if sum(name in TERMINAL_EVENTS for name in names) != 1 or not names or names[-1] not in TERMINAL_EVENTS:
         problems.append(f"{action} does not end with exactly one terminal event: {names[-3:]}")
     elif names[-1] != job["status"]:
         problems.append(f"{action} ends with {names[-1]} but its status is {job['status']}")
     if names.count("started") > 1:
         problems.append(f"{action} started more than one worker")
-    terminal = events[-1]["data"] if names and names[-1] == "failed" else None
+    terminal = events[-1]["data"] if names and names[-1] == Status.FAILED else None
     if terminal is not None:
-        if terminal.get("reason") == "supervisor_restarted" and terminal.get("uncertain_outcome") is not True:
+        if terminal.get("reason") == Reason.SUPERVISOR_RESTARTED and terminal.get("uncertain_outcome") is not True:
             problems.append(f"{action} was interrupted by a crash but is not marked uncertain")
         elif not explained(terminal, record):
             reason, message = terminal.get("reason"), str(terminal.get("message", ""))[:160]
@@ -125,11 +126,11 @@ def check_restart(
         events = all_events(client, action, job["event_count"])
         findings.add(job_problems(action, job, events, record))
         terminal = job.get("terminal") or {}
-        if terminal.get("reason") == "supervisor_restarted":
+        if terminal.get("reason") == Reason.SUPERVISOR_RESTARTED:
             findings.interrupted.add(action)
             if terminal.get("orphan_killed"):
                 findings.orphans.add(action)
-        if job["status"] != "running":
+        if job["status"] != Status.RUNNING:
             findings.settled.add(action)
     problem = integrity_problem(journal) if journal is not None else None
     if problem:

@@ -10,6 +10,7 @@ import time
 
 import psutil
 
+from protocol import Reason
 from supervisor.jobs.outcomes import failure
 from supervisor.journal.records import Job
 from supervisor.journal.store import Journal
@@ -33,7 +34,7 @@ async def fence_restored(journal: Journal) -> list[str]:
         }
         if killed:
             log.warning("killed what a dead supervisor's job left", extra={"action_id": job.action_id, **evidence})
-        outcome = failure("supervisor_restarted", RESTART_MESSAGE, True, **evidence)
+        outcome = failure(Reason.SUPERVISOR_RESTARTED, RESTART_MESSAGE, True, **evidence)
         await journal.finish(job.action_id, outcome.event, outcome.data)
         fenced.append(job.action_id)
     return fenced

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from protocol import Spent
+from protocol import Reason, Spent
 from supervisor.jobs.phases import Phase, StopReason, check_move
 from supervisor.processes.limits import Breach
 from supervisor.processes.process import WorkerProcess
@@ -81,14 +81,14 @@ class Budget:
         proof = {"tokens": spent.tokens, "llm_calls": spent.llm_calls, "model": spent.model}
         if self.max_tokens and (held == "max_tokens" or spent.tokens > self.max_tokens):
             message = f"the job spent {spent.tokens} LLM tokens, over its {self.max_tokens}"
-            return Breach("token_limit_exceeded", message, {**proof, "limit": self.max_tokens})
+            return Breach(Reason.TOKEN_LIMIT_EXCEEDED, message, {**proof, "limit": self.max_tokens})
         if self.max_llm_calls and (held == "max_llm_calls" or spent.llm_calls > self.max_llm_calls):
             message = (
                 f"the job made its {self.max_llm_calls} LLM calls and would have made another"
                 if held == "max_llm_calls"
                 else f"the job made {spent.llm_calls} LLM calls, over its {self.max_llm_calls}"
             )
-            return Breach("llm_call_limit_exceeded", message, {**proof, "limit": self.max_llm_calls})
+            return Breach(Reason.LLM_CALL_LIMIT_EXCEEDED, message, {**proof, "limit": self.max_llm_calls})
         return None
 
 

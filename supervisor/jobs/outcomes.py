@@ -12,6 +12,7 @@ from protocol import (
     FrameTooLarge,
     InvalidDocument,
     Message,
+    Reason,
     TruncatedFrame,
     UnknownMessage,
     VersionMismatch,
@@ -27,20 +28,20 @@ CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.
 
 
 FRAME_FAULTS: dict[type[FrameError], str] = {
-    FrameTooLarge: "frame_too_large",
-    TruncatedFrame: "frame_truncated",
-    InvalidDocument: "frame_invalid",
-    UnknownMessage: "protocol_unknown_message",
-    VersionMismatch: "protocol_version_mismatch",
+    FrameTooLarge: Reason.FRAME_TOO_LARGE,
+    TruncatedFrame: Reason.FRAME_TRUNCATED,
+    InvalidDocument: Reason.FRAME_INVALID,
+    UnknownMessage: Reason.PROTOCOL_UNKNOWN_MESSAGE,
+    VersionMismatch: Reason.PROTOCOL_VERSION_MISMATCH,
 }
 
 
 # Where the reference sidecar reports the same condition: the class name of what it raises there.
 REFERENCE_ERROR_TYPES = {
-    "timeout": "TimeoutError",
-    "event_too_large": "RegistryError",
-    "event_limit_exceeded": "RegistryError",
-    "output_too_large": "RegistryError",
+    Reason.TIMEOUT: "TimeoutError",
+    Reason.EVENT_TOO_LARGE: "RegistryError",
+    Reason.EVENT_LIMIT_EXCEEDED: "RegistryError",
+    Reason.OUTPUT_TOO_LARGE: "RegistryError",
 }
 
 
@@ -81,18 +82,22 @@ def bounded(text: str, limit: int) -> str:
 def exit_failure(status: int | None, pid: int) -> Outcome:
     """A worker that left before its result: crashed, killed by someone else, or exited."""
     if status is None:
-        return failure("worker_exited", "worker exited before a result; its status is unknown", True, pid=pid)
+        return failure(Reason.WORKER_EXITED, "worker exited before a result; its status is unknown", True, pid=pid)
     if status >= 0:
         return failure(
-            "worker_exited", f"worker exited with status {status} before a result", True, exit_status=status, pid=pid
+            Reason.WORKER_EXITED,
+            f"worker exited with status {status} before a result",
+            True,
+            exit_status=status,
+            pid=pid,
         )
     sig = signal.Signals(-status)
     if sig == signal.SIGXCPU:
-        error_type, how = "cpu_limit_exceeded", "reached its CPU time limit"
+        error_type, how = Reason.CPU_LIMIT_EXCEEDED, "reached its CPU time limit"
     elif sig in CRASH_SIGNALS:
-        error_type, how = "worker_crashed", "crashed"
+        error_type, how = Reason.WORKER_CRASHED, "crashed"
     else:
-        error_type, how = "worker_killed", "was killed from outside the supervisor"
+        error_type, how = Reason.WORKER_KILLED, "was killed from outside the supervisor"
     return failure(
         error_type,
         f"worker {how} ({sig.name}) before a result",
@@ -106,16 +111,16 @@ def exit_failure(status: int | None, pid: int) -> Outcome:
 def protocol_fault(got: Message | FrameError | None, wanted: str) -> tuple[str, str]:
     """The error type and message for a worker that sent ``got`` where ``wanted`` belonged."""
     if isinstance(got, FrameError):
-        return FRAME_FAULTS.get(type(got), "protocol_error"), f"{type(got).__name__}: {got}"
-    return "protocol_error", f"expected {wanted}, got {'end of stream' if got is None else type(got).__name__}"
+        return FRAME_FAULTS.get(type(got), Reason.PROTOCOL_ERROR), f"{type(got).__name__}: {got}"
+    return Reason.PROTOCOL_ERROR, f"expected {wanted}, got {'end of stream' if got is None else type(got).__name__}"
 
 
 def after_terminal(trailing: list[Message | FrameError]) -> Outcome:
     """A worker spoke again after its terminal message: its result cannot be trusted."""
     if any(isinstance(message, TERMINAL) for message in trailing):
-        return failure("protocol_duplicate_terminal", "the worker sent a second terminal message", True)
+        return failure(Reason.PROTOCOL_DUPLICATE_TERMINAL, "the worker sent a second terminal message", True)
     kinds = sorted({type(message).__name__ for message in trailing})
-    return failure("protocol_message_after_terminal", f"the worker sent {', '.join(kinds)} after its result", True)
+    return failure(Reason.PROTOCOL_MESSAGE_AFTER_TERMINAL, f"the worker sent {', '.join(kinds)} after its result", True)
 
 
 def interrupted(job: LiveJob, proof: dict[str, Any]) -> Outcome:
@@ -127,9 +132,9 @@ def interrupted(job: LiveJob, proof: dict[str, Any]) -> Outcome:
         data = {"status": Status.CANCELLED, "reason": job.cancel_reason, **proof}
         return Outcome(Status.CANCELLED, data, exit_status=proof.get("exit_status"))
     if job.stop is StopReason.TIMEOUT and launched:
-        return failure("timeout", f"job exceeded timeout_ms={job.timeout_ms}", True, **proof)
+        return failure(Reason.TIMEOUT, f"job exceeded timeout_ms={job.timeout_ms}", True, **proof)
     if job.stop is StopReason.TIMEOUT:
-        return failure("timeout", f"no worker slot within timeout_ms={job.timeout_ms}", False)
+        return failure(Reason.TIMEOUT, f"no worker slot within timeout_ms={job.timeout_ms}", False)
     if launched:
-        return failure("supervisor_stopped", "the supervisor stopped before the job finished", True, **proof)
-    return failure("supervisor_stopped", "the supervisor stopped before the job started", False, **proof)
+        return failure(Reason.SUPERVISOR_STOPPED, "the supervisor stopped before the job finished", True, **proof)
+    return failure(Reason.SUPERVISOR_STOPPED, "the supervisor stopped before the job started", False, **proof)

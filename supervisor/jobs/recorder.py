@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from protocol import Reason
 from supervisor.config import PREFIX, Settings
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.outcomes import Outcome
@@ -27,7 +28,7 @@ EVENTS_PER_READ = 256
 # A stream's batch is written whole: bounded in bytes too, so a follower that stops reading holds one batch
 # (and the connection's send timeout drops it), not 256 events of up to MAX_EVENT_BYTES each.
 BATCH_BYTES = 256 * 1024
-CREW_RAISED = ("operation_failed", "crew_factory_failed")  # failures whose worker wrote the crew's exception
+CREW_RAISED = (Reason.OPERATION_FAILED, Reason.CREW_FACTORY_FAILED)  # failures whose worker wrote the crew's exception
 MAX_LOGGED_TRACEBACK = 16 * 1024  # characters: its end, where the exception's message is
 
 
@@ -42,12 +43,12 @@ class Recorder:
         that its group could not be committed."""
         if job.event_count + 1 >= self.settings.max_events_per_run:
             limit = self.settings.max_events_per_run
-            return "event_limit_exceeded", f"more than {limit - 1} events: {PREFIX}MAX_EVENTS_PER_RUN is {limit}"
+            return Reason.EVENT_LIMIT_EXCEEDED, f"more than {limit - 1} events: {PREFIX}MAX_EVENTS_PER_RUN is {limit}"
         # As the reference measures it: the event's data, compact JSON.
         encoded = orjson.dumps(data)
         if len(encoded) > self.settings.max_event_bytes:
             bound = self.settings.max_event_bytes
-            return "event_too_large", f"an event of {len(encoded)} bytes exceeds {PREFIX}MAX_EVENT_BYTES ({bound})"
+            return Reason.EVENT_TOO_LARGE, f"an event of {len(encoded)} bytes exceeds {PREFIX}MAX_EVENT_BYTES ({bound})"
         started = name == "started"  # committed at once, not awaited: start latency is what clients feel first
         group = self.journal.append(job.action_id, name, data, encoded, commit=started)
         job.event_count += 1

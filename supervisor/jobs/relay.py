@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from protocol import Chunk, Completed, Failed, Hello, OverBudget, Spent, Start, Started
+from protocol import Chunk, Completed, Failed, Hello, OverBudget, Reason, Spent, Start, Started
 from supervisor.config import PREFIX, Settings
 from supervisor.jobs import stacks
 from supervisor.jobs.live import LiveJob
@@ -78,7 +78,10 @@ class Relay:
                 continue
             elif isinstance(message, OverBudget):  # it holds a call back, and waits: stopped as over its budget
                 if (breach := job.budget.breach(job.spent, held=message.limit)) is None:
-                    fault = "protocol_error", f"the worker held a call back for a limit it has not: {message.limit!r}"
+                    fault = (
+                        Reason.PROTOCOL_ERROR,
+                        f"the worker held a call back for a limit it has not: {message.limit!r}",
+                    )
                 else:
                     self.breach(job, breach)
                     continue
@@ -101,7 +104,9 @@ class Relay:
             text = redact(message.message, job.secrets)
             return failure(message.reason, text, message.uncertain_outcome, error_type=message.error_type, **proof)
         if strays:  # work escaped the worker: its result cannot be trusted to be all of it
-            return failure("stray_processes", f"the worker left {strays} process(es) running; killed", False, **proof)
+            return failure(
+                Reason.STRAY_PROCESSES, f"the worker left {strays} process(es) running; killed", False, **proof
+            )
         trailing = await worker.trailing_messages(TRAILING_SECONDS)
         if trailing:
             return after_terminal(trailing)
@@ -110,7 +115,7 @@ class Relay:
         size, bound = len(orjson.dumps(message.output)), self.settings.max_event_bytes
         if size > bound:
             message_text = f"an output of {size} bytes exceeds {PREFIX}MAX_EVENT_BYTES ({bound})"
-            return failure("event_too_large", message_text, True, output_bytes=size, limit_bytes=bound, **proof)
+            return failure(Reason.EVENT_TOO_LARGE, message_text, True, output_bytes=size, limit_bytes=bound, **proof)
         return Outcome(Status.COMPLETED, message.output, message.output, exit_status=proof.get("exit_status"))
 
     def _spend(self, job: LiveJob, spent: Spent) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from protocol import HOME, READ_ONLY_OPERATIONS, STORAGE_DIR, Operation
+from protocol import HOME, READ_ONLY_OPERATIONS, STORAGE_DIR, Operation, Reason
 from supervisor.config import Settings
 from supervisor.jobs.environment import CrewEnvError, crew_places, job_env, read_crew_env, worker_settings
 from supervisor.jobs.leftovers import remove_partial
@@ -143,7 +143,7 @@ class Runner:
             except Exception:
                 log.exception("job failed inside the supervisor", extra={"action_id": job.action_id})
                 failed = "the supervisor failed while running the job"
-                outcome = failure("supervisor_error", failed, job.worker is not None)
+                outcome = failure(Reason.SUPERVISOR_ERROR, failed, job.worker is not None)
             finally:
                 timer.cancel()
             await self._settle(job, outcome)
@@ -170,7 +170,7 @@ class Runner:
         try:  # read at each start: an operator rotates a crew's key by rewriting its file
             crew_vars = read_crew_env(self.settings.crew_env_dir, job.crew_id)
         except CrewEnvError as exc:
-            return failure("crew_env_invalid", str(exc), False)
+            return failure(Reason.CREW_ENV_INVALID, str(exc), False)
         scratch = _make_places(self.state, job.crew_id, self.settings.worker_ids)
         try:
             env, cwd = job_env(self.settings, self.state, job.crew_id, scratch / "tmp", crew_vars), str(scratch)
@@ -180,7 +180,7 @@ class Runner:
                 # Forked ahead (its places come with Start) or spawned in them; a stop meanwhile: killed once it exists.
                 worker = await self.launcher.spawn({**env, **worker_settings(self.settings, self.state, writable)}, cwd)
             except LaunchError as exc:
-                return failure("launch_failed", str(exc), False)
+                return failure(Reason.LAUNCH_FAILED, str(exc), False)
             job.worker = worker
             self.metrics.worker_starts.labels(worker.launched_by).inc()
             await self.limits.apply(worker)  # its cgroups first: the journal names them before its job starts

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from protocol import Stacks, bounded_threads
+from protocol import Reason, Stacks, bounded_threads
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.phases import Phase, StopReason
 from supervisor.processes.process import WorkerProcess
@@ -17,7 +17,7 @@ BEFORE_KILL_SECONDS = 0.2  # what a stop waits for them at most: a job that cann
 KEPT_FOR = (StopReason.TIMEOUT, StopReason.CANCEL, StopReason.LIMIT)  # not a supervisor's stop: it waits for none
 # Of the limits, those whose job cannot grow while it answers: one over memory, processes, disk or output is killed
 # at once, without its stacks (200 ms more of a fork bomb or a hog is what its limit is there to stop).
-WAITED_FOR = ("cpu_limit_exceeded", "token_limit_exceeded", "llm_call_limit_exceeded")
+WAITED_FOR = (Reason.CPU_LIMIT_EXCEEDED, Reason.TOKEN_LIMIT_EXCEEDED, Reason.LLM_CALL_LIMIT_EXCEEDED)
 
 
 class Unavailable(Exception):

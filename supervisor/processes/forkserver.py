@@ -34,12 +34,12 @@ import psutil
 from protocol import (
     CONTROL_FD,
     MAX_FRAME_BYTES,
-    WARMUP_FAILED,
     Failed,
     Fork,
     Forked,
     FrameError,
     MessageReader,
+    Reason,
     Refused,
     Registry,
     pack,
@@ -262,7 +262,7 @@ class _ForkServer:
             ours.close()
             await _wait_or_kill(reaper.watch(pid), pid)
             failed = answer[0] if answer and isinstance(answer[0], Failed) else None
-            if failed is not None and failed.reason == WARMUP_FAILED:
+            if failed is not None and failed.reason == Reason.WARMUP_FAILED:
                 raise _Refused(failed.message)
             raise LaunchError(failed.message if failed is not None else "it exited")
         server = cls(reaper, pid, ours, answer[0], on_death)

@@ -18,6 +18,7 @@ import resource
 from collections.abc import Callable
 from typing import Any
 
+from protocol import Reason
 from supervisor.config import Settings
 from supervisor.processes.cgroups import CPU, MEMORY, PIDS, Cgroups
 from supervisor.processes.containment import Boundary, ProcessTable
@@ -123,7 +124,7 @@ class Limits:
         refused = tree.cgroup.refused_forks() if tree.cgroup is not None else 0
         if self.processes and (refused or usage.threads > self.processes):
             return Breach(
-                "process_limit_exceeded",
+                Reason.PROCESS_LIMIT_EXCEEDED,
                 f"the job tried to run more than {self.processes} processes and threads",
                 {"processes": usage.processes, "threads": usage.threads, "forks_refused": refused},
             )
@@ -136,7 +137,7 @@ class Limits:
             memory = tree.proportional_memory(table)
             if memory > self.memory_bytes:
                 return Breach(
-                    "memory_limit_exceeded",
+                    Reason.MEMORY_LIMIT_EXCEEDED,
                     f"the job's memory reached {memory // MiB} MiB, over {self.memory_bytes // MiB} MiB",
                     {
                         "memory_bytes": memory,
@@ -151,7 +152,7 @@ class Limits:
         used = usage.cpu_seconds - (tree.cpu_baseline or 0.0)
         if self.cpu_seconds and tree.cpu_baseline is not None and used > self.cpu_seconds:
             return Breach(
-                "cpu_limit_exceeded",
+                Reason.CPU_LIMIT_EXCEEDED,
                 f"the job used {used:.1f} CPU seconds, over {self.cpu_seconds}",
                 {"cpu_seconds": round(used, 3), "limit_seconds": self.cpu_seconds},
             )
@@ -165,7 +166,7 @@ class Limits:
             return None
         peak = cgroup.memory_peak()
         return Breach(
-            "memory_limit_exceeded",
+            Reason.MEMORY_LIMIT_EXCEEDED,
             f"the job reached its memory limit of {self.memory_bytes // MiB} MiB; the kernel stopped it",
             {
                 "memory_bytes": peak,
@@ -221,7 +222,7 @@ class Limits:
 
 def output_breach(total: int, limit: int) -> Breach:
     return Breach(
-        "output_limit_exceeded",
+        Reason.OUTPUT_LIMIT_EXCEEDED,
         f"the job wrote {total} bytes to stdout/stderr, over {limit}",
         {"output_bytes": total, "limit_bytes": limit},
     )
@@ -230,7 +231,7 @@ def output_breach(total: int, limit: int) -> Breach:
 def disk_breach(written: int, entries: int, limit: int) -> Breach:
     what = f"{written // MiB} MiB" if entries <= MAX_NEW_ENTRIES else f"over {MAX_NEW_ENTRIES} new files"
     return Breach(
-        "disk_limit_exceeded",
+        Reason.DISK_LIMIT_EXCEEDED,
         f"the job wrote {what} to its scratch directory and its crew's places, over its {limit // MiB} MiB"
         " (WORKER_MAX_DISK_MB)",
         {"disk_bytes": written, "limit_bytes": limit, "files": entries},

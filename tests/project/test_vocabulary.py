@@ -5,13 +5,18 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from protocol import Operation
+from protocol import Operation, Reason
 from tests.conftest import ROOT
 
 HOME = ROOT / "protocol" / "vocabulary.py"
 SOURCES = sorted(path for package in ("protocol", "supervisor", "worker") for path in (ROOT / package).rglob("*.py"))
-# The same word naming something else: the CLI's ``run`` command (which starts any operation).
-ELSEWHERE = {ROOT / "supervisor" / "console" / "commands.py": {"run"}}
+# The same word naming something else: the CLI's ``run`` command (which starts any operation), a stop's reason
+# (``StopReason.TIMEOUT``, which fails a job with ``Reason.TIMEOUT``), an HTTP client's option.
+ELSEWHERE = {
+    ROOT / "supervisor" / "console" / "commands.py": {"run"},
+    ROOT / "supervisor" / "jobs" / "phases.py": {"timeout"},
+    ROOT / "supervisor" / "testing.py": {"timeout"},
+}
 
 
 def spelled(path: Path, names: set[str]) -> list[str]:
@@ -24,8 +29,8 @@ def spelled(path: Path, names: set[str]) -> list[str]:
     ]
 
 
-def test_operations_are_spelled_only_in_the_vocabulary() -> None:
-    names = {operation.value for operation in Operation}
+def test_operations_and_reasons_are_spelled_only_in_the_vocabulary() -> None:
+    names = {name.value for name in (*Operation, *Reason)}
     found = [where for path in SOURCES if path != HOME for where in spelled(path, names - ELSEWHERE.get(path, set()))]
     assert found == []
 

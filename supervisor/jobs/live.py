@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -127,10 +128,9 @@ class LiveJob:
     done: asyncio.Future[None] = dataclasses.field(default_factory=lambda: asyncio.get_running_loop().create_future())
     changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)  # wake() alone
     stopped: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)  # ask_stop() alone: set with stop
-    lapped: float = dataclasses.field(init=False)  # lap() alone: loop time the step in hand began
-
-    def __post_init__(self) -> None:
-        self.lapped = self.admitted
+    # lap() alone: when the step in hand began (time.monotonic: uvloop's loop time moves in whole milliseconds, and
+    # not at all within one turn of the loop, which measured a job's queue step as 0.0)
+    lapped: float = dataclasses.field(init=False, default_factory=time.monotonic)
 
     def move(self, to: Phase) -> None:
         check_move(self.phase, to)
@@ -140,7 +140,7 @@ class LiveJob:
 
     def lap(self, step: str) -> None:
         """``step`` of the job's time ends now: ``timed`` is told how long it took since the last one ended."""
-        now = asyncio.get_running_loop().time()
+        now = time.monotonic()
         if self.timed is not None:
             self.timed(step, now - self.lapped)
         self.lapped = now

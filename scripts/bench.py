@@ -156,11 +156,6 @@ class Results:
 JOB_CPU_PARTS = ("worker", "supervisor", "forkserver")
 
 
-def steps_now(sup: Server) -> dict[str, Histogram]:
-    with sup.client() as client:
-        return read_steps(client)
-
-
 def _flat(n: Count) -> list[int]:
     return n if isinstance(n, list) else [n]
 
@@ -238,10 +233,10 @@ def measure_warm(plan: Plan, warm: Server, unboxed: Server, markers: Path, out: 
 
     say(f"crews on CrewAI's own LLM: {plan.llm_jobs} blocking jobs of a two-agent crew over HTTP to the provider")
     api_throughput(warm, plan.warmup, 1, "llm")
-    before, steps = meter.read(), steps_now(warm)
+    before, steps = meter.read(), read_steps(warm)
     llm = api_throughput(warm, plan.llm_jobs, 1, "llm")
     cpu = meter.per(before, llm.completed, 1e3)
-    out.steps("llm_job", batch_steps(steps, steps_now(warm), llm.completed), llm.latencies)
+    out.steps("llm_job", batch_steps(steps, read_steps(warm), llm.completed), llm.latencies)
     out.cpu("llm_job_cpu", "ms", cpu, llm.completed, JOB_CPU_PARTS)
     out.latencies("llm_job_blocking", llm.latencies)
     builds = llm_builds(llm.outputs)
@@ -250,10 +245,10 @@ def measure_warm(plan: Plan, warm: Server, unboxed: Server, markers: Path, out: 
 
     say("throughput: fast jobs through the API at concurrency 1 and 4")
     api_throughput(warm, plan.warmup, 1)
-    before, steps = meter.read(), steps_now(warm)
+    before, steps = meter.read(), read_steps(warm)
     c1 = api_throughput(warm, plan.jobs_c1, 1)
     out.cpu("job_cpu", "ms", meter.per(before, c1.completed, 1e3), c1.completed, JOB_CPU_PARTS)
-    out.steps("job", batch_steps(steps, steps_now(warm), c1.completed), c1.latencies)
+    out.steps("job", batch_steps(steps, read_steps(warm), c1.completed), c1.latencies)
     c4 = api_throughput(warm, plan.jobs_c4, 4)
     out.put("jobs_per_s_c1", c1.per_second, c1.completed)
     out.put("jobs_per_s_c4", c4.per_second, c4.completed)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import httpx
 from bench_harness import BenchError
 from prometheus_client.parser import text_string_to_metric_families
+
+from supervisor.testing import Server
 
 METRIC = "crew_supervisor_job_step_seconds"
 # In the order a job takes them: admitted (durable) -> a slot -> Start sent -> Started -> its terminal frame ->
@@ -38,9 +39,10 @@ class Histogram:
         raise BenchError(f"{METRIC}: the median lies above the last bucket")
 
 
-def read_steps(client: httpx.Client) -> dict[str, Histogram]:
-    """Every step's histogram as ``/metrics`` says it now (a step never observed is empty)."""
-    response = client.get("/metrics")
+def read_steps(sup: Server) -> dict[str, Histogram]:
+    """Every step's histogram as ``sup``'s ``/metrics`` says it now (a step never observed is empty)."""
+    with sup.client() as client:
+        response = client.get("/metrics")
     response.raise_for_status()
     found: dict[str, Histogram] = {step: Histogram({}, 0.0, 0.0) for step in STEPS}
     for family in text_string_to_metric_families(response.text):

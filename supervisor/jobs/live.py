@@ -10,9 +10,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from protocol import Reason, Spent
-from supervisor.jobs.phases import Phase, StopReason, check_move
+from supervisor.jobs.phases import StopReason, check_move
 from supervisor.processes.limits import Breach
 from supervisor.processes.process import WorkerProcess
+from supervisor.vocabulary import Phase
 
 log = logging.getLogger("crew_supervisor.jobs")
 MODEL_CHARS = 200  # of the model a worker names: it goes into the record and a stopped job's terminal
@@ -123,7 +124,7 @@ class LiveJob:
     secrets: tuple[str, ...] = ()  # the runner: kept out of its worker's tails (supervisor/redaction.py)
     started: bool = False  # the relay: its worker said Started: its crew runs, and it answers DumpStacks
     spent: Spending = dataclasses.field(default_factory=Spending)  # the relay, counting each Spent
-    stack: dict[str, Any] | None = None  # the relay (stacks.before_kill): where it was just before a stop's kill
+    stack: dict[str, Any] | None = None  # the relay (its _stop): where it was just before a stop's kill
     task: asyncio.Task[None] | None = None  # the runner: the job's one task
     done: asyncio.Future[None] = dataclasses.field(default_factory=lambda: asyncio.get_running_loop().create_future())
     changed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)  # wake() alone

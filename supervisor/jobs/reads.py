@@ -11,15 +11,15 @@ from supervisor.jobs import stacks
 from supervisor.jobs.lifecycle import Lifecycle
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.outcomes import bounded
-from supervisor.jobs.phases import Phase
 from supervisor.jobs.recorder import Recorder
+from supervisor.jobs.relay import Relay
 from supervisor.jobs.sandbox import Sandbox
 from supervisor.jobs.workers import LAST_LINE_CHARS, workers
 from supervisor.journal.reader import Reader
 from supervisor.journal.records import Event, Job, StoredEvent, Streams
 from supervisor.processes.launcher import Launcher
 from supervisor.processes.limits import Limits
-from supervisor.vocabulary import Status
+from supervisor.vocabulary import Phase, Status
 
 CONTROL_OPERATIONS = ("status", "events", "cancel")
 NOTHING_CAPTURED = Streams("", "", 0, 0)
@@ -33,6 +33,7 @@ class Reads:
     live: dict[str, LiveJob]
     reader: Reader
     recorder: Recorder
+    relay: Relay
     launcher: Launcher
     limits: Limits
     sandbox: Sandbox
@@ -140,7 +141,7 @@ class Reads:
         cancel's or limit's kill. Raises LookupError (no such job), ``stacks.Unavailable`` or ``stacks.Late``."""
         job = self.live.get(action_id)
         if job is not None:
-            return {"action_id": action_id, "status": Status.RUNNING, **await stacks.of_running(job)}
+            return {"action_id": action_id, "status": Status.RUNNING, **await self.relay.stacks(job)}
         record = self.reader.get(action_id)
         if record is None:
             raise LookupError(action_id)

@@ -1,6 +1,6 @@
-"""The relay: the whole conversation with one worker. Frames out (its ``Start``; ``DumpStacks`` through
-``stacks.py``; the kill that ends whatever it left), its frames into its job's events until its terminal message,
-and how the worker's end is read (an answer and an exit, a death, a fault, a stop asked)."""
+"""The relay: the whole conversation with one worker. Frames out (its ``Start``, ``DumpStacks``, the kill that ends
+whatever it left), its frames into its job's events until its terminal message, and how the worker's end is read (an
+answer and an exit, a death, a fault, a stop asked)."""
 
 from __future__ import annotations
 
@@ -9,18 +9,18 @@ from typing import Any
 
 import orjson
 
-from protocol import Chunk, Completed, Failed, Hello, OverBudget, Reason, Spent, Start, Started
+from protocol import Chunk, Completed, DumpStacks, Failed, Hello, OverBudget, Reason, Spent, Stacks, Start, Started
 from supervisor.config import PREFIX, Settings
 from supervisor.jobs import stacks
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.outcomes import Outcome, after_terminal, exit_failure, failure, interrupted, protocol_fault
-from supervisor.jobs.phases import Phase, StopReason
+from supervisor.jobs.phases import StopReason
 from supervisor.jobs.recorder import Recorder
 from supervisor.metrics import Metrics
 from supervisor.processes.limits import Breach, Limits
 from supervisor.processes.process import StopEvidence, WorkerProcess
 from supervisor.redaction import redact
-from supervisor.vocabulary import Status
+from supervisor.vocabulary import Phase, Status
 
 EXIT_WAIT_SECONDS = 2.0  # after its terminal frame a worker leaves at once; past this it is killed
 TRAILING_SECONDS = 0.5  # after a worker's exit its event pipe reaches EOF at once; a descendant may hold it
@@ -128,10 +128,22 @@ class Relay:
         if (breach := job.budget.breach(job.spent)) is not None:
             self.breach(job, breach)
 
+    async def stacks(self, job: LiveJob) -> dict[str, Any]:
+        """Where a running job is now, as its worker answers ``DumpStacks``; raises ``stacks.Unavailable`` or
+        ``stacks.Late``. The job goes on."""
+        worker = stacks.asked_of(job)
+        answer = await worker.ask(DumpStacks(), Stacks, stacks.ASK_SECONDS)
+        if answer is None:
+            raise stacks.unanswered(worker)
+        return stacks.kept(job, answer)
+
     async def _stop(self, job: LiveJob, worker: WorkerProcess, grace: float) -> StopEvidence:
-        """A stopped job's kill, once where it was is kept (``stacks.before_kill``). A job over a limit gets no grace:
-        it would spend it growing."""
-        await stacks.before_kill(job, worker)
+        """A stopped job's kill, once where it was is kept (``stacks.kept_before_kill``). A job over a limit gets no
+        grace: it would spend it growing."""
+        if stacks.kept_before_kill(job):
+            answer = await worker.ask(DumpStacks(), Stacks, stacks.BEFORE_KILL_SECONDS)
+            if answer is not None:
+                job.stack = {**stacks.kept(job, answer), "before": str(job.stop)}
         return await worker.kill(0 if job.stop is StopReason.LIMIT else grace)
 
     async def _ended(self, worker: WorkerProcess) -> Outcome:

@@ -25,7 +25,7 @@ from supervisor.jobs.leftovers import remove_partial
 from supervisor.jobs.lifecycle import Lifecycle
 from supervisor.jobs.live import Budget, LiveJob
 from supervisor.jobs.outcomes import Outcome, failure, interrupted
-from supervisor.jobs.phases import Phase, StopReason
+from supervisor.jobs.phases import StopReason
 from supervisor.jobs.recorder import Recorder
 from supervisor.jobs.relay import Relay
 from supervisor.jobs.sandbox import Sandbox
@@ -36,7 +36,7 @@ from supervisor.processes.limits import Limits
 from supervisor.processes.places import Places
 from supervisor.processes.process import CONFIRM_SECONDS
 from supervisor.redaction import secrets_in
-from supervisor.vocabulary import Status
+from supervisor.vocabulary import Phase, Status
 
 log = logging.getLogger("crew_supervisor.jobs")
 T = TypeVar("T")

@@ -1,5 +1,6 @@
-"""A job's stacks: every thread's Python stack, asked of its worker (``DumpStacks``) while the job goes on, for the
-operator; and taken just before the kill of a timeout, a cancel or a broken limit, kept with the job's record."""
+"""A job's stacks: every thread's Python stack, asked of its worker by the relay (``DumpStacks``) while the job goes
+on, for the operator; and taken just before the kill of a timeout, a cancel or a broken limit, kept with the job's
+record. Here is what is asked when, and how an answer is kept: the asking is the relay's."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from typing import Any
 
 from protocol import Reason, Stacks, bounded_threads
 from supervisor.jobs.live import LiveJob
-from supervisor.jobs.phases import Phase, StopReason
+from supervisor.jobs.phases import StopReason
 from supervisor.processes.process import WorkerProcess
 from supervisor.redaction import redact
+from supervisor.vocabulary import Phase
 
 ASK_SECONDS = 1.0  # a worker answers in milliseconds, unless a thread holds the GIL (a C extension's loop)
 BEFORE_KILL_SECONDS = 0.2  # what a stop waits for them at most: a job that cannot answer is killed without them
@@ -28,29 +30,27 @@ class Late(Exception):
     """The worker did not answer in time."""
 
 
-async def of_running(job: LiveJob) -> dict[str, Any]:
-    """The stacks of a live job's worker now; raises Unavailable or Late."""
+def asked_of(job: LiveJob) -> WorkerProcess:
+    """The worker a live job's stacks are asked of now; raises Unavailable if none runs its crew."""
     if job.phase is not Phase.RUNNING or not job.started or job.worker is None:
         raise Unavailable(f"the job is {job.phase}: no worker runs its crew now")
-    stacks = await job.worker.stacks(ASK_SECONDS)
-    if stacks is None and job.worker.exited.done():
-        raise Unavailable("the job is ending: its worker has exited")
-    if stacks is None:
-        raise Late(
-            f"its worker did not answer within {ASK_SECONDS:g} s: a thread holds the interpreter's lock (a C"
-            " extension's loop), or the worker is stopped; the job goes on"
-        )
-    return kept(job, stacks)
+    return job.worker
 
 
-async def before_kill(job: LiveJob, worker: WorkerProcess) -> None:
-    """Where a job stopped by its timeout, a cancel or a limit was, into ``job.stack``."""
+def unanswered(worker: WorkerProcess) -> Unavailable | Late:
+    """Why a worker asked gave no answer."""
+    if worker.exited.done():
+        return Unavailable("the job is ending: its worker has exited")
+    return Late(
+        f"its worker did not answer within {ASK_SECONDS:g} s: a thread holds the interpreter's lock (a C"
+        " extension's loop), or the worker is stopped; the job goes on"
+    )
+
+
+def kept_before_kill(job: LiveJob) -> bool:
+    """Whether a stopping job's stacks are asked for before its kill."""
     growing = job.stop is StopReason.LIMIT and (job.breach is None or job.breach.error_type not in WAITED_FOR)
-    if job.stop not in KEPT_FOR or not job.started or growing:
-        return
-    stacks = await worker.stacks(BEFORE_KILL_SECONDS)
-    if stacks is not None:
-        job.stack = {**kept(job, stacks), "before": str(job.stop)}
+    return job.stop in KEPT_FOR and job.started and not growing
 
 
 def kept(job: LiveJob, stacks: Stacks) -> dict[str, Any]:

@@ -25,7 +25,6 @@ from supervisor.jobs.housekeeping import Housekeeping
 from supervisor.jobs.leftovers import remove_stale_partials
 from supervisor.jobs.lifecycle import Lifecycle
 from supervisor.jobs.live import Budget, LiveJob
-from supervisor.jobs.phases import Phase
 from supervisor.jobs.reads import Reads
 from supervisor.jobs.recorder import Recorder, wake_followers
 from supervisor.jobs.runner import Runner
@@ -37,6 +36,7 @@ from supervisor.models import BulkCancelRequest, StartRequest
 from supervisor.processes.launcher import Launcher
 from supervisor.processes.limits import Limits
 from supervisor.processes.reaper import Reaper
+from supervisor.vocabulary import Phase
 
 CANCELLABLE = (Phase.QUEUED, Phase.LAUNCHING, Phase.RUNNING)  # a settling job's outcome is decided
 MAX_BULK_CANCEL = 1000  # jobs one bulk cancel stops; the answer says how many more matched
@@ -76,6 +76,7 @@ class Supervisor(Reads):
         self.lifecycle = Lifecycle.OPENING  # moved on by _become alone
         now_in = self._now_in
         self.runner = Runner(settings, launcher, limits, sandbox, self.recorder, metrics, state, live, owns, now_in)
+        self.relay = self.runner.relay
         self.admission = Admission(settings, journal, self.crews, self._launch, now_in)
         self.housekeeping = Housekeeping(limits, reaper, metrics, live=lambda: bool(live))
         metrics.observe_with(

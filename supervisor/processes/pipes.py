@@ -68,7 +68,9 @@ class Frames(asyncio.Protocol):
         self, queue: asyncio.Queue[Message | FrameError | None], answered: Callable[[Message], bool] | None = None
     ) -> None:
         self._queue = queue
-        self._answered = answered  # takes an answer asked for out of turn (``Stacks``): never queued behind frames
+        self._answered = (
+            answered  # takes an answer asked for out of turn (``WorkerProcess.ask``): never queued behind frames
+        )
         self._reader = MessageReader()
         self.transport: asyncio.ReadTransport | None = None
         self.paused = False

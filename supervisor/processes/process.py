@@ -8,16 +8,18 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 
-from protocol import DumpStacks, FrameError, Message, Stacks, pack
+from protocol import FrameError, Message, pack
 from supervisor.processes.containment import Containment
 from supervisor.processes.pipes import QUEUE_HIGH, QUEUE_LOW, Frames, PipeEnds, Tail
 from supervisor.processes.reaper import Reaper, signal_group
 
 CONFIRM_SECONDS = 5.0
+
+Answer = TypeVar("Answer", bound=Message)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +60,7 @@ class WorkerProcess:
         self._messages: asyncio.Queue[Message | FrameError | None] = asyncio.Queue()
         self._frames = Frames(self._messages, self._answered)
         self._control: asyncio.WriteTransport | None = None
-        self._stacks: asyncio.Future[Stacks] | None = None  # the answer to the DumpStacks sent and not answered yet
+        self._asked: dict[type[Message], asyncio.Future[Any]] = {}  # by the answer awaited: questions not answered yet
 
     async def attach(self) -> None:
         """Start reading pipes without blocking the loop."""
@@ -74,25 +76,25 @@ class WorkerProcess:
         if self._control is not None and not self._control.is_closing():
             self._control.write(pack(message))
 
-    async def stacks(self, timeout: float) -> Stacks | None:
-        """Every thread's stack, as the worker answers ``DumpStacks``; None if it did not within ``timeout`` (a thread
-        holding the GIL, a full event pipe) or exited first. Askers meanwhile share one question: a worker that does
+    async def ask(self, question: Message, answer: type[Answer], timeout: float) -> Answer | None:
+        """Send ``question`` and await its ``answer``; None if it did not come within ``timeout`` (a thread holding
+        the GIL, a full event pipe) or the worker exited first. Askers meanwhile share one question: a worker that does
         not answer is not sent more to pile up, and each answer is one asked for."""
-        answer = self._stacks
-        if answer is None:
-            answer = self._stacks = asyncio.get_running_loop().create_future()
-            self.send(DumpStacks())
-        await asyncio.wait((answer, self.exited), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        return answer.result() if answer.done() else None
+        awaited = self._asked.get(answer)
+        if awaited is None:
+            awaited = self._asked[answer] = asyncio.get_running_loop().create_future()
+            self.send(question)
+        await asyncio.wait((awaited, self.exited), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        return awaited.result() if awaited.done() else None
 
     def _answered(self, message: Message) -> bool:
         """An answer asked for goes to its askers as it arrives: not behind the frames queued before it, and never
         after the terminal frame, where the relay would take it for a fault, though its question came before (a worker's
         control thread answers while its job thread sends its result). One nobody asked for is queued: a fault."""
-        if not isinstance(message, Stacks) or self._stacks is None:
+        awaited = self._asked.pop(type(message), None)
+        if awaited is None:
             return False
-        self._stacks.set_result(message)
-        self._stacks = None
+        awaited.set_result(message)
         return True
 
     def close_control(self) -> None:

@@ -133,6 +133,7 @@ PARTS = {
     "live",
     "reader",
     "recorder",
+    "relay",
     "runner",
     "sandbox",
 }
@@ -147,6 +148,19 @@ def test_http_reaches_no_part_through_the_facade() -> None:
         if node.attr in PARTS
     }
     assert reached == set()
+
+
+def test_only_the_relay_speaks_to_a_job_s_worker() -> None:
+    """What the supervisor sends a job's worker is named in one module: the conversation has one owner."""
+    said = {"Start", "Stop", "DumpStacks"}
+    speakers = {
+        str(path.relative_to(ROOT))
+        for path in sorted((ROOT / "supervisor").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("protocol")
+        if said & {alias.name for alias in node.names}
+    }
+    assert speakers == {"supervisor/jobs/relay.py"}
 
 
 @pytest.mark.parametrize(

@@ -39,3 +39,27 @@ def test_the_check_sees_a_literal_in_any_place(tmp_path: Path) -> None:
     module = tmp_path / "runner.py"
     module.write_text('if job.operation == "train" or f(op="replay"):\n    pass\n')
     assert spelled(module, {"train", "replay", "run"}) == ["runner.py:1: 'train'", "runner.py:1: 'replay'"]
+
+
+OURS = {"protocol", "supervisor", "worker", "tests"}
+
+
+def imported_past_home(path: Path, homes: dict[str, set[str]]) -> list[str]:
+    """Where ``path`` imports a name of the vocabulary from a module that is not one of its homes."""
+    tree = ast.parse(path.read_text(), str(path))
+    return [
+        f"{path.name}:{node.lineno}: {alias.name} from {node.module}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in OURS
+        for alias in node.names
+        if alias.name in homes and node.module not in homes[alias.name]
+    ]
+
+
+def test_the_vocabulary_is_imported_from_its_home() -> None:
+    """Not through a module that happens to import it: that module may stop, and the name's home is its meaning."""
+    ours = {"Status", "TERMINAL_EVENTS", "Phase", "LIVE_PHASES", "STOPPABLE_PHASES"}
+    homes = {name: {"supervisor.vocabulary"} for name in ours}
+    homes |= {name: {"protocol", "protocol.vocabulary"} for name in ("Operation", "READ_ONLY_OPERATIONS", "Reason")}
+    tests = sorted((ROOT / "tests").rglob("*.py"))
+    assert [where for path in [*SOURCES, *tests] for where in imported_past_home(path, homes)] == []

@@ -9,7 +9,8 @@ import itertools
 import pytest
 
 from supervisor.jobs.live import LiveJob
-from supervisor.jobs.phases import MOVES, IllegalMove, Phase, StopReason, diagram
+from supervisor.jobs.phases import MOVES, IllegalMove, StopReason, diagram
+from supervisor.vocabulary import Phase
 from tests.conftest import ROOT
 from tests.supervisor.jobs.harness import in_loop
 

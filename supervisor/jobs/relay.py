@@ -47,11 +47,12 @@ class Relay:
         """The job's outcome from how its conversation ended (``run``'s result): None, a stop was asked (the worker
         is killed, with ``grace`` unless over a limit, once where it was is kept); a fault or a death already read;
         or the worker's answer, which it must follow by leaving."""
+        if isinstance(result, Completed | Failed):
+            return await self._conclude(job, worker, result)
         if result is None:
-            return interrupted(job, (await self._stop(job, worker, grace)).as_dict())
-        if isinstance(result, Outcome):
-            return result
-        return await self._conclude(job, worker, result)
+            result = interrupted(job, (await self._stop(job, worker, grace)).as_dict())
+        job.lap("exit")  # the worker is gone: killed, or read dead
+        return result
 
     async def run(self, job: LiveJob, worker: WorkerProcess) -> Completed | Failed | Outcome:
         """Record the worker's frames until its terminal message, or fault it."""
@@ -95,6 +96,7 @@ class Relay:
     async def _conclude(self, job: LiveJob, worker: WorkerProcess, message: Completed | Failed) -> Outcome:
         """The worker answered; it must also leave. Its exit status joins the proof."""
         status = await worker.wait_exit(EXIT_WAIT_SECONDS)
+        job.lap("exit")  # its own end: the kernel's teardown of its address space, most of it
         proof: dict[str, Any] = {"exit_status": status}
         strays = len(await asyncio.to_thread(worker.containment.leftovers)) if status is not None else 0
         if status is None or strays:

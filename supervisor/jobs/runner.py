@@ -228,7 +228,7 @@ class Runner:
             job.move(Phase.SETTLING)  # nothing stops it now: its terminal event waits for the journal
         if outcome.event == Status.FAILED and job.operation in READ_ONLY_OPERATIONS:
             outcome.data["uncertain_outcome"] = False  # nothing it did can have changed the world
-        job.lap("exit")  # its worker gone and confirmed (or never launched): what is left is the journal's
+        job.lap("cleanup")  # its worker's remains checked and removed (or it never launched): the journal's now
         await self.recorder.finish(job, outcome)
         evidence = outcome.data if outcome.event != Status.COMPLETED else {}  # completed data is the output itself
         log.info("job finished", extra=_finished(job, outcome.event, evidence))

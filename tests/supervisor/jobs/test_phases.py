@@ -88,8 +88,9 @@ async def test_each_step_of_a_jobs_time_is_timed_once_and_they_add_up() -> None:
     job.move(Phase.RUNNING)
     job.lap("worker_start")  # as the relay does on Started
     job.move(Phase.SETTLING)
-    job.lap("exit")  # as the runner does once the worker is confirmed gone
+    job.lap("exit")  # as the relay does once the worker is gone
+    job.lap("cleanup")  # as the runner does once its remains are removed
     job.move(Phase.SETTLED)
-    assert [name for name, _ in steps] == ["queue", "launch", "worker_start", "job", "exit", "journal"]
+    assert [name for name, _ in steps] == ["queue", "launch", "worker_start", "job", "exit", "cleanup", "journal"]
     assert all(seconds > 0 for _, seconds in steps)  # a precise clock: not one that stands still within a turn
     assert sum(seconds for _, seconds in steps) == pytest.approx(job.lapped - began)

@@ -155,12 +155,14 @@ def find(sup: Supervisor, action_id: str) -> Job:
     return job
 
 
-def view(sup: Supervisor, job: Job) -> dict[str, Any]:
+def view(sup: Supervisor, job: Job, with_output: bool = True) -> dict[str, Any]:
     """The reference's record, then ours: the terminal event's data, the worker's exit status, where a running
     job is (``phase``: queued, launching, running or settling; null once terminal), and when it was admitted
     and ended (Unix seconds; ``ended_at`` null while it runs), and its LLM spend: so far while it runs, all of it
-    once it failed or was cancelled (its terminal's evidence keeps it; a completed job's ``token_usage`` says it)."""
-    last = sup.last_event(job.action_id) if job.status != Status.RUNNING else None
+    once it failed or was cancelled (its terminal's evidence keeps it; a completed job's ``token_usage`` says it).
+    Without ``with_output``, a completed job's output is null, and its terminal too (its data is the output)."""
+    completed = job.status == Status.COMPLETED
+    last = sup.last_event(job.action_id) if job.status != Status.RUNNING and (with_output or not completed) else None
     terminal = last.data if last is not None and last.terminal else None
     kept = (
         terminal.get("llm_spent") if terminal is not None and job.status in (Status.FAILED, Status.CANCELLED) else None
@@ -171,7 +173,7 @@ def view(sup: Supervisor, job: Job) -> dict[str, Any]:
         "operation": job.operation,
         "status": job.status,
         "event_count": job.event_count,
-        "output": sup.output(job.action_id) if job.status == Status.COMPLETED else None,
+        "output": sup.output(job.action_id) if completed and with_output else None,
         "terminal": terminal,
         "exit_status": job.exit_status,
         "phase": sup.phase_of(job.action_id, job.status),

@@ -83,13 +83,14 @@ async def output(sup: Sup, action_id: str) -> dict[str, Any]:
 async def cancel_many(sup: Sup, body: BulkCancelRequest) -> dict[str, Any]:
     """Cancel every live job the body names (queued, launching or running), all at once; answer once each is
     terminal, with its record and so its stop's evidence, as a single cancel answers. ``dry_run`` names them and
-    stops none."""
+    stops none. One that completed before its cancel took hold is named without its output: a thousand outputs of
+    up to MAX_EVENT_BYTES each, twice (the terminal's data is the output), would make one answer unbounded."""
     taken, left = await sup.cancel_many(body)
     jobs = []
     for action_id, before in taken.items():
         job = sup.job(action_id)
         if job is not None:  # archived meanwhile: nothing left to show
-            jobs.append({**view(sup, job), "phase_before": before})
+            jobs.append({**view(sup, job, with_output=False), "phase_before": before})
     return {"dry_run": body.dry_run, "jobs": jobs, "more": left}
 
 

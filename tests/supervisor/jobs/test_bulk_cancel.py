@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from supervisor.http.contract import view
 from supervisor.jobs import supervisor
 from tests.conftest import gone
 from tests.supervisor.jobs.harness import CANCEL_DEADLINE, DEADLINE, core, in_loop
@@ -95,3 +96,19 @@ async def test_filters_that_match_nothing_touch_nothing(tmp_path: Path) -> None:
             assert (await bulk_cancel(client, **body))["jobs"] == [], body
         assert it.sup.live["stays"].stop is None
         await it.cancel("stays")
+
+
+@in_loop
+async def test_a_job_that_completed_as_the_cancel_came_is_named_without_its_output(tmp_path: Path) -> None:
+    """A job named while running can complete before its cancel takes hold (a race no script can force): its row in
+    the answer keeps its status and drops its output, which its terminal repeats, so 1,000 rows stay bounded."""
+    async with core(tmp_path) as it:
+        await it.start(["started", "complete"], action_id="done")
+        await it.start(HANG, action_id="hung")
+        assert (await it.settled("done"))[0] == "completed"
+        await it.running("hung")
+        await it.cancel("hung")
+        done, hung = (view(it.sup, it.sup.job(name), with_output=False) for name in ("done", "hung"))
+        assert (done["status"], done["output"], done["terminal"]) == ("completed", None, None)
+        assert hung["status"] == "cancelled" and hung["terminal"]["stop_confirmed"] is True
+        assert view(it.sup, it.sup.job("done"))["output"]["raw"] == "done"  # the record itself keeps it

@@ -243,6 +243,13 @@ class CpuMeter:
             time.process_time(),
         )
 
+    def worker_faults(self) -> tuple[int, float]:
+        """The reaped workers' minor page faults (each a page copied on write, or one mapped on first touch) and
+        their system CPU seconds so far: where a forked child's copy-on-write and its exit's teardown are paid."""
+        stat = Path(f"/proc/{self.supervisor.pid}/stat").read_bytes()
+        children_minor_faults = int(stat[stat.rindex(b")") + 2 :].split()[8])  # cminflt, field 11 of proc(5)
+        return children_minor_faults, self.supervisor.cpu_times().children_system
+
     def per(self, before: tuple[float, ...], count: int, unit: float) -> dict[str, float]:
         """CPU per item of each part (supervisor, forkserver, worker, client), in ``unit`` per second."""
         spent = (after - earlier for after, earlier in zip(self.read(), before, strict=True))

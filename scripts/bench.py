@@ -38,7 +38,6 @@ from bench_harness import (
     ROOT,
     BenchError,
     CpuMeter,
-    Stop,
     memory,
     populate,
     start_provider,
@@ -60,8 +59,9 @@ from bench_measure import (
     start_latency,
     stream_chunks,
 )
-from bench_report import Count, figure_names, latency_figures, median_of, percentile, plot, quantile, table, verdicts
-from bench_steps import Histogram, batch_steps, read_steps
+from bench_report import figure_names, latency_figures, median_of, percentile, plot, table, verdicts
+from bench_results import Results
+from bench_steps import batch_steps, read_steps
 
 from protocol import QUIET_CREWAI
 from supervisor.console.sse import StreamError
@@ -105,59 +105,7 @@ FULL = Plan(
 )  # fmt: skip
 
 
-class Results:
-    """Every figure with its n (samples, jobs or events it was measured from; a ratio has both sides'),
-    and the latency samples in milliseconds. Two threads may add at once (quick mode's cold phase)."""
-
-    def __init__(self) -> None:
-        self.figures: dict[str, float] = {}
-        self.counts: dict[str, Count] = {}
-        self.samples: dict[str, list[float]] = {}
-
-    def put(self, name: str, value: float, n: Count) -> None:
-        self.figures[name], self.counts[name] = value, n
-
-    def ratio(self, name: str, top: str, bottom: str) -> None:
-        n = [*_flat(self.counts[top]), *_flat(self.counts[bottom])]
-        self.put(name, self.figures[top] / self.figures[bottom], n)
-
-    def median_ratio(self, name: str, top: str, bottom: str) -> None:
-        """Of two latency samples' medians (whatever name their p50 rows carry: a max of one sample too)."""
-        tops, bottoms = self.samples[top], self.samples[bottom]
-        self.put(name, quantile(tops, 50) / quantile(bottoms, 50), [len(tops), len(bottoms)])
-
-    def median_difference(self, name: str, top: str, bottom: str) -> None:
-        tops, bottoms = self.samples[top], self.samples[bottom]
-        self.put(name, quantile(tops, 50) - quantile(bottoms, 50), [len(tops), len(bottoms)])
-
-    def latencies(self, name: str, seconds: list[float]) -> None:
-        self.samples[name] = [s * 1000 for s in seconds]
-
-    def stops(self, name: str, measured: list[Stop]) -> None:
-        """Cancel latency as the client saw it, and the supervisor's share (kill, reap, confirm) as ``<name>_kill``."""
-        self.latencies(name, [http for http, _ in measured])
-        self.samples[f"{name}_kill"] = [kill for _, kill in measured]
-
-    def cpu(self, prefix: str, suffix: str, cpu: dict[str, float], n: int, parts: tuple[str, ...]) -> None:
-        for part in parts:
-            self.put(f"{prefix}_{part}_{suffix}", cpu[part], n)
-
-    def steps(self, prefix: str, steps: dict[str, Histogram], latencies: list[float]) -> None:
-        """Each step's median and mean, as the supervisor timed them, and what the client waited beyond them (by
-        means): the request in, admission and its commit, the answer out."""
-        jobs = len(latencies)
-        for step, histogram in steps.items():
-            self.put(f"{prefix}_step_{step}_p50_ms", histogram.median() * 1e3, jobs)
-            self.put(f"{prefix}_step_{step}_mean_ms", histogram.total / jobs * 1e3, jobs)
-        beyond = sum(latencies) - sum(histogram.total for histogram in steps.values())
-        self.put(f"{prefix}_step_admission_http_mean_ms", beyond / jobs * 1e3, jobs)
-
-
 JOB_CPU_PARTS = ("worker", "supervisor", "forkserver")
-
-
-def _flat(n: Count) -> list[int]:
-    return n if isinstance(n, list) else [n]
 
 
 def boot(plan: Plan, root: Path, markers: Path, supervisors: list[Server]) -> list[Server]:
@@ -268,7 +216,10 @@ def measure_wave(plan: Plan, wide: Server, out: Results) -> None:
     api_throughput(wide, plan.warmup, 1, "llm-slow")
     first = api_wave(wide, "llm-slow", plan.wave, sampled=False)  # the first burst finds everything cold
     say("the same wave twice more: timed, then its memory sampled")
+    meter = CpuMeter(wide)
+    before = meter.read()
     timed = api_wave(wide, "llm-slow", plan.wave, sampled=False)
+    out.cpu("llm_wave_cpu", "ms", meter.per(before, timed.completed, 1e3), timed.completed, JOB_CPU_PARTS)
     sampled = api_wave(wide, "llm-slow", plan.wave, sampled=True)
     wide.stop()  # a quieter machine for what follows
     out.put("llm_wave_jobs", timed.jobs, timed.jobs)
@@ -297,7 +248,9 @@ def measure_inprocess(plan: Plan, out: Results) -> None:
     out.latencies("inproc_llm_kickoff", llm.kickoffs)
     out.put("inproc_llm_cpu_ms", llm.cpu_seconds / len(llm.kickoffs) * 1e3, len(llm.kickoffs))
     first = inprocess_wave("llm-slow", plan.wave, sampled=False)  # as through the API: the first is not counted
+    cpu = time.process_time()
     timed = inprocess_wave("llm-slow", plan.wave, sampled=False)
+    out.put("inproc_wave_cpu_ms", (time.process_time() - cpu) / timed.completed * 1e3, timed.completed)
     sampled = inprocess_wave("llm-slow", plan.wave, sampled=True)
     if any(wave.completed < wave.jobs for wave in (first, timed, sampled)):
         raise BenchError(f"in-process kickoffs of {plan.wave} at once failed: the wave's figures would mean nothing")

@@ -13,7 +13,7 @@ from supervisor.testing import Server
 
 METRIC = "crew_supervisor_job_step_seconds"
 # In the order a job takes them: admitted (durable) -> a slot -> Start sent -> Started -> its terminal frame ->
-# its worker gone and confirmed -> its terminal event committed.
+# its worker's exit seen -> its remains checked and removed -> its terminal event committed.
 STEPS = ("queue", "launch", "worker_start", "job", "exit", "cleanup", "journal")
 
 

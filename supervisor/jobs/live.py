@@ -19,8 +19,8 @@ log = logging.getLogger("crew_supervisor.jobs")
 MODEL_CHARS = 200  # of the model a worker names: it goes into the record and a stopped job's terminal
 # The step of a job's time that leaving each phase ends (``LiveJob.lap``). The relay and the runner lap the steps
 # inside a phase: "worker_start" (Start sent -> Started), "exit" (terminal frame -> the worker's exit seen, or its
-# kill confirmed) and "cleanup" (-> its leftovers checked, its cgroup and scratch removed; for a job that never
-# launched, all of settling before the journal).
+# kill confirmed) and "cleanup" (-> its leftovers checked and killed, what it sent after its answer and the answer's
+# size checked, its cgroup and scratch removed; for a job that never launched, all of settling before the journal).
 STEP_ENDED_BY_LEAVING: dict[Phase, str] = {
     Phase.QUEUED: "queue",
     Phase.LAUNCHING: "launch",

@@ -96,12 +96,14 @@ class Relay:
     async def _conclude(self, job: LiveJob, worker: WorkerProcess, message: Completed | Failed) -> Outcome:
         """The worker answered; it must also leave. Its exit status joins the proof."""
         status = await worker.wait_exit(EXIT_WAIT_SECONDS)
-        job.lap("exit")  # its own end: the kernel's teardown of its address space, most of it
         proof: dict[str, Any] = {"exit_status": status}
-        strays = len(await asyncio.to_thread(worker.containment.leftovers)) if status is not None else 0
-        if status is None or strays:
+        if status is None:  # slow to leave: killed, which is its exit
             proof = (await worker.kill()).as_dict()
-            strays = proof["descendants_killed"] if strays else 0  # a worker slow to leave left nothing behind
+        job.lap("exit")  # its own end: the kernel's teardown of its address space, most of it
+        strays = len(await asyncio.to_thread(worker.containment.leftovers)) if status is not None else 0
+        if strays:
+            proof = (await worker.kill()).as_dict()
+            strays = proof["descendants_killed"]
         if isinstance(message, Failed):  # its message may quote a key the crew was given, as a provider's does
             text = redact(message.message, job.secrets)
             return failure(message.reason, text, message.uncertain_outcome, error_type=message.error_type, **proof)

@@ -50,7 +50,8 @@ def imported_past_home(path: Path, homes: dict[str, set[str]]) -> list[str]:
     return [
         f"{path.name}:{node.lineno}: {alias.name} from {node.module}"
         for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in OURS
+        # A relative import is ours too, and never a home: the house imports absolutely.
+        if isinstance(node, ast.ImportFrom) and (node.level > 0 or (node.module or "").split(".")[0] in OURS)
         for alias in node.names
         if alias.name in homes and node.module not in homes[alias.name]
     ]
@@ -61,5 +62,18 @@ def test_the_vocabulary_is_imported_from_its_home() -> None:
     ours = {"Status", "TERMINAL_EVENTS", "Phase", "LIVE_PHASES", "STOPPABLE_PHASES"}
     homes = {name: {"supervisor.vocabulary"} for name in ours}
     homes |= {name: {"protocol", "protocol.vocabulary"} for name in ("Operation", "READ_ONLY_OPERATIONS", "Reason")}
-    tests = sorted((ROOT / "tests").rglob("*.py"))
-    assert [where for path in [*SOURCES, *tests] for where in imported_past_home(path, homes)] == []
+    others = sorted(path for folder in ("tests", "scripts") for path in (ROOT / folder).rglob("*.py"))
+    assert [where for path in [*SOURCES, *others] for where in imported_past_home(path, homes)] == []
+
+
+def test_the_import_check_sees_a_name_taken_through_another_module(tmp_path: Path) -> None:
+    module = tmp_path / "relay.py"
+    module.write_text(
+        "from supervisor.jobs.phases import Phase, StopReason\nfrom .vocabulary import Status\n"
+        "from supervisor.vocabulary import Phase as Home\nfrom hypothesis import Phase as Theirs\n"
+    )
+    homes = {"Phase": {"supervisor.vocabulary"}, "Status": {"supervisor.vocabulary"}}
+    assert imported_past_home(module, homes) == [
+        "relay.py:1: Phase from supervisor.jobs.phases",
+        "relay.py:2: Status from vocabulary",
+    ]

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from supervisor.http.contract import view
 from supervisor.jobs import supervisor
 from tests.conftest import gone
 from tests.supervisor.jobs.harness import CANCEL_DEADLINE, DEADLINE, core, in_loop
@@ -99,16 +98,30 @@ async def test_filters_that_match_nothing_touch_nothing(tmp_path: Path) -> None:
 
 
 @in_loop
-async def test_a_job_that_completed_as_the_cancel_came_is_named_without_its_output(tmp_path: Path) -> None:
-    """A job named while running can complete before its cancel takes hold (a race no script can force): its row in
-    the answer keeps its status and drops its output, which its terminal repeats, so 1,000 rows stay bounded."""
-    async with core(tmp_path) as it:
-        await it.start(["started", "complete"], action_id="done")
+async def test_a_job_that_completed_as_the_cancel_came_is_named_without_its_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job named while running can complete before its cancel takes hold: its row in the answer keeps its status
+    and drops its output, which its terminal repeats, so 1,000 rows stay bounded. The race is forced: the cancel
+    of "done" is held until that job has completed."""
+    async with core(tmp_path) as it, it.http() as client:
+        go = tmp_path / "go"
+        await it.start(["started", "await-go", "complete"], action_id="done", go=str(go))
         await it.start(HANG, action_id="hung")
-        assert (await it.settled("done"))[0] == "completed"
-        await it.running("hung")
-        await it.cancel("hung")
-        done, hung = (view(it.sup, it.sup.job(name), with_output=False) for name in ("done", "hung"))
-        assert (done["status"], done["output"], done["terminal"]) == ("completed", None, None)
-        assert hung["status"] == "cancelled" and hung["terminal"]["stop_confirmed"] is True
-        assert view(it.sup, it.sup.job("done"))["output"]["raw"] == "done"  # the record itself keeps it
+        for name in ("done", "hung"):
+            await it.running(name)
+        cancel = it.sup.runner.cancel
+
+        async def late_for_done(action_id: str, reason: str | None) -> None:
+            if action_id == "done":
+                go.touch()
+                assert (await it.settled("done"))[0] == "completed"
+            await cancel(action_id, reason)
+
+        monkeypatch.setattr(it.sup.runner, "cancel", late_for_done)
+        rows = {row["action_id"]: row for row in (await bulk_cancel(client, all=True))["jobs"]}
+        assert (rows["done"]["status"], rows["done"]["output"], rows["done"]["terminal"]) == ("completed", None, None)
+        assert rows["done"]["phase_before"] == "running"
+        assert rows["hung"]["status"] == "cancelled" and rows["hung"]["terminal"]["stop_confirmed"] is True
+        whole = await client.get("/jobs/done")
+        assert whole.json()["output"]["raw"] == "done"  # the record itself keeps it

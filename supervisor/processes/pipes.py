@@ -68,9 +68,8 @@ class Frames(asyncio.Protocol):
         self, queue: asyncio.Queue[Message | FrameError | None], answered: Callable[[Message], bool] | None = None
     ) -> None:
         self._queue = queue
-        self._answered = (
-            answered  # takes an answer asked for out of turn (``WorkerProcess.ask``): never queued behind frames
-        )
+        # Takes an answer asked for out of turn (``WorkerProcess.ask``): never queued behind frames.
+        self._answered = answered
         self._reader = MessageReader()
         self.transport: asyncio.ReadTransport | None = None
         self.paused = False

@@ -7,19 +7,17 @@
 - **Lock files.** CrewAI guards the files a crew shares across processes (its kickoff outputs, its ChromaDB) with
   lock files in the temporary directory (``crewai_core.lock_store``). A job's TMPDIR is its own, removed when it
   ends, so there a lock would hold against no other job of its crew; in the crew's storage it holds against them
-  all, and no job of another crew (which shares none of those files) can reach it. Where ``REDIS_URL`` is set,
-  CrewAI's Redis locks are left to it.
+  all, and no job of another crew (which shares none of those files) can reach it. They are waited for in the
+  kernel (``worker/locks.py``). Where ``REDIS_URL`` is set, CrewAI's Redis locks are left to it.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
-from contextlib import AbstractContextManager
-from hashlib import md5
 from pathlib import Path
-from typing import Any
+
+from worker import locks
 
 LOCKS = "locks"  # beneath CREWAI_STORAGE_DIR
 
@@ -60,14 +58,4 @@ def _keep_locks_with_storage(storage: str) -> None:
 
     directory = os.path.join(storage, LOCKS)
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    lock_store.set_lock_backend(_file_locks(directory))
-
-
-def _file_locks(directory: str) -> Callable[..., AbstractContextManager[Any]]:
-    import portalocker
-
-    def lock(name: str, *, timeout: float) -> AbstractContextManager[Any]:
-        channel = md5(name.encode(), usedforsecurity=False).hexdigest()
-        return portalocker.Lock(os.path.join(directory, f"crewai:{channel}.lock"), timeout=timeout)
-
-    return lock
+    lock_store.set_lock_backend(locks.backend(directory))

@@ -1,7 +1,7 @@
 """CrewAI's named locks in a job: a file lock each, in the crew's storage, waited for in the kernel.
 
 CrewAI takes a named lock around each write to the files a crew shares across processes: its kickoff outputs
-three times a kickoff (opened, reset, a task's output added), its ChromaDB. Its own file locks
+when the crew is built, when a kickoff starts and after each task; its ChromaDB. Its own file locks
 (``portalocker.Lock``) poll: a process that finds one held sleeps until the next quarter of a second, however
 soon it was released. So jobs of one crew started together queue on their kickoff outputs, a quarter second at a
 time, for a lock held a millisecond or two. Here a held lock is waited for in ``flock`` itself, which returns when
@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from hashlib import md5
 
+from portalocker.exceptions import LockException  # CrewAI's own lock raises it: no new kind of failure
+
 
 def backend(directory: str) -> Callable[..., AbstractContextManager[None]]:
     """CrewAI's lock backend (``crewai_core.lock_store.set_lock_backend``): a lock file in ``directory`` a name,
@@ -36,58 +38,73 @@ def backend(directory: str) -> Callable[..., AbstractContextManager[None]]:
 
 @contextlib.contextmanager
 def held(path: str, timeout: float) -> Iterator[None]:
-    """The file at ``path`` (made 0600 if missing) locked exclusively while the block runs; portalocker's
-    ``LockException`` if another open file held it for ``timeout`` seconds."""
+    """The file at ``path`` (made 0600 if missing) locked exclusively while the block runs; ``LockException`` if
+    another open file held it for ``timeout`` seconds."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    ours = True  # whether closing ``fd`` is ours to do (and lets go of the lock if we hold it)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        if not _Waiter(fd).taken(timeout):  # the waiter's now: it closes ``fd`` when its flock returns
-            from portalocker.exceptions import LockException  # CrewAI's own lock raises it: no new failure
-
-            raise LockException(f"{path} was still locked after {timeout:g} s") from None
-    except BaseException:
-        os.close(fd)
-        raise
-    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            ours = False  # the waiter's, until it hands the lock over
+            _Waiter(fd).wait(timeout, path)
+            ours = True
         yield
     finally:
-        os.close(fd)  # lets go of the lock
+        if ours:
+            os.close(fd)
 
 
 class _Waiter:
-    """A thread blocked in ``flock(fd, LOCK_EX)``. Whoever decides first owns ``fd``: the thread, handing the lock
-    over if it was still wanted, or ``taken`` when its timeout passes first (the thread then closes ``fd``)."""
+    """A thread blocked in ``flock(fd, LOCK_EX)`` for whoever waits in ``wait``. Whichever decides first owns
+    ``fd``: the thread, if the wait was given up (it closes ``fd`` once ``flock`` returns), or the waiter, if the
+    thread took the lock while it was still wanted. They decide one at a time, under ``_decided``."""
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
         self._decided = threading.Lock()
-        self._outcome: bool | None = None  # None while undecided
+        self._handed: bool | None = None  # None: undecided; True: the lock is the waiter's; False: given up
+        self._error: OSError | None = None
         self._done = threading.Event()
-        try:
-            threading.Thread(target=self._wait, name="crewai-lock", daemon=True).start()
-        except BaseException:  # no thread: nobody else will close it
-            os.close(fd)
-            raise
+        self._thread = threading.Thread(target=self._wait, name="crewai-lock", daemon=True)
 
-    def taken(self, timeout: float) -> bool:
-        """Whether the lock came within ``timeout`` seconds (then ``fd`` is the caller's to close)."""
-        self._done.wait(timeout)
+    def wait(self, timeout: float, path: str) -> None:
+        """Return once the lock is taken, ``fd`` then the caller's; or raise (``LockException`` past
+        ``timeout`` seconds, or whatever interrupted the wait), ``fd`` then no longer the caller's."""
+        try:
+            try:
+                self._thread.start()
+            except RuntimeError as exc:  # no thread was made (the job's thread limit): nobody else will close it
+                os.close(self._fd)
+                raise LockException(f"{path}: no thread to wait for its lock in: {exc}") from exc
+            self._done.wait(timeout)
+        except BaseException:  # interrupted (or no thread): given up, unless the lock came first
+            if self._give_up():
+                os.close(self._fd)
+            raise
+        if not self._give_up():
+            if self._error is not None:
+                raise LockException(f"{path} could not be locked: {self._error}") from self._error
+            raise LockException(f"{path} was still locked after {timeout:g} s")
+
+    def _give_up(self) -> bool:
+        """Whether the lock was handed over before now; if not, it never will be."""
         with self._decided:
-            if self._outcome is None:
-                self._outcome = False  # given up
-            return self._outcome
+            if self._handed is None:
+                self._handed = False
+            return self._handed
 
     def _wait(self) -> None:
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            locked = True
-        except OSError:
-            locked = False
-        with self._decided:
-            handed = locked and self._outcome is None
-            if self._outcome is None:
-                self._outcome = locked
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+            except OSError as exc:
+                self._error = exc
+            with self._decided:
+                if self._handed is None:
+                    self._handed = self._error is None
+                handed = self._handed
             if not handed:
                 os.close(self._fd)
-        self._done.set()
+        finally:
+            self._done.set()

@@ -57,7 +57,8 @@ def free(path: Path) -> bool:
 
 
 def open_here(path: Path) -> bool:
-    return any(os.path.realpath(f"/proc/self/fd/{fd}") == str(path) for fd in os.listdir("/proc/self/fd"))
+    target = os.path.realpath(path)  # as /proc/self/fd names it, wherever tmp_path's links lead
+    return any(os.path.realpath(f"/proc/self/fd/{fd}") == target for fd in os.listdir("/proc/self/fd"))
 
 
 def let_go(path: Path) -> bool:

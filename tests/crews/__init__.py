@@ -7,7 +7,8 @@ Its parts, by what their crews do: ``base`` (the demo crews and crews that misbe
 real crews have, for fidelity). The modules with a registry of their own are apart because they break by
 design what the one registry must pass: ``hostile_text`` (factories that raise), ``immortal`` (a factory that
 disarms the process that builds it), ``instance`` (a value that is not a factory), ``flaky`` (an import that fails on
-demand), ``threaded`` and ``unwarmable`` (imports that stop a fork server).
+demand), ``threaded`` and ``unwarmable`` (imports that stop a fork server), ``patching`` (an import that patches
+CrewAI for every job).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ answer and an exit, a death, a fault, a stop asked)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 from protocol import Chunk, Completed, DumpStacks, Failed, Hello, OverBudget, Reason, Spent, Stacks, Start, Started
@@ -123,7 +124,8 @@ class Relay:
     def _spend(self, job: LiveJob, spent: Spent) -> None:
         """One LLM call's usage: the job's running totals and the supervisor's counters; over its budget, the
         job is stopped as for any broken limit."""
-        counted = job.spent.add(spent)
+        # The model's name is shown while the job runs (its record's llm_spent): a crew names it, and may name it badly.
+        counted = job.spent.add(dataclasses.replace(spent, model=redact(spent.model, job.secrets)))
         self.metrics.llm_tokens.labels(job.crew_id, "prompt").inc(counted.prompt_tokens)
         self.metrics.llm_tokens.labels(job.crew_id, "completion").inc(counted.completion_tokens)
         self.metrics.llm_calls.labels(job.crew_id).inc(counted.requests)

@@ -188,6 +188,7 @@ class SpillerLLM(OfflineLLM):
         print(f"spilling {' '.join(keys)}", flush=True)
         print(f"spilling {' '.join(keys)}", file=sys.stderr, flush=True)
         if "mode raise" in prompt_text(messages):
+            self._track_token_usage_internal({"prompt_tokens": 1, "completion_tokens": 1})  # spent under its model
             raise type(f"Refused{keys[1]}", (RuntimeError,), {})(f"the provider refused {' and '.join(keys)}")
         with llm_call_context():
             if self._effective_stream():
@@ -209,7 +210,8 @@ class SpillingCrew(Crew):
 
 def spiller() -> Crew:
     """Input ``mode``: "answer" (it completes) or "raise"."""
-    agent = Agent(role="Spiller", goal="Spill", backstory="Careless.", llm=SpillerLLM(model="spiller"))
+    llm = SpillerLLM(model=f"spiller-{os.environ[SPILLED[1]]}")  # a model named with a key, as a job's record shows it
+    agent = Agent(role="Spiller", goal="Spill", backstory="Careless.", llm=llm)
     return SpillingCrew(
         agents=[agent], tasks=[Task(description="Spill in mode {mode}.", expected_output="Keys.", agent=agent)]
     )

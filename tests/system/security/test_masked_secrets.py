@@ -58,6 +58,7 @@ def test_a_crew_s_keys_are_masked_in_events_outputs_tails_show_the_console_and_t
     chunks = [event["data"]["content"] for event in events if event["event"] == "chunk"]
     assert f"key {REDACTED} " in chunks
     assert events[-1] == {"event": "completed", "sequence": len(events) - 1, "data": output}
+    assert failed["llm_spent"]["model"] == f"spiller-{REDACTED}"
     assert failed["terminal"]["error_type"] == f"Refused{REDACTED}"  # its message is the generic one; stderr says it
     assert f"Refused{REDACTED}: the provider refused {REDACTED} and {REDACTED}" in tails["stderr"]["text"]
     assert f"spilling {REDACTED} {REDACTED}" in tails["stdout"]["text"]

@@ -1,13 +1,18 @@
-"""Secrets kept out of what a worker printed: the values of the worker's secret-looking environment
-variables, and the bearer token, replaced before a stdout or stderr tail is shown or stored.
+"""Secrets kept out of what a worker wrote: the values of the worker's secret-looking environment variables, of its
+crew's file, and the bearer token, replaced before a stdout or stderr tail, an event or an output is shown or stored.
 
-A provider's error often quotes the key it was given (``Incorrect API key provided: sk-…``); a tail is kept
-in the journal and shown by the API, the CLI and the console, to people who need not hold that key.
+A provider's error often quotes the key it was given (``Incorrect API key provided: sk-…``), and a tool's answer
+may too; a tail, an event and an output are kept in the journal and shown by the API, the CLI and the console, to
+people who need not hold that key.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
+from typing import Any
+
+import orjson
 
 SECRET_SUFFIXES = ("_KEY", "_TOKEN", "_SECRET", "_PASSWORD")
 # Shorter values ("1", "true", a region) would redact ordinary words, and are no secret worth the name.
@@ -61,3 +66,46 @@ def _prefix_at_end(text: str, secret: str) -> int:
             return at + MIN_FRAGMENT_CHARS
         at = secret.rfind(tail, 0, at + MIN_FRAGMENT_CHARS - 1)
     return 0
+
+
+def mentions(encoded: bytes, secrets: tuple[str, ...]) -> bool:
+    """Whether a value's compact JSON (orjson's) may hold a secret: every string of it (a dict's keys included)
+    holding one holds its JSON-escaped form (escaping is character by character), so False is sure; True may be
+    wrong (an escape's letters before a secret), which only costs ``redact_data`` a walk that finds nothing."""
+    return any(form in encoded for form in _escaped(secrets))
+
+
+@functools.lru_cache(maxsize=64)  # a job's secrets are one tuple: escaped once, not at each of its events
+def _escaped(secrets: tuple[str, ...]) -> tuple[bytes, ...]:
+    return tuple(orjson.dumps(secret)[1:-1] for secret in secrets)
+
+
+def redact_data(value: Any, secrets: tuple[str, ...]) -> Any:
+    """A decoded JSON value with each secret replaced in each of its strings, a dict's keys included: its dicts
+    and lists changed in place (a string is returned replaced). Numbers, booleans and null are kept as they are,
+    as is the structure, but for two keys of one dict that differ only by a secret, which become one. Walked
+    without recursion: a worker's JSON may be nested deeper than Python's recursion limit."""
+    if isinstance(value, str):
+        return redact(value, secrets)
+    pending = [value] if isinstance(value, dict | list) else []
+    while pending:
+        container = pending.pop()
+        if isinstance(container, list):
+            for index, item in enumerate(container):
+                if isinstance(item, str):
+                    container[index] = redact(item, secrets)
+                elif isinstance(item, dict | list):
+                    pending.append(item)
+            continue
+        renamed = False
+        for key, item in container.items():
+            if isinstance(item, str):
+                container[key] = redact(item, secrets)
+            elif isinstance(item, dict | list):
+                pending.append(item)
+            renamed = renamed or (isinstance(key, str) and redact(key, secrets) != key)
+        if renamed:  # rebuilt in its order
+            items = list(container.items())
+            container.clear()
+            container.update((redact(key, secrets) if isinstance(key, str) else key, item) for key, item in items)
+    return value

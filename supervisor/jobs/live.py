@@ -123,7 +123,7 @@ class LiveJob:
     cancel_reason: str | None = None  # ask_stop(): what the canceller said, when stop is CANCEL
     breach: Breach | None = None  # ask_stop(): the limit it broke, when stop is LIMIT
     worker: WorkerProcess | None = None  # the runner, once its worker is launched
-    secrets: tuple[str, ...] = ()  # the runner: kept out of its worker's tails (supervisor/redaction.py)
+    secrets: tuple[str, ...] = ()  # the runner: kept out of all its worker wrote (supervisor/redaction.py)
     started: bool = False  # the relay: its worker said Started: its crew runs, and it answers DumpStacks
     spent: Spending = dataclasses.field(default_factory=Spending)  # the relay, counting each Spent
     stack: dict[str, Any] | None = None  # the relay (its _stop): where it was just before a stop's kill

@@ -20,6 +20,7 @@ from supervisor.journal.records import StoredEvent, Streams
 from supervisor.journal.store import Journal
 from supervisor.processes.containment import Boundary
 from supervisor.processes.process import WorkerProcess
+from supervisor.redaction import mentions, redact_data
 from supervisor.tracebacks import last_traceback
 from supervisor.vocabulary import Status
 
@@ -44,8 +45,7 @@ class Recorder:
         if job.event_count + 1 >= self.settings.max_events_per_run:
             limit = self.settings.max_events_per_run
             return Reason.EVENT_LIMIT_EXCEEDED, f"more than {limit - 1} events: {PREFIX}MAX_EVENTS_PER_RUN is {limit}"
-        # As the reference measures it: the event's data, compact JSON.
-        encoded = orjson.dumps(data)
+        encoded = masked(job, data)  # as the reference measures it: the event's data, compact JSON; as stored
         if len(encoded) > self.settings.max_event_bytes:
             bound = self.settings.max_event_bytes
             return Reason.EVENT_TOO_LARGE, f"an event of {len(encoded)} bytes exceeds {PREFIX}MAX_EVENT_BYTES ({bound})"
@@ -76,6 +76,7 @@ class Recorder:
         streams = Streams.of(job.worker.stdout, job.worker.stderr, job.secrets) if job.worker is not None else None
         if outcome.event != Status.COMPLETED and job.spent.llm_calls:  # a completed job's output's token_usage says it
             outcome.data.setdefault("llm_spent", job.spent.summary())
+        masked(job, outcome.data)  # in place, so the log says what the journal does; a completed one's is the output
         try:
             await self.journal.finish(
                 job.action_id,
@@ -129,6 +130,16 @@ class Recorder:
                 await asyncio.wait_for(changed.wait(), heartbeat)
             except TimeoutError:
                 yield None
+
+
+def masked(job: LiveJob, data: dict[str, Any]) -> bytes:
+    """``data`` (what a job's worker wrote, decoded) as compact JSON, with the job's secrets replaced in its strings
+    (``supervisor/redaction.py``), in place: every event, and the output, passes here before it is journaled, sent
+    or logged. A chunk event is the hot path: its JSON is searched once, and walked only if a secret may be in it."""
+    encoded = orjson.dumps(data)
+    if job.secrets and mentions(encoded, job.secrets):
+        encoded = orjson.dumps(redact_data(data, job.secrets))
+    return encoded
 
 
 def wake_followers(live: dict[str, LiveJob], action_ids: frozenset[str]) -> None:

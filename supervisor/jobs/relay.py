@@ -5,9 +5,8 @@ answer and an exit, a death, a fault, a stop asked)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
-
-import orjson
 
 from protocol import Chunk, Completed, DumpStacks, Failed, Hello, OverBudget, Reason, Spent, Stacks, Start, Started
 from supervisor.config import PREFIX, Settings
@@ -15,7 +14,7 @@ from supervisor.jobs import stacks
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.outcomes import Outcome, after_terminal, exit_failure, failure, interrupted, protocol_fault
 from supervisor.jobs.phases import StopReason
-from supervisor.jobs.recorder import Recorder
+from supervisor.jobs.recorder import Recorder, masked
 from supervisor.metrics import Metrics
 from supervisor.processes.limits import Breach, Limits
 from supervisor.processes.process import StopEvidence, WorkerProcess
@@ -104,8 +103,8 @@ class Relay:
         if strays:
             proof = (await worker.kill()).as_dict()
             strays = proof["descendants_killed"]
-        if isinstance(message, Failed):  # its message may quote a key the crew was given, as a provider's does
-            text = redact(message.message, job.secrets)
+        if isinstance(message, Failed):  # its message may quote a key the crew was given, as a provider's does:
+            text = redact(message.message, job.secrets)  # replaced before failure() bounds it, which may cut a key
             return failure(message.reason, text, message.uncertain_outcome, error_type=message.error_type, **proof)
         if strays:  # work escaped the worker: its result cannot be trusted to be all of it
             return failure(
@@ -116,7 +115,7 @@ class Relay:
             return after_terminal(trailing)
         # The client takes the completed event's data as the output: it must carry all of it, or the job
         # fails as the reference's does. Never a completed event without its output.
-        size, bound = len(orjson.dumps(message.output)), self.settings.max_event_bytes
+        size, bound = len(masked(job, message.output)), self.settings.max_event_bytes  # measured as stored
         if size > bound:
             message_text = f"an output of {size} bytes exceeds {PREFIX}MAX_EVENT_BYTES ({bound})"
             return failure(Reason.EVENT_TOO_LARGE, message_text, True, output_bytes=size, limit_bytes=bound, **proof)
@@ -125,7 +124,8 @@ class Relay:
     def _spend(self, job: LiveJob, spent: Spent) -> None:
         """One LLM call's usage: the job's running totals and the supervisor's counters; over its budget, the
         job is stopped as for any broken limit."""
-        counted = job.spent.add(spent)
+        # The model's name is shown while the job runs (its record's llm_spent): a crew names it, and may name it badly.
+        counted = job.spent.add(dataclasses.replace(spent, model=redact(spent.model, job.secrets)))
         self.metrics.llm_tokens.labels(job.crew_id, "prompt").inc(counted.prompt_tokens)
         self.metrics.llm_tokens.labels(job.crew_id, "completion").inc(counted.completion_tokens)
         self.metrics.llm_calls.labels(job.crew_id).inc(counted.requests)

@@ -17,6 +17,7 @@ from typing import Any
 
 import psutil
 from crewai import Agent, Crew, Task
+from crewai.crews.crew_output import CrewOutput
 from crewai.llms.base_llm import BaseLLM, llm_call_context
 from crewai.rag.chromadb import config as chroma_config
 from crewai.tools import tool
@@ -171,6 +172,49 @@ LEAKED_KEY = "ACME_API_KEY"
 
 def leaky() -> Crew:
     return _single(MisbehavingLLM(model="leaky", mode="leak"))
+
+
+# The variables ``spiller`` spills: a test puts one in its crew's file under a name like no secret's, and one named
+# like a secret in the supervisor's environment.
+SPILLED = ("SPILL_PLAIN", "SPILL_PASSWORD")
+
+
+class SpillerLLM(OfflineLLM):
+    """Writes its keys (the variables SPILLED) wherever a worker writes: on stdout and stderr, a chunk each, and its
+    final answer; or, when its prompt says "mode raise", in the exception it raises (its class's name too)."""
+
+    def call(self, messages: Any, *args: Any, **kwargs: Any) -> str:
+        keys = [os.environ[name] for name in SPILLED]
+        print(f"spilling {' '.join(keys)}", flush=True)
+        print(f"spilling {' '.join(keys)}", file=sys.stderr, flush=True)
+        if "mode raise" in prompt_text(messages):
+            self._track_token_usage_internal({"prompt_tokens": 1, "completion_tokens": 1})  # spent under its model
+            raise type(f"Refused{keys[1]}", (RuntimeError,), {})(f"the provider refused {' and '.join(keys)}")
+        with llm_call_context():
+            if self._effective_stream():
+                for key in keys:
+                    self._emit(f"key {key} ", kwargs.get("from_task"), kwargs.get("from_agent"), str(uuid.uuid4()))
+        return f"Thought: I spill.\nFinal Answer: the keys are {' and '.join(keys)}"
+
+
+class SpillingCrew(Crew):
+    """Its output's ``json_dict`` names one key by the other: a secret as a dict's key."""
+
+    def kickoff(self, inputs: dict[str, Any] | None = None, *args: Any, **kwargs: Any) -> Any:
+        result = super().kickoff(inputs, *args, **kwargs)
+        if isinstance(result, CrewOutput):  # a streamed kickoff runs this one again, streaming off: that one's
+            key, other = (os.environ[name] for name in SPILLED)
+            result.json_dict = {key: other}
+        return result
+
+
+def spiller() -> Crew:
+    """Input ``mode``: "answer" (it completes) or "raise"."""
+    llm = SpillerLLM(model=f"spiller-{os.environ[SPILLED[1]]}")  # a model named with a key, as a job's record shows it
+    agent = Agent(role="Spiller", goal="Spill", backstory="Careless.", llm=llm)
+    return SpillingCrew(
+        agents=[agent], tasks=[Task(description="Spill in mode {mode}.", expected_output="Keys.", agent=agent)]
+    )
 
 
 def huge() -> Crew:
@@ -365,6 +409,7 @@ registry: dict[str, Callable[[], Crew]] = {
     "huge": huge,
     "gil-hog": gil_hog,
     "leaky": leaky,
+    "spiller": spiller,
     "chatty": chatty,
     "talker": talker,
     "placer": placer,

@@ -173,8 +173,10 @@ def i386_getpid() -> str:
 
 
 def every_refused() -> dict[str, str]:
-    """Each call of the table with every argument -1: none of them can do anything with that, filter or not."""
-    return {name: outcome(lambda name=name: _call(name, *[ctypes.c_long(-1)] * 6)) for name in REFUSED}
+    """Each call of the table with every argument -1: none of them can do anything with that, filter or not (but
+    msgget, whose flags would then hold IPC_CREAT: it gets 0 for them, and only looks a queue up)."""
+    arguments = {name: [ctypes.c_long(-1)] * 6 for name in REFUSED} | {"msgget": [ctypes.c_long(-1), 0]}
+    return {name: outcome(lambda name=name: _call(name, *arguments[name])) for name in REFUSED}
 
 
 def _changed(number: int, *args: object) -> None:
@@ -192,8 +194,10 @@ def observe(pid: int) -> dict[str, object]:
     """What the calls of ``reach_others`` would change in ``pid``, read without changing it (allowed, filter or
     not): its open files' limits, nice value, CPUs, scheduling policy and I/O priority."""
     process = psutil.Process(pid)
+    with open(f"/proc/{pid}/limits") as limits:  # anyone's to read (psutil's prlimit needs CAP_SYS_RESOURCE)
+        nofile = next(line for line in limits if line.startswith("Max open files")).split()[3:5]
     return {
-        "nofile": list(process.rlimit(psutil.RLIMIT_NOFILE)),
+        "nofile": nofile,
         "nice": process.nice(),
         "affinity": sorted(process.cpu_affinity()),
         "policy": os.sched_getscheduler(pid),
@@ -223,10 +227,14 @@ def reach_others(pid: int) -> dict[str, str]:
     """Each call that changes another process, on ``pid`` (of our uid: the kernel would let them all through) and
     on its process group; ``observe`` tells whether it changed. Harmless should they pass: one open file less,
     nice 19, the first of its CPUs, SCHED_IDLE, the idle I/O class."""
-    soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)  # a read: allowed
+    try:
+        soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)  # a read: allowed, but for another uid's process
+    except OSError:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # to change it the kernel refuses as well
     group = os.getpgid(pid)
     first_cpu = {min(os.sched_getaffinity(pid))}
     return {
+        "prlimit_read": outcome(lambda: resource.prlimit(pid, resource.RLIMIT_NOFILE)),
         "prlimit": outcome(lambda: resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft - 1, hard))),
         "setpriority": outcome(lambda: os.setpriority(os.PRIO_PROCESS, pid, NICEST)),
         "setpriority_group": outcome(lambda: os.setpriority(os.PRIO_PGRP, group, NICEST)),
@@ -251,21 +259,21 @@ def _psutil_outcome(call: Callable[[], object]) -> str:
 def change_itself() -> dict[str, str]:
     """The same calls on the caller itself as the C library and Python make them (pid 0), each to what it has or
     a little nicer; reading another's limits; and psutil's setter, which names the caller's pid."""
-    nice = os.getpriority(os.PRIO_PROCESS, 0)
+    nice = min(os.getpriority(os.PRIO_PROCESS, 0) + 1, NICEST)
     policy = os.sched_getscheduler(0)
     return {
         "setrlimit": outcome(
             lambda: resource.setrlimit(resource.RLIMIT_NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE))
         ),
-        "prlimit_read": outcome(lambda: resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE)),
+        "prlimit_read": outcome(lambda: resource.prlimit(os.getpid(), resource.RLIMIT_NOFILE)),  # psutil's rlimit()
         "nice": outcome(lambda: os.nice(1)),
-        "setpriority": outcome(lambda: os.setpriority(os.PRIO_PROCESS, 0, nice + 1)),
+        "setpriority": outcome(lambda: os.setpriority(os.PRIO_PROCESS, 0, nice)),
         "sched_setaffinity": outcome(lambda: os.sched_setaffinity(0, os.sched_getaffinity(0))),
         "sched_setscheduler": outcome(lambda: os.sched_setscheduler(0, policy, os.sched_param(0))),
         "sched_setparam": outcome(lambda: os.sched_setparam(0, os.sched_param(0))),
-        "sched_setattr": outcome(lambda: _changed(SCHED_SETATTR, 0, _sched_attr(policy, nice + 1), 0)),
+        "sched_setattr": outcome(lambda: _changed(SCHED_SETATTR, 0, _sched_attr(policy, nice), 0)),
         "ioprio_set": outcome(lambda: _changed(IOPRIO_SET, IOPRIO_WHO_PROCESS, 0, IOPRIO_BEST_EFFORT_LOW)),
-        "psutil_nice": _psutil_outcome(lambda: psutil.Process().nice(nice + 1)),
+        "psutil_nice": _psutil_outcome(lambda: psutil.Process().nice(nice)),
     }
 
 

@@ -184,7 +184,9 @@ REFUSED: dict[str, Refusal] = {
 TRUNCATE_BY_PATH = {"truncate": _deny(76, "shortens a file by its path, unjudged by Landlock before ABI 3")}
 # Not refused, though near: name_to_handle_at (a handle is harmless without open_by_handle_at; systemd and libmount
 # read mount ids with it), personality (programs query it; with no_new_privs a weakened layout reaches no setuid
-# binary), pidfd_open and pidfd_send_signal (kill(2) reaches the same processes).
+# binary), pidfd_open and pidfd_send_signal (kill(2) reaches the same processes), migrate_pages and move_pages on
+# another pid (the kernel's ptrace access check: the supervisor and fork server are not dumpable, another job's worker
+# is in another Landlock domain), setrlimit (the caller's own limits only).
 
 
 Target: TypeAlias = int | str | None  # an action to return (ALLOW, ERRNO | errno), a label, or None: the next one

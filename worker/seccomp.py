@@ -1,6 +1,7 @@
 """Seccomp: the system calls a worker process refuses itself, for good (its children inherit the filter).
 
-``REFUSED`` is the table: each call's x86_64 number, the errno it gets and why a crew never needs it. Two kinds:
+``REFUSED`` is the table: each call's x86_64 number, the errno it gets, why a crew never needs it, and when it is
+let through after all (``unless``: the arguments of its harmless uses; none: always refused). Four kinds:
 
 - ``clone3``, whose ``CLONE_INTO_CGROUP`` starts a child in any cgroup v2 directory the process can open,
   read-only too: Landlock, which judges opening and changing files, cannot see it, so a job could start a process
@@ -10,6 +11,16 @@
   into the kernel's privileged surface (namespaces, mounts, modules, BPF, keyrings). EPERM, as the kernel answers
   a caller without the privilege, so a program that probes for them takes its usual fallback. ``clone`` with a
   namespace flag is refused with them, as ``unshare`` is: it is the other way to a new namespace.
+- The calls that change another process's limits, nice value, scheduling, affinity or I/O priority: the kernel
+  lets any process of a uid change every other of that uid without a capability, and the supervisor, the fork
+  server and every job's worker may share one (the container's). A filter compares arguments with constants only,
+  never with the caller's pid, so each is let through only for the caller itself as the C library and Python
+  say it (pid 0: ``resource.setrlimit``, ``os.nice``, ``os.sched_setaffinity(0, …)``); an explicit pid, the
+  caller's own included, gets EPERM. Reading another's limits (``prlimit64`` without a new one) stays allowed.
+- SysV IPC: its segments, queues and semaphores outlive their job (and the supervisor), any job of the uid can
+  reach them, and their memory is no job's. A namespace of its own per job would need a capability at the fork
+  or a user namespace, both refused to jobs. ENOSYS, as a kernel built without SysV IPC answers, so a program
+  takes its fallback (POSIX shared memory, which Landlock judges).
 
 The filter first checks the ABI a call came by (``seccomp_data.arch``), since the numbers are x86_64's: an
 x86_64 process can also call through ``int 0x80`` (i386, whose numbers differ) and with the x32 bit set (x32,
@@ -26,7 +37,7 @@ import errno
 import os
 import struct
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import NamedTuple, TypeAlias
 
 from worker.landlock import PR_SET_NO_NEW_PRIVS
 
@@ -37,20 +48,55 @@ CLONE, CLONE3 = 56, 435  # clone3's number is the same on every architecture, it
 # CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET: no thread or posix_spawn clone sets one.
 CLONE_NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 # Classic BPF over struct seccomp_data: nr (u32 at 0), arch (u32 at 4), ip, then args (u64 each, from 16).
-NR, ARCH, FIRST_ARG_LOW = 0, 4, 16  # the first argument's low word: little-endian
+NR, ARCH = 0, 4
 LOAD, JUMP_IF_EQUAL, JUMP_IF_ANY_BIT, RETURN = 0x20, 0x15, 0x45, 0x06
 ALLOW, ERRNO = 0x7FFF0000, 0x00050000
 MAX_JUMP = 255  # a conditional jump's offset is one byte
+PRIO_PROCESS, IOPRIO_WHO_PROCESS = 0, 1  # setpriority's and ioprio_set's "which": one process (or thread)
+
+
+def low(argument: int) -> int:
+    """Where argument ``argument`` (from 0) of a call has its low 32 bits in seccomp_data (little-endian): all the
+    kernel reads of an ``int`` or ``pid_t`` argument, whatever the caller put in the register's high word."""
+    return 16 + 8 * argument
+
+
+def high(argument: int) -> int:
+    """Where its high 32 bits are: a pointer's other half."""
+    return low(argument) + 4
+
+
+class Equals(NamedTuple):
+    """A word of the arguments (``low(n)`` or ``high(n)``) has this value."""
+
+    word: int
+    value: int
+
+
+class Without(NamedTuple):
+    """A word of the arguments has none of these bits."""
+
+    word: int
+    bits: int
+
+
+Checks: TypeAlias = tuple[Equals | Without, ...]  # all must hold
+SELF: Checks = (Equals(low(0), 0),)  # pid 0 as the first argument: the calling process or thread itself
 
 
 class Refusal(NamedTuple):
     number: int  # x86_64's
     error: int
     reason: str
+    unless: tuple[Checks, ...] = ()  # let through when all checks of one of these hold; none: always refused
 
 
-def _deny(number: int, reason: str) -> Refusal:
-    return Refusal(number, errno.EPERM, reason)
+def _deny(number: int, reason: str, unless: tuple[Checks, ...] = ()) -> Refusal:
+    return Refusal(number, errno.EPERM, reason, unless)
+
+
+def _nosys(number: int, reason: str) -> Refusal:
+    return Refusal(number, errno.ENOSYS, reason)
 
 
 REFUSED: dict[str, Refusal] = {
@@ -95,6 +141,42 @@ REFUSED: dict[str, Refusal] = {
     "iopl": _deny(172, "raw I/O port access"),
     "ioperm": _deny(173, "raw I/O port access"),
     "lookup_dcookie": _deny(212, "a profiling interface, gone from recent kernels"),
+    "clone": _deny(
+        CLONE, "with a namespace flag: the other way to a new namespace", unless=((Without(low(0), CLONE_NAMESPACES),),)
+    ),
+    # Another process's limits, priority and scheduling: only the caller's own (pid 0) may change.
+    "prlimit64": _deny(
+        302,
+        "lowers another process's limits: RLIMIT_CPU under what it used kills the supervisor",
+        unless=(SELF, (Equals(low(2), 0), Equals(high(2), 0))),  # or no new limit (NULL): a read, as /proc's limits
+    ),
+    "setpriority": _deny(
+        141,
+        "renices another process, a process group or every process of the uid (the fork server: every later job)",
+        unless=((Equals(low(0), PRIO_PROCESS), Equals(low(1), 0)),),  # a group may be another's: setpgid reaches it
+    ),
+    "sched_setaffinity": _deny(203, "pins another process to one CPU", unless=(SELF,)),
+    "sched_setscheduler": _deny(144, "changes another process's scheduling policy (SCHED_IDLE)", unless=(SELF,)),
+    "sched_setparam": _deny(142, "changes another process's scheduling priority", unless=(SELF,)),
+    "sched_setattr": _deny(314, "changes another process's policy, nice value or utilization clamps", unless=(SELF,)),
+    "ioprio_set": _deny(
+        251,
+        "gives another process, group or the uid's processes the idle I/O class",
+        unless=((Equals(low(0), IOPRIO_WHO_PROCESS), Equals(low(1), 0)),),
+    ),
+    # SysV IPC: objects that outlive their job and that every job of the uid reaches (ENOSYS: no SysV IPC here).
+    "shmget": _nosys(29, "a shared memory segment: outlives its job and the supervisor, charged to no job"),
+    "shmat": _nosys(30, "attaches any job's segment of the uid: reads and writes it"),
+    "shmdt": _nosys(67, "SysV shared memory"),
+    "shmctl": _nosys(31, "SysV shared memory: lists, changes, removes any job's segment"),
+    "msgget": _nosys(68, "a message queue: outlives its job, any job of the uid reads it"),
+    "msgsnd": _nosys(69, "SysV message queues"),
+    "msgrcv": _nosys(70, "SysV message queues: reads another job's messages"),
+    "msgctl": _nosys(71, "SysV message queues"),
+    "semget": _nosys(64, "a semaphore set: outlives its job, any job of the uid changes it"),
+    "semop": _nosys(65, "SysV semaphores: blocks or wakes another job"),
+    "semtimedop": _nosys(220, "SysV semaphores"),
+    "semctl": _nosys(66, "SysV semaphores"),
 }
 # Refused only in a job's sandbox on a kernel whose Landlock cannot judge it (ABI 2, Linux 5.19-6.1): truncate(2)
 # changes a file by its path without opening it, which Landlock judges from ABI 3 on (ftruncate needs a descriptor
@@ -102,17 +184,31 @@ REFUSED: dict[str, Refusal] = {
 TRUNCATE_BY_PATH = {"truncate": _deny(76, "shortens a file by its path, unjudged by Landlock before ABI 3")}
 # Not refused, though near: name_to_handle_at (a handle is harmless without open_by_handle_at; systemd and libmount
 # read mount ids with it), personality (programs query it; with no_new_privs a weakened layout reaches no setuid
-# binary), pidfd_open and pidfd_send_signal (kill(2) reaches the same processes).
+# binary), pidfd_open and pidfd_send_signal (kill(2) reaches the same processes), migrate_pages and move_pages on
+# another pid (the kernel's ptrace access check: the supervisor and fork server are not dumpable, another job's worker
+# is in another Landlock domain), setrlimit (the caller's own limits only).
 
 
-def _assemble(body: list[tuple[int, int | None, int | None, int]]) -> bytes:
-    """``body``, then a return of each action its jumps name (a jump's target: an action; None: the next one).
-    The first action is where ``body`` ends up when it falls through."""
-    targets = [target for instruction in body for target in instruction[1:3] if target is not None]
+Target: TypeAlias = int | str | None  # an action to return (ALLOW, ERRNO | errno), a label, or None: the next one
+Instruction: TypeAlias = tuple[int, Target, Target, int]  # code, where it jumps if true, if false, its constant
+
+
+def _assemble(body: list[Instruction | str]) -> bytes:
+    """``body``'s instructions, then a return of each action its jumps name. A str in ``body`` labels the instruction
+    after it, for the jumps that name it (forward only, as BPF's). ALLOW is the first action: where ``body`` ends up
+    when it falls through."""
+    labels: dict[Target, int] = {}
+    instructions: list[Instruction] = []
+    for item in body:
+        if isinstance(item, str):
+            labels[item] = len(instructions)
+        else:
+            instructions.append(item)
+    targets = [target for instruction in instructions for target in instruction[1:3] if isinstance(target, int)]
     actions = list(dict.fromkeys([ALLOW, *targets]))
-    at = {action: len(body) + index for index, action in enumerate(actions)}
+    at = labels | {action: len(instructions) + index for index, action in enumerate(actions)}
     program = []
-    for index, (code, when_true, when_false, value) in enumerate(body):
+    for index, (code, when_true, when_false, value) in enumerate(instructions):
         offsets = [0 if target is None else at[target] - index - 1 for target in (when_true, when_false)]
         if not all(0 <= offset <= MAX_JUMP for offset in offsets):
             raise ValueError(f"instruction {index}: a jump of {offsets} does not fit in a byte")
@@ -121,18 +217,41 @@ def _assemble(body: list[tuple[int, int | None, int | None, int]]) -> bytes:
     return b"".join(program)
 
 
+def _judge(name: str, refusal: Refusal) -> list[Instruction | str]:
+    """The arguments of a call that ``refusal`` lets through in some cases: ALLOW as soon as every check of one of
+    its ``unless`` holds, else its error. Labelled with ``name``, where the call's number jumps to."""
+    body: list[Instruction | str] = [name]
+    for index, checks in enumerate(refusal.unless):
+        last = index == len(refusal.unless) - 1
+        failed = ERRNO | refusal.error if last else f"{name}, case {index + 1}"
+        for position, check in enumerate(checks):
+            held = ALLOW if position == len(checks) - 1 else None
+            body.append((LOAD, None, None, check.word))
+            if isinstance(check, Equals):
+                body.append((JUMP_IF_EQUAL, held, failed, check.value))
+            else:
+                body.append((JUMP_IF_ANY_BIT, failed, held, check.bits))
+        if not last:
+            body.append(failed)
+    return body
+
+
 def x86_64_filter(refused: Mapping[str, Refusal] = REFUSED) -> bytes:
-    nosys, perm = ERRNO | errno.ENOSYS, ERRNO | errno.EPERM
+    """The ABI first, then each refused call's number: an unconditional refusal returns its error there, the others
+    jump to the checks of their arguments, after every number."""
+    nosys = ERRNO | errno.ENOSYS
     return _assemble(
         [
             (LOAD, None, None, ARCH),
             (JUMP_IF_EQUAL, None, nosys, AUDIT_ARCH_X86_64),
             (LOAD, None, None, NR),
             (JUMP_IF_ANY_BIT, nosys, None, X32_BIT),
-            *((JUMP_IF_EQUAL, ERRNO | refusal.error, None, refusal.number) for refusal in refused.values()),
-            (JUMP_IF_EQUAL, None, ALLOW, CLONE),  # clone: refused if it asks for a namespace
-            (LOAD, None, None, FIRST_ARG_LOW),
-            (JUMP_IF_ANY_BIT, perm, ALLOW, CLONE_NAMESPACES),
+            *(
+                (JUMP_IF_EQUAL, name if refusal.unless else ERRNO | refusal.error, None, refusal.number)
+                for name, refusal in refused.items()
+            ),
+            (RETURN, None, None, ALLOW),
+            *(item for name, refusal in refused.items() if refusal.unless for item in _judge(name, refusal)),
         ]
     )
 

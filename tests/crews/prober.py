@@ -8,6 +8,8 @@ names, umask, dumpability and HOME. For the separate worker user (``test_worker_
 groups and capability sets, what signal 0 to each pid in ``signals`` gave, what reading each path in ``reads``
 gave (a directory is listed), and what writing a file in its working directory, HOME and CrewAI storage gave.
 Given ``environ`` (``test_crew_env.py``): its os.environ and the names in its initial environment block.
+Given ``neighbours`` (names to pids, ``test_seccomp.py``): what changing each one's limits, nice value, scheduling,
+affinity and I/O priority gave, the same calls on the worker itself, SysV IPC and POSIX shared memory.
 """
 
 from __future__ import annotations
@@ -27,11 +29,14 @@ from protocol import CONTROL_FD, Message, MessageReader
 from tests.helpers.attacks import (
     attach,
     attacks,
+    change_itself,
     connect_abstract,
     open_memory,
     outcome,
+    reach_others,
     read_environ,
     steal_descriptor,
+    sysv,
 )
 from worker.demo import OfflineLLM
 
@@ -169,6 +174,14 @@ def _read_on_control_thread(path: str) -> str:
     return found.get("read", "no control thread")
 
 
+def posix_shared_memory() -> None:
+    """A POSIX shared memory object, as glibc's ``shm_open`` makes one (a file in /dev/shm), removed at once should
+    it be made (``multiprocessing.shared_memory`` would start its resource tracker first)."""
+    path = f"/dev/shm/crew-probe-{os.getpid()}"
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+    os.unlink(path)
+
+
 def plant(text: str) -> str:
     """A .pth file in this crew's user site-packages (beneath its HOME, which its jobs may change): Python would run
     it when the crew's next worker starts, were that worker's user site on. Where it was planted."""
@@ -197,6 +210,13 @@ class ProbeCrew(Crew):
         given = inputs or {}
         if "attack" in given:  # the seccomp deny-list, on another process (``tests/system/security/test_seccomp.py``)
             findings = {"attacks": attacks(int(given["attack"])), "filter": _filter_status()}
+        elif "neighbours" in given:  # other processes' limits and priorities, and IPC (``test_seccomp.py``)
+            findings = {
+                "others": {name: reach_others(pid) for name, pid in given["neighbours"].items()},
+                "itself": change_itself(),
+                "sysv": sysv(),
+                "posix_shm": outcome(posix_shared_memory),
+            }
         elif "reach" in given:  # a job's sandbox (``tests/system/security/test_sandbox.py``)
             findings = reach(given["reach"])
         elif "plant" in given:  # a file Python would run at a cold worker's start (``test_sandbox.py``)

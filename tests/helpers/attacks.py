@@ -1,4 +1,4 @@
-"""What a hostile crew tries on the kernel and on other processes, each through ctypes' ``syscall``: the name of the
+"""What a hostile crew tries on the kernel and on other processes, most through ctypes' ``syscall``: the name of the
 errno each call got, or ``ok``. Run inside a worker (``tests/crews/prober.py``'s prober) and in a process
 that installs the filter itself (``tests/worker/test_seccomp.py``). Every call is harmless should it pass: a mount
 on a path that does not exist, a clone whose child leaves at once, a tracee detached again."""
@@ -9,12 +9,15 @@ import ctypes
 import errno
 import mmap
 import os
+import resource
 import signal
 import socket
 import struct
 from collections.abc import Callable
 
-from worker.seccomp import CLONE, REFUSED
+import psutil
+
+from worker.seccomp import CLONE, IOPRIO_WHO_PROCESS, REFUSED
 
 PTRACE_ATTACH, PTRACE_DETACH = 16, 17
 WALL = 0x40000000  # __WALL: wait for a tracee that is not our child
@@ -22,6 +25,13 @@ CLONE_NEWUSER = 0x10000000
 KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING = 0, -3
 UFFD_USER_MODE_ONLY = 1
 NOWHERE = b"/nonexistent-crew-supervisor-mount"  # a mount the filter let through fails with ENOENT: nothing mounted
+PRLIMIT64, SCHED_SETATTR, IOPRIO_SET = (REFUSED[name].number for name in ("prlimit64", "sched_setattr", "ioprio_set"))
+IOPRIO_WHO_PGRP, IOPRIO_WHO_USER = 2, 3
+IOPRIO_IDLE, IOPRIO_BEST_EFFORT_LOW = 3 << 13, 2 << 13 | 7  # class << IOPRIO_CLASS_SHIFT | level
+NICEST = 19
+NO_ONE = 0x7FFFFFF0  # a uid no process has
+JOIN_REFUSED = 255  # the exit status of a child that could not join a process group
+IPC_PRIVATE, IPC_RMID = 0, 0
 I386_GETPID = bytes.fromhex("b814000000" + "cd80" + "c3")  # mov eax, 20 (i386's getpid); int 0x80; ret
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -163,5 +173,130 @@ def i386_getpid() -> str:
 
 
 def every_refused() -> dict[str, str]:
-    """Each call of the table with every argument -1: none of them can do anything with that, filter or not."""
-    return {name: outcome(lambda name=name: _call(name, *[ctypes.c_long(-1)] * 6)) for name in REFUSED}
+    """Each call of the table with every argument -1: none of them can do anything with that, filter or not (but
+    msgget, whose flags would then hold IPC_CREAT: it gets 0 for them, and only looks a queue up)."""
+    arguments = {name: [ctypes.c_long(-1)] * 6 for name in REFUSED} | {"msgget": [ctypes.c_long(-1), 0]}
+    return {name: outcome(lambda name=name: _call(name, *arguments[name])) for name in REFUSED}
+
+
+def _changed(number: int, *args: object) -> None:
+    if libc.syscall(ctypes.c_long(number), *args) < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+def _sched_attr(policy: int, nice: int) -> bytes:
+    """struct sched_attr, its first version (48 bytes): a policy and, for SCHED_OTHER or SCHED_BATCH, a nice value."""
+    return struct.pack("=IIQiIQQQ", 48, policy, 0, nice, 0, 0, 0, 0)
+
+
+def observe(pid: int) -> dict[str, object]:
+    """What the calls of ``reach_others`` would change in ``pid``, read without changing it (allowed, filter or
+    not): its open files' limits, nice value, CPUs, scheduling policy and I/O priority."""
+    process = psutil.Process(pid)
+    with open(f"/proc/{pid}/limits") as limits:  # anyone's to read (psutil's prlimit needs CAP_SYS_RESOURCE)
+        nofile = next(line for line in limits if line.startswith("Max open files")).split()[3:5]
+    return {
+        "nofile": nofile,
+        "nice": process.nice(),
+        "affinity": sorted(process.cpu_affinity()),
+        "policy": os.sched_getscheduler(pid),
+        "ionice": [int(process.ionice().ioclass), process.ionice().value],
+    }
+
+
+def _in_group_of(pid: int, call: Callable[[], object]) -> str:
+    """What ``call`` gave in a child that first joins ``pid``'s process group (setpgid takes any group of the caller's
+    session, and a worker is in the supervisor's): a group-wide call with who 0 would then reach that group."""
+    child = os.fork()
+    if child == 0:
+        try:
+            os.setpgid(0, os.getpgid(pid))
+        except OSError:
+            os._exit(JOIN_REFUSED)
+        try:
+            call()
+        except OSError as exc:
+            os._exit(exc.errno or JOIN_REFUSED)
+        os._exit(0)
+    code = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+    return "setpgid refused" if code == JOIN_REFUSED else errno.errorcode.get(code, "ok")
+
+
+def reach_others(pid: int) -> dict[str, str]:
+    """Each call that changes another process, on ``pid`` (of our uid: the kernel would let them all through) and
+    on its process group; ``observe`` tells whether it changed. Harmless should they pass: one open file less,
+    nice 19, the first of its CPUs, SCHED_IDLE, the idle I/O class."""
+    try:
+        soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)  # a read: allowed, but for another uid's process
+    except OSError:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # to change it the kernel refuses as well
+    group = os.getpgid(pid)
+    first_cpu = {min(os.sched_getaffinity(pid))}
+    return {
+        "prlimit_read": outcome(lambda: resource.prlimit(pid, resource.RLIMIT_NOFILE)),
+        "prlimit": outcome(lambda: resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft - 1, hard))),
+        "setpriority": outcome(lambda: os.setpriority(os.PRIO_PROCESS, pid, NICEST)),
+        "setpriority_group": outcome(lambda: os.setpriority(os.PRIO_PGRP, group, NICEST)),
+        "setpriority_joined_group": _in_group_of(pid, lambda: os.setpriority(os.PRIO_PGRP, 0, NICEST)),
+        "sched_setaffinity": outcome(lambda: os.sched_setaffinity(pid, first_cpu)),
+        "sched_setscheduler": outcome(lambda: os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))),
+        "sched_setparam": outcome(lambda: os.sched_setparam(pid, os.sched_param(0))),
+        "sched_setattr": outcome(lambda: _changed(SCHED_SETATTR, pid, _sched_attr(os.SCHED_OTHER, NICEST), 0)),
+        "ioprio_set": outcome(lambda: _changed(IOPRIO_SET, IOPRIO_WHO_PROCESS, pid, IOPRIO_IDLE)),
+        "ioprio_set_group": outcome(lambda: _changed(IOPRIO_SET, IOPRIO_WHO_PGRP, group, IOPRIO_IDLE)),
+    }
+
+
+def _psutil_outcome(call: Callable[[], object]) -> str:
+    """``outcome`` of a psutil call, which says EPERM as ``psutil.AccessDenied``."""
+    try:
+        return outcome(call)
+    except psutil.AccessDenied:
+        return "AccessDenied"
+
+
+def change_itself() -> dict[str, str]:
+    """The same calls on the caller itself as the C library and Python make them (pid 0), each to what it has or
+    a little nicer; reading another's limits; and psutil's setter, which names the caller's pid."""
+    nice = min(os.getpriority(os.PRIO_PROCESS, 0) + 1, NICEST)
+    policy = os.sched_getscheduler(0)
+    return {
+        "setrlimit": outcome(
+            lambda: resource.setrlimit(resource.RLIMIT_NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE))
+        ),
+        "prlimit_read": outcome(lambda: resource.prlimit(os.getpid(), resource.RLIMIT_NOFILE)),  # psutil's rlimit()
+        "nice": outcome(lambda: os.nice(1)),
+        "setpriority": outcome(lambda: os.setpriority(os.PRIO_PROCESS, 0, nice)),
+        "sched_setaffinity": outcome(lambda: os.sched_setaffinity(0, os.sched_getaffinity(0))),
+        "sched_setscheduler": outcome(lambda: os.sched_setscheduler(0, policy, os.sched_param(0))),
+        "sched_setparam": outcome(lambda: os.sched_setparam(0, os.sched_param(0))),
+        "sched_setattr": outcome(lambda: _changed(SCHED_SETATTR, 0, _sched_attr(policy, nice), 0)),
+        "ioprio_set": outcome(lambda: _changed(IOPRIO_SET, IOPRIO_WHO_PROCESS, 0, IOPRIO_BEST_EFFORT_LOW)),
+        "psutil_nice": _psutil_outcome(lambda: psutil.Process().nice(nice)),
+    }
+
+
+def odd_arguments(pid: int) -> dict[str, str]:
+    """Arguments a filter could misread: a pointer whose low word is 0 (not NULL: no read of limits), a pid whose
+    high word is set (the kernel reads the low one: ourselves), and the calls that reach every process of a uid
+    (one with no process, so that they change nothing should they pass: ESRCH)."""
+    low_word_only = ctypes.c_long(1 << 32)
+    core = struct.pack("=QQ", *(limit & (1 << 64) - 1 for limit in resource.getrlimit(resource.RLIMIT_CORE)))
+    return {
+        "prlimit_pointer": outcome(lambda: _changed(PRLIMIT64, pid, resource.RLIMIT_NOFILE, low_word_only, None)),
+        "prlimit_own_high_word": outcome(lambda: _changed(PRLIMIT64, low_word_only, resource.RLIMIT_CORE, core, None)),
+        "setpriority_user": outcome(lambda: os.setpriority(os.PRIO_USER, NO_ONE, NICEST)),
+        "setpriority_own_group": outcome(lambda: os.setpriority(os.PRIO_PGRP, 0, os.getpriority(os.PRIO_PGRP, 0))),
+        "ioprio_set_user": outcome(lambda: _changed(IOPRIO_SET, IOPRIO_WHO_USER, NO_ONE, IOPRIO_IDLE)),
+        "ioprio_set_own_group": outcome(lambda: _changed(IOPRIO_SET, IOPRIO_WHO_PGRP, 0, IOPRIO_BEST_EFFORT_LOW)),
+    }
+
+
+def sysv() -> dict[str, str]:
+    """A private SysV shared memory segment, message queue and semaphore set, each removed at once should it be made."""
+    return {
+        "shmget": outcome(lambda: _call("shmctl", _call("shmget", IPC_PRIVATE, 4096, 0o600), IPC_RMID, None)),
+        "msgget": outcome(lambda: _call("msgctl", _call("msgget", IPC_PRIVATE, 0o600), IPC_RMID, None)),
+        "semget": outcome(lambda: _call("semctl", _call("semget", IPC_PRIVATE, 1, 0o600), 0, IPC_RMID)),
+    }

@@ -186,7 +186,9 @@ def _iteration(
             before = before if crash else target.stop()
         target.restart()
     except (testing.StartError, RestartError) as exc:  # a restart refused is a finding too
-        findings.add([f"the supervisor did not restart: {str(exc).splitlines()[0]}"])
+        first, *tail = str(exc).splitlines() or [""]  # a start error ends with the log's tail: its last line says why
+        why = next((line.strip() for line in reversed(tail) if line.strip()), "")
+        findings.add([f"the supervisor did not restart: {first} {why}".rstrip()])
         return False
     if isinstance(target, Deployment):
         record.count("supervisor")  # confirmed: another instance answers

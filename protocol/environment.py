@@ -35,6 +35,12 @@ SANDBOX_WRITABLE = SETTINGS_PREFIX + "SANDBOX_WRITABLE"
 # The job's event bounds, which the worker keeps its chunk events within (worker/chunks.py).
 MAX_EVENTS = SETTINGS_PREFIX + "MAX_EVENTS_PER_RUN"
 MAX_EVENT_BYTES = SETTINGS_PREFIX + "MAX_EVENT_BYTES"
+# The kernel limits a worker process sets on itself before any crew code runs (worker.lifecycle.confine), lowered
+# only: a JSON object of resource.RLIMIT_* names and values (soft and hard alike). A process may always lower its
+# own, while another's needs the same uid or CAP_SYS_RESOURCE, which a root supervisor with WORKER_USER may lack.
+RLIMITS = SETTINGS_PREFIX + "WORKER_RLIMITS"
+# The CPU seconds a job's worker may use from its job's start before the kernel stops it (RLIMIT_CPU; 0: none).
+CPU_BACKSTOP = SETTINGS_PREFIX + "WORKER_CPU_BACKSTOP"
 
 # A job's places, which the supervisor sets for each crew (a crew's file may not move them): its HOME, CrewAI's
 # storage (absolute: CrewAI reads a relative one against the cwd) and the temporary directory.
@@ -71,6 +77,8 @@ class WorkerSettings:
     writable: tuple[str, ...] = ()
     ids: tuple[int, int] | None = None
     training_dir: str = ""
+    rlimits: tuple[tuple[str, int], ...] = ()
+    cpu_backstop: int = 0
 
     def to_environ(self) -> dict[str, str]:
         environ = {
@@ -81,6 +89,8 @@ class WorkerSettings:
             WARMUP: self.warmup,
             MAX_EVENTS: str(self.max_events),
             MAX_EVENT_BYTES: str(self.max_event_bytes),
+            RLIMITS: json.dumps(dict(self.rlimits)),
+            CPU_BACKSTOP: str(self.cpu_backstop),
         }
         if self.ids is not None:
             environ[WORKER_IDS] = "{}:{}".format(*self.ids)
@@ -103,6 +113,8 @@ class WorkerSettings:
             writable=_read(environ, SANDBOX_WRITABLE, _paths, "a JSON list of paths", default.writable),
             ids=_read(environ, WORKER_IDS, _ids, "uid:gid", default.ids),
             training_dir=environ.get(TRAINING_DIR, default.training_dir),
+            rlimits=_read(environ, RLIMITS, _rlimits, "a JSON object of RLIMIT_* names and values", default.rlimits),
+            cpu_backstop=_read(environ, CPU_BACKSTOP, int, "an integer", default.cpu_backstop),
         )
 
     @classmethod
@@ -127,6 +139,15 @@ def _paths(raw: str) -> tuple[str, ...]:
     if not isinstance(paths, list) or not all(isinstance(path, str) for path in paths):
         raise ValueError(raw)
     return tuple(paths)
+
+
+def _rlimits(raw: str) -> tuple[tuple[str, int], ...]:
+    limits = json.loads(raw)
+    if not isinstance(limits, dict) or not all(
+        name.startswith("RLIMIT_") and type(value) is int and value >= 0 for name, value in limits.items()
+    ):
+        raise ValueError(raw)
+    return tuple(limits.items())
 
 
 def _ids(raw: str) -> tuple[int, int]:

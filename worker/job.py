@@ -132,6 +132,7 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
         out.send(failed(type(exc).__name__, Reason.CREW_FACTORY_FAILED, message, False))
         return
     spending.report(out.send, start.max_tokens, start.max_llm_calls)
+    lifecycle.bound_cpu()
     out.send(Started())
     # Work that may have had effects leaves its outcome uncertain; a read-only query has none.
     effects = start.operation not in READ_ONLY_OPERATIONS

@@ -6,9 +6,11 @@ import ctypes
 import logging
 import os
 import queue
+import resource
 import signal
 import tempfile
 import threading
+import time
 
 import setproctitle
 
@@ -112,6 +114,10 @@ class _CapData(ctypes.Structure):
 def confine(ids: tuple[int, int] | None = None) -> None:
     """What every worker process (and the fork server) gives up first, before any crew code runs.
 
+    - Its rlimits (``settings.rlimits``: open files, address space, file size), lowered only. Set here by the
+      process itself, since the kernel lets no other set them without its uid or CAP_SYS_RESOURCE (a root
+      supervisor with WORKER_USER may lack it); hard ones, which nothing it runs can raise again (it keeps no
+      capability). A worker the fork server forks inherits them.
     - umask 077: CrewAI's storage, HOME and scratch files are 0600/0700 whatever the supervisor's umask;
       the fork server's workers inherit it.
     - Every capability, when it has any (a root supervisor's children have them all): CAP_SYS_PTRACE,
@@ -133,6 +139,8 @@ def confine(ids: tuple[int, int] | None = None) -> None:
     """
     global hiding, confined_to, contained, offered
     os.umask(0o077)
+    for name, value in settings.rlimits:
+        _lower(getattr(resource, name), value)
     if hidden := list(settings.hidden):  # listed before any uid change: a workers' user may not list a 0711 one
         hiding = landlock.Hiding(hidden)
     libc = ctypes.CDLL(None, use_errno=True)
@@ -160,6 +168,23 @@ def confine(ids: tuple[int, int] | None = None) -> None:
     held = bool(hiding.enter(confined_to)) if hiding is not None else landlock.deny_cgroup_writes()
     contained = held and "clone3" in refused
     offered = [Layer.SECCOMP] * (refused >= frozenset(seccomp.REFUSED)) + landlock.layers(landlock.abi())
+
+
+def bound_cpu() -> None:
+    """As its job starts: the kernel stops this process ``settings.cpu_backstop`` CPU seconds from now, SIGXCPU
+    first, SIGKILL a second later (none without one). A backstop behind the supervisor's sampler, which counts
+    the job's whole tree; this counts the process, which its imports (a cold start's) counted for already."""
+    if settings.cpu_backstop:
+        soft = int(time.process_time()) + settings.cpu_backstop
+        _lower(resource.RLIMIT_CPU, soft, soft + 1)
+
+
+def _lower(kind: int, soft: int, hard: int | None = None) -> None:
+    """Lower only: a hard limit already tighter (the operator's own ulimit) is kept."""
+    hard = soft if hard is None else hard
+    _, current = resource.getrlimit(kind)
+    hard = hard if current == resource.RLIM_INFINITY else min(hard, current)
+    resource.setrlimit(kind, (min(soft, hard), hard))
 
 
 def set_dumpable(dumpable: bool) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import resource
-from pathlib import Path
 
 from supervisor import listener
 from supervisor.config import PREFIX, Settings
@@ -12,7 +11,6 @@ from supervisor.jobs.sandbox import Sandbox
 from supervisor.processes.limits import CPU_BACKSTOP_SECONDS, Limits
 
 MiB = 1024 * 1024
-CAP_SYS_RESOURCE = 24
 
 
 def listen(settings: Settings) -> Finding:
@@ -101,25 +99,18 @@ def containment(settings: Settings, contained: bool) -> Finding:
 
 
 def rlimits(settings: Settings) -> Finding:
-    """What ``prlimit`` gives each worker: the setting, or this environment's hard limit if lower (the
-    supervisor only lowers a limit)."""
+    """What each worker process sets on itself at its start (with or without ``WORKER_USER``): the setting, or this
+    environment's hard limit if lower (a limit is only lowered)."""
     parts = [
         _rlimit("RLIMIT_NOFILE", resource.RLIMIT_NOFILE, settings.worker_max_open_files, "WORKER_MAX_OPEN_FILES"),
         _rlimit(
             "RLIMIT_AS", resource.RLIMIT_AS, settings.worker_max_address_space_mb * MiB, "WORKER_MAX_ADDRESS_SPACE_MB"
         ),
+        _rlimit("RLIMIT_FSIZE", resource.RLIMIT_FSIZE, settings.worker_max_disk_mb * MiB, "WORKER_MAX_DISK_MB"),
     ]
     if settings.worker_max_cpu_seconds:
         parts.append(f"RLIMIT_CPU {CPU_BACKSTOP_SECONDS} s past {PREFIX}WORKER_MAX_CPU_SECONDS, behind the sampler")
-    detail = "per worker: " + "; ".join(parts)
-    if settings.worker_ids is not None and not _capable(CAP_SYS_RESOURCE):
-        return warning(
-            "rlimits",
-            f"{detail}; but setting them on workers of another uid ({PREFIX}WORKER_USER) needs CAP_SYS_RESOURCE,"
-            " which this process lacks: the workers would run without them",
-            f"give the supervisor CAP_SYS_RESOURCE (--cap-add SYS_RESOURCE), or leave {PREFIX}WORKER_USER unset",
-        )
-    return ok("rlimits", detail)
+    return ok("rlimits", "per worker: " + "; ".join(parts))
 
 
 def llm_budget(settings: Settings) -> Finding:
@@ -142,11 +133,3 @@ def _rlimit(name: str, kind: int, value: int, setting: str) -> str:
     if hard != resource.RLIM_INFINITY and hard < value:
         return f"{name} {hard} (this environment's hard limit, below {PREFIX}{setting})"
     return f"{name} {value}"
-
-
-def _capable(capability: int) -> bool:
-    """Whether this process holds ``capability`` in its effective set."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("CapEff:"):
-            return bool(int(line.split()[1], 16) >> capability & 1)
-    return False

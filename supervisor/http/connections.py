@@ -14,7 +14,11 @@ any request reaches the app (and so before auth):
 - a request's line and headers together may take ``MAX_HEADER_BYTES``, one header line ``HEADER_LINE_BYTES``,
   and there may be ``MAX_HEADERS`` of them: past any, 431 and the connection closed (a request target counts
   in the first bound only: a page cursor of the API's longest, percent-encoded, takes ~24 KiB). The parser is
-  fed at most what the headers may still take, so it never holds more;
+  fed at most what the headers may still take, so it never holds more (but for a request that came in the read
+  that ended the one before: httptools says not where that one ended, so that read's bytes of it are not
+  counted, and it may take up to twice as much);
+- any request of a connection refused (431, 400, 408) is answered as the first would be: after the answers to
+  the requests before it, then the connection is closed;
 - while an answer is pending, no further request is read: what came with it waits, unparsed, and reading
   stops until the answer is sent; more than ``MAX_PIPELINED`` requests parsed from one read closes the
   connection;
@@ -120,6 +124,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self._head_bytes: int | None = 0  # fed since the request began; None once its headers are complete
         self._header_count = 0
         self._unparsed = b""  # read while an answer was pending: parsed once it is sent
+        self._refusal: _Refusal | None = None  # of a request behind a pending answer: answered once that is sent
         self._received = 0
 
     # The connection ------------------------------------------------------------------------------------
@@ -154,6 +159,8 @@ class GuardedProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         self._unset_keepalive_if_required()
         self._received += len(data)
+        if self._refusal is not None:  # nothing after a refused request is read
+            return
         if self._unparsed or self._answer_pending():
             self._unparsed += data
             self.flow.pause_reading()
@@ -179,13 +186,11 @@ class GuardedProtocol(HttpToolsProtocol):
             try:
                 self.parser.feed_data(piece)
             except httptools.HttpParserCallbackError as exc:
-                if isinstance(exc.__context__, _Refusal):
-                    self._refuse(exc.__context__)
-                else:
-                    self.send_400_response("Invalid HTTP request received.")
+                refusal = exc.__context__ if isinstance(exc.__context__, _Refusal) else None
+                self._refuse(refusal or _Refusal(400, "Invalid HTTP request received."))
                 return
             except httptools.HttpParserError:
-                self.send_400_response("Invalid HTTP request received.")
+                self._refuse(_Refusal(400, "Invalid HTTP request received."))
                 return
             except httptools.HttpParserUpgrade:
                 self._unsupported_upgrade_warning()  # no websockets here: it was answered as plain HTTP
@@ -195,12 +200,27 @@ class GuardedProtocol(HttpToolsProtocol):
         return self.cycle is not None and not self.cycle.response_complete and self._head_bytes is not None
 
     def _refuse(self, refusal: _Refusal) -> None:
-        if refusal.status is not None and (self.cycle is None or not self.cycle.response_started):
+        """Answer the request ``refusal`` refuses and close, whichever request of the connection it is: once the
+        answers to the requests before it are sent (pipelined ones parsed with it), never into another's answer."""
+        if refusal.status is not None and self._answers_owed():
+            self._refusal = refusal
+            self.flow.pause_reading()
+            return
+        # In its body, a request has its own cycle: an answer it began cannot be replaced.
+        began = self._head_bytes is None and self.cycle is not None and self.cycle.response_started
+        if refusal.status is not None and not began:
             phrase = STATUS_LINE[refusal.status]
             body = refusal.reason.encode()
             head = b"content-type: text/plain; charset=utf-8\r\nconnection: close\r\ncontent-length: %d\r\n\r\n"
             self.transport.write(phrase + head % len(body) + body)
         self.close()
+
+    def _answers_owed(self) -> bool:
+        """Whether an answer to a request before the one being read is still to be sent: in its head, that of the
+        connection's last cycle; in its body (its own cycle the last), that of one it still waits behind."""
+        if self._head_bytes is not None:
+            return self.cycle is not None and not self.cycle.response_complete
+        return any(cycle is self.cycle for cycle, _ in self.pipeline)
 
     # Parser callbacks ----------------------------------------------------------------------------------
 
@@ -235,6 +255,9 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if self._refusal is not None and not self._answers_owed():
+            self._refuse(self._refusal)
+            return
         # Idle again, unless a pipelined request is already being served: its headers have arrived.
         if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
             self._await_headers()

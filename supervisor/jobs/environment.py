@@ -17,6 +17,7 @@ from pathlib import Path
 from protocol import HOME, PLACES, SETTINGS_PREFIX, STORAGE_DIR, TMPDIR, WorkerSettings
 from supervisor.config import Settings
 from supervisor.jobs.sandbox import hidden, workers_writable
+from supervisor.processes.limits import rlimits as worker_rlimits
 
 ALWAYS_PASSED = ("PATH", "PYTHONPATH")  # what finds the interpreter's tools and the crews' code
 MAX_FILE_BYTES = 64 * 1024
@@ -64,9 +65,10 @@ def crew_places(state: Path, crew_id: str) -> tuple[Path, Path]:
 
 def worker_settings(settings: Settings, state: Path, writable: list[str] | None = None) -> dict[str, str]:
     """The settings the worker process reads from its environment (and then takes out of it), as the contract
-    writes them: the registry, its niceness, the fork server's warm-up, the job's event bounds, the workers' uid,
-    the training directory, what its sandbox hides and lets it change: ``writable`` (a job's places, for a worker
-    spawned for it) or else every worker's places."""
+    writes them: the registry, its niceness, the fork server's warm-up, the job's event bounds, its rlimits, the
+    workers' uid, the training directory, what its sandbox hides and lets it change: ``writable`` (a job's places,
+    for a worker spawned for it) or else every worker's places."""
+    rlimits, cpu_backstop = worker_rlimits(settings)
     contract = WorkerSettings(
         registry=settings.registry,
         nice=settings.worker_nice,
@@ -77,6 +79,8 @@ def worker_settings(settings: Settings, state: Path, writable: list[str] | None 
         writable=tuple(workers_writable(settings, state) if writable is None else writable),
         ids=settings.worker_ids,
         training_dir=str(Path(settings.training_dir).absolute()) if settings.training_dir else "",
+        rlimits=rlimits,
+        cpu_backstop=cpu_backstop,
     )
     return contract.to_environ()
 

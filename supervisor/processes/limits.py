@@ -1,8 +1,11 @@
 """Per-job limits, enforced from the supervisor's side so a job cannot opt out.
 
-Kernel limits are set on the worker from here (``prlimit``, not a request to the worker): open files,
-address space, a pids and a memory cgroup (where they can be made) before it is given its job, a CPU backstop once
-the job starts. A sampler measures every worker's whole tree each period and names the limit a job broke.
+A pids and a memory cgroup (where they can be made) are joined from here before a worker is given its job. The
+rlimits (open files, address space, file size, and a CPU backstop from the job's start: ``rlimits``) are the
+supervisor's values, which each worker process sets on itself before any crew code runs: the kernel lets a
+process lower its own, but lets ``prlimit`` reach another only with its uid or CAP_SYS_RESOURCE, which a root
+supervisor with WORKER_USER may lack (Docker's default set does). Hard and soft alike, so no job raises them back.
+A sampler measures every worker's whole tree each period and names the limit a job broke.
 
 Each worker's processes are its ``Containment`` (``containment.py``, the worker's ``containment``): its cgroups,
 the samples and every descendant they saw. The limits give it its cgroups in ``apply`` and remove them in
@@ -14,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import resource
 from collections.abc import Callable
 from typing import Any
 
@@ -43,8 +45,6 @@ class Limits:
         self.memory_bytes = settings.worker_max_memory_mb * MiB
         self.cpu_seconds = settings.worker_max_cpu_seconds
         self.processes = settings.worker_max_processes
-        self.open_files = settings.worker_max_open_files
-        self.address_space = settings.worker_max_address_space_mb * MiB
         self.output_bytes = settings.worker_max_output_bytes
         self.disk_bytes = settings.worker_max_disk_mb * MiB
         self.period = settings.limit_sample_ms / 1000
@@ -80,14 +80,6 @@ class Limits:
         """Bound a worker that has not yet been given its job; once (a pre-forked one is bounded while idle)."""
         if worker in self._applied:
             return
-        rlimits = (
-            (resource.RLIMIT_NOFILE, self.open_files),
-            (resource.RLIMIT_AS, self.address_space),
-            (resource.RLIMIT_FSIZE, self.disk_bytes),  # no one file past the disk cap, whatever its place
-        )
-        for kind, value in rlimits:
-            if value:
-                _prlimit(worker.pid, kind, value, value)
         cgroup = None
         if self.cgroups is not None:
             # Off the loop: moving a process between cgroups waits on the kernel (~15 ms measured).
@@ -97,12 +89,10 @@ class Limits:
         self._applied.add(worker)
 
     def begin(self, worker: WorkerProcess) -> None:
-        """The job starts now: CPU counts from here (not a cold start's imports), with a kernel backstop."""
+        """The job starts now: CPU counts from here (not a cold start's imports); the worker set its kernel backstop
+        as it started it (``rlimits``)."""
         tree = worker.containment
         tree.cpu_baseline = tree.job_cpu_seconds(tree.cpu_seconds())
-        if self.cpu_seconds:
-            soft = int(tree.cpu_baseline) + self.cpu_seconds + CPU_BACKSTOP_SECONDS
-            _prlimit(worker.pid, resource.RLIMIT_CPU, soft, soft + 1)  # SIGXCPU first, SIGKILL a second later
 
     def release(self, worker: WorkerProcess) -> None:
         """The worker is gone: forget its tree and remove its cgroup."""
@@ -238,15 +228,13 @@ def disk_breach(written: int, entries: int, limit: int) -> Breach:
     )
 
 
-def _prlimit(pid: int, kind: int, soft: int, hard: int) -> None:
-    """Lower only: a limit already tighter (set by the operator's own ulimit) is kept.
-
-    Reading another uid's limits is refused too (EPERM) without CAP_SYS_RESOURCE, which a root
-    supervisor may lack (Docker drops it) while its workers run as WORKER_USER: logged, not fatal.
-    """
-    try:
-        _, current_hard = resource.prlimit(pid, kind)
-        hard = hard if current_hard == resource.RLIM_INFINITY else min(hard, current_hard)
-        resource.prlimit(pid, kind, (min(soft, hard), hard))
-    except (OSError, ValueError) as exc:
-        log.warning("could not set worker limit %d: %s", kind, type(exc).__name__, extra={"pid": pid})
+def rlimits(settings: Settings) -> tuple[tuple[tuple[str, int], ...], int]:
+    """The kernel limits of every worker process (``RLIMIT_*`` name, value; the unset left out), and its CPU backstop:
+    the seconds it may use from its job's start before the kernel stops it (0: none). Sent in its settings."""
+    static = (
+        ("RLIMIT_NOFILE", settings.worker_max_open_files),
+        ("RLIMIT_AS", settings.worker_max_address_space_mb * MiB),
+        ("RLIMIT_FSIZE", settings.worker_max_disk_mb * MiB),  # no one file past the disk cap, whatever its place
+    )
+    cpu = settings.worker_max_cpu_seconds
+    return tuple((name, value) for name, value in static if value), cpu + CPU_BACKSTOP_SECONDS if cpu else 0

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from protocol import MAX_EVENTS, SANDBOX_WRITABLE, SETTINGS_PREFIX, WORKER_IDS, BadSetting, WorkerSettings
+from protocol.environment import RLIMITS
 
 EVERY_FIELD = WorkerSettings(
     registry="tests.crews:registry",
@@ -19,6 +20,8 @@ EVERY_FIELD = WorkerSettings(
     writable=("/state/home/x", "/state/storage/x"),
     ids=(1001, 1002),
     training_dir="/training",
+    rlimits=(("RLIMIT_NOFILE", 1024), ("RLIMIT_FSIZE", 1 << 30)),
+    cpu_backstop=65,
 )
 
 
@@ -44,7 +47,14 @@ def test_taking_them_leaves_no_setting_in_the_environment() -> None:
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [(MAX_EVENTS, "many"), (SANDBOX_WRITABLE, '{"a": 1}'), (SANDBOX_WRITABLE, "["), (WORKER_IDS, "7")],
+    [
+        (MAX_EVENTS, "many"),
+        (SANDBOX_WRITABLE, '{"a": 1}'),
+        (SANDBOX_WRITABLE, "["),
+        (WORKER_IDS, "7"),
+        (RLIMITS, '{"NOFILE": 5}'),  # not a resource.RLIMIT_* name: the worker would look it up
+        (RLIMITS, '{"RLIMIT_NOFILE": -1}'),
+    ],
 )
 def test_a_bad_value_names_its_variable(name: str, value: str) -> None:
     with pytest.raises(BadSetting, match=f"^{name}="):

@@ -323,6 +323,55 @@ def test_workers_run_as_the_worker_user_and_cannot_reach_the_supervisor(
         server.stop()
 
 
+# /proc/<pid>/limits' names of the kernel limits the supervisor sets on a worker
+PROC_LIMITS = {"open files": "Max open files", "file size": "Max file size", "address space": "Max address space"}
+LIMITED = {
+    "AIP_CREWAI_WORKER_MAX_OPEN_FILES": "300",
+    "AIP_CREWAI_WORKER_MAX_DISK_MB": "64",
+    "AIP_CREWAI_WORKER_MAX_ADDRESS_SPACE_MB": "65536",  # past what a CrewAI worker maps
+    "AIP_CREWAI_WORKER_MAX_CPU_SECONDS": "600",
+}
+
+
+@root_only
+@pytest.mark.parametrize("launcher", ["forkserver", "spawn"])
+def test_every_kernel_limit_holds_on_a_worker_of_the_worker_user(
+    base: Path, runtime: tuple[str, list[str]], launcher: str
+) -> None:
+    """Open files, file size, address space and the CPU backstop, as ``/proc/<pid>/limits`` shows them from
+    outside (soft and hard: a job may not raise them back), and not one "could not set worker limit" logged.
+
+    Without CAP_SYS_RESOURCE (this machine's root, Docker's) a root supervisor may not ``prlimit`` a process of
+    another uid: every such limit was logged as not set, per worker, and the worker ran without it."""
+    python, packages = runtime
+    env = {"AIP_CREWAI_LAUNCHER": launcher, "AIP_CREWAI_WORKER_USER": USER, **LIMITED}
+    server = start_server(base / "state", env=env, python=python, path=packages)
+    body = {"crew_id": "demo-slow", "action_id": "limited", "input": {"seconds": 600}}
+    with server.client() as client:
+        with client.stream("POST", "/jobs/stream", json=body, headers={"Idempotency-Key": "limited"}) as response:
+            first = next(sse_events(response))
+        assert first["event"] == "started", first
+        limits = _proc_limits(first["data"]["pid"])
+        client.post("/jobs/limited/cancel", json={"crew_id": "demo-slow", "action_id": "limited"})
+    MiB = 1024 * 1024
+    assert limits[PROC_LIMITS["open files"]] == (300, 300)
+    assert limits[PROC_LIMITS["file size"]] == (64 * MiB, 64 * MiB)
+    assert limits[PROC_LIMITS["address space"]] == (65536 * MiB, 65536 * MiB)
+    soft, hard = limits["Max cpu time"]  # what the job used before it started, its 600 s, then 5 s of backstop
+    assert soft is not None and 605 <= soft < 605 + 60 and hard == soft + 1, (soft, hard)
+    assert "could not set worker limit" not in server.log_tail(), server.log_tail()
+
+
+def _proc_limits(pid: int) -> dict[str, tuple[int | None, int | None]]:
+    """A process's soft and hard limits by name, read as anyone may (``prlimit`` on another uid needs
+    CAP_SYS_RESOURCE): None is unlimited."""
+    found: dict[str, tuple[int | None, int | None]] = {}
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines()[1:]:
+        name, soft, hard = line[:26].strip(), *line[26:].split()[:2]
+        found[name] = tuple(None if value == "unlimited" else int(value) for value in (soft, hard))  # type: ignore[assignment]
+    return found
+
+
 def _cancel_kills_the_worker(client: httpx.Client, uid: int) -> None:
     body = {"crew_id": "demo-slow", "action_id": "slow", "input": {"seconds": 600}}
     with client.stream("POST", "/jobs/stream", json=body, headers={"Idempotency-Key": "slow"}) as response:

@@ -12,7 +12,15 @@ from protocol import Chunk, Completed, DumpStacks, Failed, Hello, OverBudget, Re
 from supervisor.config import PREFIX, Settings
 from supervisor.jobs import stacks
 from supervisor.jobs.live import LiveJob
-from supervisor.jobs.outcomes import Outcome, after_terminal, exit_failure, failure, interrupted, protocol_fault
+from supervisor.jobs.outcomes import (
+    Outcome,
+    after_terminal,
+    exit_failure,
+    failure,
+    interrupted,
+    protocol_fault,
+    worker_failure,
+)
 from supervisor.jobs.phases import StopReason
 from supervisor.jobs.recorder import Recorder, masked
 from supervisor.metrics import Metrics
@@ -103,9 +111,8 @@ class Relay:
         if strays:
             proof = (await worker.kill()).as_dict()
             strays = proof["descendants_killed"]
-        if isinstance(message, Failed):  # its message may quote a key the crew was given, as a provider's does:
-            text = redact(message.message, job.secrets)  # replaced before failure() bounds it, which may cut a key
-            return failure(message.reason, text, message.uncertain_outcome, error_type=message.error_type, **proof)
+        if isinstance(message, Failed):
+            return worker_failure(message, job.secrets, **proof)
         if strays:  # work escaped the worker: its result cannot be trusted to be all of it
             return failure(
                 Reason.STRAY_PROCESSES, f"the worker left {strays} process(es) running; killed", False, **proof

@@ -59,6 +59,7 @@ CASES = [
     ("broken-unknown-message", "protocol_unknown_message"),
     ("broken-old-version", "protocol_version_mismatch"),
     ("broken-second-terminal", "protocol_duplicate_terminal"),
+    ("broken-forged-reason", "protocol_error"),  # it claimed memory_limit_exceeded: never taken from a worker
     ("broken-close-pipe", "frame_pipe_closed"),
     ("runaway-memory", "memory_limit_exceeded"),
     ("runaway-events", "event_limit_exceeded"),
@@ -88,6 +89,8 @@ def test_a_broken_worker_fails_only_its_own_job(server: Server, evidence: Path, 
         assert terminal["exit_signal"] == "SIGSEGV"
     if reason == "worker_exited":
         assert terminal["exit_status"] == 3
+    if crew == "broken-forged-reason":
+        assert terminal["worker_reason"] == "memory_limit_exceeded", terminal
     if reason == "frame_truncated":
         assert f"{STALL_SECONDS:g} s" in terminal["message"]
 

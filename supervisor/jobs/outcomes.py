@@ -56,13 +56,14 @@ MAX_MESSAGE_CHARS = 4096
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """The terminal event (``completed`` data is the output itself, as the reference writes it) and the
-    worker's exit status, which the record keeps."""
+    """The terminal event (``completed`` data is the output itself, as the reference writes it), and what the record
+    keeps beside it: the worker's exit status, and what it left running when it exited (``Leftovers.record``)."""
 
     event: str  # completed | failed | cancelled
     data: dict[str, Any]
     output: dict[str, Any] | None = None
     exit_status: int | None = None
+    leftovers: dict[str, Any] | None = None
 
 
 def failure(reason: str, message: str, uncertain: bool, error_type: str | None = None, **proof: Any) -> Outcome:

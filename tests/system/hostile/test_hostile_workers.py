@@ -37,6 +37,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, evidence: Path) -> Iterator
         evidence,
         STOP_GRACE_MS="200",
         MAX_EVENTS_PER_RUN="50",
+        STRAY_PROCESSES="fail",  # runaway-daemon fails as it did before its answer was kept
         WORKER_MAX_MEMORY_MB="400",
         WORKER_MAX_OUTPUT_BYTES=str(8 * 1024 * 1024),
     )
@@ -89,6 +90,10 @@ def test_a_broken_worker_fails_only_its_own_job(server: Server, evidence: Path, 
         assert terminal["exit_signal"] == "SIGSEGV"
     if reason == "worker_exited":
         assert terminal["exit_status"] == 3
+    if crew == "runaway-daemon":  # named in the record as when its answer is kept (tests/system/runaway)
+        with server.client() as client:
+            (named,) = client.get(f"/jobs/{crew}").json()["leftovers"]["processes"]
+        assert named["left"] == "own_session" and named["pid"] == int((evidence / "daemon.pids").read_text()), named
     if crew == "broken-forged-reason":
         assert terminal["worker_reason"] == "memory_limit_exceeded", terminal
     if reason == "frame_truncated":

@@ -328,7 +328,7 @@ SPEC: dict[str, Setting] = {
         "what a job that answered and left processes running ends with (they are killed either way);"
         " keep_answer: its answer (completed); fail: failed, stray_processes",
         "an MCP stdio server or a code interpreter a crew did not close is such a process; the job's record names"
-        " each (`leftovers`: pid, command, how it left), see [The job's record](api.md#get-jobsaction_id)",
+        " each (`leftovers`: pid, command, how it left), see [Reading a job](api.md#reading-a-job)",
     ),
     "CGROUPS": Setting(
         _choice("auto", "off"),

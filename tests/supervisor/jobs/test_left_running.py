@@ -5,12 +5,15 @@ the job fails with ``stray_processes`` as it always did, naming them the same wa
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from protocol import Reason
+from supervisor.logs import JsonFormatter
 from supervisor.processes.containment import Boundary, Left
 from supervisor.vocabulary import Status
 from tests.conftest import gone
@@ -50,7 +53,10 @@ def named(it: Core, child: tuple[int, float], escaped: tuple[int, float]) -> dic
 
 
 @in_loop
-async def test_a_job_that_answered_and_left_processes_keeps_its_answer_and_names_them(tmp_path: Path) -> None:
+async def test_a_job_that_answered_and_left_processes_keeps_its_answer_and_names_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "crew_supervisor.jobs")
     async with core(tmp_path) as it:
         child, escaped = await leave_two(it, tmp_path)
         event, data = await it.settled()
@@ -60,6 +66,9 @@ async def test_a_job_that_answered_and_left_processes_keeps_its_answer_and_names
             record = (await client.get("/jobs/job")).json()
         assert record["status"] == Status.COMPLETED and record["output"] == data and record["exit_status"] == 0
         assert record["leftovers"] == leftovers
+        (said,) = [line for line in caplog.records if line.getMessage().startswith("the job's worker left processes")]
+        logged = orjson.loads(JsonFormatter().format(said))
+        assert logged["descendants_killed"] == 2 and logged["leftovers"] == leftovers["processes"], logged
         plain = await it.start(["started", "complete"], action_id="plain")
         assert plain is not None and (await it.settled("plain"))[0] == Status.COMPLETED
         async with it.http() as client:

@@ -68,7 +68,7 @@ from protocol.messages import (
     pack,
 )
 from protocol.training import is_partial, partial_name
-from protocol.vocabulary import READ_ONLY_OPERATIONS, Operation, Reason
+from protocol.vocabulary import READ_ONLY_OPERATIONS, WORKER_REASONS, Operation, Reason
 
 __all__ = [
     "CONTROL_FD",
@@ -97,6 +97,7 @@ __all__ = [
     "WARMUP",
     "WORKER_IDS",
     "WORKER_NICE",
+    "WORKER_REASONS",
     "BadSetting",
     "Built",
     "Chunk",

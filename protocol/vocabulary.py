@@ -27,7 +27,7 @@ READ_ONLY_OPERATIONS = frozenset({Operation.KNOWLEDGE_QUERY})
 
 class Reason(enum.StrEnum):
     """Why a job failed: its failed event's ``reason`` (``error_type`` is the reference's name, where it has one).
-    A worker says the first group in its ``Failed``; the supervisor decides the rest."""
+    A worker says the first group in its ``Failed`` (``WORKER_REASONS``); the supervisor decides the rest."""
 
     # The worker's
     REGISTRY_ERROR = "registry_error"  # the registry would not load: configuration
@@ -70,3 +70,21 @@ class Reason(enum.StrEnum):
     DISK_LIMIT_EXCEEDED = "disk_limit_exceeded"
     TOKEN_LIMIT_EXCEEDED = "token_limit_exceeded"
     LLM_CALL_LIMIT_EXCEEDED = "llm_call_limit_exceeded"
+
+
+# The reasons a job's worker may give in its ``Failed``: what only it can see (its registry, its crew, its operation,
+# the sandbox its kernel would not let it enter). Crew code runs in the worker and can write any frame, so every other
+# reason (a limit, a stray, a stop, a restart, a fault) is the supervisor's alone: one a worker gives is not taken
+# (supervisor/jobs/outcomes.py: ``worker_failure``). The fork server's ``WARMUP_FAILED`` is no job's.
+WORKER_REASONS = frozenset(
+    {
+        Reason.REGISTRY_ERROR,
+        Reason.SANDBOX_FAILED,
+        Reason.UNKNOWN_CREW,
+        Reason.UNKNOWN_OPERATION,
+        Reason.CREW_FACTORY_FAILED,
+        Reason.OPERATION_REFUSED,
+        Reason.OPERATION_FAILED,
+        Reason.OUTPUT_TOO_LARGE,
+    }
+)

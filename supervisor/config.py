@@ -74,6 +74,7 @@ class Settings:
     worker_max_llm_calls: int
     worker_nice: int
     limit_sample_ms: int
+    stray_processes: str
     cgroups: str
     console: bool
     worker_env: tuple[str, ...]

@@ -33,6 +33,8 @@ FIELDS = (
     "tokens",  # the LLM tokens a finished job spent
     "llm_calls",
     "traceback",  # a crew's exception, as its worker wrote it (LOG_CREW_TRACEBACKS)
+    "descendants_killed",  # what a job's worker left running when it exited: how many, killed
+    "leftovers",  # and each of them: pid, command (secrets masked), how it left
 )
 
 

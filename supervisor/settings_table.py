@@ -322,6 +322,14 @@ SPEC: dict[str, Setting] = {
         " kernel's autogroup scheduling",
     ),
     "LIMIT_SAMPLE_MS": Setting(_integer(10, 60000), "250", "how often memory, CPU and processes are sampled"),
+    "STRAY_PROCESSES": Setting(
+        _choice("keep_answer", "fail"),
+        "keep_answer",
+        "what a job that answered and left processes running ends with (they are killed either way);"
+        " keep_answer: its answer (completed); fail: failed, stray_processes",
+        "an MCP stdio server or a code interpreter a crew did not close is such a process; the job's record names"
+        " each (`leftovers`: pid, command, how it left), see [Reading a job](api.md#reading-a-job)",
+    ),
     "CGROUPS": Setting(
         _choice("auto", "off"),
         "auto",

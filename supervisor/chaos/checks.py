@@ -1,8 +1,8 @@
 """The invariants read back after each restart, each broken one a line: every acknowledged admission is
 there; nothing is `running` without a worker; a job the crash interrupted is `failed` and uncertain; no
 worker from before the restart lives; every job's events are contiguous from 0 and end with exactly one
-terminal event; no job started twice; every failure has a fault of ours to explain it; and the journal
-passes SQLite's quick_check."""
+terminal event; no job started twice; every failure has a fault of ours to explain it, or is the crew's own; and
+the journal passes SQLite's quick_check."""
 
 from __future__ import annotations
 
@@ -15,13 +15,15 @@ from typing import Any
 import httpx
 import psutil
 
-from protocol import Reason
+from protocol import WORKER_REASONS, Reason
 from supervisor.chaos.faults import Record
 from supervisor.vocabulary import TERMINAL_EVENTS, Status
 
 OUR_FAULTS = (Reason.SUPERVISOR_RESTARTED, Reason.SUPERVISOR_STOPPED)  # what a supervisor kill ends a job with
-# CrewAI's own storage (SQLite under the state directory) failing on the full disk: the crew's outcome, true.
-DISK_ERRORS = ("DatabaseOperationError",)
+# A failure the crew decided (a reason only its worker gives: it raised, its factory did, CrewAI's storage failed on
+# the disk we filled) or caused (processes it left running, with STRAY_PROCESSES=fail): the crew's outcome, counted
+# apart, never a violation of ours.
+CREWS_OWN = WORKER_REASONS | {Reason.STRAY_PROCESSES}
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,8 @@ class Findings:
     violations: list[str] = field(default_factory=list)
     interrupted: set[str] = field(default_factory=set)
     orphans: set[str] = field(default_factory=set)
+    crews_own: set[str] = field(default_factory=set)  # failed as their crew decided or caused (``CREWS_OWN``)
+    left_running: set[str] = field(default_factory=set)  # their worker left processes running (killed, named)
     settled: set[str] = field(default_factory=set)  # terminal when last read: no later restart changes them
 
     def add(self, problems: list[str]) -> None:
@@ -91,11 +95,11 @@ def job_problems(action: str, job: dict[str, Any], events: list[dict[str, Any]],
 
 
 def explained(terminal: dict[str, Any], record: Record) -> bool:
-    """A failure we caused: a supervisor kill, a worker we killed, or a crew's storage on the disk we filled."""
+    """A failure we caused (a supervisor kill, a worker we killed) or the crew's own (``CREWS_OWN``)."""
     return (
         terminal.get("reason") in OUR_FAULTS
         or terminal.get("pid") in record.killed_pids
-        or (bool(record.full) and terminal.get("error_type") in DISK_ERRORS)
+        or terminal.get("reason") in CREWS_OWN
     )
 
 
@@ -126,6 +130,10 @@ def check_restart(
         events = all_events(client, action, job["event_count"])
         findings.add(job_problems(action, job, events, record))
         terminal = job.get("terminal") or {}
+        if job["status"] == Status.FAILED and terminal.get("reason") in CREWS_OWN:
+            findings.crews_own.add(action)
+        if job.get("leftovers"):
+            findings.left_running.add(action)
         if terminal.get("reason") == Reason.SUPERVISOR_RESTARTED:
             findings.interrupted.add(action)
             if terminal.get("orphan_killed"):

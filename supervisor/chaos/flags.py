@@ -17,7 +17,8 @@ demo crews by default), keeps a load of concurrent clients going, injects the
 faults of --faults from a seeded schedule, SIGKILLs and restarts the
 supervisor after each iteration and checks every invariant: each acknowledged
 job kept, none left running or started twice, each job's events contiguous
-with one terminal event last, each failure explained by a fault. With --url
+with one terminal event last, each failure explained by a fault or the crew's
+own (it raised, or left processes running with STRAY_PROCESSES=fail). With --url
 and --restart-cmd it tests a running deployment instead (the supervisor fault
 only).
 

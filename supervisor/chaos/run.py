@@ -149,6 +149,8 @@ def _run(
         "jobs_admitted": len(acked),
         "jobs_interrupted": len(findings.interrupted),
         "orphans_found_at_restart": len(findings.orphans),
+        "jobs_failed_by_their_crew": len(findings.crews_own),  # the crew's outcome, not a violation
+        "jobs_that_left_processes": len(findings.left_running),  # killed and named in their record
         "not_checked": [] if isinstance(target, Local) else list(OUT_OF_SIGHT),
         "violations": findings.violations,
     }
@@ -230,6 +232,8 @@ def _print(report: dict[str, Any]) -> None:
         ("jobs admitted", report["jobs_admitted"]),
         ("jobs interrupted by a crash", report["jobs_interrupted"]),
         ("orphans found at restart", report["orphans_found_at_restart"]),
+        ("jobs failed by their crew", report["jobs_failed_by_their_crew"]),
+        ("jobs that left processes (killed)", report["jobs_that_left_processes"]),
         ("invariant violations", len(report["violations"])),
         ("duration (s)", report["duration_seconds"]),
     ]

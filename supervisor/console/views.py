@@ -155,6 +155,9 @@ def job_panel(job: dict[str, Any]) -> Table:
                 table.add_row(plain(name, "dim"), plain(compact(value)))
     if job.get("exit_status") is not None:
         table.add_row(Text("exit_status", style="dim"), plain(job["exit_status"]))
+    for process in (job.get("leftovers") or {}).get("processes", []):  # what the worker left running: killed
+        left = f"{process.get('pid')} ({process.get('left')}, killed): {process.get('command')}"
+        table.add_row(Text("left running", style="dim"), plain(left))
     raw = (job.get("output") or {}).get("raw")
     if raw is not None:
         table.add_row(Text("output", style="bold"), plain(str(raw)[:OUTPUT_PREVIEW], layout=True))

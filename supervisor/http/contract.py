@@ -156,7 +156,8 @@ def find(sup: Supervisor, action_id: str) -> Job:
 
 
 def view(sup: Supervisor, job: Job, with_output: bool = True) -> dict[str, Any]:
-    """The reference's record, then ours: the terminal event's data, the worker's exit status, where a running
+    """The reference's record, then ours: the terminal event's data, the worker's exit status and what it left
+    running (``leftovers``, killed), where a running
     job is (``phase``: queued, launching, running or settling; null once terminal), and when it was admitted
     and ended (Unix seconds; ``ended_at`` null while it runs), and its LLM spend: so far while it runs, all of it
     once it failed or was cancelled (its terminal's evidence keeps it; a completed job's ``token_usage`` says it).
@@ -176,6 +177,7 @@ def view(sup: Supervisor, job: Job, with_output: bool = True) -> dict[str, Any]:
         "output": sup.output(job.action_id) if completed and with_output else None,
         "terminal": terminal,
         "exit_status": job.exit_status,
+        "leftovers": orjson.loads(job.leftovers) if job.leftovers is not None else None,
         "phase": sup.phase_of(job.action_id, job.status),
         "admitted_at": job.admitted_at,
         "ended_at": job.ended_at,

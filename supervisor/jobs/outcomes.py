@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from protocol import (
     TERMINAL,
+    WORKER_REASONS,
+    Failed,
     FrameError,
     FrameTooLarge,
     InvalidDocument,
@@ -18,6 +20,7 @@ from protocol import (
     VersionMismatch,
 )
 from supervisor.jobs.phases import StopReason
+from supervisor.redaction import redact
 from supervisor.vocabulary import Status
 
 if TYPE_CHECKING:
@@ -53,13 +56,14 @@ MAX_MESSAGE_CHARS = 4096
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    """The terminal event (``completed`` data is the output itself, as the reference writes it) and the
-    worker's exit status, which the record keeps."""
+    """The terminal event (``completed`` data is the output itself, as the reference writes it), and what the record
+    keeps beside it: the worker's exit status, and what it left running when it exited (``Leftovers.record``)."""
 
     event: str  # completed | failed | cancelled
     data: dict[str, Any]
     output: dict[str, Any] | None = None
     exit_status: int | None = None
+    leftovers: dict[str, Any] | None = None
 
 
 def failure(reason: str, message: str, uncertain: bool, error_type: str | None = None, **proof: Any) -> Outcome:
@@ -77,6 +81,18 @@ def failure(reason: str, message: str, uncertain: bool, error_type: str | None =
 def bounded(text: str, limit: int) -> str:
     """At most ``limit`` characters; a cut one ends with "…" so that nobody takes it for the whole."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def worker_failure(failed: Failed, secrets: tuple[str, ...], **proof: Any) -> Outcome:
+    """A worker's own failure, in its words (its message may quote a key the crew was given, as a provider's does:
+    redacted). A reason only the supervisor gives (``WORKER_REASONS`` says which a worker may) is crew code talking:
+    not taken, the job fails as the protocol error it is, with the worker's claim named apart (``worker_reason``)."""
+    if failed.reason in WORKER_REASONS:
+        text = redact(failed.message, secrets)
+        return failure(failed.reason, text, failed.uncertain_outcome, error_type=failed.error_type, **proof)
+    claimed = bounded(redact(failed.reason, secrets), MAX_ERROR_TYPE_CHARS)
+    message = f"the worker failed its job with a reason only the supervisor gives: {claimed!r}"
+    return failure(Reason.PROTOCOL_ERROR, message, True, worker_reason=claimed, **proof)
 
 
 def exit_failure(status: int | None, pid: int) -> Outcome:

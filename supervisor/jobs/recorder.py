@@ -86,6 +86,7 @@ class Recorder:
                 streams,
                 exit_status=outcome.exit_status,
                 stack=job.stack,
+                leftovers=outcome.leftovers,
             )
         except JournalError as exc:
             log.critical(

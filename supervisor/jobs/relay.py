@@ -6,13 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from typing import Any
 
 from protocol import Chunk, Completed, DumpStacks, Failed, Hello, OverBudget, Reason, Spent, Stacks, Start, Started
 from supervisor.config import PREFIX, Settings
 from supervisor.jobs import stacks
 from supervisor.jobs.live import LiveJob
-from supervisor.jobs.outcomes import Outcome, after_terminal, exit_failure, failure, interrupted, protocol_fault
+from supervisor.jobs.outcomes import (
+    Outcome,
+    after_terminal,
+    exit_failure,
+    failure,
+    interrupted,
+    protocol_fault,
+    worker_failure,
+)
 from supervisor.jobs.phases import StopReason
 from supervisor.jobs.recorder import Recorder, masked
 from supervisor.metrics import Metrics
@@ -21,8 +30,26 @@ from supervisor.processes.process import StopEvidence, WorkerProcess
 from supervisor.redaction import redact
 from supervisor.vocabulary import Phase, Status
 
+log = logging.getLogger("crew_supervisor.jobs")
 EXIT_WAIT_SECONDS = 2.0  # after its terminal frame a worker leaves at once; past this it is killed
 TRAILING_SECONDS = 0.5  # after a worker's exit its event pipe reaches EOF at once; a descendant may hold it
+
+
+@dataclasses.dataclass(frozen=True)
+class Leftovers:
+    """What a job's worker left running when it exited: each named before the kill (``Containment.named``, its command
+    redacted), and the kill's evidence."""
+
+    evidence: StopEvidence
+    processes: list[dict[str, Any]]
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """As the job's record keeps it (``leftovers``, beside the exit status): never in a completed event, whose
+        data is the output."""
+        evidence = self.evidence
+        killed = {"descendants_killed": evidence.descendants_killed, "stop_confirmed": evidence.stop_confirmed}
+        return {**killed, "processes": self.processes}
 
 
 class Relay:
@@ -57,7 +84,7 @@ class Relay:
         """Record the worker's frames until its terminal message, or fault it."""
         hello = await worker.next_message()
         if hello is None:
-            return await self._ended(worker)
+            return await self._ended(job, worker)
         if not isinstance(hello, Hello) or hello.pid != worker.pid:
             return await self._fault(worker, *protocol_fault(hello, "hello"))
         while True:
@@ -86,30 +113,42 @@ class Relay:
                     self.breach(job, breach)
                     continue
             elif message is None:
-                return await self._ended(worker)
+                return await self._ended(job, worker)
             else:
                 fault = protocol_fault(message, "a job message")
             if fault is not None:
                 return await self._fault(worker, *fault)
 
     async def _conclude(self, job: LiveJob, worker: WorkerProcess, message: Completed | Failed) -> Outcome:
-        """The worker answered; it must also leave. Its exit status joins the proof."""
+        """The worker answered; it must also leave. Its exit status joins the proof, and what it left running is
+        killed and named in the job's record."""
         status = await worker.wait_exit(EXIT_WAIT_SECONDS)
         proof: dict[str, Any] = {"exit_status": status}
         if status is None:  # slow to leave: killed, which is its exit
             proof = (await worker.kill()).as_dict()
         job.lap("exit")  # its own end: the kernel's teardown of its address space, most of it
-        strays = len(await asyncio.to_thread(worker.containment.leftovers)) if status is not None else 0
-        if strays:
-            proof = (await worker.kill()).as_dict()
-            strays = proof["descendants_killed"]
-        if isinstance(message, Failed):  # its message may quote a key the crew was given, as a provider's does:
-            text = redact(message.message, job.secrets)  # replaced before failure() bounds it, which may cut a key
-            return failure(message.reason, text, message.uncertain_outcome, error_type=message.error_type, **proof)
-        if strays:  # work escaped the worker: its result cannot be trusted to be all of it
-            return failure(
-                Reason.STRAY_PROCESSES, f"the worker left {strays} process(es) running; killed", False, **proof
-            )
+        left = await self._leftovers(job, worker) if status is not None else None
+        if left is not None:
+            proof = left.evidence.as_dict()
+        outcome = await self._answer(job, worker, message, proof, left)
+        return dataclasses.replace(outcome, leftovers=left.record) if left is not None else outcome
+
+    async def _answer(
+        self,
+        job: LiveJob,
+        worker: WorkerProcess,
+        message: Completed | Failed,
+        proof: dict[str, Any],
+        left: Leftovers | None,
+    ) -> Outcome:
+        """The outcome the answer makes, the worker gone. A process it left (``left``: killed by now) is the crew's,
+        as an MCP server or a code interpreter not closed is: its answer stands, unless ``STRAY_PROCESSES=fail``."""
+        if isinstance(message, Failed):
+            return worker_failure(message, job.secrets, **proof)
+        if left is not None and self.settings.stray_processes == "fail":
+            killed = left.evidence.descendants_killed
+            text = f"the worker left {killed} process(es) running; killed, and named in the job's leftovers"
+            return failure(Reason.STRAY_PROCESSES, text, False, **proof)
         trailing = await worker.trailing_messages(TRAILING_SECONDS)
         if trailing:
             return after_terminal(trailing)
@@ -120,6 +159,18 @@ class Relay:
             message_text = f"an output of {size} bytes exceeds {PREFIX}MAX_EVENT_BYTES ({bound})"
             return failure(Reason.EVENT_TOO_LARGE, message_text, True, output_bytes=size, limit_bytes=bound, **proof)
         return Outcome(Status.COMPLETED, message.output, message.output, exit_status=proof.get("exit_status"))
+
+    async def _leftovers(self, job: LiveJob, worker: WorkerProcess) -> Leftovers | None:
+        """What the exited worker left running (its containment's ``leftovers``): named, then killed; None: nothing."""
+        found = await asyncio.to_thread(worker.containment.leftovers)
+        if not found:
+            return None
+        named = await asyncio.to_thread(worker.containment.named, found)
+        evidence = await worker.kill()
+        processes = [{**process, "command": redact(str(process["command"]), job.secrets)} for process in named]
+        killed = {"descendants_killed": evidence.descendants_killed, "leftovers": processes}
+        log.warning("the job's worker left processes running: killed", extra={"action_id": job.action_id, **killed})
+        return Leftovers(evidence, processes)
 
     def _spend(self, job: LiveJob, spent: Spent) -> None:
         """One LLM call's usage: the job's running totals and the supervisor's counters; over its budget, the
@@ -150,7 +201,7 @@ class Relay:
                 job.stack = {**stacks.kept(job, answer), "before": str(job.stop)}
         return await worker.kill(0 if job.stop is StopReason.LIMIT else grace)
 
-    async def _ended(self, worker: WorkerProcess) -> Outcome:
+    async def _ended(self, job: LiveJob, worker: WorkerProcess) -> Outcome:
         """The event pipe closed before a result: the worker died, or it closed the pipe and runs on."""
         status = await worker.wait_exit(EXIT_WAIT_SECONDS)
         if worker.exited.done():
@@ -159,9 +210,11 @@ class Relay:
                 evidence = await worker.kill()
                 return failure(breach.error_type, breach.message, True, **breach.proof, **evidence.as_dict())
             outcome = exit_failure(status, worker.pid)
-            if await asyncio.to_thread(worker.containment.leftovers):  # what it started dies with it, counted
-                outcome.data["descendants_killed"] = (await worker.kill()).descendants_killed
-            return outcome
+            left = await self._leftovers(job, worker)  # what it started dies with it, counted and named
+            if left is None:
+                return outcome
+            outcome.data["descendants_killed"] = left.evidence.descendants_killed
+            return dataclasses.replace(outcome, leftovers=left.record)
         return await self._fault(worker, "frame_pipe_closed", "the worker closed its event pipe and kept running")
 
     async def _fault(self, worker: WorkerProcess, reason: str, message: str) -> Outcome:

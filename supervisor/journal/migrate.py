@@ -139,6 +139,8 @@ def upgrade(db: sqlite3.Connection, path: Path, version: int) -> Path:
             db.execute("ALTER TABLE jobs ADD COLUMN ended_at REAL")
         if version < 4:  # a running job's worker is still fenced by its pid, start time and group
             db.execute("ALTER TABLE jobs ADD COLUMN boundary BLOB")
+        if version < 6:  # no job of an older journal had its leftovers named: null
+            db.execute("ALTER TABLE jobs ADD COLUMN leftovers BLOB")
         # Schema 5 adds the stacks table, which SCHEMA makes once this commits; the version is raised so that an
         # older supervisor, which would leave a job's stacks behind when it archives the job, refuses the journal.
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -19,7 +19,7 @@ from supervisor.journal.schema import INCONSISTENT
 
 _JOB_COLUMNS = (
     "action_id, crew_id, operation, request_hash, status, event_count, worker_pid, worker_start_time, worker_pgid,"
-    " exit_status, admitted_at, ended_at, boundary"
+    " exit_status, admitted_at, ended_at, boundary, leftovers"
 )
 
 

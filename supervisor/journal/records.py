@@ -28,6 +28,7 @@ class Job:
     admitted_at: float | None = None  # wall clock, as the journal keeps it (None: not read from it)
     ended_at: float | None = None  # wall clock: when its terminal event was written (None: running, or unknown)
     boundary: bytes | None = None  # JSON: what identifies its processes beside its worker (``containment.Boundary``)
+    leftovers: bytes | None = None  # JSON: what its worker left running when it exited, killed and named
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 # 2: completed events hold the output itself; the worker's exit status is in jobs. 3: when a job ended (ended_at).
 # 4: what identifies a job's processes beside its worker (boundary: its cgroups, the descendants samples saw).
-SCHEMA_VERSION = 5
+# 5: the stacks table. 6: what a job's worker left running when it exited, killed and named (leftovers).
+SCHEMA_VERSION = 6
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     action_id TEXT PRIMARY KEY,
@@ -18,7 +19,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     worker_pgid INTEGER,
     exit_status INTEGER,
     ended_at REAL,
-    boundary BLOB
+    boundary BLOB,
+    leftovers BLOB
 );
 CREATE TABLE IF NOT EXISTS events (
     action_id TEXT NOT NULL,

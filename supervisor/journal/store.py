@@ -183,17 +183,19 @@ class Journal:
         streams: Streams | None = None,
         exit_status: int | None = None,
         stack: dict[str, Any] | None = None,
+        leftovers: dict[str, Any] | None = None,
     ) -> Written[Event]:
-        """The terminal event, the status it implies, the output, the worker's streams and the stacks taken before
-        its kill: one durable commit, after the job's pending events. If the streams and stacks do not fit (the
-        journal is full) they are dropped, never the terminal event."""
+        """The terminal event, the status it implies, the output, the worker's exit status and what it left running,
+        the worker's streams and the stacks taken before its kill: one durable commit, after the job's pending events.
+        If the streams and stacks do not fit (the journal is full) they are dropped, never the terminal event."""
         ended = time.time()
 
         def terminal(streams: Streams | None, db: sqlite3.Connection) -> Event:
             appended = _insert(db, action_id, event, data)
             db.execute(
-                "UPDATE jobs SET status = ?, output = ?, exit_status = ?, ended_at = ? WHERE action_id = ?",
-                (event, orjson.dumps(output) if output is not None else None, exit_status, ended, action_id),
+                "UPDATE jobs SET status = ?, output = ?, exit_status = ?, ended_at = ?, leftovers = ?"
+                " WHERE action_id = ?",
+                (event, _json(output), exit_status, ended, _json(leftovers), action_id),
             )
             if streams is not None:
                 db.execute(
@@ -229,6 +231,10 @@ class Journal:
         return Written(
             self._writer.submit(apply, durable=durable, patience=patience, fallback=fallback, touched=touched)
         )
+
+
+def _json(value: dict[str, Any] | None) -> bytes | None:
+    return orjson.dumps(value) if value is not None else None
 
 
 def _insert(db: sqlite3.Connection, action_id: str, event: str, data: dict[str, Any]) -> Event:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import enum
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -29,6 +30,17 @@ from supervisor.processes.places import Places
 
 MAX_REMEMBERED = 4096  # descendants remembered per worker (bounds the journaled boundary; a pids cap sits below it)
 KILL_SECONDS = 5.0  # a kill that still finds new members after this has met something it cannot outrun
+MAX_NAMED = 32  # leftovers a job's record names (its kill's ``descendants_killed`` counts them all)
+MAX_COMMAND_CHARS = 256  # of a leftover's command line, as its job's record names it
+
+
+class Left(enum.StrEnum):
+    """How a process the job left running had left its worker, as the containment sees it once the worker exited
+    (every one of them is then the subreaper's child: the worker's death reparents them all)."""
+
+    IN_GROUP = "in_group"  # still in the worker's process group: a child it started and never waited for
+    OWN_GROUP = "own_group"  # in a process group of its own (setpgid): found by the job's cgroup or a sample
+    OWN_SESSION = "own_session"  # in a session of its own (setsid, a daemon): found by the job's cgroup or a sample
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +127,7 @@ class Containment:
     def __init__(self, pid: int, create_time: float, cgroup: JobCgroup | None = None) -> None:
         self.pid = pid
         self.pgid = pid  # the worker leads its own process group
+        self.sid = _session(pid)  # the worker's session, which it keeps: the supervisor's
         self.create_time = create_time
         self.cgroup = cgroup
         self.places: Places | None = None  # where its job writes, once it has one
@@ -163,6 +176,22 @@ class Containment:
         """Processes of this job still running once the worker itself has exited. Its children went to us (the
         subreaper) when it died, so no scan from its pid finds them: the cgroup, the group and the samples do."""
         return [process for process in self.descendants(_table_without_tree(self.cgroup)) if running(process)]
+
+    def named(self, processes: Iterable[psutil.Process]) -> list[dict[str, object]]:
+        """``processes`` (its ``leftovers``), at most MAX_NAMED, as the job's record names them: pid, command line and
+        how it left the worker (``Left``). One that ended meanwhile is left out."""
+        named: list[dict[str, object]] = []
+        for process in processes:
+            if len(named) == MAX_NAMED:
+                break
+            try:
+                command = " ".join(process.cmdline()) or process.name()
+                group, session = os.getpgid(process.pid), os.getsid(process.pid)
+            except (psutil.Error, OSError):
+                continue
+            left = Left.IN_GROUP if group == self.pgid else Left.OWN_GROUP if session == self.sid else Left.OWN_SESSION
+            named.append({"pid": process.pid, "command": command[:MAX_COMMAND_CHARS], "left": left})
+        return named
 
     def kill(self, snapshot: Iterable[psutil.Process] = ()) -> list[psutil.Process]:
         """SIGKILL every process of the job but the worker (``snapshot``, taken before the worker's group was
@@ -308,6 +337,14 @@ def _alive_as(pid: int, start_time: float) -> bool:
         return psutil.Process(pid).create_time() == start_time
     except psutil.NoSuchProcess:
         return False
+
+
+def _session(pid: int) -> int:
+    """``pid``'s session; our own if it is gone (a worker stays in the session it was started in: ours)."""
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return os.getsid(0)
 
 
 def _table_without_tree(cgroup: JobCgroup | None) -> ProcessTable:

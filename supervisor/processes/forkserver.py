@@ -254,6 +254,7 @@ class _ForkServer:
             answer = [
                 Failed(
                     error_type="fork_server",
+                    reason=Reason.LAUNCH_FAILED,
                     message=f"no registry from the fork server: {exc}",
                     uncertain_outcome=False,
                 )

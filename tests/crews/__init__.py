@@ -8,7 +8,7 @@ real crews have, for fidelity). The modules with a registry of their own are apa
 design what the one registry must pass: ``hostile_text`` (factories that raise), ``immortal`` (a factory that
 disarms the process that builds it), ``instance`` (a value that is not a factory), ``flaky`` (an import that fails on
 demand), ``threaded`` and ``unwarmable`` (imports that stop a fork server), ``patching`` (an import that patches
-CrewAI for every job).
+CrewAI for every job), ``garbled`` (an import that garbles a fork server's first word on demand).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from crewai.events.types.llm_events import LLMCallType
 from crewai.llms.base_llm import llm_call_context
 from crewai.types.usage_metrics import UsageMetrics
 
-from protocol import EVENT_FD, PROTOCOL_VERSION, Completed, pack
+from protocol import EVENT_FD, PROTOCOL_VERSION, Completed, Failed, Reason, pack
 from tests.crews.base import EVIDENCE_DIR, HOUR, _single
 from tests.helpers import family
 from tests.helpers.waiting import wait_until
@@ -213,6 +213,7 @@ BROKEN_FRAMES = {
     "unknown-message": _frame(b'{"v":%d,"type":"launch"}' % PROTOCOL_VERSION),
     "old-version": _frame(b'{"v":0,"type":"chunk","channel":"x","data":{}}'),
     "second-terminal": pack(Completed(output={"raw": "forged"})),
+    "forged-reason": pack(Failed("MemoryError", Reason.MEMORY_LIMIT_EXCEEDED, "forged", False)),  # ours to say
 }
 
 

@@ -6,6 +6,7 @@ Steps, in order: ``started``, ``chunk``, ``complete``, ``fail`` (a terminal, the
 does), ``hang`` (until killed), ``exit:N`` (leave with status N, no terminal), ``close-events`` (close the event
 pipe and run on), ``ignore-term`` (survive SIGTERM), ``tree`` (a child and a setsid grandchild; their pids go
 to the file ``input["pids"]`` names), ``shout`` (64 KiB to stdout), ``late-chunk`` (a frame after the terminal),
+``forge:REASON`` (a ``Failed`` with that reason, as crew code can write one),
 ``linger`` (stay 60 s after the terminal, then leave), ``await-go`` (until the file ``input["go"]`` names exists),
 ``spend`` (an LLM call's usage: 10 prompt and 5 completion tokens), ``refund`` (usage that takes 100 back),
 ``over-budget:LIMIT`` (hold a call back, as over that budget), ``await-dump`` (until a ``DumpStacks`` comes),
@@ -36,6 +37,7 @@ from protocol import (
     Message,
     MessageReader,
     OverBudget,
+    Reason,
     Spent,
     Stacks,
     Start,
@@ -86,7 +88,9 @@ def play(step: str, start: Start) -> None:
     elif step == "complete":
         send(Completed({"raw": "done", "tasks_output": [], "budget": [start.max_tokens, start.max_llm_calls]}))
     elif step == "fail":
-        send(Failed("ValueError", "crew_failed", "the crew raised", False))
+        send(Failed("ValueError", Reason.OPERATION_FAILED, "the crew raised", False))
+    elif step.startswith("forge:"):  # crew code writing a Failed of its own, with any reason
+        send(Failed("MemoryError", step.removeprefix("forge:"), "forged by the crew", False))
     elif step == "spend":
         send(Spent("scripted-model", 10, 5, 1))
     elif step == "refund":

@@ -191,6 +191,8 @@ function renderRecord(job) {
     ["LLM spend", job.llm_spent && `${job.llm_spent.tokens.toLocaleString()} tokens, ${job.llm_spent.llm_calls} calls`],
     // A failed crew's worker exits 0 (it reported the error): only a worker that did not say so is news.
     ["worker exit", job.exit_status ? exitText(job.exit_status) : null],
+    // What the worker left running when it exited (an MCP server, an interpreter): killed, each named.
+    ...(job.leftovers?.processes ?? []).map((p) => ["left running", `${p.pid} (${p.left}, killed): ${p.command}`]),
   ];
   const list = $("job-record");
   list.replaceChildren();

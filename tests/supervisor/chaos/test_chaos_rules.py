@@ -72,9 +72,12 @@ def test_a_job_read_back_must_be_whole_and_its_failure_ours() -> None:
     assert job_problems(
         "a", job, events("started", "chunk", "failed", **{**crashed, "uncertain_outcome": False}), record
     )
-    disk = {"reason": "operation_failed", "error_type": "DatabaseOperationError"}
-    assert job_problems("a", job, events("started", "chunk", "failed", **disk), record)  # the disk was never filled
-    assert job_problems("a", job, events("started", "chunk", "failed", **disk), Record(full=[(0.0, 1.0)])) == []
+    # The crew's own outcome, not ours: it raised (CrewAI's storage on a full disk too), or left processes running.
+    for reason in ("operation_failed", "crew_factory_failed", "stray_processes"):
+        assert job_problems("a", job, events("started", "chunk", "failed", reason=reason), record) == []
+    # A reason only the supervisor gives, none of its faults explaining it: ours, forged or not.
+    for reason in ("memory_limit_exceeded", "protocol_error", "timeout"):
+        assert job_problems("a", job, events("started", "chunk", "failed", reason=reason), record)
     assert job_problems("a", job, events("started", "started", "failed", **crashed), record)  # a second worker
     assert job_problems("a", job, events("started", "completed", "failed", **crashed), record)  # two terminals
     assert job_problems("a", {**job, "event_count": 4}, events("started", "chunk", "failed", **crashed), record)

@@ -84,6 +84,15 @@ def test_a_job_is_one_word_in_every_view_its_phase_while_it_runs() -> None:
     assert ["status", "queued"] in shown
 
 
+def test_show_names_what_a_job_left_running() -> None:
+    process = {"pid": 4242, "command": "npx mcp-server\x1b[2J", "left": "own_session"}
+    leftovers = {"descendants_killed": 1, "stop_confirmed": True, "processes": [process]}
+    done = {**job("d", "demo", "run", "completed"), "terminal": None, "exit_status": 0, "leftovers": leftovers}
+    lines = rendered(views.job_panel(done), 100)
+    left = next(line for line in lines if line.startswith("left running"))
+    assert "4242 (own_session, killed): npx mcp-server" in left and "\x1b" not in left  # a crew's text, made visible
+
+
 @pytest.mark.parametrize(("width", "shown"), [(80, 5), (100, 8), (160, 10)])
 def test_top_keeps_ids_and_drops_the_least_needed_columns_first(width: int, shown: int) -> None:
     lines = rendered(

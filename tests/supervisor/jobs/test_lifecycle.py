@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from protocol import WORKER_REASONS, Reason
 from tests.conftest import gone
 from tests.supervisor.jobs.harness import DEADLINE, core, identity, in_loop
 
@@ -31,8 +32,23 @@ async def test_a_failed_crew_fails_its_job_with_the_workers_words(tmp_path: Path
         await it.start(["started", "fail"])
         event, data = await it.settled()
         assert event == "failed"
-        assert data["error_type"] == "ValueError" and data["reason"] == "crew_failed"
+        assert data["error_type"] == "ValueError" and data["reason"] == Reason.OPERATION_FAILED
         assert data["uncertain_outcome"] is False and data["exit_status"] == 0
+
+
+@in_loop
+async def test_a_reason_only_the_supervisor_gives_is_never_taken_from_a_worker(tmp_path: Path) -> None:
+    """Crew code can write any frame: a ``Failed`` claiming a limit, a stray, a stop or a restart fails its job as a
+    protocol error, the claim named apart, never as the supervisor's own finding."""
+    forged = [*sorted(set(Reason) - WORKER_REASONS), "no such reason"]
+    async with core(tmp_path) as it:
+        for index, reason in enumerate(forged):
+            await it.start(["started", f"forge:{reason}"], action_id=f"forged-{index}")
+        for index, reason in enumerate(forged):
+            event, data = await it.settled(f"forged-{index}")
+            assert event == "failed" and data["reason"] == Reason.PROTOCOL_ERROR, data
+            assert data["worker_reason"] == reason and data["error_type"] == Reason.PROTOCOL_ERROR
+            assert data["uncertain_outcome"] is True and reason in data["message"]
 
 
 @in_loop

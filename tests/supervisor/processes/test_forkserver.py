@@ -58,6 +58,51 @@ def test_a_fork_server_that_cannot_warm_refuses_in_one_line(tmp_path: Path) -> N
         server.stop()
 
 
+GARBLED = {"AIP_CREWAI_LAUNCHER": "forkserver", "AIP_CREWAI_REGISTRY": "tests.crews.garbled:registry"}
+NO_REGISTRY = "no registry from the fork server: frame is not valid JSON"
+
+
+def test_a_fork_server_that_breaks_at_start_refuses_the_start_in_one_line(tmp_path: Path) -> None:
+    """Its first word is no frame (``tests/crews/garbled.py``): the supervisor says so in one line and exits, never a
+    traceback (a ``Failed`` built without its reason raised ``TypeError`` here)."""
+    garble = tmp_path / "garble"
+    garble.touch()
+    server = start_server(tmp_path / "state", env={**GARBLED, "GARBLE_FORKSERVER": str(garble)}, wait=False)
+    assert wait_until(lambda: server.process.poll() is not None, timeout=120), "it served without a fork server"
+    lines = server.log_tail().strip().splitlines()
+    assert server.process.returncode == 1 and NO_REGISTRY in lines[-1], lines[-5:]
+    assert not supervisor_tracebacks(lines)  # the fork server's own (its registry written to a closed socket) aside
+
+
+def supervisor_tracebacks(lines: list[str]) -> list[str]:
+    """The frames of a traceback of the supervisor's own code in its log."""
+    return [line for line in lines if line.strip().startswith('File "') and "/supervisor/" in line]
+
+
+def test_a_fork_server_that_breaks_at_a_restart_is_logged_and_jobs_start_cold(tmp_path: Path) -> None:
+    """Its replacement's first word is no frame: the restart fails in one logged line, the supervisor serves on and
+    a job starts cold and completes."""
+    garble = tmp_path / "garble"
+    env = {**GARBLED, "GARBLE_FORKSERVER": str(garble), "AIP_CREWAI_PREFORK": "0"}  # no idle worker to take
+    server = start_server(tmp_path / "state", env=env)
+    try:
+        with server.client(timeout=300) as client:  # a cold worker imports CrewAI before it starts
+            first = fork_server_of(server)
+            garble.touch()
+            first.send_signal(signal.SIGKILL)
+            assert gone_for_good(first)
+            failed = "fork server did not restart: " + NO_REGISTRY
+            assert wait_until(lambda: failed in server.log.read_text(), timeout=120), server.log_tail()
+            response = client.post("/jobs", json=start_body("demo", "cold"), headers=KEY)
+            assert response.status_code == 200, response.text
+            assert client.get("/jobs/cold").json()["status"] == "completed"
+            assert 'crew_supervisor_worker_starts_total{launcher="spawn"} 1.0' in client.get("/metrics").text
+            assert client.get("/health").json()["forkserver"]["restarts"] == 0
+        assert not supervisor_tracebacks(server.log.read_text().splitlines())
+    finally:
+        server.stop()
+
+
 def idle_workers(server: Server) -> list[psutil.Process]:
     """Forked workers (the supervisor's children): the idle ones, and those of jobs still running."""
     return server.forked_workers()

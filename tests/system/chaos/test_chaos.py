@@ -95,6 +95,22 @@ def test_chaos_catches_a_deployment_that_loses_its_journal(tmp_path: Path) -> No
 
 
 @pytest.mark.timeout(600)
+def test_chaos_counts_a_crew_that_leaves_processes_behind_as_the_crews_own(tmp_path: Path) -> None:
+    """Every job of ``family-answer`` answers and leaves four processes running (tests/helpers/family.py), as a crew
+    that does not close its MCP stdio server or code interpreter does: its answers stand, what it left is killed and
+    named, and none of it is a violation. No supervisor kill: the load ends before the stop, so its jobs end too."""
+    report_path = tmp_path / "report.json"
+    command = [sys.executable, "-m", "supervisor", "chaos", "--iterations", "1", "--seed", "4"]
+    command += ["--faults", "worker,freeze", "--state", str(tmp_path / "run"), "--json", str(report_path)]
+    command += ["--registry", "tests.crews:registry", "--fast-crew", "family-answer", "--slow-crew", "family-answer"]
+    env = {**os.environ, "AIP_CREWAI_WARMUP": "offline", "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=580)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    report = json.loads(report_path.read_text())
+    assert report["violations"] == [] and report["jobs_that_left_processes"] > 0, report
+
+
+@pytest.mark.timeout(600)
 def test_chaos_as_typed_runs_its_default_faults_and_leaves_nothing(tmp_path: Path) -> None:
     """No --faults, no --state: the faults that need nothing but us, in a temporary directory removed after."""
     env = {**os.environ, "TMPDIR": str(tmp_path)}

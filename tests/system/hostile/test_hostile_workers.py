@@ -37,6 +37,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, evidence: Path) -> Iterator
         evidence,
         STOP_GRACE_MS="200",
         MAX_EVENTS_PER_RUN="50",
+        STRAY_PROCESSES="fail",  # runaway-daemon fails as it did before its answer was kept
         WORKER_MAX_MEMORY_MB="400",
         WORKER_MAX_OUTPUT_BYTES=str(8 * 1024 * 1024),
     )
@@ -59,6 +60,7 @@ CASES = [
     ("broken-unknown-message", "protocol_unknown_message"),
     ("broken-old-version", "protocol_version_mismatch"),
     ("broken-second-terminal", "protocol_duplicate_terminal"),
+    ("broken-forged-reason", "protocol_error"),  # it claimed memory_limit_exceeded: never taken from a worker
     ("broken-close-pipe", "frame_pipe_closed"),
     ("runaway-memory", "memory_limit_exceeded"),
     ("runaway-events", "event_limit_exceeded"),
@@ -88,6 +90,12 @@ def test_a_broken_worker_fails_only_its_own_job(server: Server, evidence: Path, 
         assert terminal["exit_signal"] == "SIGSEGV"
     if reason == "worker_exited":
         assert terminal["exit_status"] == 3
+    if crew == "runaway-daemon":  # named in the record as when its answer is kept (tests/system/runaway)
+        with server.client() as client:
+            (named,) = client.get(f"/jobs/{crew}").json()["leftovers"]["processes"]
+        assert named["left"] == "own_session" and named["pid"] == int((evidence / "daemon.pids").read_text()), named
+    if crew == "broken-forged-reason":
+        assert terminal["worker_reason"] == "memory_limit_exceeded", terminal
     if reason == "frame_truncated":
         assert f"{STALL_SECONDS:g} s" in terminal["message"]
 

@@ -17,27 +17,36 @@ DELETED = " (deleted)"  # how the kernel ends the link of a descriptor whose fil
 MEMFD = "/memfd:"
 
 
-def unnamed_files(pids: Iterable[int]) -> tuple[int, int]:
+def unnamed_files(pids: Iterable[int]) -> tuple[int, int, tuple[int, ...]]:
     """The bytes on disk (in blocks: a sparse file's hole costs nothing) of the files with no name that ``pids``
-    hold open, and how many they are. A process gone, or a descriptor closed, meanwhile is skipped.
+    hold open, how many they are, and the pids whose descriptors the supervisor may not read: a process that made
+    itself not dumpable hides them from a supervisor without CAP_SYS_PTRACE (the container's, which shares the
+    workers' uid). A process gone, or a descriptor closed, meanwhile is skipped.
 
     One ``readlink`` per descriptor, and a ``stat`` only for those whose file has no name left; a process's
     descriptors are bounded by its RLIMIT_NOFILE (``WORKER_MAX_OPEN_FILES``)."""
     files: dict[tuple[int, int], int] = {}
+    unreadable = []
     for pid in pids:
         where = f"/proc/{pid}/fd/"
         try:
             descriptors = os.listdir(where)
+        except PermissionError:
+            unreadable.append(pid)
+            continue
         except OSError:
             continue
         for fd in descriptors:
             try:
-                target = os.readlink(where + fd)
+                target = os.readlink(where + fd)  # refused where its listing was not: a root supervisor without caps
                 if not target.endswith(DELETED) or target.startswith(MEMFD):
                     continue
                 held = os.stat(where + fd)  # through the descriptor: the file itself, whatever its name was
+            except PermissionError:
+                unreadable.append(pid)
+                break
             except OSError:
                 continue
             if held.st_nlink == 0 and stat.S_ISREG(held.st_mode):  # "(deleted)" may be a name's own last word
                 files[(held.st_dev, held.st_ino)] = held.st_blocks * 512
-    return sum(files.values()), len(files)
+    return sum(files.values()), len(files), tuple(unreadable)

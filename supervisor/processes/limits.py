@@ -137,7 +137,9 @@ class Limits:
                         "enforced_by": "sampling",
                     },
                 )
-        reading = tree.places.poll(tree.members) if self.measures_disk and tree.places is not None else None
+        # Its descriptors once it has started: a worker is not dumpable (closed to a non-root supervisor) until then.
+        pids = tree.members if tree.cpu_baseline is not None else ()
+        reading = tree.places.poll(pids) if self.measures_disk and tree.places is not None else None
         if reading is not None and (breach := self.disk_breach(reading)) is not None:
             return breach
         used = usage.cpu_seconds - (tree.cpu_baseline or 0.0)
@@ -158,7 +160,9 @@ class Limits:
         """The disk cap ``reading`` passes, if any: the job's (what it wrote to its places and holds with no name),
         else its crew's (its HOME and storage, whole). ``after_exit``: the final accounting, its processes gone."""
         when = "after exit" if after_exit else "running"
-        if self.disk_bytes and (reading.disk_bytes > self.disk_bytes or reading.entries > MAX_NEW_ENTRIES):
+        if self.disk_bytes and (
+            reading.disk_bytes > self.disk_bytes or reading.entries > MAX_NEW_ENTRIES or reading.unreadable
+        ):
             return disk_breach(reading, self.disk_bytes, when)
         if self.crew_disk_bytes and reading.crew > self.crew_disk_bytes:
             return crew_disk_breach(reading.crew, self.crew_disk_bytes, when)
@@ -236,14 +240,19 @@ def output_breach(total: int, limit: int) -> Breach:
 
 def disk_breach(reading: Reading, limit: int, when: str) -> Breach:
     """A job over ``WORKER_MAX_DISK_MB``, ``when`` measured (running, or after exit)."""
-    if reading.entries > MAX_NEW_ENTRIES:
-        what = f"over {MAX_NEW_ENTRIES} new files to its scratch directory and its crew's places"
+    cap = f"its {limit // MiB} MiB (WORKER_MAX_DISK_MB)"
+    if reading.unreadable:  # what they hold cannot be counted, so the cap could not hold
+        hiding = ", ".join(map(str, reading.unreadable))
+        message = f"the job's process(es) {hiding} hid their descriptors (not dumpable): not countable against {cap}"
+    elif reading.entries > MAX_NEW_ENTRIES:
+        message = f"the job wrote over {MAX_NEW_ENTRIES} new files to its places ({when}), over {cap}"
     else:
-        what = f"{reading.written // MiB} MiB to its scratch directory and its crew's places"
-        what += f" and held {reading.held // MiB} MiB in files with no name" if reading.held_files else ""
+        held = f" and held {reading.held // MiB} MiB in files with no name" if reading.held_files else ""
+        written = f"{reading.written // MiB} MiB to its scratch directory and its crew's places{held}"
+        message = f"the job wrote {written} ({when}), over {cap}"
     return Breach(
         Reason.DISK_LIMIT_EXCEEDED,
-        f"the job wrote {what} ({when}), over its {limit // MiB} MiB (WORKER_MAX_DISK_MB)",
+        message,
         {
             "disk_bytes": reading.disk_bytes,
             "limit_bytes": limit,
@@ -251,6 +260,7 @@ def disk_breach(reading: Reading, limit: int, when: str) -> Breach:
             "files": reading.entries,
             "held_bytes": reading.held,
             "held_files": reading.held_files,
+            "unreadable_pids": list(reading.unreadable),
             "measured": when,
         },
     )

@@ -34,6 +34,7 @@ class Reading:
     held: int = 0  # bytes in files with no name that its processes hold open, each counted once
     held_files: int = 0
     crew: int = 0  # bytes in its crew's HOME and storage, whole: every job's of the crew, before and now
+    unreadable: tuple[int, ...] = ()  # its processes whose descriptors the supervisor may not read
 
     @property
     def disk_bytes(self) -> int:
@@ -78,8 +79,8 @@ class Places:
             scratch = disk_use((self.scratch,))
             grown = [max(now - before, 0) for now, before in zip(kept, self._baseline, strict=True)]
             self._walked = Reading(scratch[0] + grown[0], scratch[1] + grown[1], crew=kept[0])
-        held, files = unnamed_files(pids)
-        self.reading = dataclasses.replace(self._walked, held=held, held_files=files)
+        held, files, unreadable = unnamed_files(pids)
+        self.reading = dataclasses.replace(self._walked, held=held, held_files=files, unreadable=unreadable)
         return self.reading
 
 

@@ -15,7 +15,7 @@ import psutil
 from supervisor.processes.containment import Boundary, kill_remains
 from supervisor.processes.held import unnamed_files
 from supervisor.processes.places import MAX_NEW_ENTRIES, Places, Reading
-from tests.conftest import gone, wait_until
+from tests.conftest import ROOT, gone, wait_until
 from worker.landlock import allowed_around
 
 
@@ -92,14 +92,51 @@ def test_files_with_no_name_held_open_count_once_whoever_holds_them(tmp_path: Pa
         assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
         pids = [holder.pid, *(child.pid for child in psutil.Process(holder.pid).children())]
         assert len(pids) == 2
-        held, files = unnamed_files(pids)
-        assert files == 2 and 3 * MiB <= held < 3 * MiB + 64 * 1024, (held, files)
+        held, files, unreadable = unnamed_files(pids)
+        assert files == 2 and 3 * MiB <= held < 3 * MiB + 64 * 1024 and unreadable == (), (held, files)
         assert Places(tmp_path / "none", ()).measure(pids).held == held
     finally:
         os.killpg(holder.pid, signal.SIGKILL)  # the child too
         holder.wait()
 
 
+def test_a_process_that_hides_its_descriptors_is_named_not_passed_over() -> None:
+    """Not dumpable, its /proc/<pid>/fd is closed to a supervisor without CAP_SYS_PTRACE (the container's, of the
+    workers' uid): the scan, run without capabilities, names it; a dumpable one (capabilities dropped, as a worker
+    has them) it reads."""
+    hiding, showing = (
+        subprocess.Popen([sys.executable, "-c", f"{NO_CAPABILITIES}\n{HOLD}", dumpable], stdout=subprocess.PIPE)
+        for dumpable in ("0", "1")
+    )
+    try:
+        for holder in (hiding, showing):
+            assert holder.stdout is not None and holder.stdout.readline().strip() == b"holding"
+        scan = f"{NO_CAPABILITIES}\n{SCAN}"
+        pids = [str(hiding.pid), str(showing.pid)]
+        scanned = subprocess.run([sys.executable, "-c", scan, *pids], cwd=ROOT, capture_output=True, check=True)
+        assert scanned.stdout.split() == [str(hiding.pid).encode()], scanned
+    finally:
+        for holder in (hiding, showing):
+            holder.kill()
+            holder.wait()
+
+
+NO_CAPABILITIES = """
+import ctypes, sys
+header, no_capabilities = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()
+if ctypes.CDLL(None, use_errno=True).capset(header, no_capabilities) != 0:
+    raise OSError(ctypes.get_errno(), "capset")
+"""
+HOLD = """
+import time
+ctypes.CDLL(None).prctl(4, int(sys.argv[1]), 0, 0, 0)  # PR_SET_DUMPABLE
+print("holding", flush=True)
+time.sleep(600)
+"""
+SCAN = """
+from supervisor.processes.held import unnamed_files
+print(*unnamed_files(map(int, sys.argv[1:]))[2])
+"""
 MiB = 1 << 20
 HOLDER = """
 import os, sys, time

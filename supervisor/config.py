@@ -70,6 +70,7 @@ class Settings:
     worker_max_address_space_mb: int
     worker_max_output_bytes: int
     worker_max_disk_mb: int
+    crew_max_disk_mb: int
     worker_max_tokens: int
     worker_max_llm_calls: int
     worker_nice: int

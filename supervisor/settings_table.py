@@ -296,8 +296,17 @@ SPEC: dict[str, Setting] = {
         "what a job may write to its scratch directory and its crew's HOME and storage, and the largest file it"
         " may write anywhere (RLIMIT_FSIZE) (0: off)",
         "its scratch directory counts whole, its crew's places by what they grew since the job started (jobs of"
-        " one crew share them, so each is charged all of it); measured about once a second, off the loop, the job"
-        " stopped, failed with `disk_limit_exceeded`",
+        " one crew share them, so each is charged all of it), and the files with no name (`O_TMPFILE`, unlinked"
+        " while open) its processes hold, each sample; the places walked about once a second, off the loop, and"
+        " once more after the worker exits: the job stopped, or its answer refused, failed with"
+        " `disk_limit_exceeded`",
+    ),
+    "CREW_MAX_DISK_MB": Setting(
+        _integer(0, 1 << 30),
+        "0",
+        "what a crew's HOME and CrewAI storage may hold, across all its jobs (0: off)",
+        "a running job that takes its crew past it fails with `disk_limit_exceeded`; a start for a crew over it"
+        " is refused with 507 until space is freed there. See [Limits](operating.md#limits)",
     ),
     "WORKER_MAX_TOKENS": Setting(
         _integer(0, 1 << 40),

@@ -12,6 +12,7 @@ from supervisor.http.auth import BearerAuth
 from supervisor.http.responses import BEARER_SCHEME, errors
 from supervisor.jobs.admission import (
     ConflictingReuse,
+    CrewDiskFull,
     CrewNotFound,
     InputInvalid,
     InputTooLarge,
@@ -41,6 +42,7 @@ REFUSALS: dict[type[Refused], int] = {
     CrewNotFound: 404,
     ConflictingReuse: 409,
     JournalFull: 507,
+    CrewDiskFull: 507,
     JournalUnavailable: 503,
 }
 RETRY_AFTER_SECONDS: dict[type[Refused], str] = {

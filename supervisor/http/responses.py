@@ -46,7 +46,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     502: _error("The job failed"),
     503: _error("Not now, Retry-After says when: draining (starts), the journal's lock held, or no connection free"),
     504: _error("Wait expired; the job continues"),
-    507: _error("Journal full, or the write could not be made durable"),
+    507: _error("Journal full, the write could not be made durable, or the crew's places over CREW_MAX_DISK_MB"),
 }
 # Answered by the connection's bounds (``http/connections.py``) before any route or the token is seen, in plain text.
 ERRORS[408] = {"description": "The request's body did not arrive within BODY_TIMEOUT_SECONDS", "content": _PLAIN}

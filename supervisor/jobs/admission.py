@@ -12,6 +12,7 @@ from typing import Any
 
 from protocol import Operation
 from supervisor.config import Settings
+from supervisor.jobs.crew_disk import CrewDisk
 from supervisor.jobs.lifecycle import Lifecycle
 from supervisor.journal.errors import JournalBusy, JournalError
 from supervisor.journal.records import Job
@@ -65,6 +66,10 @@ class JournalFull(Refused):
     """The journal holds its limit of jobs or bytes, or could not make the admission durable."""
 
 
+class CrewDiskFull(Refused):
+    """The crew's HOME and storage hold more than ``CREW_MAX_DISK_MB``: 507, as for a full journal."""
+
+
 class JournalUnavailable(Refused):
     """Another process held the journal's write lock for as long as an admission may wait: try again
     shortly (503 with ``Retry-After``, not 507: nothing is full)."""
@@ -75,9 +80,16 @@ Launch = Callable[[Job, dict[str, Any], int], None]
 
 class Admission:
     def __init__(
-        self, settings: Settings, journal: Journal, crews: list[str], launch: Launch, lifecycle: Callable[[], Lifecycle]
+        self,
+        settings: Settings,
+        journal: Journal,
+        crews: list[str],
+        launch: Launch,
+        lifecycle: Callable[[], Lifecycle],
+        crew_disk: CrewDisk,
     ) -> None:
         self.settings = settings
+        self.crew_disk = crew_disk  # each crew's places, as last measured
         self.journal = journal
         self.crews = crews
         self.launch = launch
@@ -90,11 +102,14 @@ class Admission:
         await asyncio.gather(*self._admitting.values())
 
     async def admit(self, body: StartRequest, key: str | None, legacy: bool) -> Job:
-        """The reference's order (413, 400, 403, 428/400, 422, 404, 409, 507, then 503 for a journal locked
+        """The reference's order (413, 400, 403, 428/400, 422, 404, 409, 507 (the journal, then the crew's disk),
+        then 503 for a journal locked
         by another process); an exact repeat returns its job even if its operation was disabled since.
         A start of an action id being admitted waits for that admission, then is checked against it.
         While the supervisor drains, an exact repeat still returns its job (idempotency: the client observes
         the job it started, streamed or waited on until it ends); anything else that would start is a 503."""
+        if body.crew_id in self.crews:  # before the loop below: nothing may wait between it and ``_admitting``
+            await self.crew_disk.refresh(body.crew_id)
         while (under_way := self._admitting.get(body.action_id)) is not None:
             await asyncio.shield(under_way)
         if input_too_large(body):
@@ -133,6 +148,11 @@ class Admission:
             raise JournalFull(
                 f"the journal's filesystem has {free // MiB} MiB free, below the"
                 f" {self.settings.min_free_disk_mb} MiB kept for running jobs; free space on it"
+            )
+        if (used := self.crew_disk.over(body.crew_id)) is not None:
+            raise CrewDiskFull(
+                f"crew {body.crew_id}'s HOME and storage hold {used // MiB} MiB, over its"
+                f" {self.settings.crew_max_disk_mb} MiB (CREW_MAX_DISK_MB); free space there first"
             )
         job = Job(body.action_id, body.crew_id, body.operation, digest, Status.RUNNING, 0)
         under_way = asyncio.get_running_loop().create_future()

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from protocol import HOME, READ_ONLY_OPERATIONS, STORAGE_DIR, Operation, Reason
 from supervisor.config import Settings
+from supervisor.jobs.crew_disk import CrewDisk
 from supervisor.jobs.environment import CrewEnvError, crew_places, job_env, read_crew_env, worker_settings
 from supervisor.jobs.leftovers import remove_partial
 from supervisor.jobs.lifecycle import Lifecycle
@@ -55,8 +56,10 @@ class Runner:
         live: dict[str, LiveJob],
         budgets: Mapping[str, Budget],
         lifecycle: Callable[[], Lifecycle],
+        crew_disk: CrewDisk,
     ) -> None:
         self.settings = settings
+        self.crew_disk = crew_disk  # each crew's places as its jobs measure them, for admission
         self.budget = Budget(settings.worker_max_tokens, settings.worker_max_llm_calls)
         self.budgets = budgets  # each crew's own LLM budget, as its registry entry asks (Registry.budgets)
         self.launcher = launcher
@@ -185,15 +188,18 @@ class Runner:
             self.metrics.worker_starts.labels(worker.launched_by).inc()
             await self.limits.apply(worker)  # its cgroups first: the journal names them before its job starts
             await self.recorder.record_worker(job, worker, worker.containment.boundary())
+            places = Places(scratch, (Path(env[HOME]), Path(env[STORAGE_DIR])))
+            if self.limits.measures_disk:  # what the crew's places hold before the job: what they grow by is its
+                self.crew_disk.note(job.crew_id, await asyncio.to_thread(places.begin))
             if job.stop is None:  # a stop asked while launching: the worker is killed before it has its job
                 self.relay.start(job, worker, env, cwd, writable)
             job.move(Phase.RUNNING)
             breached, found = lambda breach: self.relay.breach(job, breach), self.recorder.record_boundary
-            places = Places(scratch, (Path(env[HOME]), Path(env[STORAGE_DIR])))
             self.limits.watch(worker, places, breached, lambda boundary: found(job, boundary))
             result = await self._unless_stopped(job, lambda: self.relay.run(job, worker))
             job.move(Phase.SETTLING)
-            return await self.relay.end(job, worker, result, self._grace)
+            outcome = await self.relay.end(job, worker, result, self._grace)
+            return await _account(self.limits, self.crew_disk, job.crew_id, places, outcome)
         finally:
             if job.worker is not None:
                 self.limits.unwatch(job.worker)
@@ -236,6 +242,21 @@ class Runner:
         self.metrics.finished.labels(job.operation, outcome.event).inc()
         if "signal" in evidence:  # the supervisor killed the worker: say why
             self.metrics.kills.labels(evidence.get("reason") or outcome.event).inc()
+
+
+async def _account(limits: Limits, crew_disk: CrewDisk, crew_id: str, places: Places, outcome: Outcome) -> Outcome:
+    """The final accounting, once the worker has exited and its processes are gone (``relay.end`` waited for both):
+    what the job left in its places, against the disk caps; its crew's places noted for admission. An answer over
+    a cap is not kept: the limit holds, and the evidence says the job had answered."""
+    if not limits.measures_disk:
+        return outcome
+    final = await asyncio.to_thread(places.measure)
+    crew_disk.note(crew_id, final.crew)
+    breach = limits.disk_breach(final, after_exit=True)
+    if breach is None or outcome.event != Status.COMPLETED:
+        return outcome  # a job that failed or was stopped keeps its own reason
+    proof = {**breach.proof, "answered": True, "exit_status": outcome.exit_status}
+    return failure(breach.error_type, breach.message, True, **proof)
 
 
 def _finished(job: LiveJob, event: str, evidence: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any
 from protocol import Registry
 from supervisor.config import Settings
 from supervisor.jobs.admission import Admission
+from supervisor.jobs.crew_disk import CrewDisk
 from supervisor.jobs.environment import worker_env
 from supervisor.jobs.fencing import fence_restored
 from supervisor.jobs.housekeeping import Housekeeping
@@ -75,9 +76,12 @@ class Supervisor(Reads):
         self.recorder = Recorder(settings, journal, live)
         self.lifecycle = Lifecycle.OPENING  # moved on by _become alone
         now_in = self._now_in
-        self.runner = Runner(settings, launcher, limits, sandbox, self.recorder, metrics, state, live, owns, now_in)
+        crew_disk = CrewDisk(settings, state)  # each crew's places as last measured: the runner's, for admission
+        self.runner = Runner(
+            settings, launcher, limits, sandbox, self.recorder, metrics, state, live, owns, now_in, crew_disk
+        )
         self.relay = self.runner.relay
-        self.admission = Admission(settings, journal, self.crews, self._launch, now_in)
+        self.admission = Admission(settings, journal, self.crews, self._launch, now_in, crew_disk)
         self.housekeeping = Housekeeping(limits, reaper, metrics, live=lambda: bool(live))
         metrics.observe_with(
             running=lambda: sum(job.phase in (Phase.LAUNCHING, Phase.RUNNING) for job in live.values()),

@@ -24,7 +24,7 @@ from protocol import Reason
 from supervisor.config import Settings
 from supervisor.processes.cgroups import CPU, MEMORY, PIDS, Cgroups
 from supervisor.processes.containment import Boundary, ProcessTable
-from supervisor.processes.places import MAX_NEW_ENTRIES, Places
+from supervisor.processes.places import MAX_NEW_ENTRIES, Places, Reading
 from supervisor.processes.process import WorkerProcess
 
 log = logging.getLogger("crew_supervisor.limits")
@@ -47,6 +47,7 @@ class Limits:
         self.processes = settings.worker_max_processes
         self.output_bytes = settings.worker_max_output_bytes
         self.disk_bytes = settings.worker_max_disk_mb * MiB
+        self.crew_disk_bytes = settings.crew_max_disk_mb * MiB
         self.period = settings.limit_sample_ms / 1000
         # A pids cgroup always: capped or not, it is what holds every process of a job.
         wanted = [PIDS, *(name for name, cap in ((MEMORY, self.memory_bytes), (CPU, self.cpu_seconds)) if cap)]
@@ -136,9 +137,11 @@ class Limits:
                         "enforced_by": "sampling",
                     },
                 )
-        reading = tree.places.poll() if self.disk_bytes and tree.places is not None else None
-        if reading is not None and (reading[0] > self.disk_bytes or reading[1] > MAX_NEW_ENTRIES):
-            return disk_breach(*reading, self.disk_bytes)
+        # Its descriptors once it has started: a worker is not dumpable (closed to a non-root supervisor) until then.
+        pids = tree.members if tree.cpu_baseline is not None else ()
+        reading = tree.places.poll(pids) if self.measures_disk and tree.places is not None else None
+        if reading is not None and (breach := self.disk_breach(reading)) is not None:
+            return breach
         used = usage.cpu_seconds - (tree.cpu_baseline or 0.0)
         if self.cpu_seconds and tree.cpu_baseline is not None and used > self.cpu_seconds:
             return Breach(
@@ -146,6 +149,23 @@ class Limits:
                 f"the job used {used:.1f} CPU seconds, over {self.cpu_seconds}",
                 {"cpu_seconds": round(used, 3), "limit_seconds": self.cpu_seconds},
             )
+        return None
+
+    @property
+    def measures_disk(self) -> bool:
+        """Whether a job's disk is measured: a cap on it, or on its crew's places."""
+        return bool(self.disk_bytes or self.crew_disk_bytes)
+
+    def disk_breach(self, reading: Reading, after_exit: bool = False) -> Breach | None:
+        """The disk cap ``reading`` passes, if any: the job's (what it wrote to its places and holds with no name),
+        else its crew's (its HOME and storage, whole). ``after_exit``: the final accounting, its processes gone."""
+        when = "after exit" if after_exit else "running"
+        if self.disk_bytes and (
+            reading.disk_bytes > self.disk_bytes or reading.entries > MAX_NEW_ENTRIES or reading.unreadable
+        ):
+            return disk_breach(reading, self.disk_bytes, when)
+        if self.crew_disk_bytes and reading.crew > self.crew_disk_bytes:
+            return crew_disk_breach(reading.crew, self.crew_disk_bytes, when)
         return None
 
     def oom_breach(self, worker: WorkerProcess) -> Breach | None:
@@ -218,13 +238,41 @@ def output_breach(total: int, limit: int) -> Breach:
     )
 
 
-def disk_breach(written: int, entries: int, limit: int) -> Breach:
-    what = f"{written // MiB} MiB" if entries <= MAX_NEW_ENTRIES else f"over {MAX_NEW_ENTRIES} new files"
+def disk_breach(reading: Reading, limit: int, when: str) -> Breach:
+    """A job over ``WORKER_MAX_DISK_MB``, ``when`` measured (running, or after exit)."""
+    cap = f"its {limit // MiB} MiB (WORKER_MAX_DISK_MB)"
+    if reading.unreadable:  # what they hold cannot be counted, so the cap could not hold
+        hiding = ", ".join(map(str, reading.unreadable))
+        message = f"the job's process(es) {hiding} hid their descriptors (not dumpable): not countable against {cap}"
+    elif reading.entries > MAX_NEW_ENTRIES:
+        message = f"the job wrote over {MAX_NEW_ENTRIES} new files to its places ({when}), over {cap}"
+    else:
+        held = f" and held {reading.held // MiB} MiB in files with no name" if reading.held_files else ""
+        written = f"{reading.written // MiB} MiB to its scratch directory and its crew's places{held}"
+        message = f"the job wrote {written} ({when}), over {cap}"
     return Breach(
         Reason.DISK_LIMIT_EXCEEDED,
-        f"the job wrote {what} to its scratch directory and its crew's places, over its {limit // MiB} MiB"
-        " (WORKER_MAX_DISK_MB)",
-        {"disk_bytes": written, "limit_bytes": limit, "files": entries},
+        message,
+        {
+            "disk_bytes": reading.disk_bytes,
+            "limit_bytes": limit,
+            "limit": "WORKER_MAX_DISK_MB",
+            "files": reading.entries,
+            "held_bytes": reading.held,
+            "held_files": reading.held_files,
+            "unreadable_pids": list(reading.unreadable),
+            "measured": when,
+        },
+    )
+
+
+def crew_disk_breach(used: int, limit: int, when: str) -> Breach:
+    """A crew's places over ``CREW_MAX_DISK_MB``, ``when`` measured (running, or after exit)."""
+    return Breach(
+        Reason.DISK_LIMIT_EXCEEDED,
+        f"the crew's HOME and storage reached {used // MiB} MiB ({when}), over its {limit // MiB} MiB"
+        " (CREW_MAX_DISK_MB)",
+        {"crew_disk_bytes": used, "limit_bytes": limit, "limit": "CREW_MAX_DISK_MB", "measured": when},
     )
 
 

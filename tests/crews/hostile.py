@@ -129,6 +129,51 @@ def _fill_places(place: Path) -> None:
         (place / f"fill-{number}").write_bytes(block)
 
 
+UNNAMED_HOLD_SECONDS = 10  # how long runaway-disk-unnamed holds its files before it answers (if never stopped)
+UNNAMED_FILE_MIB = 3  # each file under the tests' 4 MiB WORKER_MAX_DISK_MB, so RLIMIT_FSIZE lets it be written
+
+
+def _unnamed_file(place: Path, block: bytes) -> int:
+    """A file with no name in ``place``, ``UNNAMED_FILE_MIB`` written to it: its descriptor."""
+    fd = os.open(place, os.O_TMPFILE | os.O_WRONLY, 0o600)
+    for _ in range(UNNAMED_FILE_MIB):
+        os.write(fd, block)
+    return fd
+
+
+def _hold_unnamed(files: int, place: Path) -> list[int]:
+    """``files`` files with no name in ``place``, held open; their total in EVIDENCE_DIR (``unnamed.bytes``) once
+    written."""
+    block = os.urandom(MiB)
+    held = [_unnamed_file(place, block) for _ in range(files)]
+    (Path(os.environ[EVIDENCE_DIR]) / "unnamed.bytes").write_text(str(files * UNNAMED_FILE_MIB * MiB))
+    return held
+
+
+AT_FDCWD, AT_SYMLINK_FOLLOW = -100, 0x400
+
+
+def _link_into_home(held: list[int]) -> None:
+    """Give each held file (made in HOME: the sandbox refuses a link across its places) a name in the crew's HOME,
+    kept after the job, as its last act; say where."""
+    home = Path(os.environ["HOME"])
+    (Path(os.environ[EVIDENCE_DIR]) / "linked.place").write_text(str(home))
+    libc = ctypes.CDLL(None, use_errno=True)
+    for number, fd in enumerate(held):  # linkat itself: os.link calls link(2), which takes /proc's link for the file
+        source, name = f"/proc/self/fd/{fd}".encode(), bytes(home / f"linked-{number}")
+        if libc.linkat(AT_FDCWD, source, AT_FDCWD, name, AT_SYMLINK_FOLLOW):
+            raise OSError(ctypes.get_errno(), "linkat refused")
+        os.close(fd)
+
+
+def _grow_crew_home() -> bool:
+    """Add a named file of ``UNNAMED_FILE_MIB`` to the crew's HOME; whether it was its first."""
+    home = Path(os.environ["HOME"])
+    grown = sorted(home.glob("grow-*"))
+    (home / f"grow-{len(grown)}").write_bytes(os.urandom(UNNAMED_FILE_MIB * MiB))
+    return not grown
+
+
 class RunawayLLM(OfflineLLM):
     """Work that runs away inside a provider call (where a tool's code would run). Each is bounded on its
     own (4 GiB, 2,000 processes, 1 GiB of output), so a broken limit fails a test, not the machine."""
@@ -149,6 +194,17 @@ class RunawayLLM(OfflineLLM):
             _burn_in_relays()
         elif mode in ("disk", "disk-home"):
             _fill_places(Path.cwd() if mode == "disk" else Path(os.environ["HOME"]))
+        elif mode == "disk-unnamed":  # more than the cap in files no walk of names finds, held a while
+            held = _hold_unnamed(8, Path.cwd())
+            time.sleep(UNNAMED_HOLD_SECONDS)
+            del held
+            return super().call(messages, *args, **kwargs)
+        elif mode == "disk-linked":  # under the cap in each file, over it together, named only at the very end
+            _link_into_home(_hold_unnamed(2, Path(os.environ["HOME"])))
+            return super().call(messages, *args, **kwargs)
+        elif mode == "disk-crew":  # the crew's HOME grows by a file each job: the first answers, later ones hold
+            if _grow_crew_home():
+                return super().call(messages, *args, **kwargs)
         elif mode == "forkbomb":
             for _ in range(2000):
                 try:
@@ -262,7 +318,8 @@ def sized_output() -> Crew:
 
 
 RUNAWAY = (
-    *("memory", "cpu", "reforker", "disk", "disk-home", "forkbomb", "files", "escape-memory", "escape-forkbomb"),
+    *("memory", "cpu", "reforker", "disk", "disk-home", "disk-unnamed", "disk-linked", "disk-crew", "forkbomb"),
+    *("files", "escape-memory", "escape-forkbomb"),
     *("events", "stdout", "stdout-endless", "stdout-grandchild", "daemon", "orphan"),
 )
 CREWS = {

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from supervisor.jobs import admission
+from supervisor.jobs.environment import crew_places
 from supervisor.jobs.lifecycle import Lifecycle
 from supervisor.models import StartRequest
 from tests.supervisor.jobs.harness import CREW, Core, core, in_loop
@@ -67,6 +68,28 @@ async def test_an_exact_repeat_is_the_same_job_and_anything_else_conflicts(tmp_p
         with pytest.raises(admission.ConflictingReuse):  # the same body under another key
             same = StartRequest(crew_id=CREW, action_id="once", input={"script": ["started", "complete"]})
             await it.sup.admission.admit(same, "key-other", legacy=False)
+
+
+@in_loop
+async def test_a_crew_over_its_disk_cap_is_refused_after_the_other_checks_and_its_places_measured_once(
+    tmp_path: Path,
+) -> None:
+    """A crew whose places another supervisor's jobs filled past CREW_MAX_DISK_MB: 507 (CrewDiskFull), after every
+    earlier check (a 409 still answers first), for a start of any action id."""
+    async with core(tmp_path) as it:
+        await it.start(["started", "complete"], action_id="once")
+        assert (await it.settled("once"))[0] == "completed"
+    home, _ = crew_places(tmp_path / "state", CREW)
+    (home / "filled").write_bytes(b"x" * 2 * MiB)
+    async with core(tmp_path, crew_max_disk_mb="1") as it:
+        changed = StartRequest(crew_id=CREW, action_id="once", input={"script": []})
+        with pytest.raises(admission.ConflictingReuse):
+            await it.sup.admission.admit(changed, "key-once", legacy=False)
+        with pytest.raises(admission.CrewDiskFull, match=rf"crew {CREW}'s HOME and storage hold 2 MiB, over its 1"):
+            await it.sup.admission.admit(StartRequest(crew_id=CREW, action_id="new"), "key", legacy=False)
+        assert it.journal.reader.get("new") is None
+        (home / "filled").unlink()  # freed: still refused until the crew is measured again (the cache holds it)
+        assert await refusal(it) is admission.CrewDiskFull
 
 
 @in_loop

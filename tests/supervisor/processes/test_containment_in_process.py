@@ -3,6 +3,9 @@ leave writable, what a job's places count as written. Real processes and files, 
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -10,8 +13,9 @@ from pathlib import Path
 import psutil
 
 from supervisor.processes.containment import Boundary, kill_remains
-from supervisor.processes.places import MAX_NEW_ENTRIES, Places
-from tests.conftest import gone, wait_until
+from supervisor.processes.held import unnamed_files
+from supervisor.processes.places import MAX_NEW_ENTRIES, Places, Reading
+from tests.conftest import ROOT, gone, wait_until
 from worker.landlock import allowed_around
 
 
@@ -62,16 +66,91 @@ def test_places_count_all_of_scratch_and_what_kept_places_grew_by(tmp_path: Path
     for number in range(MAX_NEW_ENTRIES + 5):  # a crew's cache: not the job's, however large
         (home / f"cached-{number}").touch()
     places = Places(scratch, (home,))
-    places.measure()  # the first reading notes what the crew's places held
-    places.measure()
-    assert places.reading == (0, 0)
+    assert 1_000_000 <= places.begin() < 1_100_000  # what the crew's places held before the job: not its
+    assert dataclasses.replace(places.measure(), crew=0) == Reading()  # nothing of its own yet
     (scratch / "a").write_bytes(b"x" * 300_000)
     (home / "b").write_bytes(b"x" * 200_000)
-    places.measure()
-    assert places.reading is not None
-    written, entries = places.reading
-    assert 500_000 <= written < 600_000 and entries == 2  # in blocks on disk
+    for name in ("c", "d"):  # more names of one file: counted once
+        (home / name).hardlink_to(home / "b")
+    reading = places.measure()
+    assert 500_000 <= reading.written < 600_000 and reading.entries == 4  # in blocks on disk
+    assert 1_200_000 <= reading.crew < 1_300_000  # the crew's places whole
     for number in range(MAX_NEW_ENTRIES + 5):
         (scratch / f"many-{number}").touch()
-    places.measure()
-    assert places.reading[1] > MAX_NEW_ENTRIES
+    assert places.measure().entries > MAX_NEW_ENTRIES
+
+
+def test_files_with_no_name_held_open_count_once_whoever_holds_them(tmp_path: Path) -> None:
+    """An O_TMPFILE and a file unlinked while open, held by a process and the child it forked (their descriptors
+    shared): counted once each; a named file held open is the walk's, not counted here."""
+    command = [sys.executable, "-c", HOLDER, str(tmp_path)]
+    # Its stderr not pytest's capture, an unlinked file too.
+    holder = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        pids = [holder.pid, *(child.pid for child in psutil.Process(holder.pid).children())]
+        assert len(pids) == 2
+        held, files, unreadable = unnamed_files(pids)
+        assert files == 2 and 3 * MiB <= held < 3 * MiB + 64 * 1024 and unreadable == (), (held, files)
+        assert Places(tmp_path / "none", ()).measure(pids).held == held
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)  # the child too
+        holder.wait()
+
+
+def test_a_process_that_hides_its_descriptors_is_named_not_passed_over() -> None:
+    """Not dumpable, its /proc/<pid>/fd is closed to a supervisor without CAP_SYS_PTRACE (the container's, of the
+    workers' uid): the scan, run without capabilities, names it; a dumpable one (capabilities dropped, as a worker
+    has them) it reads."""
+    hiding, showing = (
+        subprocess.Popen([sys.executable, "-c", f"{NO_CAPABILITIES}\n{HOLD}", dumpable], stdout=subprocess.PIPE)
+        for dumpable in ("0", "1")
+    )
+    try:
+        for holder in (hiding, showing):
+            assert holder.stdout is not None and holder.stdout.readline().strip() == b"holding"
+        scan = f"{NO_CAPABILITIES}\n{SCAN}"
+        pids = [str(hiding.pid), str(showing.pid)]
+        scanned = subprocess.run([sys.executable, "-c", scan, *pids], cwd=ROOT, capture_output=True, check=True)
+        assert scanned.stdout.split() == [str(hiding.pid).encode()], scanned
+    finally:
+        for holder in (hiding, showing):
+            holder.kill()
+            holder.wait()
+
+
+NO_CAPABILITIES = """
+import ctypes, sys
+header, no_capabilities = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()
+if ctypes.CDLL(None, use_errno=True).capset(header, no_capabilities) != 0:
+    raise OSError(ctypes.get_errno(), "capset")
+"""
+HOLD = """
+import time
+ctypes.CDLL(None).prctl(4, int(sys.argv[1]), 0, 0, 0)  # PR_SET_DUMPABLE
+print("holding", flush=True)
+time.sleep(600)
+"""
+SCAN = """
+from supervisor.processes.held import unnamed_files
+print(*unnamed_files(map(int, sys.argv[1:]))[2])
+"""
+MiB = 1 << 20
+HOLDER = """
+import os, sys, time
+place = sys.argv[1]
+unnamed = os.open(place, os.O_TMPFILE | os.O_WRONLY)
+os.write(unnamed, b"x" * (2 << 20))
+unlinked = os.open(os.path.join(place, "gone"), os.O_CREAT | os.O_WRONLY)
+os.write(unlinked, b"x" * (1 << 20))
+os.unlink(os.path.join(place, "gone"))
+named = open(os.path.join(place, "named"), "wb")
+named.write(b"x" * (1 << 20))
+named.flush()
+if os.fork() == 0:
+    time.sleep(600)
+print("holding", flush=True)
+time.sleep(600)
+"""

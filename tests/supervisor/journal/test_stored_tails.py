@@ -32,6 +32,9 @@ def stored(tmp_path: Path) -> Iterator[Stored]:
     opened = Journal(state / "journal.db", checkpoint_events=1)
     yield Stored(opened)
     opened.close()
+    again = Journal(state / "journal.db", checkpoint_events=1)  # the next start's own check: nothing to quarantine
+    assert again.quarantined == {}
+    again.close()
 
 
 class Stored:

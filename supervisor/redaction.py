@@ -1,5 +1,6 @@
 """Secrets kept out of what a worker wrote: the values of the worker's secret-looking environment variables, of its
-crew's file, and the bearer token, replaced before a stdout or stderr tail, an event or an output is shown or stored.
+crew's file, and the bearer token, replaced before a stdout or stderr tail, an event or an output is shown or stored
+(a tail never longer than the text it redacts: ``redact_within``).
 
 A provider's error often quotes the key it was given (``Incorrect API key provided: sk-…``), and a tool's answer
 may too; a tail, an event and an output are kept in the journal and shown by the API, the CLI and the console, to
@@ -39,6 +40,28 @@ def redact(text: str, secrets: Iterable[str], *, cut_start: bool = False, cut_en
             text = REDACTED + text[length:]
         if cut_end and (length := _prefix_at_end(text, secret)):
             text = text[:-length] + REDACTED
+    return text
+
+
+def redact_within(
+    text: str, secrets: Iterable[str], limit: int, *, cut_start: bool = False, cut_end: bool = False
+) -> str:
+    """``redact``, in at most ``limit`` characters. A marker is longer than a secret or fragment of fewer than ten
+    characters, so a redacted text can outgrow the text it redacts (a stored tail then had more characters than its
+    stream had bytes, which the journal's consistency rule refuses): its beginning makes room, as a tail's does,
+    whole markers at a time, then any end of a secret the new beginning falls inside. Every step only drops
+    characters from the start, so no whole secret, and no secret's beginning at its end, can come back."""
+    secrets = tuple(secrets)
+    text = redact(text, secrets, cut_start=cut_start, cut_end=cut_end)
+    if len(text) <= limit:
+        return text
+    at = len(text) - limit
+    split = text.find(REDACTED, max(at - len(REDACTED) + 1, 0))  # a marker the cut would leave in pieces
+    if -1 < split < at:
+        at = split + len(REDACTED)
+    text = text[at:]
+    while length := max((_suffix_at_start(text, secret) for secret in secrets), default=0):
+        text = text[length:]
     return text
 
 

@@ -1,4 +1,4 @@
-"""The deployment's files: the state directory, the journal's files, the token, and the journal's disk.
+"""The deployment's files: the state directory, the journal's files and records, the token, and the journal's disk.
 
 The refusals are the ones ``serve`` makes (``supervisor/journal/statefiles.py``, ``config.py``), called
 without creating or changing anything; the doctor adds two of its own: a state directory others can
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import sqlite3
 import stat
 import tempfile
 from pathlib import Path
@@ -17,10 +18,14 @@ from protocol import Operation
 from supervisor.config import PREFIX, Settings
 from supervisor.doctor.findings import Finding, ok, problem, warning
 from supervisor.journal.errors import JournalError
-from supervisor.journal.reader import free_bytes, size_bytes
+from supervisor.journal.migrate import is_reference_journal
+from supervisor.journal.reader import Reader, free_bytes, size_bytes
+from supervisor.journal.schema import SCHEMA_VERSION
 from supervisor.journal.statefiles import check_directory, check_private_files, check_state_files, locked, private_mode
 
 MiB = 1024 * 1024
+NAMED_RECORDS = 5  # of the records quarantined (and of those to be), named in the finding; all are counted
+QUARANTINE_FIX = "read their rows in the journal's quarantined_* tables (docs/operating.md, quarantined records)"
 
 
 def state(settings: Settings) -> list[Finding]:
@@ -33,7 +38,8 @@ def state(settings: Settings) -> list[Finding]:
             )
         ]
     journal = Path(settings.state_file).absolute()  # as serve takes it
-    return [_directory(journal.parent, settings.worker_ids), _journal(journal)]
+    found = [_directory(journal.parent, settings.worker_ids), _journal(journal)]
+    return [*found, _records(journal)] if _is_database(journal) else found
 
 
 def _directory(directory: Path, worker_ids: tuple[int, int] | None) -> Finding:
@@ -82,6 +88,58 @@ def _journal(journal: Path) -> Finding:
         detail = f"{journal} is in use by another supervisor: serve would refuse to start on it"
         return problem("journal", detail, f"stop that supervisor, or give this one another {PREFIX}STATE_FILE")
     return ok("journal", f"{journal}: 0600, {size_bytes(journal) // MiB} MiB with its WAL")
+
+
+def _is_database(journal: Path) -> bool:
+    """A journal file serve has made (a reference journal is imported at its first start)."""
+    try:
+        return stat.S_ISREG(os.lstat(journal).st_mode) and not is_reference_journal(journal)
+    except (OSError, JournalError):  # said by the journal's own finding
+        return False
+
+
+def _records(journal: Path) -> Finding:
+    """What serve's open would find in the journal's records: a file SQLite's quick check fails (serve refuses to
+    start on it), the records quarantined at earlier opens, and those the next would quarantine. Changes nothing:
+    a journal without a WAL (no supervisor has it open) is read as immutable, or SQLite would leave its ``-wal`` and
+    ``-shm`` beside it."""
+    try:
+        reader = Reader(journal, immutable=not journal.with_name(journal.name + "-wal").exists())
+        try:
+            return _judge(journal, reader)
+        finally:
+            reader.close()
+    except sqlite3.Error as exc:
+        return problem("records", f"{journal} cannot be read: {exc}", "restore the journal from a backup")
+
+
+def _judge(journal: Path, reader: Reader) -> Finding:
+    if (version := reader.schema_version()) > SCHEMA_VERSION:
+        detail = f"{journal} has schema {version}, newer than this supervisor's ({SCHEMA_VERSION}): serve refuses it"
+        return problem("records", detail, "serve it with the version that wrote it")
+    if version < SCHEMA_VERSION:
+        return ok("records", f"schema {version}: serve checks its records when it upgrades it to {SCHEMA_VERSION}")
+    if (result := reader.integrity()) != "ok":
+        detail = f"{journal} fails SQLite's integrity check ({result}): serve refuses to start on it"
+        return problem("records", detail, "restore the journal from a backup (docs/operating.md)")
+    count, named = reader.quarantine(NAMED_RECORDS)
+    upcoming: dict[str, str] = {}
+    for action_id, found in reader.inconsistent():
+        upcoming.setdefault(action_id, found)
+    said = []
+    if count:
+        said.append(f"{count} quarantined, kept aside with their action ids taken: {_named(named, count)}")
+    if upcoming:
+        first = list(upcoming.items())[:NAMED_RECORDS]
+        said.append(f"{len(upcoming)} inconsistent, quarantined at serve's next start: {_named(first, len(upcoming))}")
+    if not said:
+        return ok("records", f"{reader.count()} records, none quarantined or inconsistent")
+    return warning("records", "; ".join(said), QUARANTINE_FIX)
+
+
+def _named(records: list[tuple[str, str]], count: int) -> str:
+    names = ", ".join(f"{action_id!r} ({found})" for action_id, found in records)
+    return names + (f" and {count - len(records)} more" if count > len(records) else "")
 
 
 def token_and_training(settings: Settings) -> list[Finding]:

@@ -151,6 +151,8 @@ def find(sup: Supervisor, action_id: str) -> Job:
         raise HTTPException(422, problem)
     job = sup.job(action_id)
     if job is None:
+        if sup.quarantined(action_id) is not None:  # kept aside, not served: its rows disagreed (docs/operating.md)
+            raise HTTPException(404, "run was quarantined at start: its journal record is inconsistent")
         raise HTTPException(404, "run was not found")
     return job
 

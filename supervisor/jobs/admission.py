@@ -136,6 +136,8 @@ class Admission:
             raise CrewNotFound("crew was not found")
         if existing is not None:
             raise ConflictingReuse("action id was already admitted with different request material")
+        if self.journal.reader.quarantined(body.action_id) is not None:  # its record is kept aside, not gone
+            raise ConflictingReuse("action id belongs to a journal record quarantined at start; use another")
         if self.journal.reader.count() + len(self._admitting) >= self.settings.max_retained_runs:
             raise JournalFull("journal holds the maximum number of retained runs; archive some")
         if self.journal.reader.size_bytes() >= self.settings.max_state_bytes:

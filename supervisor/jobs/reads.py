@@ -74,6 +74,10 @@ class Reads:
     def job(self, action_id: str) -> Job | None:
         return self.reader.get(action_id)
 
+    def quarantined(self, action_id: str) -> str | None:
+        """What was wrong with the record of ``action_id`` if it was quarantined (``journal/quarantine.py``)."""
+        return self.reader.quarantined(action_id)
+
     def output(self, action_id: str) -> dict[str, Any] | None:
         """A completed job's output."""
         return self.reader.output(action_id)

@@ -143,6 +143,8 @@ def upgrade(db: sqlite3.Connection, path: Path, version: int) -> Path:
             db.execute("ALTER TABLE jobs ADD COLUMN leftovers BLOB")
         # Schema 5 adds the stacks table, which SCHEMA makes once this commits; the version is raised so that an
         # older supervisor, which would leave a job's stacks behind when it archives the job, refuses the journal.
+        # Schema 6 adds the quarantine and its tables, made the same way: an older supervisor would admit a
+        # quarantined action id as a new job.
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         db.execute("COMMIT")
     except BaseException:

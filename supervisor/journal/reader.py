@@ -24,10 +24,12 @@ _JOB_COLUMNS = (
 
 
 class Reader:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, immutable: bool = False) -> None:
+        """``immutable``: for a file nothing writes (the doctor's look at a journal no supervisor has open, which
+        a read-only connection in WAL mode would leave ``-wal`` and ``-shm`` files beside)."""
         self.path = path
         self._db = sqlite3.connect(
-            f"file:{urllib.parse.quote(str(path.absolute()))}?mode=ro",
+            f"file:{urllib.parse.quote(str(path.absolute()))}?mode=ro{'&immutable=1' if immutable else ''}",
             uri=True,
             isolation_level=None,
             check_same_thread=False,
@@ -36,10 +38,37 @@ class Reader:
     def close(self) -> None:
         self._db.close()
 
-    def inconsistent(self) -> tuple[str, str] | None:
-        """A job whose record and events disagree, and how (``schema.INCONSISTENT``)."""
-        row = self._db.execute(INCONSISTENT).fetchone()
-        return (row[0], row[1]) if row is not None else None
+    def schema_version(self) -> int:
+        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    def integrity(self) -> str:
+        """SQLite's quick check of the file: ``ok``, or its first finding."""
+        return str(self._db.execute("PRAGMA quick_check").fetchone()[0])
+
+    def inconsistent(self) -> list[tuple[str, str]]:
+        """Each record whose rows disagree, and how (``schema.INCONSISTENT``): an action id once per problem."""
+        return [(row[0], row[1]) for row in self._db.execute(INCONSISTENT)]
+
+    def quarantined(self, action_id: str) -> str | None:
+        """What was wrong with a record quarantined at an open (``quarantine.py``); None if it is not."""
+        row = self._db.execute("SELECT problem FROM quarantine WHERE action_id = ?", (action_id,)).fetchone()
+        return row[0] if row else None
+
+    def quarantine(self, limit: int) -> tuple[int, list[tuple[str, str]]]:
+        """How many records are quarantined, and the first ``limit`` of them (action id, problem), oldest first."""
+        (count,) = self._db.execute("SELECT count(*) FROM quarantine").fetchone()
+        rows = self._db.execute(
+            "SELECT action_id, problem FROM quarantine ORDER BY quarantined_at, action_id LIMIT ?", (limit,)
+        )
+        return int(count), [(row[0], row[1]) for row in rows]
+
+    def quarantined_workers(self) -> list[Job]:
+        """The quarantined records that name a worker or its boundary, as they were kept: for restart fencing,
+        whatever their status says (it may be what was wrong)."""
+        rows = self._db.execute(
+            f"SELECT {_JOB_COLUMNS} FROM quarantined_jobs WHERE worker_pid IS NOT NULL OR boundary IS NOT NULL"
+        )
+        return [Job(*row) for row in rows]
 
     def get(self, action_id: str) -> Job | None:
         row = self._db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE action_id = ?", (action_id,)).fetchone()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from supervisor.redaction import redact
+from supervisor.redaction import redact_within
 from supervisor.vocabulary import TERMINAL_EVENTS
 
 if TYPE_CHECKING:
@@ -76,8 +76,9 @@ class Streams:
 def shown(tail: Tail, secrets: tuple[str, ...], last: int | None = None) -> str:
     """A worker's tail as shown and stored, or only its ``last`` characters: ``secrets`` replaced
     (``supervisor/redaction.py``), one cut at the start of what lost its beginning, or at its end, where a
-    write may have stopped mid-way, too."""
+    write may have stopped mid-way, too. Never longer than the text it redacts (``redact_within``), which is
+    decoded from at most the bytes counted: a stored tail keeps within its byte count, as the journal checks."""
     text, cut = tail.text(), tail.truncated
     if last is not None and len(text) > last:
         text, cut = text[-last:], True
-    return redact(text, secrets, cut_start=cut, cut_end=True)
+    return redact_within(text, secrets, len(text), cut_start=cut, cut_end=True)

@@ -1,8 +1,10 @@
-"""The journal's SQLite schema and the consistency rule a journal must pass before it is served."""
+"""The journal's SQLite schema and the consistency rule each record must pass before it is served (a record that
+fails it is quarantined: ``supervisor/journal/quarantine.py``)."""
 
 # 2: completed events hold the output itself; the worker's exit status is in jobs. 3: when a job ended (ended_at).
 # 4: what identifies a job's processes beside its worker (boundary: its cgroups, the descendants samples saw).
-# 5: the stacks table. 6: what a job's worker left running when it exited, killed and named (leftovers).
+# 5: the stacks table. 6: what a job's worker left running when it exited, killed and named (leftovers);
+# the quarantine and its tables.
 SCHEMA_VERSION = 6
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -46,13 +48,30 @@ CREATE TABLE IF NOT EXISTS stacks (
     action_id TEXT PRIMARY KEY,
     stack BLOB NOT NULL
 );
+-- Records found inconsistent at open (supervisor/journal/quarantine.py): what was wrong with each, and when. The
+-- action id stays taken: admission refuses it, and restart fencing kills what its job left, at every start.
+CREATE TABLE IF NOT EXISTS quarantine (
+    action_id TEXT PRIMARY KEY,
+    problem TEXT NOT NULL,
+    quarantined_at REAL NOT NULL
+);
+-- Their rows, moved here as they were, for whoever finds out how they came to be: each table has the columns of
+-- the one it mirrors (and none of its constraints: a row is kept whatever it holds). A schema change that adds a
+-- column to one of these tables adds it to its mirror too.
+CREATE TABLE IF NOT EXISTS quarantined_jobs AS SELECT * FROM jobs WHERE 0;
+CREATE TABLE IF NOT EXISTS quarantined_events AS SELECT * FROM events WHERE 0;
+CREATE TABLE IF NOT EXISTS quarantined_outputs AS SELECT * FROM outputs WHERE 0;
+CREATE TABLE IF NOT EXISTS quarantined_stacks AS SELECT * FROM stacks WHERE 0;
 """
+MIRRORED = ("jobs", "events", "outputs", "stacks")  # every table that holds a record's rows, by its action id
 
 
 # Per job: events numbered 0..event_count-1, at most one terminal event, it comes last, and the
 # status agrees with it. Events of unknown jobs are also inconsistent. A worker's captured output (and its
 # last stacks) is written with its job's terminal event, in the same commit: it belongs to a known, terminal
-# job, and its tails (text decoded from at most the bytes counted, so never more characters) fit in its totals.
+# job, and its tails fit in its totals (text decoded from at most the bytes counted, so never more characters,
+# and redacted without growing: ``redaction.redact_within``). Every problem of every record, an action id as
+# often as it has problems.
 INCONSISTENT = """
 WITH summary AS (
     SELECT action_id, count(*) AS n, min(sequence) AS lo, max(sequence) AS hi,
@@ -89,5 +108,4 @@ SELECT s.action_id,
        END AS problem
 FROM stacks AS s LEFT JOIN jobs AS j USING (action_id)
 WHERE problem IS NOT NULL
-LIMIT 1
 """

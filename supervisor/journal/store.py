@@ -25,6 +25,7 @@ import orjson
 
 from supervisor.journal import migrate
 from supervisor.journal.errors import JournalError
+from supervisor.journal.quarantine import quarantine
 from supervisor.journal.reader import Reader
 from supervisor.journal.records import Event, Job, Streams
 from supervisor.journal.schema import SCHEMA, SCHEMA_VERSION
@@ -55,6 +56,7 @@ class Journal:
         self._uncheckpointed = 0  # events appended since the last that completed a checkpoint
         self.imported_from: Path | None = None  # the backup of a reference journal imported at open
         self.upgraded_from: Path | None = None  # the backup of an older schema's journal upgraded at open
+        self.quarantined: dict[str, str] = {}  # the records quarantined at this open, and what was wrong with each
         self._lock_fd = lock(path.with_name(path.name + ".lock"))
         try:
             if migrate.is_reference_journal(path):
@@ -89,12 +91,19 @@ class Journal:
         self._db.executescript(f"BEGIN; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
 
     def _verify(self) -> None:
-        """Refuse to serve a corrupt journal rather than repeat or lose what it says."""
-        (result,) = self._db.execute("PRAGMA quick_check").fetchone()
-        if result != "ok":
+        """Refuse to serve a corrupt file rather than repeat or lose what it says; quarantine a record that breaks
+        the consistency rule, so that one record (whatever a job printed, or a hand's edit) never stops the
+        others being served, nor their leftovers being fenced."""
+        if (result := self.reader.integrity()) != "ok":
             raise JournalError(f"journal {self.path} failed its integrity check: {result}")
-        if (found := self.reader.inconsistent()) is not None:
-            raise JournalError(f"journal {self.path} is inconsistent for job {found[0]!r}: {found[1]}")
+        if found := self.reader.inconsistent():
+            self.quarantined = quarantine(self._db, found)
+        for action_id, problem in self.quarantined.items():
+            log.warning(
+                "quarantined a journal record: %s; its rows are kept aside and its action id stays taken",
+                problem,
+                extra={"action_id": action_id},
+            )
 
     def stop_waiting(self) -> None:
         """The supervisor is stopping: writes still waiting for another process's lock or for disk space

@@ -20,7 +20,7 @@ from crewai.llms.base_llm import llm_call_context
 from crewai.types.usage_metrics import UsageMetrics
 
 from protocol import EVENT_FD, PROTOCOL_VERSION, Completed, Failed, Reason, pack
-from tests.crews.base import EVIDENCE_DIR, HOUR, _single
+from tests.crews.base import EVIDENCE_DIR, HOUR, LEAKED_KEY, _single
 from tests.helpers import family
 from tests.helpers.waiting import wait_until
 from worker.demo import OfflineLLM
@@ -317,6 +317,25 @@ def sized_output() -> Crew:
     return SizedCrew(agents=[agent], tasks=[Task(description="Answer.", expected_output="Bytes.", agent=agent)])
 
 
+class KeyTailCrew(Crew):
+    """Ends its stderr with its key (LEAKED_KEY, from its crew's env file), whole or its first ``chars`` characters
+    (input), and completes: a tail whose redaction outgrew its byte count once made every later start refuse the
+    journal."""
+
+    def kickoff(self, inputs: dict[str, Any] | None = None, *args: Any, **kwargs: Any) -> Any:
+        if self.stream:
+            return super().kickoff(inputs, *args, **kwargs)
+        key = os.environ[LEAKED_KEY]
+        sys.stderr.write(key[: int((inputs or {}).get("chars", len(key)))])
+        sys.stderr.flush()
+        return CrewOutput(raw="printed", tasks_output=[], token_usage=UsageMetrics())
+
+
+def key_tail() -> Crew:
+    agent = Agent(role="Printer", goal="Print", backstory="Careless.", llm=OfflineLLM(model="key-tail"))
+    return KeyTailCrew(agents=[agent], tasks=[Task(description="Print.", expected_output="Nothing.", agent=agent)])
+
+
 RUNAWAY = (
     *("memory", "cpu", "reforker", "disk", "disk-home", "disk-unnamed", "disk-linked", "disk-crew", "forkbomb"),
     *("files", "escape-memory", "escape-forkbomb"),
@@ -325,6 +344,7 @@ RUNAWAY = (
 CREWS = {
     "big-chunk": big_chunk,
     "sized-output": sized_output,
+    "key-tail": key_tail,
     **{f"runaway-{mode}": _runaway(mode) for mode in RUNAWAY},
     **{f"broken-{mode}": _breaker(mode) for mode in ("segfault", "exit3", "close-pipe", *BROKEN_FRAMES)},
 }

@@ -7,6 +7,7 @@ import dataclasses
 import os
 import re
 import socket
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import orjson
 import pytest
 
 from protocol import QUIET_CREWAI
+from supervisor.journal.records import Job
 from supervisor.journal.store import Journal
 from supervisor.testing import free_port
 from tests.conftest import ROOT
@@ -57,11 +59,16 @@ class Answer:
 
 @pytest.fixture
 def deployment(tmp_path: Path) -> Deployment:
-    """A state directory (0700), a token file (0600) and a registry of one crew that imports no CrewAI, in a
-    clean environment: no AIP_CREWAI_* setting and no telemetry switch but what a test sets, and WARMUP=offline
-    (its crews are offline, as the suite's supervisors; the good deployment's run has the default)."""
+    return deployment_in(tmp_path)
+
+
+def deployment_in(tmp_path: Path) -> Deployment:
+    """A state directory (0700; a supervisor's, if one made it there already), a token file (0600) and a registry
+    of one crew that imports no CrewAI, in a clean environment: no AIP_CREWAI_* setting and no telemetry switch
+    but what a test sets, and WARMUP=offline (its crews are offline, as the suite's supervisors; the good
+    deployment's run has the default)."""
     state = tmp_path / "state"
-    state.mkdir(mode=0o700)
+    state.mkdir(mode=0o700, exist_ok=True)
     token = tmp_path / "token"
     token.write_text("a-token-for-the-doctor\n")
     token.chmod(0o600)
@@ -223,6 +230,38 @@ def test_problems_found_together_are_each_one_line_with_its_fix(deployment: Depl
     for check, fix in expected.items():
         assert fix in problems[check], problems[check]
     assert f"doctor: not ready ({len(expected)} problems" in answer.out
+
+
+def test_the_records_a_start_would_quarantine_and_those_it_did_are_named(deployment: Deployment) -> None:
+    """Read without a change: the files beside the journal are the same before and after each run."""
+    path = deployment.state / "journal.db"
+    journal = Journal(path, checkpoint_events=1)
+    for action_id in ("kept", "odd"):
+        journal.admit(Job(action_id, "plain", "run", "hash", "running", 0)).wait()
+    journal.close()
+    with contextlib.closing(sqlite3.connect(path)) as db, db:  # a hand's edit
+        db.execute("UPDATE jobs SET event_count = 2 WHERE action_id = 'odd'")
+    files = sorted(deployment.state.iterdir())
+
+    upcoming = records(doctor(deployment, "--json"))
+    assert sorted(deployment.state.iterdir()) == files
+    assert upcoming["status"] == "warning", upcoming
+    said = "1 inconsistent, quarantined at serve's next start: 'odd' (event count differs from its events)"
+    assert upcoming["detail"] == said
+
+    Journal(path, checkpoint_events=1).close()  # a start: it quarantines
+    files = sorted(deployment.state.iterdir())
+    quarantined = records(doctor(deployment, "--json"))
+    assert sorted(deployment.state.iterdir()) == files
+    assert quarantined["status"] == "warning", quarantined
+    said = "1 quarantined, kept aside with their action ids taken: 'odd' (event count differs from its events)"
+    assert quarantined["detail"] == said and "quarantined_* tables" in quarantined["fix"]
+
+
+def records(answer: Answer) -> dict[str, Any]:
+    assert answer.code == 0, answer.out + answer.err  # a warning: serve serves
+    [found] = [f for f in findings(answer) if f["check"] == "records"]
+    return found
 
 
 def test_a_crew_whose_factory_raises_is_named(deployment: Deployment) -> None:

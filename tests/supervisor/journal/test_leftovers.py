@@ -1,24 +1,21 @@
 """What a job that did not finish leaves behind: a killed ``train``'s hidden ``.partial`` file is removed
-once the kill is confirmed, and any left by an earlier supervisor at start-up; a journal whose worker
-output table contradicts its jobs refuses to start, naming the job."""
+once the kill is confirmed, and any left by an earlier supervisor at start-up; a journal record that
+contradicts itself is quarantined at start, named in the log and by the doctor, and the others are served."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from pathlib import Path
 
 import pytest
 
 from protocol import partial_name
-from supervisor.journal.records import Job
-from supervisor.journal.statefiles import prepare_directory
-from supervisor.journal.store import Journal
 from tests.conftest import gone, start_body, start_server, wait_until
 from tests.crews.base import EVIDENCE_DIR, HEARTBEAT
+from tests.supervisor.doctor.test_doctor import deployment_in, doctor, findings
 
 pytestmark = pytest.mark.usefixtures("launcher")
-
-EXIT_SECONDS = 60.0
 
 
 @pytest.mark.both_launchers
@@ -59,18 +56,33 @@ def test_partials_go_at_start_and_when_a_killed_train_is_confirmed_gone(tmp_path
     server.stop()
 
 
-def test_worker_output_of_an_unknown_job_refuses_start_naming_it(tmp_path: Path) -> None:
+def test_a_record_made_inconsistent_by_hand_is_quarantined_named_and_the_others_served(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    prepare_directory(state)
-    journal = Journal(state / "journal.db", checkpoint_events=1)
-    journal.admit(Job("real", "demo", "run", "hash", "running", 0)).wait()
-    journal.close()
-    with sqlite3.connect(state / "journal.db") as db:  # what no write of ours makes: an archive that left it
-        db.execute("INSERT INTO outputs VALUES ('ghost', 'out', '', 3, 0)")
-    server = start_server(state, wait=False)
-    exited = wait_until(lambda: server.process.poll() is not None, timeout=EXIT_SECONDS)
-    assert exited, "start-up went on with an inconsistent journal"
-    assert server.process.returncode == 1
-    lines = server.log_tail().strip().splitlines()
-    assert lines[-1].startswith("crew-supervisor: ") and "'ghost': worker output of an unknown job" in lines[-1]
-    assert not any("Traceback" in line for line in lines)
+    first = start_server(state)
+    with first.client() as client:
+        for action_id in ("good-1", "bad-1"):
+            answer = client.post("/jobs", json=start_body("demo", action_id), headers={"Idempotency-Key": action_id})
+            assert answer.status_code == 200, answer.text
+    first.stop()
+    with contextlib.closing(sqlite3.connect(state / "journal.db")) as db, db:  # what no write of ours makes
+        db.execute("UPDATE jobs SET event_count = event_count + 1 WHERE action_id = 'bad-1'")
+
+    second = start_server(state)
+    said = [line for line in second.log.read_text().splitlines() if "quarantined" in line]
+    assert len(said) == 1 and "bad-1" in said[0] and "event count differs from its events" in said[0], said
+    with second.client() as client:
+        assert client.get("/jobs/good-1").json()["status"] == "completed"
+        kept = client.get("/jobs/bad-1")
+        assert kept.status_code == 404 and kept.json()["detail"].startswith("run was quarantined at start")
+        reused = client.post("/jobs", json=start_body("demo", "bad-1"), headers={"Idempotency-Key": "bad-1"})
+        assert reused.status_code == 409 and "quarantined" in reused.json()["detail"]  # its action id stays taken
+        assert [job["action_id"] for job in client.get("/jobs").json()["jobs"]] == ["good-1"]
+        fresh = client.post("/jobs", json=start_body("demo", "new-1"), headers={"Idempotency-Key": "new-1"})
+        assert fresh.status_code == 200, fresh.text
+    second.stop()
+
+    found = {f["check"]: f for f in findings(doctor(deployment_in(tmp_path), "--json"))}
+    assert found["records"]["status"] == "warning", found["records"]
+    assert (
+        "1 quarantined" in found["records"]["detail"] and "'bad-1' (event count differs" in found["records"]["detail"]
+    )

@@ -138,6 +138,17 @@ class Admission:
             raise ConflictingReuse("action id was already admitted with different request material")
         if self.journal.reader.quarantined(body.action_id) is not None:  # its record is kept aside, not gone
             raise ConflictingReuse("action id belongs to a journal record quarantined at start; use another")
+        self._check_room(body.crew_id)
+        job = Job(body.action_id, body.crew_id, body.operation, digest, Status.RUNNING, 0)
+        under_way = asyncio.get_running_loop().create_future()
+        self._admitting[job.action_id] = under_way
+        # Shielded: a client that goes away must not leave a durable record that nothing launched.
+        task = asyncio.ensure_future(self._admit(job, operation_input, body.timeout_ms, under_way))
+        await asyncio.shield(task)
+        return job
+
+    def _check_room(self, crew_id: str) -> None:
+        """The 507s, in order: the journal's count and bytes, its filesystem's free space, then the crew's disk."""
         if self.journal.reader.count() + len(self._admitting) >= self.settings.max_retained_runs:
             raise JournalFull("journal holds the maximum number of retained runs; archive some")
         if self.journal.reader.size_bytes() >= self.settings.max_state_bytes:
@@ -151,18 +162,11 @@ class Admission:
                 f"the journal's filesystem has {free // MiB} MiB free, below the"
                 f" {self.settings.min_free_disk_mb} MiB kept for running jobs; free space on it"
             )
-        if (used := self.crew_disk.over(body.crew_id)) is not None:
+        if (used := self.crew_disk.over(crew_id)) is not None:
             raise CrewDiskFull(
-                f"crew {body.crew_id}'s HOME and storage hold {used // MiB} MiB, over its"
+                f"crew {crew_id}'s HOME and storage hold {used // MiB} MiB, over its"
                 f" {self.settings.crew_max_disk_mb} MiB (CREW_MAX_DISK_MB); free space there first"
             )
-        job = Job(body.action_id, body.crew_id, body.operation, digest, Status.RUNNING, 0)
-        under_way = asyncio.get_running_loop().create_future()
-        self._admitting[job.action_id] = under_way
-        # Shielded: a client that goes away must not leave a durable record that nothing launched.
-        task = asyncio.ensure_future(self._admit(job, operation_input, body.timeout_ms, under_way))
-        await asyncio.shield(task)
-        return job
 
     async def _admit(
         self, job: Job, operation_input: dict[str, Any], timeout_ms: int, under_way: asyncio.Future[None]

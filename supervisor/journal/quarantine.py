@@ -9,10 +9,13 @@ own disagreement is all this takes in: a file that fails SQLite's integrity chec
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
 
 from supervisor.journal.schema import MIRRORED
+
+log = logging.getLogger("crew_supervisor.journal")
 
 
 def quarantine(db: sqlite3.Connection, found: list[tuple[str, str]]) -> dict[str, str]:
@@ -37,4 +40,10 @@ def quarantine(db: sqlite3.Connection, found: list[tuple[str, str]]) -> dict[str
         if db.in_transaction:
             db.execute("ROLLBACK")
         raise
+    for action_id, problem in said.items():
+        log.warning(
+            "quarantined a journal record: %s; its rows are kept aside and its action id stays taken",
+            problem,
+            extra={"action_id": action_id},
+        )
     return said

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import os
 import sqlite3
 import time
@@ -32,7 +31,6 @@ from supervisor.journal.schema import SCHEMA, SCHEMA_VERSION
 from supervisor.journal.statefiles import lock, prepare_file, restrict
 from supervisor.journal.writer import Writer, Written
 
-log = logging.getLogger("crew_supervisor.journal")
 T = TypeVar("T")
 HEADROOM_BYTES = 16 * 1024 * 1024
 REFUSE_AFTER_SECONDS = 1.0  # how long an admission or archive waits for another process's lock
@@ -97,13 +95,7 @@ class Journal:
         if (result := self.reader.integrity()) != "ok":
             raise JournalError(f"journal {self.path} failed its integrity check: {result}")
         if found := self.reader.inconsistent():
-            self.quarantined = quarantine(self._db, found)
-        for action_id, problem in self.quarantined.items():
-            log.warning(
-                "quarantined a journal record: %s; its rows are kept aside and its action id stays taken",
-                problem,
-                extra={"action_id": action_id},
-            )
+            self.quarantined = quarantine(self._db, found)  # each one logged
 
     def stop_waiting(self) -> None:
         """The supervisor is stopping: writes still waiting for another process's lock or for disk space

@@ -173,7 +173,8 @@ def test_a_schema_5_journal_gains_the_quarantine_and_an_older_supervisor_refuses
     journal_of_two(path)
     with contextlib.closing(sqlite3.connect(path)) as db:  # as schema 5 wrote it
         tables = ["quarantine", *(f"quarantined_{table}" for table in MIRRORED)]
-        db.executescript("".join(f"DROP TABLE {table};" for table in tables) + "PRAGMA user_version = 5;")
+        dropped = "".join(f"DROP TABLE {table};" for table in tables) + "ALTER TABLE jobs DROP COLUMN leftovers;"
+        db.executescript(dropped + "PRAGMA user_version = 5;")
         db.execute("UPDATE outputs SET stdout_total = 2")  # what a redacted tail could store before
         db.commit()
     journal = Journal(path, checkpoint_events=1)

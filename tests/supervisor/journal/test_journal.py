@@ -42,13 +42,6 @@ def read_events(journal: Journal, action_id: str, cursor: int, limit: int = 1000
     return [Event(event.event, event.sequence, orjson.loads(event.data)) for event in stored]
 
 
-@pytest.fixture
-def path(tmp_path: Path) -> Path:
-    state = tmp_path / "state"
-    prepare_directory(state)
-    return state / "journal.db"
-
-
 def test_readers_see_only_committed_events(path: Path) -> None:
     commits: list[tuple[frozenset[str], int]] = []
     journal = Journal(path, checkpoint_events=3, on_commit=lambda ids: commits.append((ids, threading.get_ident())))

@@ -21,16 +21,8 @@ from supervisor.jobs.fencing import fence_restored
 from supervisor.journal.errors import JournalError
 from supervisor.journal.records import Job, Streams
 from supervisor.journal.schema import MIRRORED, SCHEMA_VERSION
-from supervisor.journal.statefiles import prepare_directory
 from supervisor.journal.store import Journal
 from supervisor.processes.containment import Boundary
-
-
-@pytest.fixture
-def path(tmp_path: Path) -> Path:
-    state = tmp_path / "state"
-    prepare_directory(state)
-    return state / "journal.db"
 
 
 def journal_of_two(path: Path) -> None:

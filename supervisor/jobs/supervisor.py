@@ -114,8 +114,7 @@ class Supervisor(Reads):
         async with contextlib.AsyncExitStack() as stack:  # closed in reverse: the lock last
             claim = Claim(journal_path)
             stack.callback(claim.release)
-            # Before the journal opens: one that cannot (a corrupt file) stops no kill of what these hold.
-            killed = await asyncio.to_thread(kill_left_in_cgroups, claim.before)
+            killed = await asyncio.to_thread(kill_left_in_cgroups, claim.before)  # even if the journal cannot open
             limits = Limits(settings)
             stack.callback(limits.stop)
             claim.hold(limits.cgroup_bases())

@@ -65,7 +65,7 @@ def holds(process: psutil.Process, port: int) -> bool:
     )
 
 
-def test_a_restart_kills_the_leftover_holding_its_port_before_it_binds(tmp_path: Path) -> None:
+def test_a_restart_kills_the_leftover_on_its_port_before_binding(tmp_path: Path) -> None:
     with squatting(tmp_path) as (first, leftover, env):
         # Not asked whether it is ready until the leftover is gone: until then, the leftover would answer.
         second = start_server(first.state, env=env, port=first.port, token=first.token, wait=False)
@@ -85,7 +85,7 @@ def test_a_restart_kills_the_leftover_holding_its_port_before_it_binds(tmp_path:
             second.stop()
 
 
-def test_a_journal_that_cannot_open_stops_no_kill_of_what_the_job_cgroups_hold(tmp_path: Path) -> None:
+def test_a_corrupt_journal_stops_no_kill_of_the_leftovers(tmp_path: Path) -> None:
     with squatting(tmp_path) as (first, leftover, env):
         journal = first.state / "journal.db"
         journal.write_bytes(CORRUPT)

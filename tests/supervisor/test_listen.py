@@ -4,11 +4,15 @@ start-up ends it at once, and leaves nothing behind. (A port a dead supervisor's
 
 from __future__ import annotations
 
+import contextlib
+import os
+import pwd
 import shlex
 import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import psutil
@@ -17,7 +21,7 @@ import pytest
 from supervisor import listener
 from supervisor.journal.store import Journal
 from supervisor.testing import free_port
-from tests.conftest import gone, start_server, wait_until
+from tests.conftest import ROOT, gone, start_server, wait_until
 
 EXIT_SECONDS = 60.0  # the refusal comes before any child: seconds even at load 10; more is a hang
 
@@ -50,6 +54,52 @@ def test_a_port_a_stranger_holds_is_refused_in_one_line_naming_it(tmp_path: Path
     finally:
         stranger.kill()
         stranger.wait()
+
+
+UNSEEN = """
+from supervisor import listener
+try:
+    listener.bind("127.0.0.1", {port}).close()
+except listener.ListenError as refused:
+    print(refused)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to hold a port as one uid and ask as another")
+def test_a_holder_another_uid_cannot_see_is_said_so() -> None:
+    """Without privilege, another uid's /proc/<pid>/fd cannot be read: the line says so, and how to find out."""
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no user 'nobody' here")
+    packages = dict.fromkeys(sysconfig.get_paths()[kind] for kind in ("purelib", "platlib"))
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), *packages]), "HOME": "/"}
+    minor = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"  # the venv's may be in /root
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for python in dict.fromkeys([sys.executable, minor]):
+            with contextlib.suppress(OSError):
+                asked = subprocess.run(
+                    [python, "-c", UNSEEN.format(port=port)],
+                    user=nobody.pw_uid,
+                    group=nobody.pw_gid,
+                    extra_groups=[],
+                    env=env,
+                    cwd="/",
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
+                if asked.returncode == 0:
+                    break
+        else:
+            pytest.skip("'nobody' can run no Python that reaches this tree")
+    assert asked.stdout.strip() == (
+        f"cannot listen on 127.0.0.1:{port}: Address already in use: held by a process this user cannot see"
+        " (another user's: `ss -ltnp` as root names it)"
+    )
 
 
 def test_the_port_cannot_be_had_from_its_bind_to_its_listen(tmp_path: Path) -> None:

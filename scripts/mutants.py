@@ -66,9 +66,26 @@ MUTANTS = (
         "fencing-skipped",
         "no orphan outlives a restart, and an interrupted job is fenced",
         "supervisor/jobs/supervisor.py",
-        "            if fenced := await fence_restored(journal):\n",
-        "            if fenced := []:\n",
+        "            if restored := await fence_restored(journal, killed):\n",
+        "            if restored := []:\n",
         ("tests/supervisor/processes/test_fencing.py::test_an_orphan_that_survived_a_crash_is_killed_at_restart",),
+    ),
+    Mutant(
+        "dead-supervisors-cgroups-spared",
+        "a journal that cannot be opened stops no kill of what a dead supervisor's job cgroups hold",
+        "supervisor/jobs/supervisor.py",
+        "            killed = await asyncio.to_thread(kill_left_in_cgroups, claim.before)",
+        "            killed = {}",
+        ("tests/supervisor/test_restart_port.py::test_a_corrupt_journal_stops_no_kill_of_the_leftovers",),
+    ),
+    Mutant(
+        "port-bound-before-fencing",
+        "no leftover of a job holds the port at a restart: it is killed before the bind",
+        "supervisor/serve.py",
+        "                    opening = Supervisor.open(self.settings, self.journal, launcher, fenced=self._bind)\n",
+        "                    self._bind()\n"
+        "                    opening = Supervisor.open(self.settings, self.journal, launcher)\n",
+        ("tests/supervisor/test_restart_port.py::test_a_restart_kills_the_leftover_on_its_port_before_binding",),
     ),
     Mutant(
         "output-drops-fields",

@@ -1,5 +1,5 @@
-"""Serving: check everything that can be checked, open the supervisor (which fences the past), then listen;
-drain on SIGTERM.
+"""Serving: check everything that can be checked, open the supervisor (which fences the past, then takes the
+port, then starts the crews), then listen; drain on SIGTERM.
 
 Imported only by ``crew-supervisor serve``: the operator commands start without uvicorn or the job machinery.
 """
@@ -53,10 +53,6 @@ def serve(settings: config.Settings, log_level: str) -> None:
     max_connections, backlog = budget(settings.max_connections, open_files, settings.max_concurrency)
     if max_connections < settings.max_connections:
         log.warning("MAX_CONNECTIONS lowered to %d to fit %d open files", max_connections, open_files)
-    try:  # first: a port in use is one line, before the journal is locked or a child started
-        listening = listener.bind(settings.host, settings.port)
-    except OSError as exc:
-        sys.exit(f"crew-supervisor: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}")
     ephemeral = None if settings.state_file else Path(tempfile.mkdtemp(prefix="crew-supervisor-"))
     journal_path = ephemeral / "journal.db" if ephemeral else Path(settings.state_file).absolute()
     try:  # before the state is touched: workers that could not import as WORKER_USER are one line with its fix
@@ -95,16 +91,18 @@ def serve(settings: config.Settings, log_level: str) -> None:
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
     )
     server = _DrainingServer(config, settings, journal_path, ephemeral)
-    server.run(sockets=[listening])  # listening starts there, once the supervisor is open
+    server.run()  # the port is bound there, once the past is fenced; listening starts once the supervisor is open
     if server.unready is not None:
         sys.exit(f"crew-supervisor: {server.unready}")
 
 
 class _DrainingServer(uvicorn.Server):
     """uvicorn's server around one ``Supervisor.open``: the supervisor opens on the serving loop before anything
-    listens, and on SIGTERM (or SIGINT) drains while still listening: new starts answer 503, running jobs get
-    ``DRAIN_SECONDS`` to finish (a second signal ends the wait), then the jobs left are stopped: their waiters and
-    streams then end, and uvicorn's shutdown closes the connections.
+    listens (it binds the port once nothing a dead supervisor's jobs left runs any more, before its own crews
+    start: a leftover of a job could hold it until then), and on SIGTERM (or SIGINT) drains while still
+    listening: new starts answer 503, running jobs get ``DRAIN_SECONDS`` to finish (a second signal ends the
+    wait), then the jobs left are stopped: their waiters and streams then end, and uvicorn's shutdown closes the
+    connections.
 
     Everything is released (every job ended, the journal committed and closed) before the signal is re-raised to
     end the process with it.
@@ -118,6 +116,7 @@ class _DrainingServer(uvicorn.Server):
         self.journal = journal
         self.ephemeral = ephemeral
         self.unready: str | None = None  # why the supervisor could not open: nothing listened
+        self._listening: listener.Listener | None = None  # bound by ``_bind``, from ``Supervisor.open``
         self._sup: Supervisor | None = None
         self._opening: asyncio.Task[None] | None = None  # the start-up, while the supervisor opens
         self._signalled: asyncio.Event | None = None
@@ -132,11 +131,13 @@ class _DrainingServer(uvicorn.Server):
         with self.capture_signals():
             async with contextlib.AsyncExitStack() as stack:
                 stack.callback(_remove, self.ephemeral)  # last: after the journal's close
+                stack.callback(self._unbind)
                 self._opening = asyncio.current_task()
                 try:
-                    opening = Supervisor.open(self.settings, self.journal, functools.partial(_launcher, self.settings))
+                    launcher = functools.partial(_launcher, self.settings)
+                    opening = Supervisor.open(self.settings, self.journal, launcher, fenced=self._bind)
                     self._sup = await stack.enter_async_context(opening)
-                except (JournalError, LaunchError, OSError) as exc:
+                except (JournalError, LaunchError, OSError, listener.ListenError) as exc:
                     self.unready = str(exc)
                     return
                 except ConfigError as exc:  # what the workers found (WORKER_SANDBOX=enforce on a kernel without)
@@ -156,9 +157,17 @@ class _DrainingServer(uvicorn.Server):
                     self.settings.port,
                     self._sup.launcher.name,
                 )
-                assert isinstance(self.config.app, _Dated)
+                assert isinstance(self.config.app, _Dated) and self._listening is not None
                 self.config.app.app = create_app(self._sup)
-                await self._serve(sockets)
+                await self._serve([self._listening])
+
+    def _bind(self) -> None:
+        """Raises ListenError, naming whoever holds the port: a stranger, nothing of ours runs now."""
+        self._listening = listener.bind(self.settings.host, self.settings.port)
+
+    def _unbind(self) -> None:
+        if self._listening is not None:
+            self._listening.close()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

@@ -18,9 +18,9 @@ def listen(settings: Settings) -> Finding:
     where = f"{settings.host}:{settings.port}"
     try:
         listener.bind(settings.host, settings.port).close()
-    except OSError as exc:
+    except listener.ListenError as exc:
         fix = f"stop what listens there (another supervisor?), or set {PREFIX}PORT (or {PREFIX}HOST)"
-        return problem("listen", f"cannot listen on {where}: {exc.strerror or exc}", fix)
+        return problem("listen", str(exc), fix)
     return ok("listen", f"{where} is free")
 
 

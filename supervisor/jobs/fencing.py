@@ -1,5 +1,7 @@
-"""Restart fencing: before serving, every job a dead supervisor left running fails, uncertain, and everything of
-it still alive is killed first: its worker (same pid and start time), every member of its cgroups and group, every
+"""Restart fencing: before serving, and before listening, every job a dead supervisor left running fails,
+uncertain, and everything of it still alive is killed first. First what the dead supervisor's job cgroups hold
+(found through the lock file's record, ``claim.py``: even when the journal then cannot be opened), then, with the
+journal open, each job's worker (same pid and start time), every member of its cgroups and group, every
 descendant a sample saw (``containment.kill_remains``), even long after the worker itself died. What the job of a
 quarantined record left (``supervisor/journal/quarantine.py``) is killed too, and its record left as it was kept."""
 
@@ -8,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable, Mapping
 
 import psutil
 
 from protocol import Reason
+from supervisor.jobs.claim import Holder
 from supervisor.jobs.outcomes import failure
 from supervisor.journal.records import Job
 from supervisor.journal.store import Journal
@@ -22,17 +26,36 @@ log = logging.getLogger("crew_supervisor.jobs")
 RESTART_MESSAGE = "sidecar restarted before CrewAI produced a terminal result"  # the reference's words
 MAX_PIDS_RECORDED = 100  # of the processes a fence killed, named in its evidence (all are counted)
 
+Killed = Mapping[str, list[psutil.Process]]  # by job cgroup: what the kill of the dead supervisors' cgroups took
 
-async def fence_restored(journal: Journal) -> list[str]:
-    """The action ids fenced (a quarantined record's is not: it gets no terminal event)."""
+
+def kill_left_in_cgroups(holders: Iterable[Holder]) -> Killed:
+    """Every process in the job cgroups of the supervisors that held the state and are gone, killed (and each
+    cgroup removed once empty); returns once none of them runs."""
+    killed = {
+        str(job): _confirmed(kill_remains(None, None, None, Boundary((str(job),))))
+        for holder in holders
+        for job in holder.jobs()
+    }
+    if pids := sorted({process.pid for processes in killed.values() for process in processes}):
+        extra = {"orphans_killed": len(pids), "orphan_pids": pids[:MAX_PIDS_RECORDED]}
+        log.warning("killed what a dead supervisor's jobs left in their cgroups", extra=extra)
+    return killed
+
+
+async def fence_restored(journal: Journal, killed_before: Killed) -> list[str]:
+    """The action ids fenced (a quarantined record's is not: it gets no terminal event). What
+    ``kill_left_in_cgroups`` took from a job's cgroups counts as its own."""
     await _fence_quarantined(journal)
     fenced = []
     for job in journal.reader.running():
-        killed = await asyncio.to_thread(_kill_remains, job)
+        cgroups = Boundary.decode(job.boundary).cgroups
+        earlier = [process for path in cgroups for process in killed_before.get(path, ())]
+        killed = {process.pid: process for process in [*earlier, *await asyncio.to_thread(_kill_remains, job)]}
         evidence = {
             "orphan_killed": bool(killed),
             "orphans_killed": len(killed),
-            "orphan_pids": sorted(process.pid for process in killed)[:MAX_PIDS_RECORDED],
+            "orphan_pids": sorted(killed)[:MAX_PIDS_RECORDED],
         }
         if killed:
             log.warning("killed what a dead supervisor's job left", extra={"action_id": job.action_id, **evidence})
@@ -63,9 +86,15 @@ async def _fence_quarantined(journal: Journal) -> None:
 
 
 def _kill_remains(job: Job) -> list[psutil.Process]:
-    """Kill, then wait (``CONFIRM_SECONDS`` at most) until none of them runs. A zombie is dead already: only its
-    new parent can reap it, and one that never does would make the wait last until the deadline."""
-    killed = kill_remains(job.worker_pid, job.worker_start_time, job.worker_pgid, Boundary.decode(job.boundary))
+    return _confirmed(
+        kill_remains(job.worker_pid, job.worker_start_time, job.worker_pgid, Boundary.decode(job.boundary))
+    )
+
+
+def _confirmed(killed: list[psutil.Process]) -> list[psutil.Process]:
+    """``killed``, once none of them runs (``CONFIRM_SECONDS`` at most): a process that has exited holds no port.
+    A zombie is dead already: only its new parent can reap it, and one that never does would make the wait last
+    until the deadline."""
     deadline = time.monotonic() + CONFIRM_SECONDS
     while any(running(process) for process in killed) and time.monotonic() < deadline:
         time.sleep(0.005)

@@ -19,9 +19,10 @@ from typing import Any
 from protocol import Registry
 from supervisor.config import Settings
 from supervisor.jobs.admission import Admission
+from supervisor.jobs.claim import Claim
 from supervisor.jobs.crew_disk import CrewDisk
 from supervisor.jobs.environment import worker_env
-from supervisor.jobs.fencing import fence_restored
+from supervisor.jobs.fencing import fence_restored, kill_left_in_cgroups
 from supervisor.jobs.housekeeping import Housekeeping
 from supervisor.jobs.leftovers import remove_stale_partials
 from supervisor.jobs.lifecycle import Lifecycle
@@ -94,11 +95,17 @@ class Supervisor(Reads):
     @classmethod
     @contextlib.asynccontextmanager
     async def open(
-        cls, settings: Settings, journal_path: Path, launcher_for: Callable[[Reaper, Limits], Launcher]
+        cls,
+        settings: Settings,
+        journal_path: Path,
+        launcher_for: Callable[[Reaper, Limits], Launcher],
+        fenced: Callable[[], None] = lambda: None,
     ) -> AsyncIterator[Supervisor]:
-        """On the serving loop, before anything listens: open the journal, describe the crews, fence what a dead
-        supervisor left running, start the launcher and housekeeping. On the way out ``stop`` (if nobody has
-        yet), then the launcher, the limits' cgroups and last the journal, whose close commits what is queued."""
+        """On the serving loop, before anything listens: take the journal's lock and kill what the dead
+        supervisor's job cgroups hold, open the journal, fence what it says a dead supervisor left running, call
+        ``fenced`` (nothing of the past runs now and no child of ours yet: ``serve`` binds its port there), then
+        describe the crews, start the launcher and housekeeping. On the way out ``stop`` (if nobody has yet), then
+        the launcher, the limits' cgroups, the journal, whose close commits what is queued, and last the lock."""
         state = journal_path.parent
         loop = asyncio.get_running_loop()
         live: dict[str, LiveJob] = {}
@@ -108,13 +115,20 @@ class Supervisor(Reads):
             with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is left to wake
                 loop.call_soon_threadsafe(functools.partial(wake_followers, live, action_ids))
 
-        async with contextlib.AsyncExitStack() as stack:  # closed in reverse: the journal last
+        async with contextlib.AsyncExitStack() as stack:  # closed in reverse: the lock last
+            claim = Claim(journal_path)
+            stack.callback(claim.release)
+            killed = await asyncio.to_thread(kill_left_in_cgroups, claim.before)  # even if the journal cannot open
+            limits = Limits(settings)
+            stack.callback(limits.stop)
+            claim.hold(limits.cgroup_bases())
             journal = Journal(
                 journal_path,
                 settings.stream_checkpoint_events,
                 settings.max_state_bytes,
                 on_commit=committed,
                 commit_seconds=metrics.commit_latency.observe,
+                locked=claim.fd,
             )
             stack.callback(journal.close)
             for what, backup in (
@@ -123,8 +137,11 @@ class Supervisor(Reads):
             ):
                 if backup is not None:
                     log.warning("%s journal at %s; the original is kept at %s", what, journal_path, backup)
-            limits = Limits(settings)
-            stack.callback(limits.stop)
+            if restored := await fence_restored(journal, killed):
+                log.warning("fenced %d job(s) left running by a previous supervisor", len(restored))
+            limits.remove_stale()
+            remove_stale_partials(settings.training_dir)  # nothing runs yet: no such file is anyone's
+            fenced()
             reaper = Reaper()
             launcher = launcher_for(reaper, limits)
             stack.push_async_callback(launcher.stop)
@@ -133,10 +150,6 @@ class Supervisor(Reads):
             sandbox.check()
             sup = cls(settings, journal, launcher, limits, sandbox, reaper, registry, state, metrics, live)
             stack.push_async_callback(sup.stop)
-            if fenced := await fence_restored(journal):
-                log.warning("fenced %d job(s) left running by a previous supervisor", len(fenced))
-            limits.remove_stale()
-            remove_stale_partials(settings.training_dir)  # nothing runs yet: no such file is anyone's
             launcher.start()
             sup.housekeeping.start()
             sup._become(Lifecycle.OPEN)

@@ -46,16 +46,20 @@ class Journal:
         *,
         on_commit: Callable[[frozenset[str]], None] = lambda action_ids: None,
         commit_seconds: Callable[[float], None] = lambda seconds: None,
+        locked: int | None = None,
     ) -> None:
         """``on_commit``: these jobs have newly committed events (their readers may look again);
-        ``commit_seconds``: how long a commit took. Both are called on the writer thread."""
+        ``commit_seconds``: how long a commit took. Both are called on the writer thread. ``locked``: the lock's
+        descriptor (``statefiles.lock``) if the caller took it already, and keeps it: closed by the caller, after
+        ``close``."""
         self.path = path
         self._checkpoint = checkpoint_events
         self._uncheckpointed = 0  # events appended since the last that completed a checkpoint
         self.imported_from: Path | None = None  # the backup of a reference journal imported at open
         self.upgraded_from: Path | None = None  # the backup of an older schema's journal upgraded at open
         self.quarantined: dict[str, str] = {}  # the records quarantined at this open, and what was wrong with each
-        self._lock_fd = lock(path.with_name(path.name + ".lock"))
+        self._own_lock = locked is None
+        self._lock_fd = lock(path.with_name(path.name + ".lock")) if locked is None else locked
         try:
             if migrate.is_reference_journal(path):
                 self.imported_from = migrate.import_reference(path, max_bytes)
@@ -72,10 +76,10 @@ class Journal:
             for companion in ("-wal", "-shm"):
                 restrict(path.with_name(path.name + companion))
         except sqlite3.Error as exc:
-            os.close(self._lock_fd)
+            self._unlock()
             raise JournalError(f"journal {path} cannot be used: {exc}") from None
         except BaseException:
-            os.close(self._lock_fd)
+            self._unlock()
             raise
         # From here on the write connection is the writer thread's alone.
         self._writer = Writer(self._db, on_commit, commit_seconds)
@@ -112,8 +116,12 @@ class Journal:
             self.reader.close()
             self._db.close()
         finally:
+            self._unlock()
+
+    def _unlock(self) -> None:
+        if self._own_lock:
             os.close(self._lock_fd)
-            self._lock_fd = -1
+        self._lock_fd = -1
 
     # Writes --------------------------------------------------------------------------------------
     #

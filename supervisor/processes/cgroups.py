@@ -140,6 +140,10 @@ class Cgroups:
     def names(self) -> set[str]:
         return {controller.name for controller in self.controllers}
 
+    def bases(self) -> tuple[str, ...]:
+        """Our directories, where every job cgroup of ours goes: what the state's lock file records of us."""
+        return tuple(sorted({str(controller.base) for controller in self.controllers}))
+
     @classmethod
     def find(cls, wanted: list[str], root: Path = CGROUP_ROOT) -> Cgroups | None:
         """Our directory for each of ``wanted`` we can write, made now; None if none."""
@@ -214,6 +218,17 @@ def is_job_cgroup(path: Path) -> bool:
         and path.name.startswith(JOB_PREFIX)
         and path.parent.name.startswith(BASE_PREFIX)
     )
+
+
+def jobs_under(base: Path, pid: int) -> list[Path]:
+    """The job cgroups in ``base``, which must be the directory of the supervisor ``pid`` (``Cgroups.bases``): a
+    record naming it is data, so nothing else is read."""
+    named = base.is_absolute() and ".." not in base.parts and base.name == f"{BASE_PREFIX}{pid}"
+    if not named or CGROUP_ROOT not in base.parents:
+        return []
+    with contextlib.suppress(OSError):
+        return sorted(child for child in base.iterdir() if child.is_dir() and is_job_cgroup(child))
+    return []
 
 
 def members_of(path: Path) -> list[int]:

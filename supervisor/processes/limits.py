@@ -72,6 +72,10 @@ class Limits:
             return "group and samples"
         return "cgroup" if self.contained else "cgroup, leavable: the workers cannot deny themselves cgroup writes"
 
+    def cgroup_bases(self) -> tuple[str, ...]:
+        """Where this supervisor's job cgroups go (none without cgroups)."""
+        return self.cgroups.bases() if self.cgroups is not None else ()
+
     def remove_stale(self) -> None:
         """Remove the empty cgroups dead supervisors left (once the journal is fenced)."""
         if self.cgroups is not None:

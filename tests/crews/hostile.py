@@ -21,7 +21,7 @@ from crewai.types.usage_metrics import UsageMetrics
 
 from protocol import EVENT_FD, PROTOCOL_VERSION, Completed, Failed, Reason, pack
 from tests.crews.base import EVIDENCE_DIR, HOUR, LEAKED_KEY, _single
-from tests.helpers import family
+from tests.helpers import family, squatter
 from tests.helpers.waiting import wait_until
 from worker.demo import OfflineLLM
 
@@ -102,6 +102,19 @@ def _daemon_seen_by_a_sample() -> None:
     if not wait_until(seen.exists, timeout=HOLD_SECONDS):
         raise RuntimeError("the test never said a sample counted the daemon")
     seen.unlink()
+
+
+def _leave_a_squatter() -> None:
+    """From inside the running job, try to take the supervisor's port (the test writes it in EVIDENCE_DIR first) as a
+    squatter would, and say what the kernel answered; then leave a squatter that takes it once the supervisor is
+    gone (``tests/helpers/squatter.py``)."""
+    evidence = Path(os.environ[EVIDENCE_DIR])
+    port = (evidence / squatter.PORT).read_text()
+    taken = squatter.take(int(port))
+    if not isinstance(taken, str):
+        taken.close()
+    (evidence / squatter.TRIED).write_text(taken if isinstance(taken, str) else "bound")
+    subprocess.run([sys.executable, "-m", "tests.helpers.squatter", str(evidence), port], check=True)
 
 
 def _burn_in_relays() -> None:
@@ -249,6 +262,8 @@ class RunawayLLM(OfflineLLM):
         elif mode == "daemon":
             _daemon_seen_by_a_sample()
             return super().call(messages, *args, **kwargs)
+        elif mode == "squatter":
+            _leave_a_squatter()
         time.sleep(HOUR)
         return "Final Answer: unreachable"
 
@@ -339,7 +354,7 @@ def key_tail() -> Crew:
 RUNAWAY = (
     *("memory", "cpu", "reforker", "disk", "disk-home", "disk-unnamed", "disk-linked", "disk-crew", "forkbomb"),
     *("files", "escape-memory", "escape-forkbomb"),
-    *("events", "stdout", "stdout-endless", "stdout-grandchild", "daemon", "orphan"),
+    *("events", "stdout", "stdout-endless", "stdout-grandchild", "daemon", "orphan", "squatter"),
 )
 CREWS = {
     "big-chunk": big_chunk,

@@ -1,37 +1,133 @@
-"""A port in use is one line, before anything starts: no journal lock taken, no fork server, no traceback. A signal
-during start-up ends it at once, and leaves nothing behind."""
+"""A port a stranger holds is one line naming it, before any child starts, and nothing is killed; a signal during
+start-up ends it at once, and leaves nothing behind. (A port a dead supervisor's job left holding it:
+``test_restart_port.py``.)"""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import pwd
+import shlex
 import signal
 import socket
 import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
 import psutil
 import pytest
 
+from supervisor import listener
 from supervisor.journal.store import Journal
-from tests.conftest import gone, start_server, wait_until
+from supervisor.testing import free_port
+from tests.conftest import ROOT, gone, start_server, wait_until
 
 EXIT_SECONDS = 60.0  # the refusal comes before any child: seconds even at load 10; more is a hang
 
 
-def test_a_port_in_use_is_refused_in_one_line_before_anything_starts(tmp_path: Path) -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+def listening(pid: int, port: int) -> bool:
+    return any(
+        connection.laddr.port == port and connection.pid == pid and connection.status == psutil.CONN_LISTEN
+        for connection in psutil.net_connections("tcp")
+    )
+
+
+def test_a_port_a_stranger_holds_is_refused_in_one_line_naming_it(tmp_path: Path) -> None:
+    port = free_port()
+    command = [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)]
+    stranger = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: listening(stranger.pid, port), timeout=30)
         server = start_server(tmp_path / "state", port=port, wait=False)
         try:
             returncode = server.process.wait(EXIT_SECONDS)
         except subprocess.TimeoutExpired:
             server.kill()
             raise AssertionError("a supervisor on a port in use did not exit") from None
-    lines = server.log_tail().strip().splitlines()
-    assert returncode == 1
-    assert lines == [f"crew-supervisor: cannot listen on 127.0.0.1:{port}: Address already in use"], lines
-    assert not (tmp_path / "state").exists()  # refused before the state directory was even made
+        lines = server.log_tail().strip().splitlines()
+        assert returncode == 1
+        held = f"held by pid {stranger.pid} ({shlex.join(command)})"
+        assert lines == [f"crew-supervisor: cannot listen on 127.0.0.1:{port}: Address already in use: {held}"], lines
+        assert stranger.poll() is None and listening(stranger.pid, port)  # a stranger is named, never killed
+        Journal(tmp_path / "state" / "journal.db", checkpoint_events=1).close()  # its lock was let go
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+UNSEEN = """
+from supervisor import listener
+try:
+    listener.bind("127.0.0.1", {port}).close()
+except listener.ListenError as refused:
+    print(refused)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to hold a port as one uid and ask as another")
+def test_a_holder_another_uid_cannot_see_is_said_so() -> None:
+    """Without privilege, another uid's /proc/<pid>/fd cannot be read: the line says so, and how to find out."""
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no user 'nobody' here")
+    packages = dict.fromkeys(sysconfig.get_paths()[kind] for kind in ("purelib", "platlib"))
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), *packages]), "HOME": "/"}
+    minor = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"  # the venv's may be in /root
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for python in dict.fromkeys([sys.executable, minor]):
+            with contextlib.suppress(OSError):
+                asked = subprocess.run(
+                    [python, "-c", UNSEEN.format(port=port)],
+                    user=nobody.pw_uid,
+                    group=nobody.pw_gid,
+                    extra_groups=[],
+                    env=env,
+                    cwd="/",
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                )
+                if asked.returncode == 0:
+                    break
+        else:
+            pytest.skip("'nobody' can run no Python that reaches this tree")
+    assert asked.stdout.strip() == (
+        f"cannot listen on 127.0.0.1:{port}: Address already in use: held by a process this user cannot see"
+        " (another user's: `ss -ltnp` as root names it)"
+    )
+
+
+def test_the_port_cannot_be_had_from_its_bind_to_its_listen(tmp_path: Path) -> None:
+    """Between the two (the crews' description), another socket with the options that share an address (as a crew's
+    import-time code would try) is refused; the listen itself still takes the port over a connection of an earlier
+    run in TIME_WAIT."""
+    earlier = socket.socket()
+    earlier.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    earlier.bind(("127.0.0.1", 0))
+    earlier.listen()
+    port = earlier.getsockname()[1]
+    with socket.create_connection(("127.0.0.1", port)) as client:
+        accepted, _ = earlier.accept()
+        accepted.close()  # the server's side closes first: its end waits in TIME_WAIT
+        assert client.recv(1) == b""
+    earlier.close()
+    bound = listener.bind("127.0.0.1", port)
+    try:
+        for options in ((socket.SO_REUSEADDR,), (socket.SO_REUSEADDR, socket.SO_REUSEPORT)):
+            with socket.socket() as thief:
+                for option in options:
+                    thief.setsockopt(socket.SOL_SOCKET, option, 1)
+                with pytest.raises(OSError, match="Address already in use"):
+                    thief.bind(("127.0.0.1", port))
+        bound.listen()
+        assert not bound.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT)
+    finally:
+        bound.close()
 
 
 SLOW_REGISTRY = """

@@ -62,6 +62,8 @@ async def fence_restored(journal: Journal, killed_before: Killed) -> list[str]:
         outcome = failure(Reason.SUPERVISOR_RESTARTED, RESTART_MESSAGE, True, **evidence)
         await journal.finish(job.action_id, outcome.event, outcome.data)
         fenced.append(job.action_id)
+    if fenced:
+        log.warning("fenced %d job(s) left running by a previous supervisor", len(fenced))
     return fenced
 
 

@@ -137,8 +137,7 @@ class Supervisor(Reads):
             ):
                 if backup is not None:
                     log.warning("%s journal at %s; the original is kept at %s", what, journal_path, backup)
-            if restored := await fence_restored(journal, killed):
-                log.warning("fenced %d job(s) left running by a previous supervisor", len(restored))
+            await fence_restored(journal, killed)
             limits.remove_stale()
             remove_stale_partials(settings.training_dir)  # nothing runs yet: no such file is anyone's
             fenced()

@@ -75,11 +75,10 @@ class Journal:
             self._verify()
             for companion in ("-wal", "-shm"):
                 restrict(path.with_name(path.name + companion))
-        except sqlite3.Error as exc:
+        except BaseException as exc:
             self._unlock()
-            raise JournalError(f"journal {path} cannot be used: {exc}") from None
-        except BaseException:
-            self._unlock()
+            if isinstance(exc, sqlite3.Error):
+                raise JournalError(f"journal {path} cannot be used: {exc}") from None
             raise
         # From here on the write connection is the writer thread's alone.
         self._writer = Writer(self._db, on_commit, commit_seconds)
@@ -93,9 +92,8 @@ class Journal:
         self._db.executescript(f"BEGIN; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
 
     def _verify(self) -> None:
-        """Refuse to serve a corrupt file rather than repeat or lose what it says; quarantine a record that breaks
-        the consistency rule, so that one record (whatever a job printed, or a hand's edit) never stops the
-        others being served, nor their leftovers being fenced."""
+        """Refuse to serve a corrupt file rather than repeat or lose what it says; quarantine a record that breaks the
+        consistency rule: one record (a job's output, a hand's edit) never stops the others, nor any fencing."""
         if (result := self.reader.integrity()) != "ok":
             raise JournalError(f"journal {self.path} failed its integrity check: {result}")
         if found := self.reader.inconsistent():
@@ -124,7 +122,6 @@ class Journal:
         self._lock_fd = -1
 
     # Writes --------------------------------------------------------------------------------------
-    #
     # Each is handed to the writer thread (``supervisor.journal.writer``) and returns at once: ``await``
     # what it returns on the event loop, ``wait()`` for it elsewhere. They commit in the order they were
     # made. Admission and archive wait ``REFUSE_AFTER_SECONDS`` for another process's lock, then fail with

@@ -250,14 +250,18 @@ def start(
     }
     command = [python, "-m", "supervisor", "serve", *args]
     with open(log, "ab") as out:  # the child keeps its own descriptor
-        as_user = {"user": user[0], "group": user[1], "extra_groups": []} if user is not None else {}
         process = subprocess.Popen(
-            command, env=full_env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, pass_fds=pass_fds, **as_user
+            command, env=full_env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, pass_fds=pass_fds, **_as(user)
         )
     server = Server(process, f"http://127.0.0.1:{port}", token, state, log)
     if wait:
         server.wait_ready(ready_seconds)
     return server
+
+
+def _as(user: tuple[int, int] | None) -> dict[str, Any]:
+    """Popen's arguments that run a process as ``user`` (uid, gid) with no other group; none for this user."""
+    return {"user": user[0], "group": user[1], "extra_groups": []} if user is not None else {}
 
 
 def _setting(name: str) -> str:

@@ -41,6 +41,7 @@ from protocol.messages import (
     PROTOCOL_VERSION,
     STACK_CUT,
     TERMINAL,
+    Building,
     Built,
     Chunk,
     Completed,
@@ -68,9 +69,10 @@ from protocol.messages import (
     pack,
 )
 from protocol.training import is_partial, partial_name
-from protocol.vocabulary import READ_ONLY_OPERATIONS, WORKER_REASONS, Operation, Reason
+from protocol.vocabulary import BEFORE_CREW_REASONS, READ_ONLY_OPERATIONS, WORKER_REASONS, Operation, Reason
 
 __all__ = [
+    "BEFORE_CREW_REASONS",
     "CONTROL_FD",
     "EVENT_FD",
     "HOME",
@@ -99,6 +101,7 @@ __all__ = [
     "WORKER_NICE",
     "WORKER_REASONS",
     "BadSetting",
+    "Building",
     "Built",
     "Chunk",
     "Completed",

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 from protocol.frames import MAX_FRAME_BYTES, FrameError, FrameReader, encode
 
 # Bump on any change a peer could misread; a mismatched worker is rejected at hello.
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 # A worker's ``Stacks``, all threads' together: a stack is read by a person, and a deep one is cut at its outer end.
 MAX_STACK_BYTES = 256 * 1024
 STACK_CUT = "(outer calls cut)\n"  # begins a stack cut to its innermost calls (``innermost``)
@@ -137,6 +137,14 @@ class Refused(Message):
 
 
 @dataclasses.dataclass(frozen=True)
+class Building(Message):
+    """The worker is in its job's sandbox and calls the crew's factory now: from here on the crew's code runs in it,
+    and a reason found before it (``BEFORE_CREW_REASONS``) is no longer its to give."""
+
+    kind: ClassVar[str] = "building"
+
+
+@dataclasses.dataclass(frozen=True)
 class Started(Message):
     kind: ClassVar[str] = "started"
 
@@ -225,7 +233,7 @@ TERMINAL = (Completed, Failed)
 _KINDS: dict[str, type[Message]] = {
     cls.kind: cls
     for cls in (
-        *(Start, Stop, DumpStacks, Hello, Registry, Built, Started, Chunk, Spent, OverBudget),
+        *(Start, Stop, DumpStacks, Hello, Registry, Built, Building, Started, Chunk, Spent, OverBudget),
         *(Stacks, Completed, Failed, Fork, Forked, Refused),
     )
 }

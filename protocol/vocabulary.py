@@ -76,15 +76,15 @@ class Reason(enum.StrEnum):
 # the sandbox its kernel would not let it enter). Crew code runs in the worker and can write any frame, so every other
 # reason (a limit, a stray, a stop, a restart, a fault) is the supervisor's alone: one a worker gives is not taken
 # (supervisor/jobs/outcomes.py: ``worker_failure``). The fork server's ``WARMUP_FAILED`` is no job's.
-WORKER_REASONS = frozenset(
-    {
-        Reason.REGISTRY_ERROR,
-        Reason.SANDBOX_FAILED,
-        Reason.UNKNOWN_CREW,
-        Reason.UNKNOWN_OPERATION,
-        Reason.CREW_FACTORY_FAILED,
-        Reason.OPERATION_REFUSED,
-        Reason.OPERATION_FAILED,
-        Reason.OUTPUT_TOO_LARGE,
-    }
+# ``BEFORE_CREW_REASONS`` are found before any of the crew's code runs in the job's worker, which says ``Building``
+# just before it calls the crew's factory: one given after that is crew code blaming the sandbox or the
+# configuration, and is not taken either.
+BEFORE_CREW_REASONS = frozenset(
+    {Reason.REGISTRY_ERROR, Reason.SANDBOX_FAILED, Reason.UNKNOWN_CREW, Reason.UNKNOWN_OPERATION}
 )
+WORKER_REASONS = BEFORE_CREW_REASONS | {
+    Reason.CREW_FACTORY_FAILED,
+    Reason.OPERATION_REFUSED,
+    Reason.OPERATION_FAILED,
+    Reason.OUTPUT_TOO_LARGE,
+}

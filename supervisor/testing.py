@@ -212,6 +212,7 @@ def start(
     pass_fds: Sequence[int] = (),
     python: str = sys.executable,
     token: str | None = None,
+    user: tuple[int, int] | None = None,
     **settings: str | int | float | bool,
 ) -> Server:
     """Start ``python -m supervisor serve`` on ``registry`` (``module:attr``, importable from ``path``).
@@ -220,7 +221,8 @@ def start(
     ``args`` are extra ``serve`` flags (``--log-level warning``); ``port`` 0 picks a free one; ``pass_fds``
     are left open in it, as a careless launcher would leave its descriptors; ``python`` is the interpreter it
     runs on (and its workers: the supervisor launches them with its own); ``token`` is its bearer token
-    (default: a fresh one; a restart that must keep its clients passes theirs). The
+    (default: a fresh one; a restart that must keep its clients passes theirs); ``user``, a uid and gid it runs as,
+    with no other group (started by root: as a container runs it, one uid for it and its workers). The
     environment is this process's, CrewAI's telemetry off, then the server's own, then ``settings``
     (``max_concurrency=8``), then ``env``. With ``wait`` it returns once ``/health`` answers.
     """
@@ -249,12 +251,17 @@ def start(
     command = [python, "-m", "supervisor", "serve", *args]
     with open(log, "ab") as out:  # the child keeps its own descriptor
         process = subprocess.Popen(
-            command, env=full_env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, pass_fds=pass_fds
+            command, env=full_env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, pass_fds=pass_fds, **_as(user)
         )
     server = Server(process, f"http://127.0.0.1:{port}", token, state, log)
     if wait:
         server.wait_ready(ready_seconds)
     return server
+
+
+def _as(user: tuple[int, int] | None) -> dict[str, Any]:
+    """Popen's arguments that run a process as ``user`` (uid, gid) with no other group; none for this user."""
+    return {"user": user[0], "group": user[1], "extra_groups": []} if user is not None else {}
 
 
 def _setting(name: str) -> str:

@@ -108,15 +108,16 @@ def start_server(
     path: Sequence[str] = (),
     port: int = 0,
     token: str | None = None,
+    user: tuple[int, int] | None = None,
 ) -> Server:
     """A supervisor on the test registry, with ``SETTINGS``; ``env`` wins. ``python`` runs it (and its workers),
     with ``path`` after this tree on its import path; a restart passes the ``port`` and ``token`` its clients
-    know. Started by the plugin's factory: shut down, and its processes checked gone, when the test that
-    started it ends (``stop_server`` for a fixture's)."""
+    know; ``user`` runs it as that uid and gid. Started by the plugin's factory: shut down, and its processes
+    checked gone, when the test that started it ends (``stop_server`` for a fixture's)."""
     evidence = (env or {}).get("CREW_TEST_EVIDENCE_DIR")  # tests/crews/base.py EVIDENCE_DIR
     if evidence and "AIP_CREWAI_WORKER_WRITABLE" not in (env or {}):  # the crews leave it there, from their sandbox
         env = {**(env or {}), "AIP_CREWAI_WORKER_WRITABLE": evidence}
-    options = {**SETTINGS, "registry": registry, "path": [ROOT, *path], "port": port, "token": token}
+    options = {**SETTINGS, "registry": registry, "path": [ROOT, *path], "port": port, "token": token, "user": user}
     return _factory.start(state, env=env, wait=wait, pass_fds=pass_fds, python=python, **options)
 
 

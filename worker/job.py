@@ -14,7 +14,7 @@ import threading
 import traceback
 from typing import Any, NoReturn
 
-from protocol import READ_ONLY_OPERATIONS, Built, Completed, Failed, Hello, Reason, Registry, Start, Started
+from protocol import READ_ONLY_OPERATIONS, Building, Built, Completed, Failed, Hello, Reason, Registry, Start, Started
 from worker import landlock, lifecycle, places, registry, spending, warmup
 from worker.operations import HANDLERS, OperationError, OutputTooLarge, Work, bounded
 
@@ -122,6 +122,7 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
         out.send(failed(reason, reason, f"this worker has no such {what}", False))
         return
     entry = crews[start.crew_id]
+    out.send(Building())  # the crew's code runs from here on: what only a worker finds before it is said by now
     try:
         crew = registry.build(start.crew_id, entry)
     except registry.NotAFactory as exc:  # our own words, with the fix the doctor gives too

@@ -15,15 +15,16 @@ from typing import Any
 import httpx
 import psutil
 
-from protocol import WORKER_REASONS, Reason
+from protocol import BEFORE_CREW_REASONS, WORKER_REASONS, Reason
 from supervisor.chaos.faults import Record
 from supervisor.vocabulary import TERMINAL_EVENTS, Status
 
 OUR_FAULTS = (Reason.SUPERVISOR_RESTARTED, Reason.SUPERVISOR_STOPPED)  # what a supervisor kill ends a job with
-# A failure the crew decided (a reason only its worker gives: it raised, its factory did, CrewAI's storage failed on
-# the disk we filled) or caused (processes it left running, with STRAY_PROCESSES=fail): the crew's outcome, counted
-# apart, never a violation of ours.
-CREWS_OWN = WORKER_REASONS | {Reason.STRAY_PROCESSES}
+# A failure the crew decided (a reason its worker gives once the crew's code runs: it raised, its factory did,
+# CrewAI's storage failed on the disk we filled) or caused (processes it left running, with STRAY_PROCESSES=fail): the
+# crew's outcome, counted apart, never a violation of ours. A worker's reason found before the crew runs (its
+# registry, its sandbox) is no crew's: it stays a violation.
+CREWS_OWN = (WORKER_REASONS - BEFORE_CREW_REASONS) | {Reason.STRAY_PROCESSES}
 
 
 @dataclass(frozen=True)

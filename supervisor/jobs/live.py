@@ -124,6 +124,7 @@ class LiveJob:
     breach: Breach | None = None  # ask_stop(): the limit it broke, when stop is LIMIT
     worker: WorkerProcess | None = None  # the runner, once its worker is launched
     secrets: tuple[str, ...] = ()  # the runner: kept out of all its worker wrote (supervisor/redaction.py)
+    building: bool = False  # the relay: its worker said Building: the crew's code runs in it from then on
     started: bool = False  # the relay: its worker said Started: its crew runs, and it answers DumpStacks
     spent: Spending = dataclasses.field(default_factory=Spending)  # the relay, counting each Spent
     stack: dict[str, Any] | None = None  # the relay (its _stop): where it was just before a stop's kill

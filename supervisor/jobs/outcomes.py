@@ -7,6 +7,7 @@ import signal
 from typing import TYPE_CHECKING, Any
 
 from protocol import (
+    BEFORE_CREW_REASONS,
     TERMINAL,
     WORKER_REASONS,
     Failed,
@@ -83,11 +84,12 @@ def bounded(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def worker_failure(failed: Failed, secrets: tuple[str, ...], **proof: Any) -> Outcome:
+def worker_failure(failed: Failed, secrets: tuple[str, ...], *, crew_ran: bool, **proof: Any) -> Outcome:
     """A worker's own failure, in its words (its message may quote a key the crew was given, as a provider's does:
-    redacted). A reason only the supervisor gives (``WORKER_REASONS`` says which a worker may) is crew code talking:
-    not taken, the job fails as the protocol error it is, with the worker's claim named apart (``worker_reason``)."""
-    if failed.reason in WORKER_REASONS:
+    redacted). A reason only the supervisor gives (``WORKER_REASONS`` says which a worker may), or one found before
+    the crew's code runs given once it has (``crew_ran``: the worker said ``Building``), is crew code talking: not
+    taken, the job fails as the protocol error it is, with the worker's claim named apart (``worker_reason``)."""
+    if failed.reason in WORKER_REASONS and not (crew_ran and failed.reason in BEFORE_CREW_REASONS):
         text = redact(failed.message, secrets)
         return failure(failed.reason, text, failed.uncertain_outcome, error_type=failed.error_type, **proof)
     claimed = bounded(redact(failed.reason, secrets), MAX_ERROR_TYPE_CHARS)

@@ -9,7 +9,20 @@ import dataclasses
 import logging
 from typing import Any
 
-from protocol import Chunk, Completed, DumpStacks, Failed, Hello, OverBudget, Reason, Spent, Stacks, Start, Started
+from protocol import (
+    Building,
+    Chunk,
+    Completed,
+    DumpStacks,
+    Failed,
+    Hello,
+    OverBudget,
+    Reason,
+    Spent,
+    Stacks,
+    Start,
+    Started,
+)
 from supervisor.config import PREFIX, Settings
 from supervisor.jobs import stacks
 from supervisor.jobs.live import LiveJob
@@ -91,6 +104,9 @@ class Relay:
             message = await worker.next_message()
             if isinstance(message, Completed | Failed):
                 return message
+            if isinstance(message, Building):
+                job.building = True
+                continue
             if isinstance(message, Started):
                 job.started = True
                 job.lap("worker_start")
@@ -144,7 +160,7 @@ class Relay:
         """The outcome the answer makes, the worker gone. A process it left (``left``: killed by now) is the crew's,
         as an MCP server or a code interpreter not closed is: its answer stands, unless ``STRAY_PROCESSES=fail``."""
         if isinstance(message, Failed):
-            return worker_failure(message, job.secrets, **proof)
+            return worker_failure(message, job.secrets, crew_ran=job.building, **proof)
         if left is not None and self.settings.stray_processes == "fail":
             killed = left.evidence.descendants_killed
             text = f"the worker left {killed} process(es) running; killed, and named in the job's leftovers"

@@ -285,6 +285,8 @@ BROKEN_FRAMES = {
     "old-version": _frame(b'{"v":0,"type":"chunk","channel":"x","data":{}}'),
     "second-terminal": pack(Completed(output={"raw": "forged"})),
     "forged-reason": pack(Failed("MemoryError", Reason.MEMORY_LIMIT_EXCEEDED, "forged", False)),  # ours to say
+    # the worker's to say, but only before the crew's code runs: this is the crew blaming its sandbox
+    "forged-sandbox": pack(Failed("PermissionError", Reason.SANDBOX_FAILED, "forged", False)),
 }
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from protocol import (
     CONTROL_FD,
     EVENT_FD,
+    Building,
     Chunk,
     Completed,
     DumpStacks,
@@ -81,7 +82,9 @@ def spawn_tree(pids: Path) -> None:
 
 
 def play(step: str, start: Start) -> None:
-    if step == "started":
+    if step == "building":
+        send(Building())
+    elif step == "started":
         send(Started())
     elif step == "chunk":
         send(Chunk("text", {"content": "tick"}))

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from protocol import (
     PROTOCOL_VERSION,
     STACK_CUT,
+    Building,
     Built,
     Chunk,
     Completed,
@@ -76,6 +77,7 @@ EXAMPLES: dict[type[Message], st.SearchStrategy[Message]] = {
     Fork: st.builds(Fork, environments, names),
     Forked: st.builds(Forked, st.just(0) | pids),
     Refused: st.builds(Refused, st.text(max_size=30)),
+    Building: st.just(Building()),
     Started: st.just(Started()),
     Chunk: st.builds(Chunk, st.sampled_from(["llm", "tools"]), objects),
     OverBudget: st.builds(OverBudget, st.sampled_from(["max_tokens", "max_llm_calls"])),

@@ -75,8 +75,9 @@ def test_a_job_read_back_must_be_whole_and_its_failure_ours() -> None:
     # The crew's own outcome, not ours: it raised (CrewAI's storage on a full disk too), or left processes running.
     for reason in ("operation_failed", "crew_factory_failed", "stray_processes"):
         assert job_problems("a", job, events("started", "chunk", "failed", reason=reason), record) == []
-    # A reason only the supervisor gives, none of its faults explaining it: ours, forged or not.
-    for reason in ("memory_limit_exceeded", "protocol_error", "timeout"):
+    # A reason only the supervisor gives, none of its faults explaining it, or one a worker finds before the crew
+    # runs (its sandbox, its registry): ours, forged or not.
+    for reason in ("memory_limit_exceeded", "protocol_error", "timeout", "sandbox_failed", "registry_error"):
         assert job_problems("a", job, events("started", "chunk", "failed", reason=reason), record)
     assert job_problems("a", job, events("started", "started", "failed", **crashed), record)  # a second worker
     assert job_problems("a", job, events("started", "completed", "failed", **crashed), record)  # two terminals

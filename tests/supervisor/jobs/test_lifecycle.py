@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from protocol import WORKER_REASONS, Reason
+from protocol import BEFORE_CREW_REASONS, WORKER_REASONS, Reason
 from tests.conftest import gone
 from tests.supervisor.jobs.harness import DEADLINE, core, identity, in_loop
 
@@ -49,6 +49,23 @@ async def test_a_reason_only_the_supervisor_gives_is_never_taken_from_a_worker(t
             assert event == "failed" and data["reason"] == Reason.PROTOCOL_ERROR, data
             assert data["worker_reason"] == reason and data["error_type"] == Reason.PROTOCOL_ERROR
             assert data["uncertain_outcome"] is True and reason in data["message"]
+
+
+@in_loop
+async def test_a_reason_found_before_the_crew_runs_is_not_taken_once_it_has(tmp_path: Path) -> None:
+    """A worker says ``Building`` before it calls the crew's factory: a registry, crew or sandbox failure it gives
+    before that is its own finding; after it, crew code blaming them."""
+    reasons = sorted(BEFORE_CREW_REASONS)
+    async with core(tmp_path) as it:
+        for index, reason in enumerate(reasons):
+            await it.start([f"forge:{reason}"], action_id=f"before-{index}")
+            await it.start(["building", f"forge:{reason}"], action_id=f"after-{index}")
+        for index, reason in enumerate(reasons):
+            event, data = await it.settled(f"before-{index}")
+            assert event == "failed" and data["reason"] == reason, data
+            event, data = await it.settled(f"after-{index}")
+            assert event == "failed" and data["reason"] == Reason.PROTOCOL_ERROR, data
+            assert data["worker_reason"] == reason
 
 
 @in_loop

@@ -100,6 +100,12 @@ def test_a_broken_worker_fails_only_its_own_job(server: Server, evidence: Path, 
         assert f"{STALL_SECONDS:g} s" in terminal["message"]
 
 
+def test_a_crew_that_blames_its_sandbox_is_not_believed(server: Server) -> None:
+    """Only a worker that has not yet run the crew's code can find its sandbox refused: said later, it is the crew's."""
+    terminal = run_with_neighbour(server, start_body("broken-forged-sandbox", "forged-sandbox"))
+    assert terminal["reason"] == "protocol_error" and terminal["worker_reason"] == "sandbox_failed", terminal
+
+
 def test_a_worker_killed_from_outside_is_reported_as_killed(server: Server) -> None:
     with (
         server.client() as client,

@@ -16,8 +16,10 @@ shared memory object in /dev/shm EACCES (Landlock).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import TEST_REGISTRY, Server, gone_for_good, ours, sse_events, start_body, start_server
@@ -130,3 +132,26 @@ def test_with_the_workers_own_uid_too(
     finally:
         server.stop()
     _refused_to_change_others_and_not_itself(found, readable=set(targets) - {"supervisor"})
+
+
+@worker_user.root_only
+@pytest.mark.parametrize("launcher", ["forkserver", "spawn"])
+def test_as_the_container_runs_it_one_uid_for_the_supervisor_and_its_workers(
+    base: Path, ids: tuple[int, int], runtime: tuple[str, list[str]], launcher: str
+) -> None:
+    """The container's layout: the supervisor, the fork server and every worker share one uid, with no capability
+    (here ``nobody``, started by root): the kernel lets each change the others' limits and priorities, so only the
+    filter stands between a job and the supervisor itself."""
+    python, packages = runtime
+    home = base / "home"
+    home.mkdir(mode=0o700)
+    os.chown(home, *ids)
+    env = {"AIP_CREWAI_LAUNCHER": launcher, "HOME": str(home)}
+    server = start_server(home / "state", env=env, python=python, path=packages, user=ids)
+    try:
+        assert psutil.Process(server.pid).uids().real == ids[0]
+        targets, found = _neighbours_of_a_job(server)
+    finally:
+        server.stop()
+    assert ("forkserver" in targets) == (launcher == "forkserver")
+    _refused_to_change_others_and_not_itself(found, readable=set(targets))

@@ -14,7 +14,7 @@ import pytest
 
 from protocol import Chunk
 from tests.worker.test_coalescer import coalescer, contents, spend, text, tool
-from worker.chunks import FIRST_WINDOW, secret_start
+from worker.chunks import FIRST_WINDOW, Beginnings
 
 KEY = "sk-4fQ9zX"  # beside one that begins as it does, and one that repeats its own beginning
 SECRETS = (KEY, "sk-4fQ-other1", "aaXaaXaaY")
@@ -175,4 +175,4 @@ def test_an_event_full_to_its_bound_leaves_a_secret_s_beginning_to_the_next() ->
     [("no secret", 9), ("ends sk", 5), ("sk-4fQ", 0), ("sk-4fQ9zX", 9), ("x aaXaaXaa", 2), ("aaXaaX", 0), ("", 0)],
 )
 def test_the_start_of_a_possible_secret_is_the_longest_end_that_begins_one(ending: str, start: int) -> None:
-    assert secret_start(ending, SECRETS) == start
+    assert Beginnings(SECRETS).start(ending) == start

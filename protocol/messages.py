@@ -53,7 +53,9 @@ class Start(Message):
     """The job. ``env`` and ``cwd``, when given, become the worker's environment and working directory
     before it builds the crew: a worker forked ahead of demand learns its job's places only now. With
     ``writable`` (None: no sandbox), the worker then enters the job's own sandbox: nothing hidden readable (its
-    ``SANDBOX_HIDDEN`` setting), nothing but beneath ``writable`` changed (worker/landlock.py)."""
+    ``SANDBOX_HIDDEN`` setting), nothing but beneath ``writable`` changed (worker/landlock.py). ``secret_names``: the
+    variables of ``env`` whose values the supervisor masks in all the job writes, names only (the worker has the
+    values), which the worker never cuts between two chunk events (worker/chunks.py)."""
 
     kind: ClassVar[str] = "start"
     job_id: str
@@ -66,6 +68,7 @@ class Start(Message):
     max_tokens: int = 0  # the job's LLM budget (0: none): the supervisor's, or its crew's own if lower
     max_llm_calls: int = 0
     writable: list[str] | None = None
+    secret_names: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)

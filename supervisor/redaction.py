@@ -31,6 +31,13 @@ def secrets_in(env: Mapping[str, str], more: Iterable[str | None] = ()) -> tuple
     return tuple(sorted((v for v in values if len(v) >= MIN_SECRET_CHARS), key=len, reverse=True))
 
 
+def holding(env: Mapping[str, str], secrets: Iterable[str]) -> list[str]:
+    """The names of ``env``'s variables that hold one of ``secrets``: what a job's worker is told, never a value (it
+    has these in its environment; the token, kept out of that, must not reach it)."""
+    kept = set(secrets)
+    return sorted(name for name, value in env.items() if value in kept)
+
+
 def redact(text: str, secrets: Iterable[str], *, cut_start: bool = False, cut_end: bool = False) -> str:
     """``text`` with each secret replaced; with ``cut_start`` (a tail that lost its beginning) or ``cut_end``
     (a stream still being written, or cut by a kill) also the part of one that text begins or ends inside."""

@@ -122,6 +122,7 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
         out.send(failed(reason, reason, f"this worker has no such {what}", False))
         return
     entry = crews[start.crew_id]
+    secrets = secrets_of(start)  # before the crew's code runs, which may change its environment
     out.send(Building())  # the crew's code runs from here on: what only a worker finds before it is said by now
     try:
         crew = registry.build(start.crew_id, entry)
@@ -137,7 +138,7 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
     out.send(Started())
     # Work that may have had effects leaves its outcome uncertain; a read-only query has none.
     effects = start.operation not in READ_ONLY_OPERATIONS
-    work = Work(crew, start.input, out.send, lambda: registry.build(start.crew_id, entry), start.job_id)
+    work = Work(crew, start.input, out.send, lambda: registry.build(start.crew_id, entry), start.job_id, secrets)
     try:
         output = bounded(await operation(work))
     except OutputTooLarge as exc:
@@ -149,6 +150,13 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
         out.send(failed(type(exc).__name__, Reason.OPERATION_FAILED, "CrewAI operation failed", effects))
     else:
         out.send(Completed(output=output))
+
+
+def secrets_of(start: Start) -> tuple[str, ...]:
+    """The values the supervisor masks in all the job writes: of the variables ``Start.secret_names`` names, as its
+    environment has them (this worker's own if it carries none)."""
+    env = os.environ if start.env is None else start.env
+    return tuple(env[name] for name in start.secret_names if env.get(name))
 
 
 def domain_ahead() -> landlock.Ruleset | None:

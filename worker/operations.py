@@ -31,13 +31,15 @@ OUTPUT_FIELDS = {"raw": "", "json_dict": None, "pydantic": None, "tasks_output":
 @dataclasses.dataclass(frozen=True)
 class Work:
     """What an operation gets: the job's crew (built before ``started``, so a broken factory fails first),
-    its input, where chunks go, a way to build another fresh crew, and the job's id."""
+    its input, where chunks go, a way to build another fresh crew, the job's id, and the secrets the supervisor masks
+    in all it writes (which no two chunk events may hold parts of)."""
 
     crew: Any
     input: dict[str, Any]
     emit: Emit
     fresh: Callable[[], Any]
     job_id: str  # the action id
+    secrets: tuple[str, ...] = ()
 
 
 Handler = Callable[[Work], Awaitable[dict[str, Any]]]
@@ -122,7 +124,7 @@ async def run(work: Work) -> dict[str, Any]:
     crew.stream = True
     result = await crew.kickoff_async(inputs=work.input)
     if hasattr(result, "__aiter__"):
-        chunks = Coalescer(work.emit, lifecycle.settings)
+        chunks = Coalescer(work.emit, lifecycle.settings, secrets=work.secrets)
         try:
             async for chunk in result:
                 chunks.add(chunk_message(chunk))

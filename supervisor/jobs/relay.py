@@ -40,7 +40,7 @@ from supervisor.jobs.recorder import Recorder, masked
 from supervisor.metrics import Metrics
 from supervisor.processes.limits import Breach, Limits
 from supervisor.processes.process import StopEvidence, WorkerProcess
-from supervisor.redaction import redact
+from supervisor.redaction import holding, redact
 from supervisor.vocabulary import Phase, Status
 
 log = logging.getLogger("crew_supervisor.jobs")
@@ -75,10 +75,11 @@ class Relay:
     def start(
         self, job: LiveJob, worker: WorkerProcess, env: dict[str, str], cwd: str, writable: list[str] | None
     ) -> None:
-        """Give the worker its job: ``Start``, with its environment, place, budget and what it may write."""
+        """Give the worker its job: ``Start``, with its environment, place, budget, what it may write, and which of
+        its variables hold the secrets masked in all it writes."""
         limits = (job.budget.max_tokens, job.budget.max_llm_calls)
         given = (job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms, env, cwd, *limits)
-        worker.send(Start(*given, writable))
+        worker.send(Start(*given, writable, holding(env, job.secrets)))
 
     async def end(
         self, job: LiveJob, worker: WorkerProcess, result: Completed | Failed | Outcome | None, grace: float

@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from itertools import cycle
 from pathlib import Path
 from typing import Any
 
@@ -177,11 +178,20 @@ def leaky() -> Crew:
 # The variables ``spiller`` spills: a test puts one in its crew's file under a name like no secret's, and one named
 # like a secret in the supervisor's environment.
 SPILLED = ("SPILL_PLAIN", "SPILL_PASSWORD")
+SPILLED_PIECES = (
+    3,
+    7,
+    2,
+    9,
+    5,
+)  # the sizes of the pieces it streams them in, in turn: a model's few characters a chunk
 
 
 class SpillerLLM(OfflineLLM):
-    """Writes its keys (the variables SPILLED) wherever a worker writes: on stdout and stderr, a chunk each, and its
-    final answer; or, when its prompt says "mode raise", in the exception it raises (its class's name too)."""
+    """Writes its keys (the variables SPILLED) wherever a worker writes: on stdout and stderr, streamed a few
+    characters a chunk (``key <it> `` each, in pieces of SPILLED_PIECES: each key cut several times, pieces of 6
+    characters and more inside it), and its final answer; or, when its prompt says "mode raise", in the exception it
+    raises (its class's name too)."""
 
     def call(self, messages: Any, *args: Any, **kwargs: Any) -> str:
         keys = [os.environ[name] for name in SPILLED]
@@ -192,8 +202,15 @@ class SpillerLLM(OfflineLLM):
             raise type(f"Refused{keys[1]}", (RuntimeError,), {})(f"the provider refused {' and '.join(keys)}")
         with llm_call_context():
             if self._effective_stream():
-                for key in keys:
-                    self._emit(f"key {key} ", kwargs.get("from_task"), kwargs.get("from_agent"), str(uuid.uuid4()))
+                streamed, sizes, response_id = (
+                    "".join(f"key {key} " for key in keys),
+                    cycle(SPILLED_PIECES),
+                    str(uuid.uuid4()),
+                )
+                while streamed:
+                    size = next(sizes)
+                    self._emit(streamed[:size], kwargs.get("from_task"), kwargs.get("from_agent"), response_id)
+                    streamed = streamed[size:]
         return f"Thought: I spill.\nFinal Answer: the keys are {' and '.join(keys)}"
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from supervisor.processes.pipes import Tail
-from supervisor.redaction import REDACTED, redact, secrets_in
+from supervisor.redaction import REDACTED, holding, redact, secrets_in
 
 KEY = "sk-live-0123456789abcdef"
 
@@ -21,6 +21,8 @@ def test_secrets_are_the_values_of_secret_looking_names_and_the_token() -> None:
     found = secrets_in(env, ["bearer-token-value", None])
     assert set(found) == {KEY, "ghp_aaaaaaaaaaaa", "correct horse", "lowercase-too", "bearer-token-value"}
     assert [len(value) for value in found] == sorted((len(value) for value in found), reverse=True)
+    # What the worker is told, so that it never cuts one between two chunk events: names, never the token.
+    assert holding(env, found) == ["DB_PASSWORD", "GITHUB_TOKEN", "OPENAI_API_KEY", "signing_secret"]
 
 
 def test_each_secret_is_replaced_the_longest_first() -> None:

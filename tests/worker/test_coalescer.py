@@ -26,10 +26,14 @@ def tool() -> Chunk:
 
 
 def coalescer(
-    budget: int = 1000, max_bytes: int = 262144, clock: Callable[[], float] = time.monotonic
+    budget: int = 1000,
+    max_bytes: int = 262144,
+    clock: Callable[[], float] = time.monotonic,
+    secrets: tuple[str, ...] = (),
 ) -> tuple[Coalescer, list[Chunk]]:
     sent: list[Chunk] = []
-    return Coalescer(sent.append, WorkerSettings(max_events=budget, max_event_bytes=max_bytes), clock), sent
+    settings = WorkerSettings(max_events=budget, max_event_bytes=max_bytes)
+    return Coalescer(sent.append, settings, clock, secrets), sent
 
 
 def contents(sent: list[Chunk]) -> str:

@@ -175,14 +175,12 @@ class Runner:
         except CrewEnvError as exc:
             return failure(Reason.CREW_ENV_INVALID, str(exc), False)
         scratch = _make_places(self.state, job.crew_id, self.settings.worker_ids)
-        baseline: asyncio.Future[int] | None = None
         try:
             env, cwd = job_env(self.settings, self.state, job.crew_id, scratch / "tmp", crew_vars), str(scratch)
             job.secrets = secrets_in(env, [self.settings.token, *crew_vars.values()])  # a crew's: whatever the name
             writable = self.sandbox.policy(env, cwd, job.operation)
             places = Places(scratch, (Path(env[HOME]), Path(env[STORAGE_DIR])), held=bool(self.limits.disk_bytes))
-            if self.limits.measures_disk:  # what the crew's places hold before the job, walked as its worker launches
-                baseline = asyncio.ensure_future(places.begin())
+            baseline = asyncio.ensure_future(places.begin()) if self.limits.measures_disk else None
             try:
                 # Forked ahead (its places come with Start) or spawned in them; a stop meanwhile: killed once it exists.
                 worker = await self.launcher.spawn({**env, **worker_settings(self.settings, self.state, writable)}, cwd)
@@ -192,7 +190,7 @@ class Runner:
             self.metrics.worker_starts.labels(worker.launched_by).inc()
             await self.limits.apply(worker)  # its cgroups first: the journal names them before its job starts
             await self.recorder.record_worker(job, worker, worker.containment.boundary())
-            if baseline is not None:  # before its job: what the places grow by from here is its
+            if baseline is not None:  # walked as the worker launched; what the places grow by from here is its job's
                 self.crew_disk.note(job.crew_id, await baseline)
             if job.stop is None:  # a stop asked while launching: the worker is killed before it has its job
                 self.relay.start(job, worker, env, cwd, writable)
@@ -204,8 +202,6 @@ class Runner:
             outcome = await self.relay.end(job, worker, result, self._grace)
             return await _account(self.limits, self.crew_disk, job, places, outcome)
         finally:
-            if baseline is not None:
-                baseline.cancel()  # its launch failed first: its walk is of no use (done, it is a no-op)
             if job.worker is not None:
                 self.limits.unwatch(job.worker)
                 if not job.worker.exited.done():

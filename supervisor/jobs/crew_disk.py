@@ -12,17 +12,16 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from supervisor.config import Settings
 from supervisor.jobs.environment import crew_places
+from supervisor.processes.limits import Limits
 from supervisor.processes.places import disk_use
-from supervisor.settings_table import MiB
 
 RECHECK_SECONDS = 5.0
 
 
 class CrewDisk:
-    def __init__(self, settings: Settings, state: Path) -> None:
-        self.limit_bytes = settings.crew_max_disk_mb * MiB
+    def __init__(self, limits: Limits, state: Path) -> None:
+        self.limits = limits  # whose ``crew_over`` is the cap's one rule
         self.state = state
         self._used: dict[str, tuple[int, float]] = {}  # by crew id (the registry's: bounded): bytes, when (loop)
 
@@ -32,15 +31,15 @@ class CrewDisk:
 
     async def refresh(self, crew_id: str) -> None:
         """Measure the crew's places off the loop if it is due: unknown, or over the cap long enough ago."""
-        if not self.limit_bytes:
+        if not self.limits.crew_disk_bytes:
             return
         known = self._used.get(crew_id)
         now = asyncio.get_running_loop().time()
-        if known is None or (known[0] > self.limit_bytes and now - known[1] >= RECHECK_SECONDS):
+        if known is None or (self.limits.crew_over(known[0]) and now - known[1] >= RECHECK_SECONDS):
             used, _ = await asyncio.to_thread(disk_use, crew_places(self.state, crew_id))
             self.note(crew_id, used)
 
     def over(self, crew_id: str) -> int | None:
         """The bytes the crew's places held when last measured, if over the cap; else None (or no cap)."""
         known = self._used.get(crew_id)
-        return known[0] if self.limit_bytes and known is not None and known[0] > self.limit_bytes else None
+        return known[0] if known is not None and self.limits.crew_over(known[0]) else None

@@ -179,6 +179,8 @@ class Runner:
             env, cwd = job_env(self.settings, self.state, job.crew_id, scratch / "tmp", crew_vars), str(scratch)
             job.secrets = secrets_in(env, [self.settings.token, *crew_vars.values()])  # a crew's: whatever the name
             writable = self.sandbox.policy(env, cwd, job.operation)
+            places = Places(scratch, (Path(env[HOME]), Path(env[STORAGE_DIR])), held=bool(self.limits.disk_bytes))
+            baseline = asyncio.ensure_future(places.begin()) if self.limits.measures_disk else None
             try:
                 # Forked ahead (its places come with Start) or spawned in them; a stop meanwhile: killed once it exists.
                 worker = await self.launcher.spawn({**env, **worker_settings(self.settings, self.state, writable)}, cwd)
@@ -188,9 +190,8 @@ class Runner:
             self.metrics.worker_starts.labels(worker.launched_by).inc()
             await self.limits.apply(worker)  # its cgroups first: the journal names them before its job starts
             await self.recorder.record_worker(job, worker, worker.containment.boundary())
-            places = Places(scratch, (Path(env[HOME]), Path(env[STORAGE_DIR])))
-            if self.limits.measures_disk:  # what the crew's places hold before the job: what they grow by is its
-                self.crew_disk.note(job.crew_id, await asyncio.to_thread(places.begin))
+            if baseline is not None:  # walked as the worker launched; what the places grow by from here is its job's
+                self.crew_disk.note(job.crew_id, await baseline)
             if job.stop is None:  # a stop asked while launching: the worker is killed before it has its job
                 self.relay.start(job, worker, env, cwd, writable)
             job.move(Phase.RUNNING)
@@ -199,7 +200,7 @@ class Runner:
             result = await self._unless_stopped(job, lambda: self.relay.run(job, worker))
             job.move(Phase.SETTLING)
             outcome = await self.relay.end(job, worker, result, self._grace)
-            return await _account(self.limits, self.crew_disk, job.crew_id, places, outcome)
+            return await _account(self.limits, self.crew_disk, job, places, outcome)
         finally:
             if job.worker is not None:
                 self.limits.unwatch(job.worker)
@@ -244,14 +245,24 @@ class Runner:
             self.metrics.kills.labels(evidence.get("reason") or outcome.event).inc()
 
 
-async def _account(limits: Limits, crew_disk: CrewDisk, crew_id: str, places: Places, outcome: Outcome) -> Outcome:
+async def _account(limits: Limits, crew_disk: CrewDisk, job: LiveJob, places: Places, outcome: Outcome) -> Outcome:
     """The final accounting, once the worker has exited and its processes are gone (``relay.end`` waited for both):
     what the job left in its places, against the disk caps; its crew's places noted for admission. An answer over
-    a cap is not kept: the limit holds, and the evidence says the job had answered."""
+    a cap is not kept: the limit holds, and the evidence says the job had answered. Processes of the job that hid
+    their descriptors are said once: the log names them, and a failed job's evidence (``unreadable_pids``)."""
     if not limits.measures_disk:
         return outcome
     final = await asyncio.to_thread(places.measure)
-    crew_disk.note(crew_id, final.crew)
+    crew_disk.note(job.crew_id, final.crew)
+    if final.unreadable:
+        hidden = list(final.unreadable)
+        log.warning(
+            "the files with no name held by process(es) %s of a job could not be counted: they hid their descriptors",
+            ", ".join(map(str, hidden)),
+            extra={"action_id": job.action_id, "crew_id": job.crew_id},
+        )
+        if outcome.event != Status.COMPLETED:
+            outcome.data.setdefault("unreadable_pids", hidden)
     breach = limits.disk_breach(final, after_exit=True)
     if breach is None or outcome.event != Status.COMPLETED:
         return outcome  # a job that failed or was stopped keeps its own reason

@@ -77,7 +77,7 @@ class Supervisor(Reads):
         self.recorder = Recorder(settings, journal, live)
         self.lifecycle = Lifecycle.OPENING  # moved on by _become alone
         now_in = self._now_in
-        crew_disk = CrewDisk(settings, state)  # each crew's places as last measured: the runner's, for admission
+        crew_disk = CrewDisk(limits, state)  # each crew's places as last measured: the runner's, for admission
         self.runner = Runner(
             settings, launcher, limits, sandbox, self.recorder, metrics, state, live, owns, now_in, crew_disk
         )

@@ -132,7 +132,7 @@ class Containment:
         self.cgroup = cgroup
         self.places: Places | None = None  # where its job writes, once it has one
         self.usage: Usage | None = None  # the latest sample (see ``sample``)
-        self.members: tuple[int, ...] = ()  # the pids it found, the worker's first
+        self.members: tuple[psutil.Process, ...] = ()  # the processes it found, the worker first
         self.peak_rss = 0
         self.cpu_baseline: float | None = None  # CPU seconds used before the job began (a cold start's imports)
         self._seen: dict[int, psutil.Process] = {}  # every descendant a sample found, by pid
@@ -249,7 +249,7 @@ class Containment:
         except psutil.NoSuchProcess:
             return None
         rss, alive, threads, tree_cpu, worker_cpu = 0, 0, 0, 0.0, 0.0
-        self.members = tuple(process.pid for process in tree)
+        self.members = tuple(tree)
         for process in tree:
             try:
                 with process.oneshot():

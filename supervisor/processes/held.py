@@ -9,44 +9,77 @@ is only mapped, its descriptors closed, is not found here (``/proc/<pid>/map_fil
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 from collections.abc import Iterable
 
+import psutil
+
 DELETED = " (deleted)"  # how the kernel ends the link of a descriptor whose file has no name left
 MEMFD = "/memfd:"
+# Descriptors one scan reads at most (a readlink each): a job may hold WORKER_MAX_PROCESSES x WORKER_MAX_OPEN_FILES.
+# Past it, too many to keep counting: the job's disk cap stops it (as past MAX_NEW_ENTRIES files).
+MAX_DESCRIPTORS = 8192
 
 
-def unnamed_files(pids: Iterable[int]) -> tuple[int, int, tuple[int, ...]]:
-    """The bytes on disk (in blocks: a sparse file's hole costs nothing) of the files with no name that ``pids``
-    hold open, how many they are, and the pids whose descriptors the supervisor may not read: a process that made
-    itself not dumpable hides them from a supervisor without CAP_SYS_PTRACE (the container's, which shares the
-    workers' uid). A process gone, or a descriptor closed, meanwhile is skipped.
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """What one scan found the job's processes hold with no name."""
 
-    One ``readlink`` per descriptor, and a ``stat`` only for those whose file has no name left; a process's
-    descriptors are bounded by its RLIMIT_NOFILE (``WORKER_MAX_OPEN_FILES``)."""
+    bytes: int = 0  # on disk, in blocks (a sparse file's hole costs nothing), each file once
+    files: int = 0
+    hidden: tuple[int, ...] = ()  # the job's processes whose descriptors the supervisor may not read
+    descriptors: int = 0  # read; past MAX_DESCRIPTORS the scan stopped
+
+
+def unnamed_files(processes: Iterable[psutil.Process], most: int = MAX_DESCRIPTORS) -> Held:
+    """What the files with no name that ``processes`` (the job's, as a sample saw them) hold open. A process that
+    made itself not dumpable hides its descriptors from a supervisor without CAP_SYS_PTRACE (the container's, which
+    shares the workers' uid): named in ``hidden``. A process gone, or a descriptor closed, meanwhile is skipped; so
+    is a pid another process took since the sample (its start time differs): nothing another holds is the job's.
+
+    One ``readlink`` per descriptor, ``most`` in all (then ``descriptors`` is past it), and a ``stat`` only for those
+    whose file has no name left."""
     files: dict[tuple[int, int], int] = {}
-    unreadable = []
-    for pid in pids:
-        where = f"/proc/{pid}/fd/"
-        try:
-            descriptors = os.listdir(where)
-        except PermissionError:
-            unreadable.append(pid)
+    hidden: list[int] = []
+    read = 0
+    for process in processes:
+        if read > most:
+            break
+        found, refused, read = _held_by(process.pid, read, most)
+        if not process.is_running():  # its pid is another's now: what the reads found may be that one's
             continue
+        if refused:
+            hidden.append(process.pid)
+        files.update(found)
+    return Held(sum(files.values()), len(files), tuple(hidden), read)
+
+
+def _held_by(pid: int, read: int, most: int) -> tuple[dict[tuple[int, int], int], bool, int]:
+    """The files with no name ``pid`` holds (bytes by device and inode), whether it refused its descriptors, and the
+    descriptors read so far (``read`` before it; it stops past ``most``)."""
+    where = f"/proc/{pid}/fd/"
+    files: dict[tuple[int, int], int] = {}
+    try:
+        descriptors = os.listdir(where)
+    except PermissionError:
+        return files, True, read
+    except OSError:
+        return files, False, read
+    for fd in descriptors:
+        read += 1
+        if read > most:
+            break
+        try:
+            target = os.readlink(where + fd)  # refused where its listing was not: a root supervisor without caps
+            if not target.endswith(DELETED) or target.startswith(MEMFD):
+                continue
+            held = os.stat(where + fd)  # through the descriptor: the file itself, whatever its name was
+        except PermissionError:
+            return files, True, read
         except OSError:
             continue
-        for fd in descriptors:
-            try:
-                target = os.readlink(where + fd)  # refused where its listing was not: a root supervisor without caps
-                if not target.endswith(DELETED) or target.startswith(MEMFD):
-                    continue
-                held = os.stat(where + fd)  # through the descriptor: the file itself, whatever its name was
-            except PermissionError:
-                unreadable.append(pid)
-                break
-            except OSError:
-                continue
-            if held.st_nlink == 0 and stat.S_ISREG(held.st_mode):  # "(deleted)" may be a name's own last word
-                files[(held.st_dev, held.st_ino)] = held.st_blocks * 512
-    return sum(files.values()), len(files), tuple(unreadable)
+        if held.st_nlink == 0 and stat.S_ISREG(held.st_mode):  # "(deleted)" may be a name's own last word
+            files[(held.st_dev, held.st_ino)] = held.st_blocks * 512
+    return files, False, read

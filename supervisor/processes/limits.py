@@ -24,6 +24,7 @@ from protocol import Reason
 from supervisor.config import Settings
 from supervisor.processes.cgroups import CPU, MEMORY, PIDS, Cgroups
 from supervisor.processes.containment import Boundary, ProcessTable
+from supervisor.processes.held import MAX_DESCRIPTORS
 from supervisor.processes.places import MAX_NEW_ENTRIES, Places, Reading
 from supervisor.processes.process import WorkerProcess
 
@@ -142,8 +143,8 @@ class Limits:
                     },
                 )
         # Its descriptors once it has started: a worker is not dumpable (closed to a non-root supervisor) until then.
-        pids = tree.members if tree.cpu_baseline is not None else ()
-        reading = tree.places.poll(pids) if self.measures_disk and tree.places is not None else None
+        processes = tree.members if tree.cpu_baseline is not None else ()
+        reading = tree.places.poll(processes) if self.measures_disk and tree.places is not None else None
         if reading is not None and (breach := self.disk_breach(reading)) is not None:
             return breach
         used = usage.cpu_seconds - (tree.cpu_baseline or 0.0)
@@ -162,15 +163,23 @@ class Limits:
 
     def disk_breach(self, reading: Reading, after_exit: bool = False) -> Breach | None:
         """The disk cap ``reading`` passes, if any: the job's (what it wrote to its places and holds with no name),
-        else its crew's (its HOME and storage, whole). ``after_exit``: the final accounting, its processes gone."""
+        else its crew's (its HOME and storage, whole), charged to a job only if they grew while it ran: one that
+        wrote nothing there is not failed for what another job did. ``after_exit``: the final accounting, its
+        processes gone. A process of the job that hid its descriptors breaks no cap (``Reading.unreadable``)."""
         when = "after exit" if after_exit else "running"
         if self.disk_bytes and (
-            reading.disk_bytes > self.disk_bytes or reading.entries > MAX_NEW_ENTRIES or reading.unreadable
+            reading.disk_bytes > self.disk_bytes
+            or reading.entries > MAX_NEW_ENTRIES
+            or reading.descriptors > MAX_DESCRIPTORS
         ):
             return disk_breach(reading, self.disk_bytes, when)
-        if self.crew_disk_bytes and reading.crew > self.crew_disk_bytes:
+        if reading.grew and self.crew_over(reading.crew):
             return crew_disk_breach(reading.crew, self.crew_disk_bytes, when)
         return None
+
+    def crew_over(self, used: int) -> bool:
+        """Whether a crew's places holding ``used`` bytes are past ``CREW_MAX_DISK_MB`` (never, without it)."""
+        return bool(self.crew_disk_bytes) and used > self.crew_disk_bytes
 
     def oom_breach(self, worker: WorkerProcess) -> Breach | None:
         """The memory limit, if the kernel enforced it: its OOM killer stopped a process of the job."""
@@ -245,9 +254,8 @@ def output_breach(total: int, limit: int) -> Breach:
 def disk_breach(reading: Reading, limit: int, when: str) -> Breach:
     """A job over ``WORKER_MAX_DISK_MB``, ``when`` measured (running, or after exit)."""
     cap = f"its {limit // MiB} MiB (WORKER_MAX_DISK_MB)"
-    if reading.unreadable:  # what they hold cannot be counted, so the cap could not hold
-        hiding = ", ".join(map(str, reading.unreadable))
-        message = f"the job's process(es) {hiding} hid their descriptors (not dumpable): not countable against {cap}"
+    if reading.descriptors > MAX_DESCRIPTORS:
+        message = f"the job's processes held over {MAX_DESCRIPTORS} descriptors, too many to count against {cap}"
     elif reading.entries > MAX_NEW_ENTRIES:
         message = f"the job wrote over {MAX_NEW_ENTRIES} new files to its places ({when}), over {cap}"
     else:
@@ -262,6 +270,7 @@ def disk_breach(reading: Reading, limit: int, when: str) -> Breach:
             "limit_bytes": limit,
             "limit": "WORKER_MAX_DISK_MB",
             "files": reading.entries,
+            "descriptors": reading.descriptors,
             "held_bytes": reading.held,
             "held_files": reading.held_files,
             "unreadable_pids": list(reading.unreadable),

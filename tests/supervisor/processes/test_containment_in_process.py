@@ -3,6 +3,7 @@ leave writable, what a job's places count as written. Real processes and files, 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import signal
@@ -66,7 +67,7 @@ def test_places_count_all_of_scratch_and_what_kept_places_grew_by(tmp_path: Path
     for number in range(MAX_NEW_ENTRIES + 5):  # a crew's cache: not the job's, however large
         (home / f"cached-{number}").touch()
     places = Places(scratch, (home,))
-    assert 1_000_000 <= places.begin() < 1_100_000  # what the crew's places held before the job: not its
+    assert 1_000_000 <= asyncio.run(places.begin()) < 1_100_000  # what the crew's places held before the job: not its
     assert dataclasses.replace(places.measure(), crew=0) == Reading()  # nothing of its own yet
     (scratch / "a").write_bytes(b"x" * 300_000)
     (home / "b").write_bytes(b"x" * 200_000)
@@ -90,11 +91,11 @@ def test_files_with_no_name_held_open_count_once_whoever_holds_them(tmp_path: Pa
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
-        pids = [holder.pid, *(child.pid for child in psutil.Process(holder.pid).children())]
-        assert len(pids) == 2
-        held, files, unreadable = unnamed_files(pids)
-        assert files == 2 and 3 * MiB <= held < 3 * MiB + 64 * 1024 and unreadable == (), (held, files)
-        assert Places(tmp_path / "none", ()).measure(pids).held == held
+        processes = [psutil.Process(holder.pid), *psutil.Process(holder.pid).children()]
+        assert len(processes) == 2
+        held = unnamed_files(processes)
+        assert held.files == 2 and 3 * MiB <= held.bytes < 3 * MiB + 64 * 1024 and held.hidden == (), held
+        assert Places(tmp_path / "none", ()).measure(processes).held == held.bytes
     finally:
         os.killpg(holder.pid, signal.SIGKILL)  # the child too
         holder.wait()
@@ -134,8 +135,9 @@ print("holding", flush=True)
 time.sleep(600)
 """
 SCAN = """
+import psutil
 from supervisor.processes.held import unnamed_files
-print(*unnamed_files(map(int, sys.argv[1:]))[2])
+print(*unnamed_files(map(psutil.Process, map(int, sys.argv[1:]))).hidden)
 """
 MiB = 1 << 20
 HOLDER = """

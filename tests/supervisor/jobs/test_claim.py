@@ -144,6 +144,8 @@ def test_a_pid_another_process_took_is_no_live_holder_and_only_what_started_befo
     with _cleaned([left, taker, own], made):
         made.append(dead_job := _job_cgroup(cgroup_parent, taker.pid, left.pid, "dead"))
         made.append(own_job := _job_cgroup(cgroup_parent, taker.pid, own.pid, "own"))
+        made.append(joining := dead_job.parent / f"{JOB_PREFIX}joining")
+        joining.mkdir()  # one of the taker's, made a moment before its worker moves in: still empty
         base = str(dead_job.parent)
         assert Holder(taker.pid, _started(left) - 1, (base,)).left()  # gone, and its cgroups hold a process
         assert not Holder(taker.pid, _started(taker), (base,)).left()  # the holder itself runs
@@ -151,11 +153,12 @@ def test_a_pid_another_process_took_is_no_live_holder_and_only_what_started_befo
         killed = kill_left_in_cgroups([Holder(taker.pid, _started(left) - 1, (base,))])
         assert {path: [process.pid for process in processes] for path, processes in killed.items()} == {
             str(dead_job): [left.pid],
+            str(joining): [],
             str(own_job): [],
         }
         assert wait_until(lambda: left.poll() is not None and gone(left.pid), timeout=10)
         assert taker.poll() is None and own.poll() is None
-        assert own_job.exists() and dead_job.parent.exists()  # the taker's directory is not removed under it
+        assert joining.exists() and own_job.exists()  # nothing of the taker's directory is removed under it
 
 
 def test_a_pid_its_cgroup_listed_is_killed_only_while_still_a_member(

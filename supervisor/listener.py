@@ -40,7 +40,7 @@ def bind(host: str, port: int) -> Listener:
     """A socket bound to ``host:port``, not yet listening (uvicorn listens on it once the supervisor is ready).
     Raises ListenError: the port held by another process (named), an address not this machine's, a port below
     1024 without the right."""
-    listener = Listener(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    listener = Listener(_family(host), socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no conflict
     try:
         listener.bind((host, port))
@@ -56,13 +56,20 @@ def bind(host: str, port: int) -> Listener:
 
 
 def holder(host: str, port: int) -> str:
-    """Who holds ``host:port`` (a socket on it, or on a wildcard address), as the refusal names it."""
+    """Who holds ``host:port`` (a socket on one of the addresses ``host`` names, or on a wildcard address), as the
+    refusal names it; what stopped the search, if something did (it never raises: the refusal stays one line)."""
+    try:
+        named = socket.getaddrinfo(host, port, _family(host), socket.SOCK_STREAM) if host not in WILDCARDS else []
+        addresses = {info[4][0] for info in named}
+        connections = psutil.net_connections("tcp")
+    except (psutil.Error, OSError) as exc:
+        return f"who holds it cannot be found ({type(exc).__name__}: {one_line(str(exc))})"
     found = [
         connection
-        for connection in psutil.net_connections("tcp")
+        for connection in connections
         if connection.laddr
         and connection.laddr.port == port
-        and (connection.laddr.ip in WILDCARDS or host in WILDCARDS or connection.laddr.ip == host)
+        and (connection.laddr.ip in WILDCARDS or host in WILDCARDS or connection.laddr.ip in addresses)
     ]
     found.sort(key=lambda connection: connection.status != psutil.CONN_LISTEN)  # a listener first
     for connection in found:
@@ -71,6 +78,11 @@ def holder(host: str, port: int) -> str:
     if found:  # /proc/<pid>/fd of another uid cannot be read without privilege
         return "held by a process this user cannot see (another user's: `ss -ltnp` as root names it)"
     return "no process found holding it"
+
+
+def _family(host: str) -> socket.AddressFamily:
+    """The family ``bind`` binds ``host`` in: an address with a colon is IPv6's, any other (a name too) IPv4's."""
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
 def _command(pid: int) -> str:

@@ -4,11 +4,15 @@ held the state before it and kills what that dead supervisor's jobs left in thei
 opens the journal, so that a journal that cannot be opened stops no such kill; the journal's own records kill
 the rest.
 
-Only a holder that is gone is read (no process has its pid now: a supervisor that reused it, of another state,
-would name its own directory the same), and only its job cgroups (``cgroups.jobs_under``). A job's cgroup lists
-every process of the job, even one that left its group or session, and no pid is taken from anywhere else: a pid
-reused by a stranger is never signalled. Nothing of a live supervisor is in the record: whoever holds the lock is
-the state's only one.
+Only a holder that is gone is read (no process has its pid now, or one that started at another time), and only
+its job cgroups (``cgroups.jobs_under``). A job's cgroup lists every process of the job, even one that left its
+group or session, and no pid is taken from anywhere else; a pid it listed is killed only once identified and
+found still a member (``cgroups.holds``): a pid reused by a stranger is never signalled. A process that took a
+gone holder's pid may be a supervisor of another state, which names its directory the same: its jobs' processes
+started after it, so only those that started before it are the gone holder's. Whoever holds the lock is the
+state's only one: the record keeps it, and of those before it only the gone ones whose cgroups still hold a
+process (their kill failed: the next start tries again); a supervisor that stops leaves its own entry only if
+its job cgroups still hold a process then.
 """
 
 from __future__ import annotations
@@ -37,11 +41,23 @@ class Holder:
     started: float
     cgroups: tuple[str, ...]
 
+    def pid_started(self) -> float | None:
+        """When the process its pid names now started (None: no process has it); ``started`` while it runs."""
+        try:
+            return psutil.Process(self.pid).create_time()
+        except psutil.NoSuchProcess:
+            return None
+
     def jobs(self) -> list[Path]:
-        """Its job cgroups, if it is gone; none while its pid is any process's."""
-        if psutil.pid_exists(self.pid):
-            return []
+        """Its job cgroups, whether it runs or not."""
         return [job for base in self.cgroups for job in jobs_under(Path(base), self.pid)]
+
+    def left(self) -> bool:
+        """Whether it is gone and its job cgroups still hold a process."""
+        return self.pid_started() != self.started and self.holds_processes()
+
+    def holds_processes(self) -> bool:
+        return any(members_of(job) for job in self.jobs())
 
 
 class Claim:
@@ -62,11 +78,15 @@ class Claim:
         self._write()
 
     def release(self) -> None:
-        """Every job of ours has ended: the record keeps only what could not be killed; the lock goes."""
+        """Every job of ours has ended: the record keeps only what could not be killed (ours too: a process left in
+        our job cgroups, which the next start kills and fences with the jobs it is left of); the lock goes."""
         if self.fd < 0:
             return
         try:
-            self._us = None
+            if self._us is not None and self._us.holds_processes():
+                log.warning("a process is left in this supervisor's job cgroups: the next start on this state kills it")
+            else:
+                self._us = None
             self._write()
         except OSError as exc:
             log.warning("cannot update the record in the journal's lock file: %s", exc.strerror)
@@ -76,7 +96,7 @@ class Claim:
 
     def _write(self) -> None:
         """Gone holders whose cgroups still hold a process (the kill failed: the next start tries again), then us."""
-        holders = [holder for holder in self.before if any(members_of(job) for job in holder.jobs())]
+        holders = [holder for holder in self.before if holder.left()]
         holders = holders[-(MAX_HOLDERS - 1) :] + ([self._us] if self._us is not None else [])
         record = orjson.dumps([dataclasses.asdict(holder) for holder in holders])
         os.ftruncate(self.fd, 0)

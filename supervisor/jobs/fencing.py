@@ -31,12 +31,14 @@ Killed = Mapping[str, list[psutil.Process]]  # by job cgroup: what the kill of t
 
 def kill_left_in_cgroups(holders: Iterable[Holder]) -> Killed:
     """Every process in the job cgroups of the supervisors that held the state and are gone, killed (and each
-    cgroup removed once empty); returns once none of them runs."""
-    killed = {
-        str(job): _confirmed(kill_remains(None, None, None, Boundary((str(job),))))
-        for holder in holders
-        for job in holder.jobs()
-    }
+    cgroup removed once empty); returns once none of them runs. Of a holder whose pid another process took since,
+    only what started before that process (``kill_remains``'s ``before``)."""
+    killed: dict[str, list[psutil.Process]] = {}
+    for holder in holders:
+        if (now := holder.pid_started()) == holder.started:
+            continue  # it runs (this very process, reopening the state): nothing of it is left
+        for job in holder.jobs():
+            killed[str(job)] = _confirmed(kill_remains(None, None, None, Boundary((str(job),)), before=now))
     if pids := sorted({process.pid for processes in killed.values() for process in processes}):
         extra = {"orphans_killed": len(pids), "orphan_pids": pids[:MAX_PIDS_RECORDED]}
         log.warning("killed what a dead supervisor's jobs left in their cgroups", extra=extra)

@@ -62,12 +62,15 @@ class JobCgroup:
         """Every member: any of the job's cgroups lists them all, since none of them can leave."""
         return members_of(next(iter(self._paths.values()))[0])
 
+    def holds(self, pid: int) -> bool:
+        """Whether ``pid`` is a member now (``holds``), of the cgroup ``pids`` reads."""
+        return holds(next(iter(self._paths.values()))[0], pid)
+
     def kill(self) -> None:
-        """On v2, the kernel kills every member at once (``cgroup.kill``, Linux 5.14); v1 has no such file."""
+        """On v2, the kernel kills every member at once (``kill_members``); v1 has no such file."""
         for directory, v1 in self._paths.values():
             if not v1:
-                with contextlib.suppress(OSError):
-                    (directory / "cgroup.kill").write_text("1")
+                kill_members(directory)
                 return
 
     def cpu_seconds(self) -> float | None:
@@ -232,9 +235,33 @@ def jobs_under(base: Path, pid: int) -> list[Path]:
 
 
 def members_of(path: Path) -> list[int]:
+    """The pids in the cgroup now. Only a count, or a hint: a member may end as soon as it is read and its pid go to
+    a process of another cgroup, so a pid from here is killed only once ``holds`` says it is still a member."""
     with contextlib.suppress(OSError, ValueError):
         return [int(line) for line in (path / "cgroup.procs").read_text().split()]
     return []
+
+
+def holds(path: Path, pid: int) -> bool:
+    """Whether the cgroup ``path`` holds ``pid`` now, as ``/proc/<pid>/cgroup`` names it: asked after the process
+    is identified (psutil: pid and start time) and before it is killed, it proves the process identified is a
+    member, not one that took the pid of a member that ended after ``members_of`` read it."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            _, controllers, where = line.split(":", 2)
+            if path in _directories(CGROUP_ROOT, controllers, where.lstrip("/")):
+                return True
+    return False
+
+
+def kill_members(path: Path) -> bool:
+    """Have the kernel kill every member of the cgroup at once, forks in flight included (``cgroup.kill``: v2,
+    Linux 5.14); False where there is no such file (v1, an older kernel)."""
+    try:
+        (path / "cgroup.kill").write_text("1")
+    except OSError:
+        return False
+    return True
 
 
 def remove_job_cgroup(path: Path) -> None:
@@ -315,12 +342,20 @@ def _own_directories(root: Path, controller: str) -> list[tuple[Path, bool]]:
             _, controllers, path = line.split(":", 2)
             relative = path.lstrip("/")
             if controller in controllers.split(","):
-                found.append((root / controllers / relative, True))
+                found.extend((directory, True) for directory in _directories(root, controllers, relative))
             elif controllers == "":
-                for tree in (root, root / "unified"):
+                for directory in _directories(root, controllers, relative):
                     # Ours only if it holds us: a cgroup namespace seen through another's mount does not.
-                    if os.getpid() in members_of(tree / relative):
+                    if os.getpid() in members_of(directory):
                         # A namespace's leaf (``_enable_below``): its jobs' cgroups go beside it, at the root.
-                        at_leaf = relative == LEAF and (tree / "cgroup.type").exists()
-                        found.append((tree if at_leaf else tree / relative, False))
+                        at_leaf = relative == LEAF and (directory.parent / "cgroup.type").exists()
+                        found.append((directory.parent if at_leaf else directory, False))
     return [(path, v1) for path, v1 in found if path.is_dir()]
+
+
+def _directories(root: Path, controllers: str, relative: str) -> list[Path]:
+    """Where the cgroup a line of ``/proc/<pid>/cgroup`` names is: in its v1 hierarchy, or in the v2 tree (at the
+    root, or under ``unified`` on a hybrid host)."""
+    if controllers:
+        return [root / controllers / relative]
+    return [root / relative, root / "unified" / relative]

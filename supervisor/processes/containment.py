@@ -25,7 +25,7 @@ from pathlib import Path
 import orjson
 import psutil
 
-from supervisor.processes.cgroups import JobCgroup, is_job_cgroup, members_of, remove_job_cgroup
+from supervisor.processes.cgroups import JobCgroup, holds, is_job_cgroup, kill_members, members_of, remove_job_cgroup
 from supervisor.processes.places import Places
 
 MAX_REMEMBERED = 4096  # descendants remembered per worker (bounds the journaled boundary; a pids cap sits below it)
@@ -153,19 +153,20 @@ class Containment:
     def descendants(self, table: ProcessTable | None = None) -> list[psutil.Process]:
         """Every other process of this job still there: the worker's tree, its cgroup's members, any descendant
         a sample saw that has left the tree, and, without a cgroup, its group's members (``table``: one scan of
-        the process table, shared by a round of samples)."""
+        the process table, shared by a round of samples). A pid its cgroup lists counts only if, once identified,
+        it is still a member (``cgroups.holds``): it may be a stranger's that a member which ended left."""
         table = table if table is not None else ProcessTable.scan()
-        pids = table.tree(self.pid)
-        if self.cgroup is not None:
-            pids.update(self.cgroup.pids())
-        else:
+        pids, cgroup = table.tree(self.pid), self.cgroup
+        members = set(cgroup.pids()) - pids if cgroup is not None else set()
+        if cgroup is None:
             pids.update(table.groups.get(self.pgid, ()))
-        pids.discard(self.pid)
         found = {}
-        for pid in pids:
+        for pid in (pids | members) - {self.pid}:
             known = self._seen.get(pid)
             with contextlib.suppress(psutil.NoSuchProcess):
                 process = known if known is not None and known.is_running() else psutil.Process(pid)
+                if process is not known and cgroup is not None and pid in members and not cgroup.holds(pid):
+                    continue
                 if process.create_time() >= self.create_time and running(process):  # a group outlives its leader
                     found[pid] = process
         for pid, process in list(self._seen.items()):
@@ -280,26 +281,38 @@ class Containment:
 
 
 def kill_remains(
-    worker_pid: int | None, start_time: float | None, pgid: int | None, boundary: Boundary
+    worker_pid: int | None,
+    start_time: float | None,
+    pgid: int | None,
+    boundary: Boundary,
+    before: float | None = None,
 ) -> list[psutil.Process]:
     """Kill everything a dead supervisor's job left: the worker if it is alive with its start time, every member
     of the job's cgroups, of its group (started after the worker), and every descendant a sample saw (by pid and
-    start time). The processes signalled. A pid, or a group id, now another's is never signalled."""
+    start time). The processes signalled. A pid, or a group id, now another's is never signalled.
+
+    ``before``: the cgroups may be a live process's too, one that took the pid of the dead supervisor that made them
+    and is a supervisor (of another state: it names its directory the same); its jobs' processes all started after
+    it, so only a member that started ``before`` is killed, and the directories stay (with ``cgroup.kill``, which
+    would take its jobs too, not used)."""
     killed: dict[int, psutil.Process] = {}
     deadline = time.monotonic() + KILL_SECONDS
+    cgroups = [path for path in map(Path, boundary.cgroups) if is_job_cgroup(path)]  # a journal is data
     while True:
-        found = _remains(worker_pid, start_time, pgid, boundary)
+        found = _remains(worker_pid, start_time, pgid, cgroups, boundary.tree, before)
         fresh = [process for process in found if process.pid not in killed]
+        if before is None:  # v2: the kernel kills every member at once, one forked or reused meanwhile included
+            for path in cgroups:
+                kill_members(path)
         for process in fresh:
             with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-                process.kill()
+                process.kill()  # psutil refuses a pid that now names another process
                 killed[process.pid] = process
         if not fresh or time.monotonic() > deadline:
             break
-    for path in map(Path, boundary.cgroups):  # removable once the kernel has taken the killed out of it
-        if is_job_cgroup(path):
-            _wait_empty(path, deadline)
-            remove_job_cgroup(path)
+    for path in cgroups if before is None else ():  # removable once the kernel has taken the killed out of it
+        _wait_empty(path, deadline)
+        remove_job_cgroup(path)
     return list(killed.values())
 
 
@@ -309,12 +322,16 @@ def _wait_empty(cgroup: Path, deadline: float) -> None:
 
 
 def _remains(
-    worker_pid: int | None, start_time: float | None, pgid: int | None, boundary: Boundary
+    worker_pid: int | None,
+    start_time: float | None,
+    pgid: int | None,
+    cgroups: list[Path],
+    tree: Iterable[tuple[int, float]],
+    before: float | None,
 ) -> list[psutil.Process]:
-    pids: dict[int, float | None] = {pid: started for pid, started in boundary.tree}
-    for path in boundary.cgroups:
-        if is_job_cgroup(Path(path)):  # a journal is data: only a job cgroup of ours is read
-            pids.update(dict.fromkeys(members_of(Path(path)), None))
+    pids: dict[int, float | None] = dict(tree)
+    member_of = {pid: path for path in cgroups for pid in members_of(path)}
+    pids.update(dict.fromkeys(member_of, None))
     if worker_pid and start_time:
         pids[worker_pid] = start_time
         if pgid == worker_pid and _alive_as(worker_pid, start_time):
@@ -325,9 +342,15 @@ def _remains(
         with contextlib.suppress(psutil.NoSuchProcess):
             process = psutil.Process(pid)
             created = process.create_time()
-            # A member of the job's cgroup is the job's whoever it is; any other only if it is the very process.
-            ours = created == started if started is not None else start_time is None or created >= start_time
-            if ours and running(process):
+            # A member of the job's cgroup is the job's whoever it is, once identified (``holds``: a pid it listed
+            # may be a stranger's by now); any other only if it is the very process.
+            if started is not None:
+                ours = created == started
+            elif pid in member_of and not (holds(member_of[pid], pid) and (before is None or created < before)):
+                ours = False
+            else:
+                ours = start_time is None or created >= start_time
+            if ours and running(process):  # ``running``: still the process identified, after ``holds`` read
                 found.append(process)
     return found
 

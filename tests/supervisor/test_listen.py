@@ -56,6 +56,45 @@ def test_a_port_a_stranger_holds_is_refused_in_one_line_naming_it(tmp_path: Path
         stranger.wait()
 
 
+def test_a_host_given_by_name_is_looked_up_to_find_who_holds_it() -> None:
+    """``HOST=localhost``: the holder's socket is on the address the name resolves to, not on the name."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(listener.ListenError) as refused:
+            listener.bind("localhost", port)
+    assert str(refused.value).startswith(
+        f"cannot listen on localhost:{port}: Address already in use: held by pid {os.getpid()} ("
+    )
+
+
+@pytest.mark.parametrize("unreadable", ["procfs", "denied"])
+def test_a_holder_that_cannot_be_looked_for_leaves_the_refusal_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unreadable: str
+) -> None:
+    """The search for the holder failing (a /proc without its tables; psutil's AccessDenied, as where the system
+    refuses the socket table) is said in the line, never raised past it: ``serve`` prints the line, no traceback."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        if unreadable == "procfs":
+            monkeypatch.setattr(psutil, "PROCFS_PATH", str(tmp_path))  # psutil reads its /proc/net/tcp there
+        else:
+
+            def denied(kind: str = "inet") -> list[object]:
+                raise psutil.AccessDenied(msg="the socket table")
+
+            monkeypatch.setattr(psutil, "net_connections", denied)
+        with pytest.raises(listener.ListenError) as refused:
+            listener.bind("127.0.0.1", port)
+    why = {"procfs": "FileNotFoundError: [Errno 2] No such file or directory", "denied": "AccessDenied"}[unreadable]
+    line = str(refused.value)
+    assert line.startswith(f"cannot listen on 127.0.0.1:{port}: Address already in use: who holds it cannot be found")
+    assert why in line and "\n" not in line
+
+
 UNSEEN = """
 from supervisor import listener
 try:

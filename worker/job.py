@@ -113,7 +113,6 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
 
     ``error_type`` is what the reference sidecar reports (the exception's class name); ``reason`` is ours.
     """
-    lifecycle.bound_cpu()  # before the crew's factory, the first of its code a job runs (its imports ran at start)
     operation = HANDLERS.get(start.operation)
     if start.crew_id not in crews or operation is None:
         what, reason = (
@@ -135,6 +134,9 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
         out.send(failed(type(exc).__name__, Reason.CREW_FACTORY_FAILED, message, False))
         return
     spending.report(out.send, start.max_tokens, start.max_llm_calls)
+    # As the job starts, not before the factory: a process CPU limit makes the kernel count the process's CPU clock
+    # by ticks (its timer running), and a factory timing itself with process_time() read 0 ms of 2 (the bench's).
+    lifecycle.bound_cpu()
     out.send(Started())
     # Work that may have had effects leaves its outcome uncertain; a read-only query has none.
     effects = start.operation not in READ_ONLY_OPERATIONS

@@ -227,7 +227,8 @@ class SpillingCrew(Crew):
 
 def spiller() -> Crew:
     """Input ``mode``: "answer" (it completes) or "raise"."""
-    llm = SpillerLLM(model=f"spiller-{os.environ[SPILLED[1]]}")  # a model named with a key, as a job's record shows it
+    # A model named with a key, as a job's record shows it (none where the crew has none: doctor builds every crew).
+    llm = SpillerLLM(model="spiller-" + os.environ.get(SPILLED[1], ""))
     agent = Agent(role="Spiller", goal="Spill", backstory="Careless.", llm=llm)
     return SpillingCrew(
         agents=[agent], tasks=[Task(description="Spill in mode {mode}.", expected_output="Keys.", agent=agent)]

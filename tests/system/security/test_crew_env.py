@@ -16,6 +16,7 @@ from protocol import WorkerSettings
 from supervisor.testing import Server
 from tests.conftest import start_server
 from tests.crews.base import LEAKED_KEY
+from tests.crews.prober import digest
 
 # The fork server's own: what the worker contract always writes (WORKER_IDS, TRAINING_DIR only when set, not here).
 WORKER_SETTINGS = set(WorkerSettings().to_environ())
@@ -45,6 +46,7 @@ def run(server: Server, crew_id: str, action_id: str, status: int = 200) -> dict
 
 
 def environ(server: Server, crew_id: str, action_id: str) -> tuple[dict[str, str], list[str]]:
+    """What the job's code saw: its environment, each value as its digest, and its initial block's names."""
     found = json.loads(run(server, crew_id, action_id)["raw"])
     return found["environ"], found["initial"]
 
@@ -78,12 +80,12 @@ def test_each_crew_gets_its_own_key_and_no_job_a_setting_or_the_token(
     seen_b, initial_b = environ(server, "crew-b", "b-1")
     seen_other, _ = environ(server, "prober", "other-1")  # a crew without a file
 
-    assert (seen_a["OPENAI_API_KEY"], seen_a["A_ONLY"]) == (key_a, "a")
-    assert seen_b["OPENAI_API_KEY"] == key_b and "A_ONLY" not in seen_b
+    assert (seen_a["OPENAI_API_KEY"], seen_a["A_ONLY"]) == (digest(key_a), digest("a"))
+    assert seen_b["OPENAI_API_KEY"] == digest(key_b) and "A_ONLY" not in seen_b
     assert "OPENAI_API_KEY" not in seen_other
     for seen, initial in ((seen_a, initial_a), (seen_b, initial_b), (seen_other, [])):
         assert not [name for name in seen if name.startswith("AIP_CREWAI_")], sorted(seen)
-        assert token not in seen.values() and "COPY_OF_TOKEN" not in seen
+        assert digest(token) not in seen.values() and "COPY_OF_TOKEN" not in seen
         assert {"PATH", "PYTHONPATH", "HOME", "CREWAI_STORAGE_DIR", "TMPDIR", "CREWAI_DISABLE_TELEMETRY"} <= set(seen)
         assert not [name for name in initial if "BEARER_TOKEN" in name or name == "COPY_OF_TOKEN"]
     forkserver = server.forkserver()
@@ -95,7 +97,7 @@ def test_each_crew_gets_its_own_key_and_no_job_a_setting_or_the_token(
 
     rotated = "sk-a-" + secrets.token_hex(16)
     (directory / "crew-a.env").write_text(f"OPENAI_API_KEY={rotated}\n")  # read again at the next job's start
-    assert environ(server, "crew-a", "a-2")[0]["OPENAI_API_KEY"] == rotated
+    assert environ(server, "crew-a", "a-2")[0]["OPENAI_API_KEY"] == digest(rotated)
 
 
 def test_a_crew_s_values_are_redacted_whatever_their_names(tmp_path: Path) -> None:
@@ -134,4 +136,4 @@ def test_a_bad_file_fails_its_crew_s_jobs_naming_the_file_and_line(
     assert failed["reason"] == "crew_env_invalid" and failed["uncertain_outcome"] is False, failed
     assert said in failed["message"] and str(directory) in failed["message"], failed["message"]
     assert "sk-secret" not in json.dumps(failed) and "sk-secret" not in server.log.read_text()
-    assert environ(server, "crew-b", "good")[0]["OPENAI_API_KEY"] == "sk-b"  # the other crews run on
+    assert environ(server, "crew-b", "good")[0]["OPENAI_API_KEY"] == digest("sk-b")  # the other crews run on

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +28,6 @@ from supervisor.processes.held import MAX_DESCRIPTORS
 from supervisor.processes.places import MAX_NEW_ENTRIES, Places, Reading
 from supervisor.processes.process import WorkerProcess
 
-log = logging.getLogger("crew_supervisor.limits")
 MiB = 1024 * 1024
 # RLIMIT_CPU is per process and counts from its start; it backs up the sampler, which should act first.
 CPU_BACKSTOP_SECONDS = 5
@@ -151,8 +150,8 @@ class Limits:
         if self.cpu_seconds and tree.cpu_baseline is not None and used > self.cpu_seconds:
             return Breach(
                 Reason.CPU_LIMIT_EXCEEDED,
-                f"the job used {used:.1f} CPU seconds, over {self.cpu_seconds}",
-                {"cpu_seconds": round(used, 3), "limit_seconds": self.cpu_seconds},
+                f"the job used {_ms_up(used):g} CPU seconds, over {self.cpu_seconds}",
+                {"cpu_seconds": _ms_up(used), "limit_seconds": self.cpu_seconds},
             )
         return None
 
@@ -241,6 +240,11 @@ class Limits:
                 on_found(worker.containment.boundary())
             if breach is not None:
                 self._breached(worker, breach)
+
+
+def _ms_up(seconds: float) -> float:
+    """Up to the millisecond: a use just past a limit never reads as at it."""
+    return math.ceil(seconds * 1000) / 1000
 
 
 def output_breach(total: int, limit: int) -> Breach:

@@ -29,7 +29,9 @@ class ListenError(Exception):
 
 
 class Listener(socket.socket):
-    """A socket bound to the address, without ``SO_REUSEADDR`` until uvicorn makes it listen."""
+    """A socket bound to the address, without ``SO_REUSEADDR`` until it listens: ``serve`` calls ``listen`` itself
+    (uvloop would listen through the descriptor, leaving the option off: each connection inherits it, and their
+    TIME_WAIT without it refuses the next start's bind)."""
 
     def listen(self, backlog: int = socket.SOMAXCONN) -> None:
         self.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a TIME_WAIT connection on the port allowed

@@ -159,6 +159,9 @@ class _DrainingServer(uvicorn.Server):
                 )
                 assert isinstance(self.config.app, _Dated) and self._listening is not None
                 self.config.app.app = create_app(self._sup)
+                # Listening here, not left to uvicorn: uvloop listens through the descriptor, past Listener.listen,
+                # and without SO_REUSEADDR its connections' TIME_WAIT refused the next start's bind of the port.
+                self._listening.listen(self.config.backlog)
                 await self._serve([self._listening])
 
     def _bind(self) -> None:

@@ -196,3 +196,19 @@ def test_a_signal_during_start_up_ends_it_at_once_and_leaves_nothing(tmp_path: P
     assert returncode == -sig  # ended by the signal, as a serving supervisor is (SIGINT: by its KeyboardInterrupt)
     assert children and all(gone(*child) for child in children)  # the describing process too
     Journal(state / "journal.db", checkpoint_events=1).close()  # its lock was let go
+
+
+def test_a_crashed_supervisor_s_connections_do_not_keep_its_restart_off_its_port(tmp_path: Path) -> None:
+    """A kill -9 leaves the server's end of each kept-alive connection to the kernel (FIN-WAIT, then TIME_WAIT once
+    the client closes), with the listener's SO_REUSEADDR as it was when accepted: off, once uvloop listened past our
+    ``Listener.listen``, so the restart's bind of the port was refused."""
+    first = start_server(tmp_path / "state")
+    clients = [first.client() for _ in range(3)]
+    for client in clients:
+        assert client.get("/health").status_code == 200  # kept alive
+    first.shut_down(kill=True)
+    for client in clients:
+        client.close()  # the server's end of each goes to TIME_WAIT
+    second = start_server(tmp_path / "state", port=first.port, token=first.token)
+    with second.client() as client:
+        assert client.get("/health").status_code == 200

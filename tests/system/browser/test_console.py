@@ -293,6 +293,9 @@ def test_the_stacks_button_shows_where_a_running_job_is_and_where_a_cancelled_on
     sign_in(page, console)
     page.goto(f"{console.url}/console/#/jobs/stacked-in-the-page")
     expect(page.locator("#job-record")).to_contain_text("running")
+    # Its model ticks once a chunk has come: `started` alone comes before the call, and a snapshot taken then (the
+    # full suite's load) held no call to show.
+    expect(page.locator('#events li[data-event="chunk"]').first).to_be_attached()
     page.click("#job-stacks")
     stacks = page.locator("#stacks")
     expect(stacks).to_contain_text("Thread MainThread")

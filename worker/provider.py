@@ -11,8 +11,15 @@ stops); a ``Provider`` given more ``directives`` knows more (the tests' failures
 answers: ``tests/helpers/scripted_provider.py``). A request that offers tools and has no tool result yet gets
 a call of its first tool; one with ``response_format`` gets JSON that fits the schema. Answers are derived
 from the prompt, so the same crew gets the same answers in-process and through the sidecar, blocking
-(``Content-Length``) or streamed (``stream: true``: SSE over chunked encoding, with a usage chunk when
-``stream_options.include_usage``).
+(``Content-Length``) or streamed (``stream: true``: SSE over chunked encoding, a tool call's arguments split
+across chunks as real providers send them, with a usage chunk when ``stream_options.include_usage``).
+
+Or they are scripted: ``script`` (or ``POST /scripts`` with ``{"model": ..., "replies": [...]}``) queues
+replies, each ``{"content": text}``, ``{"tool_calls": [{"name": ..., "arguments": {...}}]}`` or ``{"status":
+429, "message": ...}`` (an OpenAI error answer), that a model's next calls get in order (``"model": null``:
+any model without a script of its own). Once a model's script is spent, its calls are answered 400, saying so.
+``GET /calls`` gives the recorded calls; ``DELETE /scripts`` forgets every script and call (between tests).
+``supervisor/llm_script.py`` is its client for the pytest plugin's ``crew_provider`` fixture.
 
 Every request is recorded (``calls``), with when its client hung up if it did so before the answer was
 whole; ``wait`` blocks until a condition on the calls holds. Standard library only: it imports in
@@ -44,6 +51,8 @@ from typing import Any
 URL_ENV = "CREW_PROVIDER_URL"  # where the demo's and the tests' real-LLM crews find one (worker.demo.provider_llm)
 DEFAULT_URL = "http://127.0.0.1:8091/v1"
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a request larger than this is answered 413 unread
+MAX_SCRIPTED = 10_000  # replies queued for one model at once
+SCRIPT_BODY = "a body with replies (a list) and model (a string, or null for any model) is required"
 HOST = "127.0.0.1"
 _WORD = re.compile(r"\S+")
 CREATED = 1_767_225_600  # a fixed `created`: answers are the same in every run
@@ -73,6 +82,7 @@ class Turn:
     body: dict[str, Any]  # the request
     message: dict[str, Any]  # the assistant's message to send
     wait: Callable[[float | None], None]  # seconds (None: for ever), cut short when the client hangs up
+    error: str = ""  # the error answer's message, when ``call.status`` is not 200
 
 
 Directive = Callable[[Turn, re.Match[str]], None]
@@ -95,6 +105,7 @@ class Provider:
         self._thread: threading.Thread | None = None
         self._changed = threading.Condition()
         self.calls: list[Call] = []
+        self._scripts: dict[str | None, list[dict[str, Any]]] = {}  # model (None: any other) -> replies to give
 
     @property
     def url(self) -> str:
@@ -127,6 +138,48 @@ class Provider:
             if not self._changed.wait_for(lambda: condition(self.calls), timeout):
                 raise TimeoutError(f"the provider's calls did not reach the condition in {timeout:.0f} s")
             return list(self.calls)
+
+    def script(self, replies: list[Any], model: str | None = None) -> None:
+        """Queue ``replies`` (see the module's doc) for ``model``'s next calls, after those already queued;
+        ``model`` None: for every model without a script of its own. ValueError for a reply of no known form."""
+        checked = [_checked(reply) for reply in replies]
+        with self._changed:
+            queue = self._scripts.setdefault(model, [])
+            if len(queue) + len(checked) > MAX_SCRIPTED:
+                raise ValueError(f"a script holds at most {MAX_SCRIPTED} replies")
+            queue.extend(checked)
+
+    def reset(self) -> None:
+        """Forget every script and every recorded call."""
+        with self._changed:
+            self._scripts.clear()
+            self.calls.clear()
+            self._changed.notify_all()
+
+    def _play(self, turn: Turn) -> None:
+        """Give ``turn`` its model's next scripted reply, if its model (or every model) has a script."""
+        with self._changed:
+            queue = self._scripts.get(turn.call.model, self._scripts.get(None))
+            reply = queue.pop(0) if queue else None
+        if queue is None:
+            return
+        if reply is None:
+            turn.call.status = 400
+            turn.error = f"the script of model {turn.call.model!r} has no reply left for this call"
+        elif "status" in reply:
+            turn.call.status, turn.error = reply["status"], reply["message"]
+        elif "content" in reply:
+            turn.message = {"role": "assistant", "content": reply["content"]}
+        else:
+            calls = [
+                {
+                    "id": f"call_{turn.call.index}_{number}",
+                    "type": "function",
+                    "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], separators=(",", ":"))},
+                }
+                for number, c in enumerate(reply["tool_calls"])
+            ]
+            turn.message = {"role": "assistant", "content": None, "tool_calls": calls}
 
     def _record(self, call: Call) -> None:
         with self._changed:
@@ -193,19 +246,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass  # a test's output stays the test's
 
     def do_POST(self) -> None:
-        if self.path.partition("?")[0].rstrip("/") != "/v1/chat/completions":
+        route = self.path.partition("?")[0].rstrip("/")
+        if route not in ("/v1/chat/completions", "/scripts"):
             self._send_json(404, _error("not_found", f"no route {self.path}"))
             return
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY_BYTES:
-            self.close_connection = True
-            self._send_json(413, _error("request_too_large", f"a body of {length} bytes"))
+        needed = SCRIPT_BODY if route == "/scripts" else "a body with model and messages is required"
+        body = self._read_json(needed)
+        if body is None:
+            return
+        if route == "/scripts":
+            self._script(body)
             return
         try:
-            body = json.loads(self.rfile.read(length))
             model, messages = str(body["model"]), list(body["messages"])
-        except (ValueError, KeyError, TypeError):
-            self._send_json(400, _error("invalid_request_error", "a body with model and messages is required"))
+        except (KeyError, TypeError):
+            self._send_json(400, _error("invalid_request_error", needed))
             return
         tools = [t.get("function", {}).get("name", "") for t in body.get("tools") or [] if isinstance(t, dict)]
         call = Call(0, model, bool(body.get("stream")), messages, tools, time.monotonic())
@@ -218,14 +273,58 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         else:
             self.server.provider._update(call, answered=time.monotonic())
 
+    def do_GET(self) -> None:
+        if self.path.partition("?")[0].rstrip("/") != "/calls":
+            self._send_json(404, _error("not_found", f"no route {self.path}"))
+            return
+        with self.server.provider._changed:
+            calls = [dataclasses.asdict(call) for call in self.server.provider.calls]
+        self._send_json(200, {"calls": calls})
+
+    def do_DELETE(self) -> None:
+        if self.path.partition("?")[0].rstrip("/") != "/scripts":
+            self._send_json(404, _error("not_found", f"no route {self.path}"))
+            return
+        self.server.provider.reset()
+        self._send_json(200, {"reset": True})
+
+    def _read_json(self, needed: str) -> Any:
+        """The request's JSON object, or None once it is answered 413 or 400 (saying what is ``needed``)."""
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True
+            self._send_json(413, _error("request_too_large", f"a body of {length} bytes"))
+            return None
+        try:
+            body = json.loads(self.rfile.read(length))
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            self._send_json(400, _error("invalid_request_error", needed))
+            return None
+        return body
+
+    def _script(self, body: dict[str, Any]) -> None:
+        model, replies = body.get("model"), body.get("replies")
+        try:
+            if (model is not None and not isinstance(model, str)) or not isinstance(replies, list):
+                raise ValueError(SCRIPT_BODY)
+            self.server.provider.script(replies, model)
+        except ValueError as e:
+            self._send_json(400, _error("invalid_request_error", str(e)))
+            return
+        self._send_json(200, {"model": model, "queued": len(replies)})
+
     def _answer(self, call: Call, body: dict[str, Any]) -> None:
         turn = Turn(call, body, _reply(call, body), self._wait)
+        self.server.provider._play(turn)
         for word in call.model.split("+"):
             for pattern, directive in self.server.provider.directives.items():
                 if match := pattern.match(word):
                     directive(turn, match)
             if call.status != 200:
-                self._send_json(call.status, _error("provider_error", f"the provider answered {call.status}"))
+                message = turn.error or f"the provider answered {call.status}"
+                self._send_json(call.status, _error("provider_error", message))
                 return
         message = turn.message
         usage = _usage(call.messages, message)
@@ -280,6 +379,32 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.flush()
         except OSError:
             raise _HungUp from None
+
+
+def _checked(reply: Any) -> dict[str, Any]:
+    """A scripted reply as ``_play`` reads it; ValueError naming what is wrong with one of no known form."""
+    if isinstance(reply, dict) and isinstance(reply.get("content"), str) and len(reply) == 1:
+        return reply
+    if isinstance(reply, dict) and isinstance(reply.get("status"), int) and set(reply) <= {"status", "message"}:
+        if not 400 <= reply["status"] <= 599:
+            raise ValueError(f"a scripted error's status is 400 to 599, not {reply['status']}")
+        return {"status": reply["status"], "message": str(reply.get("message") or f"scripted {reply['status']}")}
+    calls = reply.get("tool_calls") if isinstance(reply, dict) and len(reply) == 1 else None
+    if isinstance(calls, list) and calls and all(_is_tool_call(c) for c in calls):
+        return {"tool_calls": [{"name": c["name"], "arguments": c.get("arguments") or {}} for c in calls]}
+    raise ValueError(
+        'a reply is {"content": text}, {"tool_calls": [{"name": ..., "arguments": {...}}, ...]} or '
+        f'{{"status": 400..599, "message": text}}, not {json.dumps(reply)[:200]}'
+    )
+
+
+def _is_tool_call(call: Any) -> bool:
+    return (
+        isinstance(call, dict)
+        and isinstance(call.get("name"), str)
+        and isinstance(call.get("arguments", {}), dict)
+        and set(call) <= {"name", "arguments"}
+    )
 
 
 def _peek(connection: socket.socket) -> bytes:
@@ -364,7 +489,8 @@ def _finish(message: dict[str, Any]) -> str:
 
 
 def _deltas(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """The message as a stream sends it: the role, then a word at a time (or the tool call in two parts)."""
+    """The message as a stream sends it: the role, then a word at a time, or each tool call's name, then its
+    arguments a few characters a chunk (a client must join them, as it must a real provider's)."""
     deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
     for index, tool_call in enumerate(message.get("tool_calls") or []):
         function = tool_call["function"]
@@ -374,10 +500,9 @@ def _deltas(message: dict[str, Any]) -> list[dict[str, Any]]:
             "type": "function",
             "function": {"name": function["name"], "arguments": ""},
         }
-        deltas += [
-            {"tool_calls": [head]},
-            {"tool_calls": [{"index": index, "function": {"arguments": function["arguments"]}}]},
-        ]
+        pieces = re.findall(r".{1,8}", function["arguments"], re.DOTALL)
+        deltas += [{"tool_calls": [head]}]
+        deltas += [{"tool_calls": [{"index": index, "function": {"arguments": piece}}]} for piece in pieces]
     deltas += [{"content": word} for word in re.findall(r"\S+\s*", message.get("content") or "")]
     return deltas
 

@@ -108,6 +108,47 @@ def test_offered_tools_are_called_once_then_answered_and_loop_calls_them_every_t
     assert provider.calls[0].tools == ["lookup"]
 
 
+def test_scripted_replies_come_in_order_per_model_then_the_spent_script_says_so(provider: Provider) -> None:
+    lookup = {"tool_calls": [{"name": "lookup", "arguments": {"query": "tides at Brest", "limit": 3}}]}
+    provider.script([lookup, {"content": "High tide is at 06:12."}])  # any model
+    provider.script([{"status": 429, "message": "slow down"}], model="other")
+    called = post(provider, "m", tools=TOOLS).json()["choices"][0]
+    assert called["finish_reason"] == "tool_calls"
+    (tool_call,) = called["message"]["tool_calls"]
+    assert tool_call["function"]["name"] == "lookup"
+    assert json.loads(tool_call["function"]["arguments"]) == {"query": "tides at Brest", "limit": 3}
+    refused = post(provider, "other")
+    assert refused.status_code == 429 and refused.json()["error"]["message"] == "slow down"
+    assert post(provider, "m").json()["choices"][0]["message"]["content"] == "High tide is at 06:12."
+    spent = post(provider, "m")
+    assert spent.status_code == 400 and "no reply left" in spent.json()["error"]["message"]
+    assert [call.status for call in provider.calls] == [200, 429, 200, 400]
+    provider.reset()
+    assert provider.calls == [] and post(provider, "m").json()["choices"][0]["message"]["content"].startswith("Thought")
+
+
+def test_a_streamed_tool_call_sends_its_arguments_in_pieces_as_real_providers_do(provider: Provider) -> None:
+    arguments = {"query": "the times of high tide at Brest", "limit": 3}
+    provider.script([{"tool_calls": [{"name": "lookup", "arguments": arguments}]}])
+    deltas = [chunk["choices"][0]["delta"] for chunk in events(post(provider, stream=True))[:-1]]
+    calls = [delta["tool_calls"][0] for delta in deltas if "tool_calls" in delta]
+    assert calls[0]["function"] == {"name": "lookup", "arguments": ""} and calls[0]["id"] and len(calls) > 4
+    assert json.loads("".join(call["function"]["arguments"] for call in calls)) == arguments
+
+
+def test_scripts_and_calls_are_reachable_over_http_and_bad_scripts_are_refused(provider: Provider) -> None:
+    root = provider.url.removesuffix("/v1")
+    queued = httpx.post(f"{root}/scripts", json={"model": "m", "replies": [{"content": "yes"}]}, timeout=30)
+    assert queued.json() == {"model": "m", "queued": 1}
+    assert post(provider, "m").json()["choices"][0]["message"]["content"] == "yes"
+    (call,) = httpx.get(f"{root}/calls", timeout=30).json()["calls"]
+    assert call["model"] == "m" and call["messages"] == MESSAGES and call["status"] == 200
+    for bad in ({"replies": [{"content": 1}]}, {"replies": [{"status": 200}]}, {"model": 3, "replies": []}, []):
+        refused = httpx.post(f"{root}/scripts", json=bad, timeout=30)
+        assert refused.status_code == 400 and refused.json()["error"]["message"], bad
+    assert httpx.delete(f"{root}/scripts", timeout=30).status_code == 200 and provider.calls == []
+
+
 def test_a_response_format_gets_json_that_fits_its_schema(provider: Provider) -> None:
     schema = {
         "type": "object",

@@ -16,6 +16,8 @@ from tests.conftest import ROOT, gone, wait_until
 pytest_plugins = ["pytester"]
 
 RUN_SECONDS = 400  # each supervisor takes 5 s to be ready on an idle machine (CrewAI loads), 30 s on a busy one
+TESTING_PAGE = ROOT / "docs" / "testing-your-crews.md"
+TOOL_CREW = ("tide_crews.py", "test_tide_crews.py")  # in docs/examples/: a crew with a tool, and its tests
 
 
 @pytest.fixture
@@ -36,7 +38,7 @@ def user(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.P
 
 def documented_example() -> str:
     """The test of a crew's cancel that docs/testing-your-crews.md shows, as a user would copy it."""
-    found = re.search(r"```python\n(.*?)```", (ROOT / "docs" / "testing-your-crews.md").read_text(), re.DOTALL)
+    found = re.search(r"```python\n(.*?)```", TESTING_PAGE.read_text(), re.DOTALL)
     assert found
     return found.group(1)
 
@@ -129,3 +131,20 @@ def test_without_a_registry_the_test_errors_saying_how_to_give_one(user: pytest.
     result = user.runpytest_subprocess("-p", "no:cacheprovider", timeout=RUN_SECONDS)
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*no crew registry: give --crew-registry, the crew_registry ini option or*"])
+
+
+@pytest.mark.timeout(RUN_SECONDS + 60)
+def test_the_documented_tests_of_a_crew_with_a_tool_pass_on_the_scripted_provider(user: pytest.Pytester) -> None:
+    """docs/examples' crew with a tool and its tests, copied as a user would: its model scripted, the tool run
+    in a job's worker (its run streamed) and in the test's process (not), a 429 retried, a spent script failing."""
+    user.makeini("[pytest]\ncrew_registry = tide_crews:registry\n")
+    for name in TOOL_CREW:
+        (user.path / name).write_text((ROOT / "docs" / "examples" / name).read_text())
+    result = user.runpytest_subprocess("-p", "no:cacheprovider", timeout=RUN_SECONDS)
+    result.assert_outcomes(passed=4)
+
+
+def test_the_page_shows_the_crew_with_a_tool_and_its_tests_whole() -> None:
+    page = TESTING_PAGE.read_text()
+    for name in TOOL_CREW:
+        assert f"```python\n{(ROOT / 'docs' / 'examples' / name).read_text()}```" in page, name

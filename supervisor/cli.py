@@ -1,5 +1,5 @@
 """``crew-supervisor``: ``serve`` (serve.py), ``doctor`` (doctor/), the operator commands (``jobs``,
-``show``, ``events``, ``cancel``, ``top``, ``run``; console/) and ``chaos`` (chaos/). Only ``serve`` imports
+``show``, ``events``, ``cancel``, ``top``, ``run``, ``crews``; console/) and ``chaos`` (chaos/). Only ``serve`` imports
 the server."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ job, so that a cancel, a timeout or a memory limit really stops the work.
 
   serve    run the supervisor
   doctor   check a deployment before it serves
-  jobs, show, output, events, cancel, top, run
+  jobs, show, output, events, cancel, top, run, crews
            watch and control the jobs of a running supervisor
   chaos    inject faults under load and check every invariant
 

@@ -16,11 +16,13 @@ import orjson
 
 from supervisor.config import PREFIX
 from supervisor.console import sse
+from supervisor.console.reconnect import GaveUp, Reconnect
 from supervisor.vocabulary import TERMINAL_EVENTS
 
 DEFAULT_URL = "http://127.0.0.1:8090"
 SSE = {"Accept": "text/event-stream"}
-RECONNECTS = 8  # in a row without a new event before following gives up
+# What a supervisor, or a proxy before it, answers while it restarts: an outage to wait out, once it has answered.
+PASSING = frozenset({502, 503, 504})
 # Streams are idle between heartbeats (15 s by default): a read this long without a byte means a dead link.
 TIMEOUT = httpx.Timeout(30.0, connect=5.0, read=60.0)
 
@@ -76,22 +78,26 @@ class Client:
             response = self._http.post(path, json=body, headers=headers)
         return self._json(response)
 
-    def follow(self, action_id: str) -> Iterator[dict[str, Any]]:
-        """A job's events from the first through the terminal one, resuming after a dropped connection."""
+    def follow(self, action_id: str, wait: float) -> Iterator[dict[str, Any]]:
+        """A job's events from the first through the terminal one, resuming after a lost link for up to ``wait``
+        seconds (``reconnect.py``)."""
 
         def reopen(last: int | None) -> AbstractContextManager[httpx.Response]:
             return self._http.stream("GET", job_path(action_id, "events"), headers={**SSE, **resume_header(last)})
 
-        return self._resumable(reopen)
+        return self._resumable(reopen, wait)
 
-    def start(self, body: Mapping[str, Any], key: str) -> Iterator[dict[str, Any]]:
-        """Start a job and follow it. A reconnect repeats the exact start, which observes the same job."""
+    def start(
+        self, body: Mapping[str, Any], key: str, wait: float, accepted: Callable[[], None]
+    ) -> Iterator[dict[str, Any]]:
+        """Start a job and follow it; ``accepted`` is called once the server took the start (a refusal raises
+        first). A reconnect repeats the exact start, which observes the same job."""
 
         def reopen(last: int | None) -> AbstractContextManager[httpx.Response]:
             headers = {**SSE, "Idempotency-Key": key, **resume_header(last)}
             return self._http.stream("POST", "/jobs/stream", json=body, headers=headers)
 
-        return self._resumable(reopen)
+        return self._resumable(reopen, wait, accepted)
 
     def admit(self, body: Mapping[str, Any], key: str) -> None:
         """Start a job and leave it: returns once it is admitted (durable), before it has a worker. Hanging up
@@ -102,31 +108,44 @@ class Client:
                 response.read()
                 self._json(response)
 
-    def _resumable(self, reopen: Opener) -> Iterator[dict[str, Any]]:
+    def _resumable(
+        self, reopen: Opener, wait: float, accepted: Callable[[], None] = lambda: None
+    ) -> Iterator[dict[str, Any]]:
+        """Until the first answer, a refusal or a refused connection is the command's end (one line, exit 1);
+        once the server has answered, a lost link, or a 502/503/504 while it restarts, is an outage to wait out."""
         last: int | None = None
-        failures = 0
+        opened = False
+        link = Reconnect(self.url, wait)
         while True:
             try:
                 with reopen(last) as response:
-                    if response.is_error:
+                    if response.is_error and not (opened and response.status_code in PASSING):
                         response.read()
                         self._json(response)
-                    # a partial last one is asked for again
-                    for event in sse.events(sse.lines(response.iter_bytes())):
-                        yield event
-                        last, failures = event["sequence"], 0
-                        if event["event"] in TERMINAL_EVENTS:
-                            return
+                    if response.is_error:
+                        reason = f"{response.status_code} {response.reason_phrase}"
+                    else:
+                        if not opened:
+                            opened = True
+                            accepted()
+                        # a partial last one is asked for again
+                        for event in sse.events(sse.lines(_noting(response.iter_bytes(), link, last))):
+                            yield event
+                            last = event["sequence"]
+                            if event["event"] in TERMINAL_EVENTS:
+                                return
+                        reason = "the stream ended before the job did"
             except sse.StreamError as exc:  # resuming would read the same bytes again
                 raise OperatorError(f"the event stream from {self.url} is broken: {exc}") from None
             except httpx.TransportError as exc:
-                if last is None and isinstance(exc, httpx.ConnectError):
+                if not opened and isinstance(exc, httpx.ConnectError):
                     raise OperatorError(f"cannot connect to {self.url}: {_reason(exc)}") from None
-            # The stream ended before its terminal event: the link dropped. Resume after the last event seen.
-            failures += 1
-            if failures > RECONNECTS:
-                raise OperatorError(f"lost the event stream at {self.url} after {RECONNECTS} reconnects")
-            time.sleep(min(0.1 * 2**failures, 5.0))
+                reason = _reason(exc)
+            try:
+                pause = link.lost(reason, last)
+            except GaveUp as exc:
+                raise OperatorError(str(exc)) from None
+            time.sleep(pause)
 
     @contextlib.contextmanager
     def _talking(self) -> Iterator[None]:
@@ -158,6 +177,13 @@ def job_path(action_id: str, *rest: str) -> str:
     """``/jobs/{id}/…`` with the id percent-encoded: ``?``, ``#`` or ``%`` in an id are part of it, not of
     the URL (``show 'a?b#c'`` asks for job ``a?b#c``, not ``a``)."""
     return "/".join(("/jobs", urllib.parse.quote(action_id, safe=""), *rest))
+
+
+def _noting(chunks: Iterator[bytes], link: Reconnect, resume_after: int | None) -> Iterator[bytes]:
+    """``chunks``, telling ``link`` that each one came: a heartbeat says as well as an event that the link is back."""
+    for chunk in chunks:
+        link.alive(resume_after)
+        yield chunk
 
 
 def resume_header(last: int | None) -> dict[str, str]:

@@ -26,6 +26,8 @@ from rich.text import Text
 from protocol import Operation
 from supervisor.console import views
 from supervisor.console.client import Client, OperatorError, job_path, resolve_target
+from supervisor.console.durations import duration, spoken
+from supervisor.console.reconnect import DEFAULT_WAIT_SECONDS
 from supervisor.console.views import visible
 from supervisor.escaping import ident, json_line, typed_id
 from supervisor.vocabulary import LIVE_PHASES, STOPPABLE_PHASES, TERMINAL_EVENTS, Status
@@ -54,7 +56,7 @@ def exit_status(*codes: tuple[int, str]) -> str:
 COULD_NOT = (EXIT_ERROR, "it could not do its work (refused, 401, 404, ...): one line says why")
 DONE = ((0, "done"), COULD_NOT)
 FOLLOWED = (
-    COULD_NOT,
+    (EXIT_ERROR, "it could not do its work (refused, 401, 404, a link lost for longer than --wait): one line says why"),
     (EXIT_FAILED, "the job failed"),
     (EXIT_CANCELLED, "the job was cancelled"),
     (EXIT_INTERRUPTED, "Ctrl-C: it stopped following (the job goes on)"),
@@ -64,10 +66,18 @@ JOBS = """\
 List the jobs of a running supervisor, newest first, a page at a time: a
 table, or with --json the API's page as one line of JSON. --status, --crew and
 --operation filter them; --cursor reads the page after the one that named it."""
-SHOW = "Show one job of a running supervisor: its record and its terminal event."
+SHOW = """\
+Show one job of a running supervisor: its record, when it was admitted and
+ended and how long it took, and its terminal event."""
 EVENTS = """\
 Print a job's events. With --follow, stream them live until the terminal one,
-resuming after a dropped connection, and exit with the job's outcome."""
+and exit with the job's outcome. A lost link (a dropped connection, the
+supervisor restarting) is reconnected for up to --wait, resuming after the
+last event seen; it says so on stderr."""
+CREWS = """\
+List what a running supervisor serves: its crews, each with its own LLM budget
+per job where its registry entry gives one (under the supervisor's: the lower
+applies), and the operations it takes. --json prints them as one line."""
 CANCEL = """\
 Cancel a job: kill its worker and every process it started, and return once
 that is confirmed, with the proof (the pid, the signal). --reason is recorded
@@ -88,11 +98,14 @@ the job goes on: where its agents, tools and provider calls are. For a job
 stopped by its timeout, a cancel or a broken limit, the stacks taken just
 before its kill."""
 RUN = """\
-Start a job of a crew and follow it to its end: its output as it streams, then
-its answer, or for a failed job the last lines of its stderr (where the crew's
-own error says why). --input is the job's input: inline JSON, @FILE or FILE,
-or - for stdin. Ctrl-C stops following, never the job. --detach prints the
-job's id once it is admitted and returns (0), leaving it to run."""
+Start a job of a crew and follow it to its end: "started" once the supervisor
+took it (a refused start prints the status and the reason instead, exit 1),
+its output as it streams, then its answer, or for a failed job the last lines
+of its stderr (where the crew's own error says why). --input is the job's
+input: inline JSON, @FILE or FILE, or - for stdin. A lost link is reconnected
+for up to --wait, as for events --follow. Ctrl-C stops following, never the
+job. --detach prints the job's id once it is admitted and returns (0), leaving
+it to run."""
 
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -128,7 +141,7 @@ def _command(
 
 
 def _add_reads(command: Callable[..., argparse.ArgumentParser]) -> None:
-    """The commands that only look: jobs, show, events, output, stack, top."""
+    """The commands that only look: jobs, crews, show, events, output, stack, top."""
     jobs = command("jobs", list_jobs, "list jobs, newest first", JOBS, DONE)
     jobs.add_argument(
         "--status",
@@ -139,6 +152,7 @@ def _add_reads(command: Callable[..., argparse.ArgumentParser]) -> None:
     jobs.add_argument("--operation", choices=OPERATIONS, help="only this operation")
     jobs.add_argument("--limit", type=int, default=50, help="jobs per page (1-500)")
     jobs.add_argument("--cursor", help="the next_cursor of a previous page")
+    command("crews", crews, "the crews a running supervisor serves", CREWS, DONE)
     show_parser = command("show", show, "one job's record and terminal event", SHOW, DONE)
     show_parser.add_argument("action_id", type=typed_id, help=ACTION_ID_HELP)
     events = command(
@@ -150,6 +164,7 @@ def _add_reads(command: Callable[..., argparse.ArgumentParser]) -> None:
     )
     events.add_argument("action_id", type=typed_id, help=ACTION_ID_HELP)
     events.add_argument("--follow", "-f", action="store_true", help="stream live, resuming after a dropped link")
+    add_wait(events)
     output_parser = command("output", output, "what a job's worker wrote to stdout and stderr", OUTPUT, DONE)
     output_parser.add_argument("action_id", type=typed_id, help=ACTION_ID_HELP)
     output_parser.add_argument("--stream", choices=("stdout", "stderr"), help="only this one (default: both)")
@@ -193,6 +208,18 @@ def _add_actions(command: Callable[..., argparse.ArgumentParser]) -> None:
     run_parser.add_argument("--timeout-ms", type=int, help="the job's timeout (server default if absent)")
     run_parser.add_argument("--idempotency-key", help="default: a new random key")
     run_parser.add_argument("--detach", action="store_true", help="print the job's id once it is admitted; return")
+    add_wait(run_parser)
+
+
+def add_wait(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--wait",
+        type=duration,
+        default=DEFAULT_WAIT_SECONDS,
+        metavar="DURATION",
+        help=f"how long to reconnect after a lost link, as a restart takes (90s, 2m, 1h; default"
+        f" {spoken(DEFAULT_WAIT_SECONDS)}), saying so on stderr; then give up (exit 1)",
+    )
 
 
 def _console() -> Console:
@@ -262,9 +289,15 @@ def show(client: Client, args: argparse.Namespace, out: Console) -> int:
     return code
 
 
+def crews(client: Client, args: argparse.Namespace, out: Console) -> int:
+    health = client.get("/health")
+    served = {name: health[name] for name in ("status", "crews", "operations", "llm_budget")}
+    return answer(served, args, out, views.crews_view)
+
+
 def events_of(client: Client, args: argparse.Namespace, out: Console) -> int:
     if args.follow:
-        return follow(client.follow(args.action_id), args.action_id, args.json, out)
+        return follow(client.follow(args.action_id, args.wait), args.action_id, args.json, out)
     cursor, events = 0, []
     while True:  # a JSON slice holds up to 1000 events; read on until caught up
         page = client.get(job_path(args.action_id, "events"), {"cursor": cursor})
@@ -343,10 +376,13 @@ def run(client: Client, args: argparse.Namespace, out: Console) -> int:
         client.admit(body, key)
         answer({"action_id": body["action_id"]}, args, out, lambda admitted: views.id_text(admitted["action_id"]))
         return 0
-    if not args.json:
-        out.print(Text(f"started {ident(body['action_id'])} ({ident(args.crew_id)}, {args.operation})", "bold"))
+
+    def accepted() -> None:  # not before: a refused start says why instead (exit 1)
+        if not args.json:
+            out.print(Text(f"started {ident(body['action_id'])} ({ident(args.crew_id)}, {args.operation})", "bold"))
+
     try:
-        code = follow(client.start(body, key), body["action_id"], args.json, out)
+        code = follow(client.start(body, key, args.wait, accepted), body["action_id"], args.json, out)
     except KeyboardInterrupt:  # a hang-up never cancels a job: say so, and how to
         shown = ident(body["action_id"])
         print(

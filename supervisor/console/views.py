@@ -9,13 +9,16 @@ characters (an ESC or CSI starts an escape sequence: a window title, a cursor mo
 from __future__ import annotations
 
 import datetime
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from supervisor.console.durations import spoken
 from supervisor.escaping import ident, visible
 from supervisor.tracebacks import last_traceback
 from supervisor.vocabulary import Phase, Status
@@ -40,15 +43,17 @@ def id_text(value: Any, style: str = "") -> Text:
     return Text(ident(value), style=style, overflow="fold")  # wider than the terminal: folded, never cut
 
 
-def jobs_table(jobs: list[dict[str, Any]], width: int = 80) -> Table:
+def jobs_table(jobs: list[dict[str, Any]], width: int = 80, now: float | None = None) -> Table:
     """Fits ``width`` columns with the ids whole, so that an action id can be pasted into ``show`` and a crew id
     into ``--crew``: the others share what they leave (why a job failed or was cancelled, cut with an ellipsis),
     and where that is too little, ``JOBS_DROPPED_FIRST`` go first. Ids wider than the terminal fold, never cut."""
+    now = time.time() if now is None else now
     table = Table(box=None, header_style="bold", padding=(0, 1, 0, 0))
     ids = {"action id": "action_id", "crew": "crew_id"}
     sizes = {name: max((len(ident(job[key])) for job in jobs), default=len(name)) for name, key in ids.items()}
     sizes |= {"op": max((len(str(job["operation"])) for job in jobs), default=2)}
-    sizes |= {"status": 9, "events": 6, "admitted": 11, "reason": 8}  # "cancelled", the header, "11-29 03:43"
+    sizes |= {"status": 9, "events": 6, "admitted": 11, "ended": 11, "took": 7}  # "cancelled", "11-29 03:43", "59m59s…"
+    sizes |= {"reason": max(8, min(REASON_ROOM, max((len(why(job) or "") for job in jobs), default=0)))}
     for name in JOBS_DROPPED_FIRST:
         if sum(size + 1 for size in sizes.values()) <= width:
             break
@@ -69,13 +74,29 @@ def jobs_table(jobs: list[dict[str, Any]], width: int = 80) -> Table:
             "status": status_text(state(job)),
             "events": plain(job["event_count"]),
             "admitted": clock(job["admitted_at"], short=True),
+            "ended": clock(job.get("ended_at"), short=True),
+            "took": took(job, now),
             "reason": plain(why(job) or "", "dim"),
         }
         table.add_row(*(cells[name] for name in sizes))
     return table
 
 
-JOBS_DROPPED_FIRST = ("events", "admitted", "reason", "op")  # where the width runs out; ids and status always show
+# Where the width runs out; ids and status always show. Columns go before a job's reason has this much room.
+JOBS_DROPPED_FIRST = ("events", "ended", "admitted", "took", "reason", "op")
+REASON_ROOM = 30  # "operation_failed: RuntimeError"
+
+
+def took(job: dict[str, Any], now: float, so_far: str = "…") -> Text:
+    """From its admission to its end (its queue wait too); a running job's so far, dim and marked ``so_far``."""
+    admitted, ended = job.get("admitted_at"), job.get("ended_at")
+    if admitted is None:
+        return Text("-")
+    if ended is not None:
+        return Text(spoken(ended - admitted))
+    if job["status"] == Status.RUNNING:
+        return Text(spoken(now - admitted) + so_far, "dim")
+    return Text("-")  # it ended before the journal kept when
 
 
 def why(job: dict[str, Any]) -> str | None:
@@ -144,11 +165,14 @@ def job_cell(worker: dict[str, Any], width: int) -> Text:
     return Text.assemble(id_text(worker["action_id"]), "\n", what)
 
 
-def job_panel(job: dict[str, Any]) -> Table:
+def job_panel(job: dict[str, Any], now: float | None = None) -> Table:
     table = Table.grid(padding=(0, 2))
     for name in ("action_id", "crew_id", "operation", "event_count"):
         table.add_row(Text(name, style="bold"), id_text(job[name]) if name.endswith("_id") else plain(job[name]))
     table.add_row(Text("status", style="bold"), status_text(state(job)))
+    table.add_row(Text("admitted", style="bold"), clock(job.get("admitted_at")))
+    table.add_row(Text("ended", style="bold"), clock(job.get("ended_at")))
+    table.add_row(Text("took", style="bold"), took(job, time.time() if now is None else now, so_far=" so far"))
     if job["status"] != Status.COMPLETED:  # a completed event's data is the output, shown below
         for name, value in (job.get("terminal") or {}).items():
             if name != "status" and not (name == "exit_status" and value == job.get("exit_status")):  # shown below
@@ -162,6 +186,30 @@ def job_panel(job: dict[str, Any]) -> Table:
     if raw is not None:
         table.add_row(Text("output", style="bold"), plain(str(raw)[:OUTPUT_PREVIEW], layout=True))
     return table
+
+
+def crews_view(served: dict[str, Any]) -> Group:
+    """What ``crews`` prints: each crew, with its own LLM budget per job where its registry entry gives one, under
+    the supervisor's (the lower of the two applies; ``-``: none), then the operations it takes."""
+    budget = served["llm_budget"]
+    table = Table(box=None, header_style="bold", padding=(0, 2, 0, 0))
+    table.add_column("crew", overflow="fold")
+    table.add_column("own tokens/job", justify="right", no_wrap=True)
+    table.add_column("own LLM calls/job", justify="right", no_wrap=True)
+    for crew in served["crews"]:
+        own = budget["crews"].get(crew, {})
+        table.add_row(id_text(crew), *(count(own.get(name)) for name in ("max_tokens", "max_llm_calls")))
+    limits = f"{count(budget['max_tokens'])} tokens, {count(budget['max_llm_calls'])} LLM calls"
+    return Group(
+        Text(f"{len(served['crews'])} crew(s) served ({visible(served['status'])}); per job: {limits}", "bold"),
+        table,
+        Text.assemble(("operations: ", "bold"), ", ".join(visible(operation) for operation in served["operations"])),
+    )
+
+
+def count(limit: Any) -> str:
+    """A limit as a person reads it: ``100,000``, or ``-`` for none (0)."""
+    return f"{limit:,}" if isinstance(limit, int) and limit else "-"
 
 
 def event_line(event: dict[str, Any]) -> Text:

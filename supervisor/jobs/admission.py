@@ -12,6 +12,7 @@ from typing import Any
 
 from protocol import Operation
 from supervisor.config import Settings
+from supervisor.escaping import ident
 from supervisor.jobs.crew_disk import CrewDisk
 from supervisor.jobs.lifecycle import Lifecycle
 from supervisor.journal.errors import JournalBusy, JournalError
@@ -76,6 +77,18 @@ class JournalUnavailable(Refused):
 
 
 Launch = Callable[[Job, dict[str, Any], int], None]
+SERVED_NAMED = 20  # crews an unknown crew's 404 names; it counts the rest
+QUOTE = "\\x27"  # ' as ``ident`` writes a character out, which ``typed_id`` reads back
+
+
+def unknown_crew(crew_id: str, crews: list[str]) -> str:
+    """The 404's detail: the crew asked for and the crews served, as the CLI shows ids (a client's id, or a
+    registry's, can hold anything: written out, quotes too, so that none ends the quoted one early)."""
+    served = sorted(crews)
+    named = ", ".join(ident(crew) for crew in served[:SERVED_NAMED]) or "no crew"
+    more = f" and {len(served) - SERVED_NAMED} more (GET /health lists them)" if len(served) > SERVED_NAMED else ""
+    asked = ident(crew_id).replace("'", QUOTE)
+    return f"unknown crew '{asked}'; this supervisor serves: {named}{more}"
 
 
 class Admission:
@@ -133,7 +146,7 @@ class Admission:
         except InputError as exc:
             raise InputInvalid(str(exc)) from None
         if body.crew_id not in self.crews:
-            raise CrewNotFound("crew was not found")
+            raise CrewNotFound(unknown_crew(body.crew_id, self.crews))
         if existing is not None:
             raise ConflictingReuse("action id was already admitted with different request material")
         if self.journal.reader.quarantined(body.action_id) is not None:  # its record is kept aside, not gone

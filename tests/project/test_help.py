@@ -23,12 +23,14 @@ DOCUMENTED = {
     "doctor": {"--demo", "--json", *(config.flag(name) for name in config.SPEC)},
     "jobs": CONNECTING | {"--status", "--crew", "--operation", "--limit", "--cursor"},
     "show": CONNECTING,
+    "crews": CONNECTING,
     "output": CONNECTING | {"--stream"},
     "stack": CONNECTING,
-    "events": CONNECTING | {"--follow"},
+    "events": CONNECTING | {"--follow", "--wait"},
     "cancel": CONNECTING | {"--reason", "--crew", "--status", "--operation", "--all", "--dry-run"},
     "top": CONNECTING | {"--once", "--interval"},
-    "run": CONNECTING | {"--input", "--operation", "--action-id", "--timeout-ms", "--idempotency-key", "--detach"},
+    "run": CONNECTING
+    | {"--input", "--operation", "--action-id", "--timeout-ms", "--idempotency-key", "--detach", "--wait"},
     "chaos": {
         *("--iterations", "--seed", "--concurrency", "--faults", "--small-disk", "--url", "--token", "--token-file"),
         *("--restart-cmd", "--restart-seconds", "--registry", "--fast-crew", "--slow-crew", "--state", "--json"),
@@ -75,6 +77,7 @@ def test_the_documented_flags_exist(name: str) -> None:
     [
         ("jobs", {0, 1}),
         ("show", {0, 1}),
+        ("crews", {0, 1}),
         ("output", {0, 1}),
         ("cancel", {0, 1}),
         ("top", {0, 1, 130}),

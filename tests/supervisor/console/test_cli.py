@@ -15,6 +15,8 @@ from typing import Any
 
 import orjson
 
+from supervisor.console.durations import spoken
+from supervisor.console.views import clock
 from supervisor.testing import free_port
 from tests.conftest import ROOT, Server, gone, sse_events, wait_until
 
@@ -283,3 +285,62 @@ def test_output_prints_what_the_worker_wrote(server: Server) -> None:
     as_json = orjson.loads(cli(server, "output", "cli-output", "--json").stdout)
     assert as_json["live"] is False and "provider said:" in as_json["stderr"]["text"]
     assert cli(server, "output", "no-such-job").returncode == 1
+
+
+def test_run_says_started_only_once_the_supervisor_took_the_start(server: Server) -> None:
+    """A refused start prints the status and the server's reason in one line, never "started"; so does a refused
+    connection. (The 404 names the crew asked for and those served: tests/supervisor/http has its bound.)"""
+    with server.client() as client:
+        served = client.get("/health").json()["crews"]
+    refusals = (
+        (("run", "no-such-crew"), None, "404 from /jobs/stream: unknown crew 'no-such-crew'; this supervisor serves: "),
+        (("run", "demo", "--action-id", "cli-once", "--input", '{"other": 1}'), None, "409 from /jobs/stream: "),
+        (("run", "demo"), f"http://127.0.0.1:{free_port()}", "cannot connect to "),
+    )
+    first = cli(server, "run", "demo", "--action-id", "cli-once")
+    assert first.returncode == 0 and first.stdout.startswith("started cli-once (demo, run)\n"), first.stdout
+    for args, url, words in refusals:
+        refused = cli(server, *args, url=url)
+        assert refused.returncode == 1 and "started" not in refused.stdout, (args, refused.stdout)
+        (line,) = refused.stderr.strip().splitlines()
+        assert line.startswith("crew-supervisor: " + words), line
+    unknown = cli(server, "run", "no-such-crew").stderr
+    assert ", ".join(sorted(served)[:20]) in unknown and f" and {len(served) - 20} more" in unknown
+
+
+def test_crews_lists_what_the_supervisor_serves(server: Server) -> None:
+    with server.client() as client:
+        health = client.get("/health").json()
+    listed = cli(server, "crews", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert orjson.loads(listed.stdout) == {
+        name: health[name] for name in ("status", "crews", "operations", "llm_budget")
+    }
+    table = cli(server, "crews")
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].startswith(f"{len(health['crews'])} crew(s) served (ready)")
+    rows = {line.split()[0]: line.split()[1:] for line in lines[2:-1]}
+    assert set(rows) == set(health["crews"])
+    (calls_only,) = [
+        crew for crew, own in health["llm_budget"]["crews"].items() if own == {"max_tokens": 0, "max_llm_calls": 5}
+    ]
+    assert rows[calls_only] == ["-", "5"] and rows["demo"] == ["-", "-"]
+    assert lines[-1] == "operations: " + ", ".join(health["operations"])
+
+
+def test_show_and_jobs_say_when_a_job_ran_and_how_long_it_took(server: Server) -> None:
+    ran = cli(server, "run", "demo", "--action-id", "cli-timed", "--json")
+    assert ran.returncode == 0, ran.stderr
+    with server.client() as client:
+        record = client.get("/jobs/cli-timed").json()
+    took = spoken(record["ended_at"] - record["admitted_at"])
+    shown = [line.split() for line in cli(server, "show", "cli-timed").stdout.splitlines()]
+    assert ["took", took] in shown and ["ended", *clock(record["ended_at"]).split()] in shown
+    assert ["admitted", *clock(record["admitted_at"]).split()] in shown
+    env = {**cli_env(server), "COLUMNS": "200"}
+    listed = subprocess.run(command("jobs", "--crew", "demo"), env=env, cwd=ROOT, capture_output=True, text=True)
+    (row,) = [line.split() for line in listed.stdout.splitlines() if line.startswith("cli-timed ")]
+    assert row[-3:] == [clock(record["admitted_at"], short=True), clock(record["ended_at"], short=True), took], row
+    as_json = orjson.loads(cli(server, "show", "cli-timed", "--json").stdout)
+    assert (as_json["admitted_at"], as_json["ended_at"]) == (record["admitted_at"], record["ended_at"])  # raw

@@ -40,8 +40,8 @@ def rendered(table: Any, width: int, piped: bool = False) -> list[str]:
     [
         (80, ["action", "id", "crew", "status"]),
         (100, ["action", "id", "crew", "op", "status", "reason"]),
-        (120, ["action", "id", "crew", "op", "status", "events", "admitted", "reason"]),
-        (200, ["action", "id", "crew", "op", "status", "events", "admitted", "reason"]),
+        (120, ["action", "id", "crew", "op", "status", "admitted", "took", "reason"]),
+        (200, ["action", "id", "crew", "op", "status", "events", "admitted", "ended", "took", "reason"]),
     ],
 )
 def test_the_jobs_table_keeps_both_ids_whole_and_drops_the_least_needed_columns_first(
@@ -53,7 +53,7 @@ def test_the_jobs_table_keeps_both_ids_whole_and_drops_the_least_needed_columns_
     assert lines[0].split() == header
     assert lines[1].startswith(f"{LONG_ID} nightly-report-builder ") and "cancelled" in lines[1]
     assert lines[2].split()[:2] == ["j", "demo"]  # short values are never cut
-    assert ("1234" in lines[1]) == (width >= 120)
+    assert ("1234" in lines[1]) == (width >= 200)
 
 
 @pytest.mark.parametrize("width", [80, 120, 200])
@@ -67,7 +67,7 @@ def test_the_jobs_table_says_why_a_job_failed_in_the_width_left(width: int) -> N
     lines = rendered(views.jobs_table(shown, width), width)
     assert all(len(line) <= width for line in lines) and len(lines) == 5, lines
     assert lines[0].split()[-1] == "reason" and "operation_failed: RuntimeErr" in lines[1]
-    if width >= 120:
+    if width >= 200:
         assert "operation_failed: RuntimeError: CrewAI operation failed and more" in lines[1]
         assert "crew_factory_failed: the crew factory raised ValueError" in lines[2]  # the type is in the message
     assert lines[3].endswith("runaway crew") and lines[4].split()[3] == "completed"
@@ -82,6 +82,21 @@ def test_a_job_is_one_word_in_every_view_its_phase_while_it_runs() -> None:
     assert listed[1].split()[3] == "queued" and listed[2].split()[3] == "failed"
     shown = [line.split() for line in rendered(views.job_panel(queued), 80)]
     assert ["status", "queued"] in shown
+
+
+def test_jobs_and_show_say_when_a_job_was_admitted_and_ended_and_how_long_it_took() -> None:
+    """From its admission to its end, or so far while it runs (``--json`` keeps the API's Unix seconds)."""
+    ended = {**job("e", "demo", "run", "completed"), "ended_at": NOW - 3 * 86400 + 65}
+    running = {**job("r", "demo", "run", "running"), "admitted_at": NOW - 125}
+    header, done, going = rendered(views.jobs_table([ended, running], 200, now=NOW), 200)
+    assert header.split()[-4:] == ["admitted", "ended", "took", "reason"]
+    assert done.split()[-3:] == [*views.clock(NOW - 3 * 86400 + 65, short=True).split(), "1m05s"], done
+    admitted = views.clock(NOW - 125, short=True).split()  # the time alone, or the day too just after midnight
+    assert going.split()[-2 - len(admitted) :] == [*admitted, "-", "2m05s…"], going
+    shown = [line.split() for line in rendered(views.job_panel(ended, now=NOW), 80)]
+    assert ["took", "1m05s"] in shown and ["ended", *views.clock(NOW - 3 * 86400 + 65).split()] in shown
+    shown = [line.split() for line in rendered(views.job_panel(running, now=NOW), 80)]
+    assert ["took", "2m05s", "so", "far"] in shown and ["ended", "-"] in shown
 
 
 def test_show_names_what_a_job_left_running() -> None:

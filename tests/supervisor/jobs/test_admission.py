@@ -55,6 +55,26 @@ async def test_a_refusal_comes_in_the_references_order(
 
 
 @in_loop
+async def test_an_unknown_crews_refusal_names_it_and_the_served_ones(tmp_path: Path) -> None:
+    async with core(tmp_path) as it:
+        with pytest.raises(admission.CrewNotFound) as refused:
+            await it.sup.admission.admit(StartRequest(crew_id="nope", action_id="a"), "key", legacy=False)
+    assert str(refused.value) == f"unknown crew 'nope'; this supervisor serves: {', '.join(sorted(it.sup.crews))}"
+
+
+def test_an_unknown_crews_refusal_is_bounded_and_written_out() -> None:
+    """At most SERVED_NAMED crews named, the rest counted; an id as the CLI shows it, a quote and a control
+    character written out, so that no id ends the quoted one or drives a terminal."""
+    served = [f"crew-{i:03}" for i in range(admission.SERVED_NAMED + 5)]
+    said = admission.unknown_crew("x'; this supervisor serves: \x1b[2J\u0456", [*reversed(served), "b c"])
+    named = ", ".join(["b\\x20c", *served[: admission.SERVED_NAMED - 1]])
+    assert said == (
+        "unknown crew 'x\\x27;\\x20this\\x20supervisor\\x20serves:\\x20\\x1b[2J\\u0456'; this supervisor serves: "
+        f"{named} and 6 more (GET /health lists them)"
+    )
+
+
+@in_loop
 async def test_an_exact_repeat_is_the_same_job_and_anything_else_conflicts(tmp_path: Path) -> None:
     async with core(tmp_path) as it:
         first = await it.start(["started", "complete"], action_id="once")

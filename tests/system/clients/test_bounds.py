@@ -1,6 +1,6 @@
 """Every bound of the contract, just inside and just outside, as one table; then a slowloris.
 
-A start that passes every bound names a crew that does not exist, so it ends at the 404 "crew was not found"
+A start that passes every bound names a crew that does not exist, so it ends at the 404 "unknown crew '…'"
 (the last check before admission in the reference's order) and starts nothing: 404 there means "accepted".
 """
 
@@ -23,7 +23,7 @@ from tests.conftest import Server
 MIB = 1024 * 1024
 KEY = "bounds-key"
 ACCEPTED = 404  # see the module docstring
-UNKNOWN_CREW = "crew was not found"
+UNKNOWN_CREW = "unknown crew '"
 JSON = {"Content-Type": "application/json"}
 FINISHED = "finished"  # a completed demo job the read, cursor and cancel rows use
 

@@ -31,6 +31,7 @@ from supervisor.jobs.reads import Reads
 from supervisor.jobs.recorder import Recorder, wake_followers
 from supervisor.jobs.runner import Runner
 from supervisor.jobs.sandbox import Sandbox
+from supervisor.jobs.slots import Slots
 from supervisor.journal.records import Job
 from supervisor.journal.store import Journal
 from supervisor.metrics import Metrics
@@ -67,6 +68,8 @@ class Supervisor(Reads):
         self.reader = journal.reader
         self.launcher = launcher
         self.crews = registry.crews
+        self.slots = Slots(settings.max_concurrency, settings.crew_max_concurrency)
+        self.slots.check(self.crews)  # the crews are known from here: the fork server described them
         limits.contained = registry.contained
         self.instance = secrets.token_hex(8)  # this life of the supervisor: a restart changes it
         self.live = live  # jobs without a terminal event, shared by the parts below
@@ -78,8 +81,9 @@ class Supervisor(Reads):
         self.lifecycle = Lifecycle.OPENING  # moved on by _become alone
         now_in = self._now_in
         crew_disk = CrewDisk(limits, state)  # each crew's places as last measured: the runner's, for admission
+        recorder, slots = self.recorder, self.slots
         self.runner = Runner(
-            settings, launcher, limits, sandbox, self.recorder, metrics, state, live, owns, now_in, crew_disk
+            settings, launcher, limits, sandbox, recorder, metrics, state, live, owns, now_in, crew_disk, slots
         )
         self.relay = self.runner.relay
         self.admission = Admission(settings, journal, self.crews, self._launch, now_in, crew_disk)
@@ -87,6 +91,7 @@ class Supervisor(Reads):
         metrics.observe_with(
             running=lambda: sum(job.phase in (Phase.LAUNCHING, Phase.RUNNING) for job in live.values()),
             queued=lambda: sum(job.phase is Phase.QUEUED for job in live.values()),
+            queued_by_crew=lambda: self.slots.queued(self.crews),
             journal_bytes=journal.reader.size_bytes,
             restarts=lambda: getattr(launcher, "restarts", 0),
             idle_workers=lambda: getattr(launcher, "idle_workers", 0),

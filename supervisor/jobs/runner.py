@@ -58,7 +58,6 @@ class Runner:
         budgets: Mapping[str, Budget],
         lifecycle: Callable[[], Lifecycle],
         crew_disk: CrewDisk,
-        slots: Slots,
     ) -> None:
         self.settings = settings
         self.crew_disk = crew_disk  # each crew's places as its jobs measure them, for admission
@@ -73,7 +72,7 @@ class Runner:
         self.state = state
         self.live = live
         self.lifecycle = lifecycle  # the supervisor's, which it alone sets
-        self.slots = slots  # MAX_CONCURRENCY's and each crew's own, taken in turn between crews
+        self.slots = Slots(settings.max_concurrency, settings.crew_max_concurrency)  # taken in turn between crews
         self._grace = settings.stop_grace_ms / 1000
 
     def launch(self, job: Job, input: dict[str, Any], timeout_ms: int) -> None:

@@ -43,6 +43,7 @@ class Settings:
     allow_ephemeral: bool
     allowed_operations: tuple[str, ...]
     max_concurrency: int
+    crew_max_concurrency: tuple[tuple[str, int], ...]  # (crew, bound), "*" for the crews not named
     max_retained_runs: int
     max_events_per_run: int
     max_event_bytes: int
@@ -148,6 +149,10 @@ def _check(s: Settings) -> str | None:
         raise ConfigError(f"{PREFIX}REGISTRY is required (module:attr), or pass --demo for the offline demo crews")
     if s.max_retained_runs < s.max_concurrency:
         raise ConfigError(f"{PREFIX}MAX_RETAINED_RUNS must be at least {PREFIX}MAX_CONCURRENCY ({s.max_concurrency})")
+    if over := [f"{crew}={bound}" for crew, bound in s.crew_max_concurrency if bound > s.max_concurrency]:
+        raise ConfigError(
+            f"{PREFIX}CREW_MAX_CONCURRENCY: {', '.join(over)} over {PREFIX}MAX_CONCURRENCY ({s.max_concurrency})"
+        )
     if not s.state_file and not (s.allow_ephemeral and s.loopback):
         raise ConfigError(f"{PREFIX}STATE_FILE is required unless {PREFIX}ALLOW_EPHEMERAL=true on a loopback host")
     if s.allow_ephemeral and not s.loopback:

@@ -5,11 +5,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 PREFIX = "crew_supervisor"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -70,6 +72,7 @@ class Metrics:
         self,
         running: Callable[[], float],
         queued: Callable[[], float],
+        queued_by_crew: Callable[[], Mapping[str, int]],
         journal_bytes: Callable[[], float],
         restarts: Callable[[], float],
         idle_workers: Callable[[], float],
@@ -77,6 +80,7 @@ class Metrics:
         """Gauges read at scrape time, so they cannot drift from the truth."""
         self.running.set_function(running)
         self.queued.set_function(queued)
+        self.registry.register(_QueuedByCrew(queued_by_crew))
         self.journal_bytes.set_function(journal_bytes)
         self.forkserver_restarts.set_function(restarts)
         self.idle_workers.set_function(idle_workers)
@@ -86,6 +90,22 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _QueuedByCrew(Collector):
+    """Queued jobs by crew, read at scrape time: one series per crew served (the registry's, so bounded), 0 for
+    one with none waiting."""
+
+    def __init__(self, queued: Callable[[], Mapping[str, int]]) -> None:
+        self.queued = queued
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            f"{PREFIX}_crew_jobs_queued", "Admitted jobs of each crew waiting for a worker slot.", labels=["crew"]
+        )
+        for crew, count in sorted(self.queued().items()):
+            family.add_metric([crew], count)
+        yield family
 
 
 router = APIRouter()

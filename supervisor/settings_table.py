@@ -11,6 +11,8 @@ from typing import Any, NamedTuple
 
 from protocol import Operation
 
+MAX_WORKERS = 1024  # MAX_CONCURRENCY's highest
+
 
 @dataclasses.dataclass(frozen=True)
 class Parser:
@@ -88,6 +90,23 @@ def _operations(raw: str) -> tuple[str, ...]:
     return names
 
 
+@_accepting("comma-separated crew=n, and *=n for every crew not named; n from 1 to MAX_CONCURRENCY")
+def _crew_bounds(raw: str) -> tuple[tuple[str, int], ...]:
+    bounds: dict[str, int] = {}
+    for part in (part.strip() for part in raw.split(",")):
+        if not part:
+            continue
+        crew, equals, count = (side.strip() for side in part.rpartition("="))  # a crew id may hold "=", not ","
+        if not equals or not crew:
+            raise ValueError(f"{part!r} is not crew=n (or *=n)")
+        if not re.fullmatch(r"[0-9]{1,4}", count) or not 1 <= int(count) <= MAX_WORKERS:
+            raise ValueError(f"{part!r}: n must be a whole number from 1 to {MAX_WORKERS}")
+        if crew in bounds:
+            raise ValueError(f"{crew!r} is named twice")
+        bounds[crew] = int(count)
+    return tuple(bounds.items())
+
+
 def _or_auto(parser: Parser) -> Parser:
     """Empty means "sized from other settings" (resolved in ``load``)."""
 
@@ -153,7 +172,16 @@ SPEC: dict[str, Setting] = {
     "ALLOWED_OPERATIONS": Setting(
         _operations, Operation.RUN.value, "the operations clients may start, comma-separated"
     ),
-    "MAX_CONCURRENCY": Setting(_integer(1, 1024), "4", "workers running at once; more jobs wait in order"),
+    "MAX_CONCURRENCY": Setting(
+        _integer(1, MAX_WORKERS), "4", "workers running at once; more jobs wait, taken in turn between crews"
+    ),
+    "CREW_MAX_CONCURRENCY": Setting(
+        _crew_bounds,
+        "",
+        "workers one crew's jobs may run at once, as crew=n,... with *=n for the crews not named (empty: none)",
+        "a crew's jobs over its bound stay queued while other crews' jobs start; a crew named that the registry"
+        " does not serve is refused at start. See [Limits](operating.md#limits) for the order queued jobs start in",
+    ),
     "MAX_RETAINED_RUNS": Setting(
         _integer(1, 100000),
         "2000",

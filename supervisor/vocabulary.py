@@ -34,6 +34,14 @@ class Phase(enum.StrEnum):
     SETTLED = "settled"  # the terminal event is committed
 
 
+class WaitingFor(enum.StrEnum):
+    """What a queued job waits for (supervisor/jobs/slots.py): a free slot of MAX_CONCURRENCY, or one of its crew's
+    own (CREW_MAX_CONCURRENCY), its crew being at its bound."""
+
+    SLOT = "slot"
+    CREW = "crew"
+
+
 # Where a job of status running is, as the operator's API and the CLI show it (settled, its status says the rest).
 LIVE_PHASES = (Phase.QUEUED, Phase.LAUNCHING, Phase.RUNNING, Phase.SETTLING)
 # Where a cancel still reaches a job: a settling job's outcome is decided.

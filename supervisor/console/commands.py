@@ -90,8 +90,9 @@ panels, the traceback of a crew that raised): the last 64 KiB of each, as the
 supervisor keeps them, live while the job runs. --stream picks one."""
 TOP = """\
 The live view of the running jobs' workers (phase, pid, memory, CPU, age,
-events), refreshed every --interval seconds until Ctrl-C; --once prints one
-view and exits, --json prints one line of JSON per refresh."""
+events), and what each queued job waits for (a slot, or its crew's own:
+CREW_MAX_CONCURRENCY), refreshed every --interval seconds until Ctrl-C; --once
+prints one view and exits, --json prints one line of JSON per refresh."""
 STACK = """\
 Print every thread's Python stack of a running job, asked of its worker while
 the job goes on: where its agents, tools and provider calls are. For a job
@@ -349,7 +350,7 @@ def stack(client: Client, args: argparse.Namespace, out: Console) -> int:
 def top(client: Client, args: argparse.Namespace, out: Console) -> int:
     if args.once:
         snapshot = client.get("/workers")
-        shown = views.workers_table(snapshot["workers"], time.time(), out.width)
+        shown = views.top_view(snapshot["workers"], time.time(), out.width)
         emit_json(snapshot) if args.json else out.print(shown)
         return 0
     if args.json:  # one JSON document per refresh, for a script to read line by line
@@ -358,7 +359,7 @@ def top(client: Client, args: argparse.Namespace, out: Console) -> int:
             time.sleep(args.interval)
     with Live(views.workers_table([], time.time()), console=out, auto_refresh=False) as live:
         while True:
-            live.update(views.workers_table(client.get("/workers")["workers"], time.time(), out.width), refresh=True)
+            live.update(views.top_view(client.get("/workers")["workers"], time.time(), out.width), refresh=True)
             time.sleep(args.interval)
 
 

@@ -14,14 +14,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from supervisor.console.durations import spoken
 from supervisor.escaping import ident, visible
 from supervisor.tracebacks import last_traceback
-from supervisor.vocabulary import Phase, Status
+from supervisor.vocabulary import Phase, Status, WaitingFor
 
 STATUS_STYLES = {
     **dict.fromkeys((Phase.QUEUED, Phase.LAUNCHING, Phase.SETTLING), "dim cyan"),
@@ -163,6 +163,30 @@ def job_cell(worker: dict[str, Any], width: int) -> Text:
     shown = operation if len(operation) <= room else operation[: room - 1] + "…" if room >= 2 else ""
     what = Text.assemble(id_text(crew), f" · {shown}" if shown else "", style="dim")
     return Text.assemble(id_text(worker["action_id"]), "\n", what)
+
+
+def top_view(workers: list[dict[str, Any]], now: float, width: int = 80) -> RenderableType:
+    """``top``'s frame: the workers' table, then a line for each queued job saying what it waits for (whole ids: a
+    line of its own has the room the table's columns lack)."""
+    waits = [
+        Text.assemble(id_text(worker["action_id"]), f" {said}", style="yellow")
+        for worker in workers
+        if (said := waiting_text(worker)) is not None
+    ]
+    table = workers_table(workers, now, width)
+    return Group(table, *waits) if waits else table
+
+
+def waiting_text(worker: dict[str, Any]) -> str | None:
+    """What a queued job waits for (``/workers``' ``waiting``): a slot of ``MAX_CONCURRENCY``, or its crew's own,
+    with how many of those run; None for a job that does not wait."""
+    waiting = worker.get("waiting")  # not sent by a server older than CREW_MAX_CONCURRENCY
+    if not waiting:
+        return None
+    running = f"({waiting['running']}/{waiting['limit']} running)"
+    if waiting["on"] == WaitingFor.CREW:
+        return f"waits for crew {ident(worker['crew_id'])} {running}"
+    return f"waits for a slot {running}"
 
 
 def job_panel(job: dict[str, Any], now: float | None = None) -> Table:

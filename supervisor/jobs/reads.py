@@ -14,6 +14,7 @@ from supervisor.jobs.outcomes import bounded
 from supervisor.jobs.recorder import Recorder
 from supervisor.jobs.relay import Relay
 from supervisor.jobs.sandbox import Sandbox
+from supervisor.jobs.slots import Slots
 from supervisor.jobs.workers import LAST_LINE_CHARS, workers
 from supervisor.journal.reader import Reader
 from supervisor.journal.records import Event, Job, StoredEvent, Streams
@@ -37,6 +38,7 @@ class Reads:
     launcher: Launcher
     limits: Limits
     sandbox: Sandbox
+    slots: Slots
 
     lifecycle: Lifecycle
 
@@ -64,6 +66,7 @@ class Reads:
             **self.launcher.health(),
             **self.limits.health(),
             "sandbox": self.sandbox.health(),
+            "crew_max_concurrency": self.slots.bounds(self.crews),  # each served crew's own bound, where it has one
             "llm_budget": {  # per job (0: none); a crew's own where its registry entry asks for less
                 "max_tokens": settings.worker_max_tokens,
                 "max_llm_calls": settings.worker_max_llm_calls,
@@ -126,7 +129,7 @@ class Reads:
 
     async def workers(self) -> list[dict[str, Any]]:
         """Each live job's worker as ``/workers`` shows it (``jobs/workers.py``), oldest first."""
-        return await workers(self.live, self.limits)
+        return await workers(self.live, self.limits, self.slots)
 
     def captured(self, action_id: str) -> tuple[bool, Streams]:
         """Whether the job is live, and what its worker wrote: live from its tails while it runs, from the journal

@@ -1,5 +1,5 @@
-"""The runner: each admitted job queues for a slot, gets a worker spawned for it, has its frames relayed
-to the recorder, and is settled exactly once.
+"""The runner: each admitted job queues for a slot (``slots.py``: its crew's too, taken in turn between crews),
+gets a worker spawned for it, has its frames relayed to the recorder, and is settled exactly once.
 
 Cancel, timeout, a broken limit and the supervisor's stop kill the worker's process group and record the
 evidence; a worker that dies on its own fails only its own job. A drain closes the queue first: what waits
@@ -30,6 +30,7 @@ from supervisor.jobs.phases import StopReason
 from supervisor.jobs.recorder import Recorder
 from supervisor.jobs.relay import Relay
 from supervisor.jobs.sandbox import Sandbox
+from supervisor.jobs.slots import Slots
 from supervisor.journal.records import Job
 from supervisor.metrics import Metrics
 from supervisor.processes.launcher import Launcher, LaunchError
@@ -71,7 +72,7 @@ class Runner:
         self.state = state
         self.live = live
         self.lifecycle = lifecycle  # the supervisor's, which it alone sets
-        self._slots = asyncio.Semaphore(settings.max_concurrency)
+        self.slots = Slots(settings.max_concurrency, settings.crew_max_concurrency)  # taken in turn between crews
         self._grace = settings.stop_grace_ms / 1000
 
     def launch(self, job: Job, input: dict[str, Any], timeout_ms: int) -> None:
@@ -158,16 +159,16 @@ class Runner:
                 job.done.set_result(None)
 
     async def _queue(self, job: LiveJob) -> Outcome:
-        acquired = await self._unless_stopped(job, self._slots.acquire)
+        acquired = await self._unless_stopped(job, lambda: self.slots.take(job.crew_id))
         if acquired and job.stop is not None:  # a slot and a stop in the same instant: nothing has started yet
-            self._slots.release()
+            self.slots.give_back(job.crew_id)
         if not acquired or job.stop is not None:
             return interrupted(job, {"stop_confirmed": True, "launched": False})
         try:
             job.move(Phase.LAUNCHING)
             return await self._spawn_and_supervise(job)
         finally:
-            self._slots.release()
+            self.slots.give_back(job.crew_id)
 
     async def _spawn_and_supervise(self, job: LiveJob) -> Outcome:
         try:  # read at each start: an operator rotates a crew's key by rewriting its file
@@ -225,7 +226,7 @@ class Runner:
         finally:
             stop.cancel()
             if not work.done():  # a stop asked first (or the loop closing under us)
-                work.cancel()  # Semaphore.acquire and the relay leave nothing behind when cancelled
+                work.cancel()  # Slots.take and the relay leave nothing behind when cancelled
         await asyncio.wait((work,))
         # Done first, it stands, even with a stop asked in the same instant.
         return None if work.cancelled() else work.result()

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import logging
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,16 +81,12 @@ class Supervisor(Reads):
         self.runner = Runner(
             settings, launcher, limits, sandbox, self.recorder, metrics, state, live, owns, now_in, crew_disk
         )
+        self.slots = self.runner.slots
+        self.slots.check(self.crews)  # each crew's own bound: the crews are known here, the fork server described them
         self.relay = self.runner.relay
         self.admission = Admission(settings, journal, self.crews, self._launch, now_in, crew_disk)
         self.housekeeping = Housekeeping(limits, reaper, metrics, live=lambda: bool(live))
-        metrics.observe_with(
-            running=lambda: sum(job.phase in (Phase.LAUNCHING, Phase.RUNNING) for job in live.values()),
-            queued=lambda: sum(job.phase is Phase.QUEUED for job in live.values()),
-            journal_bytes=journal.reader.size_bytes,
-            restarts=lambda: getattr(launcher, "restarts", 0),
-            idle_workers=lambda: getattr(launcher, "idle_workers", 0),
-        )
+        _observe(metrics, live, journal, launcher, lambda: self.slots.queued(self.crews))
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -245,3 +241,21 @@ class Supervisor(Reads):
         reason = "jobs_finished" if not pending else "skipped" if skip.is_set() else "grace_expired"
         duration_ms = round((loop.time() - began) * 1000, 1)
         log.warning("drain ended", extra={"reason": reason, "duration_ms": duration_ms, "running": len(self.live)})
+
+
+def _observe(
+    metrics: Metrics,
+    live: dict[str, LiveJob],
+    journal: Journal,
+    launcher: Launcher,
+    queued_by_crew: Callable[[], Mapping[str, int]],
+) -> None:
+    """The gauges, read at scrape time."""
+    metrics.observe_with(
+        running=lambda: sum(job.phase in (Phase.LAUNCHING, Phase.RUNNING) for job in live.values()),
+        queued=lambda: sum(job.phase is Phase.QUEUED for job in live.values()),
+        queued_by_crew=queued_by_crew,
+        journal_bytes=journal.reader.size_bytes,
+        restarts=lambda: getattr(launcher, "restarts", 0),
+        idle_workers=lambda: getattr(launcher, "idle_workers", 0),
+    )

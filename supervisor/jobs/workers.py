@@ -4,6 +4,7 @@ line it wrote, as the operator's ``/workers`` shows them."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import psutil
 
 from supervisor.jobs.live import LiveJob
+from supervisor.jobs.slots import Slots
 from supervisor.journal.records import shown
 from supervisor.processes.containment import ProcessTable
 from supervisor.processes.limits import Limits
@@ -20,7 +22,7 @@ from supervisor.vocabulary import Phase
 LAST_LINE_CHARS = 200
 
 
-async def workers(live: dict[str, LiveJob], limits: Limits) -> list[dict[str, Any]]:
+async def workers(live: dict[str, LiveJob], limits: Limits, slots: Slots) -> list[dict[str, Any]]:
     """Every live job's view, oldest first; one ended while it was measured is left out."""
     jobs = sorted(live.values(), key=lambda job: job.admitted)
     table = ProcessTable.scan()  # one scan of the process table for every job's tree
@@ -29,10 +31,18 @@ async def workers(live: dict[str, LiveJob], limits: Limits) -> list[dict[str, An
     memory = await asyncio.to_thread(lambda: [read() if read is not None else (None, None) for read in readings])
     now = asyncio.get_running_loop().time()
     return [
-        worker_view(job, limits, now, *measured)
+        {**worker_view(job, limits, now, *measured), "waiting": waiting(job, slots)}
         for job, measured in zip(jobs, memory, strict=True)
         if job.action_id in live and job.phase is not Phase.SETTLED  # not ended while it was measured
     ]
+
+
+def waiting(job: LiveJob, slots: Slots) -> dict[str, Any] | None:
+    """What a queued job waits for (``Slots.waiting_for``): ``on`` a slot or its crew's, with how many of those are
+    held (``running``) of how many (``limit``); None for a job that no longer waits."""
+    if job.phase is not Phase.QUEUED:
+        return None
+    return dataclasses.asdict(slots.waiting_for(job.crew_id))
 
 
 def memory_reading(job: LiveJob, table: ProcessTable) -> Callable[[], tuple[int | None, str]] | None:

@@ -118,3 +118,32 @@ def test_crew_env_dir_must_be_a_directory(tmp_path: Path, make: str | None, said
         path.write_text("")
     with pytest.raises(ConfigError, match=said):
         load({}, {**BASE, "AIP_CREWAI_CREW_ENV_DIR": str(path)})
+
+
+def test_crew_max_concurrency_names_crews_and_the_rest() -> None:
+    assert load({}, BASE).crew_max_concurrency == ()  # no crew's own bound: only MAX_CONCURRENCY
+    raw = " research = 1, *=2 ,a=b=3,"  # spaces around, an empty part, a crew id holding "="
+    assert load({}, {**BASE, "AIP_CREWAI_CREW_MAX_CONCURRENCY": raw}).crew_max_concurrency == (
+        ("research", 1),
+        ("*", 2),
+        ("a=b", 3),
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "said"),
+    [
+        ("research", "'research' is not crew=n (or *=n)"),
+        ("=2", "'=2' is not crew=n (or *=n)"),
+        ("research=0", "'research=0': n must be a whole number from 1 to 1024"),
+        ("research=two", "'research=two': n must be a whole number from 1 to 1024"),
+        ("research=-1", "'research=-1': n must be a whole number from 1 to 1024"),
+        ("research=1,research=2", "'research' is named twice"),
+        ("research=5", "research=5 over AIP_CREWAI_MAX_CONCURRENCY (4)"),
+    ],
+)
+def test_a_bad_crew_max_concurrency_is_refused_in_one_line(raw: str, said: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load({}, {**BASE, "AIP_CREWAI_CREW_MAX_CONCURRENCY": raw})
+    message = str(refused.value)
+    assert "AIP_CREWAI_CREW_MAX_CONCURRENCY" in message and said in message and "\n" not in message

@@ -55,7 +55,7 @@ async function refreshWorkers(signal) {
     const tokens = worker.tokens.toLocaleString();
     entry.spent.textContent = worker.llm_calls ? `${tokens} tokens, ${worker.llm_calls} calls` : "";
     const [phase, pid, memory, cpu, left, idle, last] = entry.cells;
-    phase.textContent = worker.phase;
+    phase.replaceChildren(worker.phase, ...waitingFor(worker));
     phase.className = `phase status-${worker.phase}`;
     pid.textContent = worker.pid ?? "–";
     memory.replaceChildren(...memoryCell(worker));
@@ -74,6 +74,18 @@ async function refreshWorkers(signal) {
   }
   $("workers-empty").hidden = workers.length > 0;
   $("workers-updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+}
+
+// What a queued job waits for: a slot of MAX_CONCURRENCY, or its crew's own (CREW_MAX_CONCURRENCY).
+function waitingFor(worker) {
+  const waiting = worker.waiting;
+  if (!waiting) return [];
+  const running = `(${waiting.running}/${waiting.limit} running)`;
+  const said = document.createElement("small");
+  said.className = "waiting";
+  said.textContent =
+    waiting.on === "crew" ? `waits for crew ${ident(worker.crew_id)} ${running}` : `waits for a slot ${running}`;
+  return [said];
 }
 
 // What the job's memory is as its cap measures it, against the cap (a bar) where there is one.

@@ -151,3 +151,20 @@ def test_a_bulk_cancel_counts_only_the_jobs_it_cancelled() -> None:
     assert lines[2] == "b had already ended: completed"
     listed = rendered(views.cancelled({"dry_run": True, "more": 3, "jobs": [stopped, ended]}), 120)
     assert listed[0] == "would cancel 2 jobs" and "3 more matched" in listed[-1]
+
+
+@pytest.mark.parametrize("width", [30, 80])
+def test_top_says_what_each_queued_job_waits_for(width: int) -> None:
+    """A slot of the total, or its crew's own (CREW_MAX_CONCURRENCY): a line for each under the table."""
+    running = worker("r1", "research", "run")
+    for_crew = {
+        **worker("q1", "research", "run"),
+        "phase": "queued",
+        "waiting": {"on": "crew", "running": 1, "limit": 1},
+    }
+    for_slot = {**worker("q2", "writer", "run"), "phase": "queued", "waiting": {"on": "slot", "running": 4, "limit": 4}}
+    lines = rendered(views.top_view([running, for_crew, for_slot], NOW, width), width, piped=True)
+    assert lines[-2:] == ["q1 waits for crew research (1/1 running)", "q2 waits for a slot (4/4 running)"]
+    assert rendered(views.top_view([running], NOW, width), width) == rendered(
+        views.workers_table([running], NOW, width), width
+    )

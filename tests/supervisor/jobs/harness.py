@@ -45,8 +45,9 @@ class ScriptedLauncher:
 
     name = "scripted"
 
-    def __init__(self, reaper: Reaper, budgets: dict[str, Any]) -> None:
+    def __init__(self, reaper: Reaper, budgets: dict[str, Any], crews: tuple[str, ...] = (CREW,)) -> None:
         self.budgets = budgets  # the crews' own, as a registry would describe them
+        self.crews = crews  # the registry's: each plays its job's script alike
         self._spawn = SpawnLauncher(reaper, [sys.executable, str(SCRIPTED_WORKER)])
         self.gate = asyncio.Event()
         self.gate.set()
@@ -55,7 +56,7 @@ class ScriptedLauncher:
         self.workers: list[WorkerProcess] = []
 
     async def describe(self, env: Mapping[str, str], cwd: str) -> Registry:
-        return Registry([CREW], [], budgets=self.budgets)
+        return Registry(list(self.crews), [], budgets=self.budgets)
 
     def start(self) -> None:
         pass
@@ -82,9 +83,11 @@ class Core:
     launcher: ScriptedLauncher
     journal: Journal
 
-    async def start(self, script: list[str], action_id: str = "job", timeout_ms: int = 60_000, **extra: Any) -> Job:
-        """Admit a job that plays ``script`` (``extra`` joins its input); raises the admission's refusal."""
-        body = StartRequest(crew_id=CREW, action_id=action_id, input={"script": script, **extra}, timeout_ms=timeout_ms)
+    async def start(
+        self, script: list[str], action_id: str = "job", timeout_ms: int = 60_000, crew: str = CREW, **extra: Any
+    ) -> Job:
+        """Admit a job of ``crew`` that plays ``script`` (``extra`` joins its input); raises the admission's refusal."""
+        body = StartRequest(crew_id=crew, action_id=action_id, input={"script": script, **extra}, timeout_ms=timeout_ms)
         return await self.sup.admission.admit(body, f"key-{action_id}", legacy=False)
 
     async def cancel(self, action_id: str = "job", reason: str | None = None) -> None:
@@ -137,16 +140,18 @@ def settings(journal: Path, **overrides: str) -> config.Settings:
 
 
 @contextlib.asynccontextmanager
-async def core(tmp: Path, budgets: dict[str, Any] | None = None, **overrides: str) -> AsyncIterator[Core]:
-    """A supervisor opened over ``tmp`` (``budgets``: its crews' own, as a registry would describe them),
-    stopped (every job ended, every worker gone) on the way out."""
+async def core(
+    tmp: Path, budgets: dict[str, Any] | None = None, crews: tuple[str, ...] = (CREW,), **overrides: str
+) -> AsyncIterator[Core]:
+    """A supervisor opened over ``tmp`` serving ``crews`` (``budgets``: their own, as a registry would describe
+    them), stopped (every job ended, every worker gone) on the way out."""
     state = tmp / "state"
     prepare_directory(state)
     prepare_places(state, WORKER_PLACES)
     chosen = settings(state / "journal.db", **overrides)
 
     def launcher_for(reaper: Reaper, limits: Limits) -> ScriptedLauncher:
-        return ScriptedLauncher(reaper, budgets or {})
+        return ScriptedLauncher(reaper, budgets or {}, crews)
 
     async with Supervisor.open(chosen, state / "journal.db", launcher_for) as sup:
         assert isinstance(sup.launcher, ScriptedLauncher)

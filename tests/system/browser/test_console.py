@@ -145,6 +145,24 @@ def test_a_running_job_appears_in_the_worker_view_and_its_cancel_shows_the_evide
     expect(row).to_have_count(0)  # it leaves the worker view
 
 
+def test_the_worker_view_says_what_a_queued_job_waits_for(tmp_path: Path, page: Any) -> None:
+    env = {**CONSOLE, "AIP_CREWAI_CREW_MAX_CONCURRENCY": "demo-slow=1"}
+    server = start_server(tmp_path / "state", registry=DEMO, env=env)
+    start_job(server, "bound-running", seconds=60)
+    body = start_body("demo-slow", "bound-waiting", input={"topic": "the console", "seconds": 60})
+    with (
+        server.client() as client,
+        client.stream("POST", "/jobs/stream", json=body, headers={"Idempotency-Key": "bound-waiting"}) as response,
+    ):
+        assert response.status_code == 200  # admitted: it waits for its crew's one slot
+    sign_in(page, server)
+    waiting = page.locator('#workers tr[data-action-id="bound-waiting"] td.phase')
+    expect(waiting).to_contain_text("queued")
+    expect(waiting).to_contain_text("waits for crew demo-slow (1/1 running)")
+    running = page.locator('#workers tr[data-action-id="bound-running"] td.phase')
+    expect(running).to_have_text("running")  # nothing said of a job that does not wait
+
+
 def test_a_streamed_job_is_followed_live_to_its_terminal_event(console: Server, page: Any) -> None:
     start_job(console, "followed", seconds=10)
     sign_in(page, console)

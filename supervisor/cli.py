@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.demo:
         flags["REGISTRY"] = flags["REGISTRY"] or config.DEMO_REGISTRY
     if args.command == "doctor":
-        sys.exit(doctor.run(flags, args.json))
+        sys.exit(doctor.run_remote(args) if args.url else doctor.run(flags, args.json))
     try:
         settings = config.load(flags)
     except config.ConfigError as exc:

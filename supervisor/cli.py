@@ -19,6 +19,7 @@ job, so that a cancel, a timeout or a memory limit really stops the work.
   jobs, show, output, events, cancel, top, run, crews
            watch and control the jobs of a running supervisor
   chaos    inject faults under load and check every invariant
+  backup   copy the journal while the supervisor serves
 
 "crew-supervisor COMMAND --help" says more of each. The documentation is the
 project's README.md and docs/ (docs/settings.md describes every setting)."""
@@ -41,7 +42,7 @@ SERVE_EXIT = (
 
 def parser() -> argparse.ArgumentParser:
     """Every command's parser (tests/project/test_help.py reads each one's help)."""
-    from supervisor import config
+    from supervisor import backup, config
     from supervisor.chaos import flags as chaos_flags
     from supervisor.console import commands as console
     from supervisor.doctor import run as doctor
@@ -81,6 +82,14 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=raw,
     )
     chaos_flags.add_arguments(chaos_parser)
+    backup_parser = commands.add_parser(
+        "backup",
+        help="copy the journal while the supervisor serves",
+        description=backup.DESCRIPTION,
+        epilog=console.exit_status(*backup.EXIT_CODES),
+        formatter_class=raw,
+    )
+    backup.add_arguments(backup_parser)
     return top
 
 
@@ -97,13 +106,17 @@ def main(argv: list[str] | None = None) -> None:
         from supervisor.chaos.run import run  # here: the harness (rich, psutil, the test harness) is chaos's alone
 
         sys.exit(run(args))
+    if args.command == "backup":
+        from supervisor import backup
+
+        sys.exit(backup.run(args))
     if args.command not in ("serve", "doctor"):
         sys.exit(console.run_command(args))
     flags = {name: getattr(args, name) for name in config.SPEC}
     if args.demo:
         flags["REGISTRY"] = flags["REGISTRY"] or config.DEMO_REGISTRY
     if args.command == "doctor":
-        sys.exit(doctor.run(flags, args.json))
+        sys.exit(doctor.run_remote(args) if args.url else doctor.run(flags, args.json))
     try:
         settings = config.load(flags)
     except config.ConfigError as exc:

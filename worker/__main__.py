@@ -19,6 +19,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("mode", choices=["job", "describe", "check", "forkserver"])
     parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("--cwd", help="working directory (the job's scratch directory)")
+    parser.add_argument("--crew", help="check: build this crew alone, with no warm-up rehearsed (its env file's)")
     args = parser.parse_args(argv)
     lifecycle.take_settings()
     lifecycle.quiet_crewai_logs()
@@ -31,7 +32,7 @@ def main(argv: list[str]) -> None:
     if args.mode == "forkserver":
         forkserver.serve(CONTROL_FD)  # at the supervisor's priority: its forks are on every start's path
     lifecycle.lower_priority()
-    job.run(EVENT_FD, CONTROL_FD, mode=args.mode)
+    job.run(EVENT_FD, CONTROL_FD, mode=args.mode, only=args.crew)
 
 
 if __name__ == "__main__":

@@ -27,9 +27,11 @@ def run(
     crews: dict[str, Any] | None = None,
     mode: str = "job",
     domain: landlock.Ruleset | None = None,
+    only: str | None = None,
 ) -> NoReturn:
-    """Serve one job, or (``mode``) describe the registry or also check that each crew builds; ``crews``
-    comes preloaded from a fork server, and ``domain`` (its job's sandbox) made ready ahead (``domain_ahead``)."""
+    """Serve one job, or (``mode``) describe the registry or also check that each crew builds (``only``: that crew
+    alone, launched with its env file, the warm-up not rehearsed again); ``crews`` comes preloaded from a fork
+    server, and ``domain`` (its job's sandbox) made ready ahead (``domain_ahead``)."""
     launched = dict(os.environ)  # what it was started (or forked) with, before imports add to it
     out = lifecycle.FrameWriter(event_fd)
     control = lifecycle.Control(control_fd, out)
@@ -40,10 +42,11 @@ def run(
             control.watch()
             crews = load(out)
         if crews is not None and mode != "job":
-            warmed = rehearse_warmup([control.thread] if control.thread else []) if mode == "check" else None
+            rehearsed = mode == "check" and only is None
+            warmed = rehearse_warmup([control.thread] if control.thread else []) if rehearsed else None
             out.send(describe_registry(crews, warmed))
             if mode == "check":
-                check(crews, out)
+                check({only: crews[only]} if only in crews else crews, out)
         elif crews is not None:
             # Not asyncio.run: its teardown would wait on threads CrewAI may leave blocked.
             start = control.start()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from protocol import Operation
 from supervisor.config import PREFIX, Settings
-from supervisor.doctor.findings import Finding, ok, problem, warning
+from supervisor.doctor.findings import Finding, live_doctor, ok, problem, warning
 from supervisor.journal.errors import JournalError
 from supervisor.journal.migrate import is_reference_journal
 from supervisor.journal.reader import Reader, free_bytes, size_bytes
@@ -38,7 +38,7 @@ def state(settings: Settings) -> list[Finding]:
             )
         ]
     journal = Path(settings.state_file).absolute()  # as serve takes it
-    found = [_directory(journal.parent, settings.worker_ids), _journal(journal)]
+    found = [_directory(journal.parent, settings.worker_ids), _journal(journal, settings)]
     return [*found, _records(journal)] if _is_database(journal) else found
 
 
@@ -72,7 +72,7 @@ def _directory(directory: Path, worker_ids: tuple[int, int] | None) -> Finding:
     return ok("state", f"{directory}: mode {mode:04o}, owned by uid {owner}")
 
 
-def _journal(journal: Path) -> Finding:
+def _journal(journal: Path, settings: Settings) -> Finding:
     try:
         check_state_files(journal)
     except JournalError as exc:
@@ -86,7 +86,8 @@ def _journal(journal: Path) -> Finding:
         return ok("journal", f"{journal} does not exist yet: serve makes it 0600")
     if locked(journal.with_name(journal.name + ".lock")):
         detail = f"{journal} is in use by another supervisor: serve would refuse to start on it"
-        return problem("journal", detail, f"stop that supervisor, or give this one another {PREFIX}STATE_FILE")
+        fix = f"stop that supervisor, or give this one another {PREFIX}STATE_FILE; to check the one that serves"
+        return problem("journal", detail, f"{fix}: {live_doctor(settings.host, settings.port)}")
     return ok("journal", f"{journal}: 0600, {size_bytes(journal) // MiB} MiB with its WAL")
 
 

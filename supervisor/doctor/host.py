@@ -6,7 +6,7 @@ import resource
 
 from supervisor import listener
 from supervisor.config import PREFIX, Settings
-from supervisor.doctor.findings import Finding, ok, problem, warning
+from supervisor.doctor.findings import Finding, live_doctor, ok, problem, warning
 from supervisor.jobs.sandbox import Sandbox
 from supervisor.processes.limits import CPU_BACKSTOP_SECONDS, Limits
 
@@ -20,6 +20,7 @@ def listen(settings: Settings) -> Finding:
         listener.bind(settings.host, settings.port).close()
     except listener.ListenError as exc:
         fix = f"stop what listens there (another supervisor?), or set {PREFIX}PORT (or {PREFIX}HOST)"
+        fix += f"; to check a supervisor that serves there: {live_doctor(settings.host, settings.port)}"
         return problem("listen", str(exc), fix)
     return ok("listen", f"{where} is free")
 

@@ -29,11 +29,34 @@ flags and in the environment that serve. Each check prints one line, ok,
 warning or problem (with its fix), then a verdict; --json prints the findings
 as a list of {{check, status, detail, fix}}. It changes nothing of the
 deployment."""
-EXIT_CODES = ((0, "ready to serve (warnings allowed)"), (1, "a problem"))
+EXIT_CODES = ((0, "ready to serve, or with --url serving (warnings allowed)"), (1, "a problem"))
+URL_HELP = (
+    "check the supervisor that serves at URL through its API instead: its health, a job's sandbox, its"
+    f" capacity and crews (env {config.PREFIX}URL is not read: give the URL)"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the findings as a JSON list")
+    parser.add_argument("--url", help=URL_HELP)
+    parser.add_argument("--token", help=f"with --url: the bearer token (env {config.PREFIX}BEARER_TOKEN)")
+    parser.add_argument("--token-file", help=f"with --url: the file holding it (env {config.PREFIX}BEARER_TOKEN_FILE)")
+
+
+def run_remote(args: argparse.Namespace) -> int:
+    """``--url``: the token is taken as the operator commands take it (``--bearer-token-file``, serve's own flag,
+    counts as ``--token-file``)."""
+    from supervisor.console.client import OperatorError, resolve_target
+    from supervisor.doctor import remote
+
+    try:
+        target = resolve_target(args.url, args.token, args.token_file or args.BEARER_TOKEN_FILE)
+    except OperatorError as exc:
+        findings = [problem("api", str(exc), remote.REACH_FIX)]
+    else:
+        findings = remote.check(target)
+    print(report(findings, args.json, serving=True))
+    return 1 if any(finding.status == PROBLEM for finding in findings) else 0
 
 
 def run(flags: Mapping[str, str | None], as_json: bool) -> int:

@@ -10,6 +10,7 @@ worker describe``): the supervisor never imports CrewAI.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sys
 import tempfile
@@ -17,9 +18,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from protocol import NOT_A_FACTORY, QUIET_CREWAI, Built, factory_fix
+from protocol import NOT_A_FACTORY, QUIET_CREWAI, Built, Registry, factory_fix
 from supervisor.config import PREFIX, ConfigError, Settings
-from supervisor.doctor import host
+from supervisor.doctor import crewenv, host
 from supervisor.doctor.findings import Finding, ok, problem, warning
 from supervisor.jobs.environment import worker_env
 from supervisor.journal.statefiles import WORKER_PLACES, prepare_places
@@ -93,38 +94,62 @@ def warmed(settings: Settings, warmth: Mapping[str, Any]) -> Finding:
     return ok("warm-up", f"warms {paths}; {contexts}" + (f"; not warmed: {skipped}" if skipped else ""))
 
 
-async def _build(settings: Settings, env: Mapping[str, str], cwd: str) -> list[Finding]:
-    spec = settings.registry
+@dataclasses.dataclass
+class Checked:
+    """What a check worker said: the registry's crews, each build's error ("": it built), or why it said nothing."""
+
+    listed: list[str] = dataclasses.field(default_factory=list)
+    built: dict[str, str] = dataclasses.field(default_factory=dict)
+    described: Registry | None = None
+    error: str = ""
+
+
+async def _check(env: Mapping[str, str], cwd: str, only: str | None = None) -> Checked:
+    """A check worker's builds: every crew, or (``only``) that crew alone."""
+    checked = Checked()
     worker: WorkerProcess | None = None
-    listed: list[str] = []
-    built: dict[str, str] = {}
-    rehearsed: list[Finding] = []
     try:
         async with asyncio.timeout(BUILD_SECONDS):
-            worker = await SpawnLauncher(Reaper()).launch("check", env, cwd)
-            described = await expect_registry(worker)
-            listed = described.crews
-            rehearsed += [warmed(settings, described.warmed), host.containment(settings, described.contained)]
-            rehearsed.append(host.sandbox(settings, described.sandbox))
-            while len(built) < len(listed):
+            worker = await SpawnLauncher(Reaper()).launch("check", env, cwd, *(("--crew", only) if only else ()))
+            checked.described = await expect_registry(worker)
+            checked.listed = checked.described.crews
+            while len(checked.built) < (1 if only else len(checked.listed)):
                 message = await worker.next_message()
                 if not isinstance(message, Built):  # it exited (None), or broke the protocol
                     said = worker.stderr.text().strip().splitlines()[-1:] or [str(message)]
                     raise LaunchError(f"the worker stopped while building it: {said[0]}")
-                built[message.crew_id] = message.error
+                checked.built[message.crew_id] = message.error
     except (LaunchError, TimeoutError) as exc:
         error = str(exc) or f"no answer within {BUILD_SECONDS:.0f} s"
-        if listed:  # the registry loaded: the crew being built broke the worker, or hung
-            built[listed[len(built)]] = error
+        if checked.listed:  # the registry loaded: the crew being built broke the worker, or hung
+            checked.built[only or checked.listed[len(checked.built)]] = error
         else:
-            return [problem("registry", f"the workers cannot load the registry: {error}", _fix_registry(spec, error))]
+            checked.error = error
     finally:
         if worker is not None:
             await worker.kill()
+    return checked
+
+
+async def _build(settings: Settings, env: Mapping[str, str], cwd: str) -> list[Finding]:
+    """Every crew built once without an env file; then each crew that has one built again, alone, in a worker
+    launched with it, as its jobs are (a crew that reads its key when built needs it)."""
+    spec = settings.registry
+    checked = await _check(env, cwd)
+    if checked.described is None or checked.error:
+        error = checked.error
+        return [problem("registry", f"the workers cannot load the registry: {error}", _fix_registry(spec, error))]
+    rehearsed = [warmed(settings, checked.described.warmed), host.containment(settings, checked.described.contained)]
+    rehearsed.append(host.sandbox(settings, checked.described.sandbox))
+    files = crewenv.read(settings, checked.listed)
+    built = {crew_id: error for crew_id, error in checked.built.items() if crew_id not in files.broken}
+    for crew_id, variables in files.usable.items():
+        if crew_id in built:
+            alone = await _check({**worker_env(settings, Path(cwd), crew_id, variables), **QUIET_CREWAI}, cwd, crew_id)
+            built[crew_id] = alone.error or alone.built.get(crew_id, "its worker built no such crew")
     good = [crew_id for crew_id, error in built.items() if not error]
-    summary = f"{spec}: {len(good)} of {len(listed)} crews build ({', '.join(good) or 'none'})"
-    untried = listed[len(built) :]
-    if untried:
+    summary = f"{spec}: {len(good)} of {len(checked.listed)} crews build ({', '.join(good) or 'none'})"
+    if untried := [crew_id for crew_id in checked.listed if crew_id not in checked.built]:
         detail = f"{summary}; not tried after the one that stopped the worker: {', '.join(untried)}"
         head = warning("registry", detail, "fix that crew, then run the doctor again")
     else:
@@ -136,6 +161,7 @@ async def _build(settings: Settings, env: Mapping[str, str], cwd: str) -> list[F
             for crew_id, error in built.items()
             if error
         ),
+        *files.findings,
         *rehearsed,
     ]
 

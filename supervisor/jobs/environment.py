@@ -85,10 +85,13 @@ def worker_settings(settings: Settings, state: Path, writable: list[str] | None 
     return contract.to_environ()
 
 
-def worker_env(settings: Settings, state: Path, crew_id: str) -> dict[str, str]:
+def worker_env(
+    settings: Settings, state: Path, crew_id: str, crew_vars: dict[str, str] | None = None
+) -> dict[str, str]:
     """What a worker process not yet given a job (the fork server, a describing one) is launched with: a job
-    environment, no crew's file, the state directory's ``tmp``, and the worker's settings."""
-    return {**job_env(settings, state, crew_id, state / "tmp"), **worker_settings(settings, state)}
+    environment, no crew's file (the doctor's check of one crew: ``crew_vars``, its file's), the state directory's
+    ``tmp``, and the worker's settings."""
+    return {**job_env(settings, state, crew_id, state / "tmp", crew_vars), **worker_settings(settings, state)}
 
 
 def read_crew_env(directory: str, crew_id: str) -> dict[str, str]:

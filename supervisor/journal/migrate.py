@@ -62,9 +62,9 @@ def import_reference(path: Path, max_bytes: int) -> Path:
         raise JournalError(f"cannot import reference journal {path}: {exc}") from None
     finally:
         db.close()
-    _fsync(temporary)
+    fsync(temporary)
     os.replace(temporary, path)
-    _fsync(path.parent)
+    fsync(path.parent)
     return backup
 
 
@@ -129,8 +129,8 @@ def upgrade(db: sqlite3.Connection, path: Path, version: int) -> Path:
         db.backup(copy)
     finally:
         copy.close()
-    _fsync(backup)
-    _fsync(path.parent)
+    fsync(backup)
+    fsync(path.parent)
     db.execute("BEGIN IMMEDIATE")
     try:
         if version < 2:
@@ -186,7 +186,7 @@ def _write_private(path: Path, data: bytes) -> None:
         os.fsync(fh.fileno())
 
 
-def _fsync(path: Path) -> None:
+def fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         os.fsync(fd)

@@ -173,6 +173,18 @@ class Reader:
     def count(self) -> int:
         return int(self._db.execute("SELECT count(*) FROM jobs").fetchone()[0])
 
+    def copy_into(self, target: sqlite3.Connection, pages: int) -> None:
+        """The journal as one read transaction sees it, copied into ``target`` by SQLite's online backup,
+        ``pages`` a step. The transaction is held from the first step to the last: what commits meanwhile is not
+        in the copy and does not restart it (without it, a write between two steps restarts the copy: for ever,
+        under a job that streams). In WAL mode a reader never holds up the writer."""
+        self._db.execute("BEGIN")
+        try:
+            self._db.execute("SELECT count(*) FROM sqlite_master").fetchone()  # the snapshot is taken here
+            self._db.backup(target, pages=pages)
+        finally:
+            self._db.execute("ROLLBACK")
+
     def size_bytes(self) -> int:
         return size_bytes(self.path)
 

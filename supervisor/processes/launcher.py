@@ -104,11 +104,11 @@ class SpawnLauncher:
     def health(self) -> dict[str, object]:
         return {}
 
-    async def launch(self, mode: str, env: Mapping[str, str], cwd: str) -> WorkerProcess:
-        """``python -m worker <mode>`` (``job``, ``describe`` or ``check``), its pipes being read."""
+    async def launch(self, mode: str, env: Mapping[str, str], cwd: str, *args: str) -> WorkerProcess:
+        """``python -m worker <mode>`` (``job``, ``describe`` or ``check``) with ``args``, its pipes being read."""
         ours, theirs = make_pipes()
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        argv = [*self.argv, mode, "--parent-pid", str(os.getpid()), "--cwd", cwd]
+        argv = [*self.argv, mode, "--parent-pid", str(os.getpid()), "--cwd", cwd, *args]
         try:
             fds = {0: null, 1: theirs.stdout, 2: theirs.stderr, CONTROL_FD: theirs.control, EVENT_FD: theirs.events}
             # A job's worker leaves its group to its job's containment, which counts what it kills.

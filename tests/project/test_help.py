@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import chaos, cli, config
+from supervisor import backup, chaos, cli, config
 from supervisor.chaos import flags as chaos_flags
 from supervisor.console import commands
 from supervisor.doctor import run as doctor
@@ -20,7 +20,7 @@ CONNECTING = {"--url", "--token", "--token-file", "--json"}
 # The flags docs/ and the README name, by command.
 DOCUMENTED = {
     "serve": {"--demo", "--log-level", *(config.flag(name) for name in config.SPEC)},
-    "doctor": {"--demo", "--json", *(config.flag(name) for name in config.SPEC)},
+    "doctor": {"--demo", "--json", "--url", "--token", "--token-file", *(config.flag(name) for name in config.SPEC)},
     "jobs": CONNECTING | {"--status", "--crew", "--operation", "--limit", "--cursor"},
     "show": CONNECTING,
     "crews": CONNECTING,
@@ -36,8 +36,9 @@ DOCUMENTED = {
         *("--restart-cmd", "--restart-seconds", "--registry", "--fast-crew", "--slow-crew", "--state", "--json"),
         *("--fast-input", "--slow-input"),
     },
+    "backup": {"--force", "--state-file"},
 }
-DEVELOPER_DOCSTRINGS = [module.__doc__ for module in (cli, chaos, chaos_flags, commands, doctor)]
+DEVELOPER_DOCSTRINGS = [module.__doc__ for module in (cli, chaos, chaos_flags, commands, doctor, backup)]
 
 
 def subcommands() -> dict[str, argparse.ArgumentParser]:
@@ -86,6 +87,7 @@ def test_the_documented_flags_exist(name: str) -> None:
         ("doctor", {0, 1}),
         ("chaos", {0, 1, 2}),
         ("serve", {1, 130, 143}),
+        ("backup", {0, 1}),
     ],
 )
 def test_the_exit_codes_are_listed(name: str, codes: set[int]) -> None:

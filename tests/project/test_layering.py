@@ -51,8 +51,8 @@ def test_the_check_sees_a_lazy_import(tmp_path: Path) -> None:
 
 # Inside supervisor/: which subpackages each may import. Lower layers never reach up: process control and
 # the journal know nothing of jobs, jobs nothing of HTTP, and the operator CLI (an HTTP client) only the
-# journal's event names; chaos only the console's way to a supervisor; the doctor what serve checks with,
-# never HTTP. (The journal names the pipes' Tail for typing only.)
+# journal's event names; chaos only the console's way to a supervisor; the doctor what serve checks with, and for
+# ``--url`` the console's way to a supervisor. (The journal names the pipes' Tail for typing only.)
 LAYERS = {
     "processes": set(),
     "journal": {"processes"},
@@ -60,7 +60,7 @@ LAYERS = {
     "http": {"jobs", "journal"},  # and of those only what FACADE allows
     "console": {"journal"},
     "chaos": {"console"},  # a client of the HTTP API (the CLI's target and token) and of the processes it sees
-    "doctor": {"jobs", "journal", "processes"},
+    "doctor": {"jobs", "journal", "processes", "console"},
 }
 
 

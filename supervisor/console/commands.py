@@ -293,6 +293,7 @@ def show(client: Client, args: argparse.Namespace, out: Console) -> int:
 def crews(client: Client, args: argparse.Namespace, out: Console) -> int:
     health = client.get("/health")
     served = {name: health[name] for name in ("status", "crews", "operations", "llm_budget")}
+    served["max_concurrency"] = health.get("crew_max_concurrency", {})  # absent from a server older than the bound
     return answer(served, args, out, views.crews_view)
 
 

@@ -214,15 +214,18 @@ def job_panel(job: dict[str, Any], now: float | None = None) -> Table:
 
 def crews_view(served: dict[str, Any]) -> Group:
     """What ``crews`` prints: each crew, with its own LLM budget per job where its registry entry gives one, under
-    the supervisor's (the lower of the two applies; ``-``: none), then the operations it takes."""
-    budget = served["llm_budget"]
+    the supervisor's (the lower of the two applies; ``-``: none), and how many of its jobs may run at once
+    (``CREW_MAX_CONCURRENCY``; ``-``: only ``MAX_CONCURRENCY``), then the operations it takes."""
+    budget, bounds = served["llm_budget"], served["max_concurrency"]
     table = Table(box=None, header_style="bold", padding=(0, 2, 0, 0))
     table.add_column("crew", overflow="fold")
     table.add_column("own tokens/job", justify="right", no_wrap=True)
     table.add_column("own LLM calls/job", justify="right", no_wrap=True)
+    table.add_column("jobs at once", justify="right", no_wrap=True)
     for crew in served["crews"]:
         own = budget["crews"].get(crew, {})
-        table.add_row(id_text(crew), *(count(own.get(name)) for name in ("max_tokens", "max_llm_calls")))
+        limits = (count(own.get(name)) for name in ("max_tokens", "max_llm_calls"))
+        table.add_row(id_text(crew), *limits, count(bounds.get(crew)))
     limits = f"{count(budget['max_tokens'])} tokens, {count(budget['max_llm_calls'])} LLM calls"
     return Group(
         Text(f"{len(served['crews'])} crew(s) served ({visible(served['status'])}); per job: {limits}", "bold"),

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from supervisor.console.durations import spoken
 from supervisor.console.views import clock
@@ -22,6 +23,9 @@ from tests.conftest import ROOT, Server, gone, sse_events, wait_until
 
 EXIT_CANCELLED = 4
 
+
+# One crew bounded by CREW_MAX_CONCURRENCY, for `crews` to show (no test here runs it).
+pytestmark = pytest.mark.crew_supervisor(crew_max_concurrency="llm-loop-calls=1")
 
 def cli_env(server: Server, url: str | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIP_CREWAI_")}
@@ -314,7 +318,8 @@ def test_crews_lists_what_the_supervisor_serves(server: Server) -> None:
     listed = cli(server, "crews", "--json")
     assert listed.returncode == 0, listed.stderr
     assert orjson.loads(listed.stdout) == {
-        name: health[name] for name in ("status", "crews", "operations", "llm_budget")
+        **{name: health[name] for name in ("status", "crews", "operations", "llm_budget")},
+        "max_concurrency": {"llm-loop-calls": 1},
     }
     table = cli(server, "crews")
     assert table.returncode == 0, table.stderr
@@ -325,7 +330,7 @@ def test_crews_lists_what_the_supervisor_serves(server: Server) -> None:
     (calls_only,) = [
         crew for crew, own in health["llm_budget"]["crews"].items() if own == {"max_tokens": 0, "max_llm_calls": 5}
     ]
-    assert rows[calls_only] == ["-", "5"] and rows["demo"] == ["-", "-"]
+    assert rows[calls_only] == ["-", "5", "1"] and rows["demo"] == ["-", "-", "-"]
     assert lines[-1] == "operations: " + ", ".join(health["operations"])
 
 

@@ -27,6 +27,7 @@ EXIT_CANCELLED = 4
 # One crew bounded by CREW_MAX_CONCURRENCY, for `crews` to show (no test here runs it).
 pytestmark = pytest.mark.crew_supervisor(crew_max_concurrency="llm-loop-calls=1")
 
+
 def cli_env(server: Server, url: str | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIP_CREWAI_")}
     target = {"AIP_CREWAI_URL": url or server.url, "AIP_CREWAI_BEARER_TOKEN": server.token}

@@ -27,6 +27,7 @@ from supervisor.jobs.admission import (
 )
 from supervisor.jobs.supervisor import Supervisor
 from supervisor.metrics import router as metrics_router
+from supervisor.tokens import Credentials
 
 # The input bound is 1 MiB of compact JSON; the envelope and pretty-printing get room beside it.
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -72,7 +73,9 @@ def create_app(sup: Supervisor) -> FastAPI:
 
         app.include_router(webconsole.router())
         public = webconsole.PUBLIC_PATHS
-    app.add_middleware(BearerAuth, token=sup.settings.token, public=public)
+    settings = sup.settings
+    credentials = Credentials(settings.tokens, settings.token_files) if settings.tokens else None
+    app.add_middleware(BearerAuth, credentials=credentials, routes=app.router.routes, public=public)
     app.add_exception_handler(Refused, refused)  # type: ignore[arg-type]
     app.include_router(contract.router)
     # The operator routes answer 404 (unknown job) and 422 with a sentence (bad page cursor, path id).

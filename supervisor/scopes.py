@@ -29,15 +29,14 @@ def needs(role: Role) -> Callable[[Endpoint], Endpoint]:
     return declare
 
 
-def needed(routes: Sequence[BaseRoute], scope: Scope) -> tuple[Role, str] | None:
-    """The role the route serving ``scope`` needs, and that route's path; None when no route takes it (the
-    router's 404 or 405 tells nothing)."""
+def needed(routes: Sequence[BaseRoute], scope: Scope) -> tuple[Role, str]:
+    """The role the route serving ``scope`` needs, and that route's path. A request no route takes (the router's 404
+    or 405) needs the contract's token too: a route the list misses is closed, not open."""
     for route in routes:
         match, _ = route.matches(scope)
         if match == Match.FULL:
-            endpoint = getattr(route, "endpoint", None)
-            return getattr(endpoint, ATTRIBUTE, Role.CONTRACT), getattr(route, "path", scope["path"])
-    return None
+            return getattr(getattr(route, "endpoint", None), ATTRIBUTE, Role.CONTRACT), getattr(route, "path", "")
+    return Role.CONTRACT, scope["path"]
 
 
 def allows(role: Role, needs_role: Role) -> bool:

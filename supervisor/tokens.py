@@ -153,9 +153,10 @@ class Credentials:
                 log.warning("%s; the %s tokens read before are kept", exc, role)
             return
         self._warned.pop(role, None)
-        self.tokens[role] = tokens
-        self._expected = self._headers()
-        log.info("%s read again: %d %s token(s)", setting, len(tokens), role)
+        if tokens != self.tokens.get(role):  # a touch, or the first look since start-up, changes nothing
+            self.tokens[role] = tokens
+            self._expected = self._headers()
+            log.info("%s read again: %d %s token(s)", setting, len(tokens), role)
 
     def _headers(self) -> list[tuple[bytes, Role]]:
         return [(f"Bearer {token}".encode(), role) for role, held in self.tokens.items() for token in held]

@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.routing import Route
 
 from supervisor.http import contract, operator
 from supervisor.http.auth import BearerAuth
@@ -67,20 +68,23 @@ def create_app(sup: Supervisor) -> FastAPI:
     app.state.supervisor = sup
     app.state.metrics = sup.metrics
     public: frozenset[str] = frozenset()
+    # The operator routes answer 404 (unknown job) and 422 with a sentence (bad page cursor, path id).
+    routers = [contract.router, operator.router, metrics_router]
     if sup.settings.console:
         # Imported only when on: off, the console adds nothing to the supervisor, not even its files' bytes.
         from supervisor.http import webconsole
 
-        app.include_router(webconsole.router())
+        routers.insert(0, webconsole.router())
         public = webconsole.PUBLIC_PATHS
+    app.add_exception_handler(Refused, refused)  # type: ignore[arg-type]
+    for router in routers:
+        app.include_router(router)
+    # Each route as the middleware matches it: FastAPI's own (/openapi.json), then each router's.
+    routes = [route for route in app.router.routes if isinstance(route, Route)]
+    routes += [route for router in routers for route in router.routes]
     settings = sup.settings
     credentials = Credentials(settings.tokens, settings.token_files) if settings.tokens else None
-    app.add_middleware(BearerAuth, credentials=credentials, routes=app.router.routes, public=public)
-    app.add_exception_handler(Refused, refused)  # type: ignore[arg-type]
-    app.include_router(contract.router)
-    # The operator routes answer 404 (unknown job) and 422 with a sentence (bad page cursor, path id).
-    app.include_router(operator.router)
-    app.include_router(metrics_router)
+    app.add_middleware(BearerAuth, credentials=credentials, routes=routes, public=public)
     generated_openapi = app.openapi
 
     def openapi() -> dict[str, Any]:

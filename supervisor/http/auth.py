@@ -41,7 +41,8 @@ class BearerAuth:
 
     ``public`` are exact paths read with GET or HEAD: the console's files, which hold no data (a browser
     cannot send a header when it loads a page; the page sends the token on each call it makes). ``routes`` are
-    the app's, to find the one a request goes to.
+    the app's, each as a route of its own (FastAPI keeps an included router's behind one), to find the one a request
+    goes to.
     """
 
     def __init__(
@@ -88,10 +89,8 @@ class BearerAuth:
         """Why ``role`` may not do what ``scope`` asks, or None."""
         if role == Role.CONTRACT:
             return None
-        route = needed(self.routes, scope)
-        if route is None or allows(role, route[0]):
-            return None
-        return refusal(role, route[0], scope["method"], route[1])
+        needs_role, path = needed(self.routes, scope)
+        return None if allows(role, needs_role) else refusal(role, needs_role, scope["method"], path)
 
 
 def ambiguity(headers: list[bytes], query: bytes) -> str | None:

@@ -62,8 +62,8 @@ def create_app(sup: Supervisor) -> FastAPI:
         # FastAPI's /docs and /redoc pages load their scripts from a CDN; /openapi.json stays.
         docs_url=None,
         redoc_url=None,
-        # The middleware, the body limit and the connection's bounds answer these on any route.
-        responses=errors(400, 401, 408, 413, 431, 503),
+        # The middleware, the body limit and the connection's bounds answer these on any route (403: a scoped token).
+        responses=errors(400, 401, 403, 408, 413, 431, 503),
     )
     app.state.supervisor = sup
     app.state.metrics = sup.metrics

@@ -127,6 +127,17 @@ def test_each_role_on_each_route(server: Server, tokens: dict[Role, str], role: 
     assert "www-authenticate" not in answer.headers  # a known token: asking again with it will not help
 
 
+def test_a_path_no_route_serves_is_closed_to_a_scoped_token(server: Server, tokens: dict[Role, str]) -> None:
+    assert ask(server, tokens[CONTRACT], "GET", "/no-such-route").status_code == 404
+    assert ask(server, tokens[CONTRACT], "PUT", "/jobs").status_code == 405
+    for role in (OBSERVER, OPERATOR):
+        answer = ask(server, tokens[role], "GET", "/no-such-route")
+        assert answer.json() == {
+            "detail": f"an {role} token may not GET /no-such-route: that needs the contract's token"
+        }
+        assert ask(server, tokens[role], "PUT", "/jobs").status_code == 403
+
+
 @pytest.mark.parametrize(("method", "path"), sorted(NEEDS))
 def test_an_unknown_token_is_401_on_every_route_but_the_console_s_files(server: Server, method: str, path: str) -> None:
     answer = ask(server, secrets.token_urlsafe(16), method, path)

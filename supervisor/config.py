@@ -187,15 +187,15 @@ def _tokens(s: Settings) -> dict[Role, tuple[str, ...]]:
     """Each role's tokens, as start-up reads them: BEARER_TOKEN or the files (``supervisor/tokens.py``)."""
     if s.bearer_token and s.bearer_token_file:
         raise ConfigError(f"set only one of {PREFIX}BEARER_TOKEN and {PREFIX}BEARER_TOKEN_FILE")
-    if s.bearer_token and token_problem(s.bearer_token):
-        raise ConfigError(f"{PREFIX}BEARER_TOKEN {token_problem(s.bearer_token)}")
+    if s.bearer_token and (problem := token_problem(s.bearer_token)):
+        raise ConfigError(f"{PREFIX}BEARER_TOKEN {problem}")
     found = {Role.CONTRACT: (s.bearer_token,)} if s.bearer_token else {}
     for role, path in s.token_files.items():
         try:
             found[role] = read_tokens(FILE_SETTINGS[role], path)
         except TokenFileError as exc:
             raise ConfigError(str(exc), exc.fix) from None
-    if Role.CONTRACT not in found and len(found) > 0:
+    if found and Role.CONTRACT not in found:
         scoped = " and ".join(f"{PREFIX}{FILE_SETTINGS[role]}" for role in found)
         raise ConfigError(f"{scoped} need the contract's token too ({PREFIX}BEARER_TOKEN_FILE)")
     if pair := shared(found):

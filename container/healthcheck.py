@@ -32,7 +32,7 @@ def token() -> str:
     if not path:
         return os.environ.get("AIP_CREWAI_BEARER_TOKEN", "").strip()
     with open(path, "rb") as file:
-        return file.read(MAX_TOKEN_BYTES).decode().strip()
+        return next(iter(file.read(MAX_TOKEN_BYTES).decode().split()), "")  # a file may hold several, one a line
 
 
 def main() -> int:

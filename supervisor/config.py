@@ -1,5 +1,5 @@
 """Settings: the reference's AIP_CREWAI_* names, loaded from flags and the environment by the table in
-settings_table.py, and checked (loopback-only switches, the token file, WORKER_USER, TRAINING_DIR, CREW_ENV_DIR)."""
+settings_table.py, and checked (loopback-only switches, the token files, WORKER_USER, TRAINING_DIR, CREW_ENV_DIR)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ from typing import Any
 
 from protocol import SETTINGS_PREFIX, Operation
 from supervisor.settings_table import SPEC
+from supervisor.tokens import FILE_SETTINGS, TokenFileError, in_two_roles, read_tokens, shared, token_problem
+from supervisor.vocabulary import Role
 
 PREFIX = SETTINGS_PREFIX  # the reference's settings; the worker takes its own under it too
 DEMO_REGISTRY = "worker.demo:registry"
-MAX_TOKEN_BYTES = 16384
 DEFAULT_PREFORK = 2  # idle pre-forked workers, at most MAX_CONCURRENCY
 
 
@@ -84,12 +85,26 @@ class Settings:
     worker_sandbox: str
     worker_writable: tuple[str, ...]
     worker_user: str
-    token: str | None = None  # resolved from BEARER_TOKEN or BEARER_TOKEN_FILE
+    observer_token_file: str
+    operator_token_file: str
+    token: str | None = None  # the contract's first token at start-up: BEARER_TOKEN or BEARER_TOKEN_FILE's
+    tokens: dict[Role, tuple[str, ...]] = dataclasses.field(default_factory=dict)  # each role's, at start-up
     worker_ids: tuple[int, int] | None = None  # (uid, gid) resolved from WORKER_USER; None: the supervisor's
 
     @property
     def loopback(self) -> bool:
         return is_loopback(self.host)
+
+    @property
+    def every_token(self) -> frozenset[str]:
+        """Every role's tokens at start-up: what a job's environment must not hold, and its output never shows."""
+        return frozenset(token for held in self.tokens.values() for token in held)
+
+    @property
+    def token_files(self) -> dict[Role, str]:
+        """The token files set, by the role their tokens give."""
+        paths = {Role.CONTRACT: self.bearer_token_file, Role.OPERATOR: self.operator_token_file}
+        return {role: path for role, path in {**paths, Role.OBSERVER: self.observer_token_file}.items() if path}
 
 
 def is_loopback(host: str) -> bool:
@@ -141,10 +156,11 @@ def load(flags: Mapping[str, str | None], environ: Mapping[str, str] = os.enviro
     if settings.prefork is None:
         settings = dataclasses.replace(settings, prefork=min(settings.max_concurrency, DEFAULT_PREFORK))
     settings = dataclasses.replace(settings, worker_ids=_worker_ids(settings.worker_user))
-    return dataclasses.replace(settings, token=_check(settings))
+    tokens = _check(settings)
+    return dataclasses.replace(settings, tokens=tokens, token=tokens.get(Role.CONTRACT, (None,))[0])
 
 
-def _check(s: Settings) -> str | None:
+def _check(s: Settings) -> dict[Role, tuple[str, ...]]:
     if not s.registry:
         raise ConfigError(f"{PREFIX}REGISTRY is required (module:attr), or pass --demo for the offline demo crews")
     if s.max_retained_runs < s.max_concurrency:
@@ -163,53 +179,33 @@ def _check(s: Settings) -> str | None:
         _check_training_dir(s.training_dir, s.worker_ids)
     if s.crew_env_dir:
         _check_crew_env_dir(s.crew_env_dir)
-    token = _token(s)
-    if token is None and not s.allow_unauthenticated:
+    tokens = _tokens(s)
+    if not tokens and not s.allow_unauthenticated:
         raise ConfigError(
             f"{PREFIX}BEARER_TOKEN or {PREFIX}BEARER_TOKEN_FILE is required "
             f"(or {PREFIX}ALLOW_UNAUTHENTICATED=true on a loopback host)"
         )
-    return token
+    return tokens
 
 
-def _token(s: Settings) -> str | None:
+def _tokens(s: Settings) -> dict[Role, tuple[str, ...]]:
+    """Each role's tokens, as start-up reads them: BEARER_TOKEN or the files (``supervisor/tokens.py``)."""
     if s.bearer_token and s.bearer_token_file:
         raise ConfigError(f"set only one of {PREFIX}BEARER_TOKEN and {PREFIX}BEARER_TOKEN_FILE")
-    raw = s.bearer_token
-    if s.bearer_token_file:
-        raw = _read_token_file(s.bearer_token_file)
-    if not raw:
-        return None
-    if len(raw.encode()) > MAX_TOKEN_BYTES or any(ord(c) < 0x21 or ord(c) == 0x7F for c in raw):
-        raise ConfigError(f"{PREFIX}BEARER_TOKEN must be at most {MAX_TOKEN_BYTES} bytes of visible characters")
-    return raw
-
-
-def _read_token_file(path: str) -> str:
-    name = f"{PREFIX}BEARER_TOKEN_FILE={path!r}"
-    regular = f"point {PREFIX}BEARER_TOKEN_FILE at a regular file (not a link), mode 0600"
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ConfigError(f"{name}: cannot open without following links: {exc.strerror}", regular) from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ConfigError(f"{name}: not a regular file", regular)
-        if info.st_mode & 0o077:
-            raise ConfigError(
-                f"{name}: mode {info.st_mode & 0o777:04o} lets others read it; use 0600",
-                f"chmod 600 {shlex.quote(path)}",
-            )
-        if info.st_size > MAX_TOKEN_BYTES + 2:
-            raise ConfigError(f"{name}: larger than {MAX_TOKEN_BYTES} bytes")
-        data = os.read(fd, MAX_TOKEN_BYTES + 2)
-    finally:
-        os.close(fd)
-    try:
-        return data.decode().strip()
-    except UnicodeDecodeError:
-        raise ConfigError(f"{name}: not UTF-8") from None
+    if s.bearer_token and (problem := token_problem(s.bearer_token)):
+        raise ConfigError(f"{PREFIX}BEARER_TOKEN {problem}")
+    found = {Role.CONTRACT: (s.bearer_token,)} if s.bearer_token else {}
+    for role, path in s.token_files.items():
+        try:
+            found[role] = read_tokens(FILE_SETTINGS[role], path)
+        except TokenFileError as exc:
+            raise ConfigError(str(exc), exc.fix) from None
+    if found and Role.CONTRACT not in found:
+        scoped = " and ".join(f"{PREFIX}{FILE_SETTINGS[role]}" for role in found)
+        raise ConfigError(f"{scoped} need the contract's token too ({PREFIX}BEARER_TOKEN_FILE)")
+    if pair := shared(found):
+        raise ConfigError(in_two_roles(pair))
+    return found
 
 
 def _worker_ids(raw: str) -> tuple[int, int] | None:

@@ -1,6 +1,6 @@
 """Prometheus metrics: one registry per supervisor, so nothing leaks between instances (or tests).
 
-``/metrics`` sits behind the same bearer check as every other route; scrape it with the token.
+``/metrics`` sits behind the same bearer check as every other route; scrape it with the token (an observer's will do).
 """
 
 from __future__ import annotations
@@ -12,6 +12,9 @@ from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from supervisor.scopes import needs
+from supervisor.vocabulary import Role
 
 PREFIX = "crew_supervisor"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -112,6 +115,7 @@ router = APIRouter()
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
+@needs(Role.OBSERVER)
 async def scrape(request: Request) -> Response:
     metrics: Metrics = request.app.state.metrics
     return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -162,6 +162,22 @@ SPEC: dict[str, Setting] = {
         _text,
         "",
         "file holding the bearer token (regular, 0600 or stricter); set it or BEARER_TOKEN, not both",
+        "may hold several tokens, one a line, and is read again when it changes (within 5 s): see"
+        " [tokens and rotation](operating.md#tokens-and-rotation)",
+    ),
+    "OBSERVER_TOKEN_FILE": Setting(
+        _text,
+        "",
+        "file of observer tokens, one a line (0600): they read (health, jobs, events, output, metrics, workers)",
+        "never start, cancel, archive or ask for stacks (403); read again when it changes; needs the contract's token"
+        " too; see [Security](security.md#token-roles)",
+    ),
+    "OPERATOR_TOKEN_FILE": Setting(
+        _text,
+        "",
+        "file of operator tokens, one a line (0600): they read, cancel, archive and ask for stacks",
+        "never start a job (403); read again when it changes; needs the contract's token too; see"
+        " [Security](security.md#token-roles)",
     ),
     "ALLOW_UNAUTHENTICATED": Setting(
         _boolean, "false", "serve without a token: a development switch, refused off loopback"

@@ -35,6 +35,9 @@ import httpx
 import psutil
 
 from supervisor.config import PREFIX, SPEC
+from supervisor.tokens import FILE_SETTINGS
+
+TOKEN_SETTINGS = frozenset(PREFIX + name for name in ("BEARER_TOKEN", *FILE_SETTINGS.values()))
 
 SOURCE = Path(__file__).resolve().parent.parent  # holds the supervisor package the child must import
 READY_SECONDS = 120.0
@@ -224,7 +227,7 @@ def start(
     (default: a fresh one; a restart that must keep its clients passes theirs); ``user``, a uid and gid it runs as,
     with no other group (started by root: as a container runs it, one uid for it and its workers). The
     environment is this process's, CrewAI's telemetry off, then the server's own, then ``settings``
-    (``max_concurrency=8``), then ``env``. With ``wait`` it returns once ``/health`` answers.
+    (``max_concurrency=8``), then ``env`` (none of this process's tokens). With ``wait`` it returns once ready.
     """
     # Here, not at the top: the console script imports this module (through chaos) and must start
     # without the protocol package, so that ``doctor`` can report one another distribution shadows.
@@ -235,7 +238,7 @@ def start(
     log = log or state.parent / f"supervisor-{port}.log"
     python_path = dict.fromkeys([str(SOURCE), *map(str, path), *os.environ.get("PYTHONPATH", "").split(os.pathsep)])
     full_env = {
-        **os.environ,
+        **without_tokens(os.environ),
         **QUIET_CREWAI,
         "PYTHONPATH": os.pathsep.join(filter(None, python_path)),
         f"{PREFIX}REGISTRY": registry,
@@ -257,6 +260,12 @@ def start(
     if wait:
         server.wait_ready(ready_seconds)
     return server
+
+
+def without_tokens(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without a token setting: the server's token is its own, whatever the caller's shell exports (the
+    README's exports BEARER_TOKEN_FILE, which beside the server's BEARER_TOKEN would refuse its start)."""
+    return {name: value for name, value in environ.items() if name not in TOKEN_SETTINGS}
 
 
 def _as(user: tuple[int, int] | None) -> dict[str, Any]:

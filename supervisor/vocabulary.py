@@ -1,5 +1,6 @@
-"""The names every layer of the supervisor shares, each spelled once: a job's statuses, its terminal events, and
-where a live job is (its phase). The worker never sees them (the names both sides share are protocol/vocabulary.py).
+"""The names every layer of the supervisor shares, each spelled once: a job's statuses, its terminal events,
+where a live job is (its phase), and the roles a token gives. The worker never sees them (the names both sides
+share are protocol/vocabulary.py).
 
 It imports nothing of ours, so each layer may import it, the console's CLI too (which reaches only the journal).
 """
@@ -46,6 +47,18 @@ class WaitingFor(enum.StrEnum):
 LIVE_PHASES = (Phase.QUEUED, Phase.LAUNCHING, Phase.RUNNING, Phase.SETTLING)
 # Where a cancel still reaches a job: a settling job's outcome is decided.
 STOPPABLE_PHASES = (Phase.QUEUED, Phase.LAUNCHING, Phase.RUNNING)
+
+
+class Role(enum.StrEnum):
+    """Whose token a request carries, from least to most it may do (``ROLES``); each route declares the least it
+    needs (``supervisor/http/scopes.py``)."""
+
+    OBSERVER = "observer"  # reads: health, jobs, events, output, metrics, workers
+    OPERATOR = "operator"  # and cancels, archives, asks for stacks; never starts
+    CONTRACT = "contract"  # the contract's token (BEARER_TOKEN): everything
+
+
+ROLES = (Role.OBSERVER, Role.OPERATOR, Role.CONTRACT)
 
 
 def literal(names: Iterable[enum.StrEnum]) -> Any:

@@ -17,6 +17,7 @@ import orjson
 from supervisor.config import PREFIX
 from supervisor.console import sse
 from supervisor.console.reconnect import GaveUp, Reconnect
+from supervisor.tokens import MAX_FILE_BYTES
 from supervisor.vocabulary import TERMINAL_EVENTS
 
 DEFAULT_URL = "http://127.0.0.1:8090"
@@ -47,8 +48,8 @@ def resolve_target(
     token = token or (None if token_file else environ.get(PREFIX + "BEARER_TOKEN"))
     if token_file:
         try:
-            with open(token_file) as file:
-                token = file.read().strip()
+            with open(token_file) as file:  # a server's file may hold several, one a line: the first is used
+                token = next(iter(file.read(MAX_FILE_BYTES).split()), "")
         except (OSError, UnicodeDecodeError) as exc:
             raise OperatorError(f"cannot read the token file {token_file}: {exc}") from None
     return Target((url or environ.get(PREFIX + "URL") or DEFAULT_URL).rstrip("/"), token or None)

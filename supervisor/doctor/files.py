@@ -159,13 +159,14 @@ def token_and_training(settings: Settings) -> list[Finding]:
 
 
 def _token(settings: Settings) -> Finding:
-    if settings.bearer_token_file:
-        info = os.stat(settings.bearer_token_file)
-        return ok(
-            "token", f"{settings.bearer_token_file}: mode {stat.S_IMODE(info.st_mode):04o}, owned by uid {info.st_uid}"
-        )
-    if settings.bearer_token:
-        return ok("token", f"from {PREFIX}BEARER_TOKEN")
+    """Where each role's tokens come from: how many a file holds, its mode and owner (never a token)."""
+    said = [f"from {PREFIX}BEARER_TOKEN"] if settings.bearer_token else []
+    for role, path in settings.token_files.items():
+        info, count = os.stat(path), len(settings.tokens.get(role, ()))
+        mode = f"mode {stat.S_IMODE(info.st_mode):04o}, owned by uid {info.st_uid}"
+        said.append(f"{path}: {mode}, {count} {role} token{'s' * (count != 1)}")
+    if said:
+        return ok("token", "; ".join(said))
     return warning(
         "token",
         f"none ({PREFIX}ALLOW_UNAUTHENTICATED): whoever reaches the port can start jobs",

@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.routing import Route
 
 from supervisor.http import contract, operator
 from supervisor.http.auth import BearerAuth
@@ -27,6 +28,7 @@ from supervisor.jobs.admission import (
 )
 from supervisor.jobs.supervisor import Supervisor
 from supervisor.metrics import router as metrics_router
+from supervisor.tokens import Credentials
 
 # The input bound is 1 MiB of compact JSON; the envelope and pretty-printing get room beside it.
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -60,24 +62,29 @@ def create_app(sup: Supervisor) -> FastAPI:
         # FastAPI's /docs and /redoc pages load their scripts from a CDN; /openapi.json stays.
         docs_url=None,
         redoc_url=None,
-        # The middleware, the body limit and the connection's bounds answer these on any route.
-        responses=errors(400, 401, 408, 413, 431, 503),
+        # The middleware, the body limit and the connection's bounds answer these on any route (403: a scoped token).
+        responses=errors(400, 401, 403, 408, 413, 431, 503),
     )
     app.state.supervisor = sup
     app.state.metrics = sup.metrics
     public: frozenset[str] = frozenset()
+    # The operator routes answer 404 (unknown job) and 422 with a sentence (bad page cursor, path id).
+    routers = [contract.router, operator.router, metrics_router]
     if sup.settings.console:
         # Imported only when on: off, the console adds nothing to the supervisor, not even its files' bytes.
         from supervisor.http import webconsole
 
-        app.include_router(webconsole.router())
+        routers.insert(0, webconsole.router())
         public = webconsole.PUBLIC_PATHS
-    app.add_middleware(BearerAuth, token=sup.settings.token, public=public)
     app.add_exception_handler(Refused, refused)  # type: ignore[arg-type]
-    app.include_router(contract.router)
-    # The operator routes answer 404 (unknown job) and 422 with a sentence (bad page cursor, path id).
-    app.include_router(operator.router)
-    app.include_router(metrics_router)
+    for router in routers:
+        app.include_router(router)
+    # Each route as the middleware matches it: FastAPI's own (/openapi.json), then each router's.
+    routes = [route for route in app.router.routes if isinstance(route, Route)]
+    routes += [route for router in routers for route in router.routes]
+    settings = sup.settings
+    credentials = Credentials(settings.tokens, settings.token_files) if settings.tokens else None
+    app.add_middleware(BearerAuth, credentials=credentials, routes=routes, public=public)
     generated_openapi = app.openapi
 
     def openapi() -> dict[str, Any]:

@@ -9,11 +9,16 @@ a scope of another kind is closed unanswered, so a route added later is not open
 from __future__ import annotations
 
 import collections
-import hmac
+from collections.abc import Sequence
 from urllib.parse import parse_qsl
 
 import orjson
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from supervisor.scopes import allows, needed, refusal
+from supervisor.tokens import Credentials
+from supervisor.vocabulary import Role
 
 CHALLENGE = [(b"www-authenticate", b"Bearer")]
 JSON = (b"content-type", b"application/json")
@@ -30,15 +35,26 @@ DECIDING = (
 
 
 class BearerAuth:
-    """The whole Authorization header (exactly one), compared in constant time, on every route but ``public``.
+    """The whole Authorization header (exactly one), compared in constant time with every token, on every route but
+    ``public``: 401 without a token of any role, 403 with one whose role the route does not allow
+    (``supervisor/http/scopes.py``). ``credentials`` None: no token at all (``ALLOW_UNAUTHENTICATED``).
 
     ``public`` are exact paths read with GET or HEAD: the console's files, which hold no data (a browser
-    cannot send a header when it loads a page; the page sends the token on each call it makes).
+    cannot send a header when it loads a page; the page sends the token on each call it makes). ``routes`` are
+    the app's, each as a route of its own (FastAPI keeps an included router's behind one), to find the one a request
+    goes to.
     """
 
-    def __init__(self, app: ASGIApp, token: str | None, public: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        credentials: Credentials | None,
+        routes: Sequence[BaseRoute] = (),
+        public: frozenset[str] = frozenset(),
+    ) -> None:
         self.app = app
-        self.expected = f"Bearer {token}".encode() if token else None
+        self.credentials = credentials
+        self.routes = routes
         self.public = public
 
     def _is_public(self, scope: Scope) -> bool:
@@ -55,15 +71,26 @@ class BearerAuth:
         if headers.count(b"authorization") > 1:  # judged before the token: neither of two is the token
             await answer(send, 400, "more than one Authorization header", [])
             return
-        if self.expected is not None and not self._is_public(scope):
+        if self.credentials is not None and not self._is_public(scope):
             given = [value for name, value in scope["headers"] if name == b"authorization"]
-            if not hmac.compare_digest(given[0] if given else b"", self.expected):
+            role = self.credentials.role_of(given[0] if given else b"")
+            if role is None:
                 await answer(send, 401, "missing or invalid bearer token", CHALLENGE)
+                return
+            if problem := self._beyond(role, scope):
+                await answer(send, 403, problem, [])
                 return
         if problem := ambiguity(headers, scope["query_string"]):
             await answer(send, 400, problem, [])
             return
         await self.app(scope, receive, send)
+
+    def _beyond(self, role: Role, scope: Scope) -> str | None:
+        """Why ``role`` may not do what ``scope`` asks, or None."""
+        if role == Role.CONTRACT:
+            return None
+        needs_role, path = needed(self.routes, scope)
+        return None if allows(role, needs_role) else refusal(role, needs_role, scope["method"], path)
 
 
 def ambiguity(headers: list[bytes], query: bytes) -> str | None:

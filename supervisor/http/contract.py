@@ -20,7 +20,8 @@ from supervisor.jobs.supervisor import Supervisor
 from supervisor.journal.errors import JournalBusy, JournalError
 from supervisor.journal.records import Job, StoredEvent
 from supervisor.models import CancelRequest, StartRequest, path_id_problem
-from supervisor.vocabulary import Status
+from supervisor.scopes import needs
+from supervisor.vocabulary import Role, Status
 
 # A JSON page of events: at most this many, and this many bytes of their data (each event's ``data`` as
 # stored, compact JSON; the first event comes even if it alone is larger, so paging never sticks). An
@@ -48,6 +49,7 @@ router = APIRouter(route_class=StrictJSONRoute)
 
 
 @router.get("/health")
+@needs(Role.OBSERVER)
 async def health(sup: Sup) -> dict[str, Any]:
     """The reference's keys, types and order (crews and operations sorted), then ours. While the supervisor
     drains, ``status`` is ``draining``: the reference's client starts work only on ``ready``, and the
@@ -77,6 +79,7 @@ async def post_job_stream(
 
 @router.get("/jobs/{action_id}", responses=errors(404, 422))
 @router.get("/runs/{action_id}", responses=errors(404, 422))
+@needs(Role.OBSERVER)
 async def get_job(sup: Sup, action_id: str) -> dict[str, Any]:
     return view(sup, find(sup, action_id))
 
@@ -85,6 +88,7 @@ async def get_job(sup: Sup, action_id: str) -> dict[str, Any]:
     "/jobs/{action_id}/events",
     responses={200: {"content": {"text/event-stream": {}}}, **errors(400, 404, 416, 422)},
 )
+@needs(Role.OBSERVER)
 async def get_events(
     sup: Sup, action_id: str, request: Request, cursor: Annotated[int, Query()] = 0, last_id: LastEventId = None
 ) -> Response:
@@ -101,6 +105,7 @@ async def get_events(
 
 @router.post("/jobs/{action_id}/cancel", responses=errors(400, 404, 422))
 @router.post("/runs/{action_id}/cancel", responses=errors(400, 404, 422))
+@needs(Role.OPERATOR)
 async def cancel(sup: Sup, action_id: str, body: CancelRequest) -> dict[str, Any]:
     if body.action_id != action_id:
         raise HTTPException(400, "action_id in the body differs from the path")
@@ -112,6 +117,7 @@ async def cancel(sup: Sup, action_id: str, body: CancelRequest) -> dict[str, Any
 
 
 @router.delete("/jobs/{action_id}", responses=errors(404, 409, 422, 428, 503, 507))
+@needs(Role.OPERATOR)
 async def archive(
     sup: Sup,
     action_id: str,

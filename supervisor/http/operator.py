@@ -19,7 +19,8 @@ from supervisor.http.responses import errors
 from supervisor.http.routing import StrictJSONRoute, Sup
 from supervisor.jobs.stacks import Late, Unavailable
 from supervisor.models import BulkCancelRequest, OperationName, path_id_problem
-from supervisor.vocabulary import LIVE_PHASES, Status, literal
+from supervisor.scopes import needs
+from supervisor.vocabulary import LIVE_PHASES, Role, Status, literal
 
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
@@ -36,6 +37,7 @@ router = APIRouter(route_class=StrictJSONRoute)
 
 
 @router.get("/jobs", responses=errors(422))
+@needs(Role.OBSERVER)
 async def list_jobs(
     sup: Sup,
     request: Request,
@@ -58,11 +60,13 @@ async def list_jobs(
 
 
 @router.get("/workers")
+@needs(Role.OBSERVER)
 async def workers(sup: Sup) -> dict[str, Any]:
     return {"workers": await sup.workers()}
 
 
 @router.get("/jobs/{action_id}/output", responses=errors(404, 422))
+@needs(Role.OBSERVER)
 async def output(sup: Sup, action_id: str) -> dict[str, Any]:
     """Live from the worker's tails while it runs; from the journal once it has settled."""
     if problem := path_id_problem(action_id):
@@ -80,6 +84,7 @@ async def output(sup: Sup, action_id: str) -> dict[str, Any]:
 
 
 @router.post("/jobs/cancel", responses=errors(422))
+@needs(Role.OPERATOR)
 async def cancel_many(sup: Sup, body: BulkCancelRequest) -> dict[str, Any]:
     """Cancel every live job the body names (queued, launching or running), all at once; answer once each is
     terminal, with its record and so its stop's evidence, as a single cancel answers. ``dry_run`` names them and
@@ -95,6 +100,7 @@ async def cancel_many(sup: Sup, body: BulkCancelRequest) -> dict[str, Any]:
 
 
 @router.get("/jobs/{action_id}/stack", responses=errors(404, 409, 422, 504))
+@needs(Role.OPERATOR)
 async def stack(sup: Sup, action_id: str) -> dict[str, Any]:
     """Every thread's Python stack of a running job, asked of its worker (the job goes on); of an ended job, the
     stacks taken just before the kill of its timeout, cancel or broken limit."""

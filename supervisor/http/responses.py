@@ -35,7 +35,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         " query parameter that decides something given twice (any route)"
     ),
     401: _error("Missing or invalid bearer token (every route)"),
-    403: _error("Operation disabled by policy"),
+    403: _error("Operation disabled by policy, or the token's role does not allow this route"),
     404: _error("Crew or job not found"),
     409: _error("Action id admitted with other material, job cancelled, or job running"),
     # Starlette's body limit answers in plain text when the declared Content-Length is already too big.

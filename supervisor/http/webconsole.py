@@ -15,6 +15,9 @@ from pathlib import Path
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import RedirectResponse, Response
 
+from supervisor.scopes import needs
+from supervisor.vocabulary import Role
+
 PATH = "/console"
 STATIC = resources.files("supervisor.http") / "static"
 MEDIA = {
@@ -47,12 +50,14 @@ def router() -> APIRouter:
     routes = APIRouter(include_in_schema=False)
 
     @routes.api_route(PATH, methods=["GET", "HEAD"])
+    @needs(Role.OBSERVER)
     async def console_root() -> Response:
         # The page's relative links (console.js) resolve against /console/, not /.
         return RedirectResponse(PATH + "/", 308, headers=HEADERS)
 
     @routes.api_route(PATH + "/{name}", methods=["GET", "HEAD"])
     @routes.api_route(PATH + "/", methods=["GET", "HEAD"])
+    @needs(Role.OBSERVER)
     async def console_file(name: str = "") -> Response:
         if name not in pages:
             raise HTTPException(404, "no such console file")

@@ -34,7 +34,7 @@ def job_env(
     settings: Settings, state: Path, crew_id: str, tmpdir: Path, crew_vars: dict[str, str] | None = None
 ) -> dict[str, str]:
     """What the job's code finds in ``os.environ``: the supervisor's environment without any ``AIP_CREWAI_*``
-    variable (settings, the token and its file among them) or a variable holding the token's value, filtered
+    variable (settings, the tokens and their files among them) or a variable holding a token's value, filtered
     by ``WORKER_ENV`` when set; then ``crew_vars`` (its crew's file); then the worker's places.
 
     Each crew gets its own CrewAI storage, so a replay finds that crew's latest kickoff, and its own HOME, so
@@ -48,7 +48,7 @@ def job_env(
         name: value
         for name, value in os.environ.items()
         if not name.startswith(SETTINGS_PREFIX)
-        and value != settings.token  # the token exported under another name too
+        and value not in settings.every_token  # a token exported under another name too
         and (not allowed or _named(name, allowed))
     }
     env.update(crew_vars or {})

@@ -178,7 +178,7 @@ class Runner:
         scratch = _make_places(self.state, job.crew_id, self.settings.worker_ids)
         try:
             env, cwd = job_env(self.settings, self.state, job.crew_id, scratch / "tmp", crew_vars), str(scratch)
-            job.secrets = secrets_in(env, [self.settings.token, *crew_vars.values()])  # a crew's: whatever the name
+            job.secrets = secrets_in(env, [*self.settings.every_token, *crew_vars.values()])  # a crew's: any name
             writable = self.sandbox.policy(env, cwd, job.operation)
             places = Places(scratch, (Path(env[HOME]), Path(env[STORAGE_DIR])), held=bool(self.limits.disk_bytes))
             baseline = asyncio.ensure_future(places.begin()) if self.limits.measures_disk else None

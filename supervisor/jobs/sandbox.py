@@ -2,7 +2,7 @@
 and again, narrower, once it has its job.
 
 A job reads everything but what is hidden: the state directory (the journal, every job's record; the other
-crews' HOME and storage; the other jobs' scratch directories), the bearer token's file, the crews' env files
+crews' HOME and storage; the other jobs' scratch directories), the bearer tokens' files, the crews' env files
 and, unless it trains, the training directory. It writes only its own places: its scratch directory (its cwd,
 with its TMPDIR inside), its crew's HOME and CrewAI storage, ``WORKER_WRITABLE``, and the training directory when
 it trains. The same domain keeps every process outside the job out of its reach (no trace, no ``/proc/<pid>/mem``,
@@ -28,7 +28,7 @@ def hidden(settings: Settings, state: Path) -> list[str]:
     that trains, get the training directory back as a place they may change."""
     if settings.worker_sandbox == "off":
         return []
-    return _resolved(state, settings.bearer_token_file, settings.crew_env_dir, settings.training_dir)
+    return _resolved(state, *settings.token_files.values(), settings.crew_env_dir, settings.training_dir)
 
 
 def workers_writable(settings: Settings, state: Path) -> list[str]:
@@ -43,7 +43,7 @@ def check_places(settings: Settings, state: Path) -> None:
     ConfigError."""
     if settings.worker_sandbox == "off":
         return
-    secrets = _resolved(state, settings.bearer_token_file, settings.crew_env_dir)
+    secrets = _resolved(state, *settings.token_files.values(), settings.crew_env_dir)
     shared = [(place, True) for place in settings.worker_writable]
     for place, beneath_too in [*shared, *([(settings.training_dir, False)] if settings.training_dir else [])]:
         real = os.path.realpath(place)
@@ -54,7 +54,7 @@ def check_places(settings: Settings, state: Path) -> None:
                 name = "WORKER_WRITABLE" if beneath_too else "TRAINING_DIR"
                 raise ConfigError(
                     f"{PREFIX}{name}: {place} would let every job change or read {secret}",
-                    f"name a directory apart from the state directory, the token's file and {PREFIX}CREW_ENV_DIR",
+                    f"name a directory apart from the state directory, the tokens' files and {PREFIX}CREW_ENV_DIR",
                 )
 
 

@@ -1,7 +1,7 @@
 """A job reaches only what is its own: its sandbox (WORKER_SANDBOX, on by default), attacked from inside a job.
 
 While a job of another crew runs (the victim), a job of crew-a (``prober.reach``) tries to read the journal,
-the token's file, the crews' env files, the training directory and the victim's HOME, storage and TMPDIR; to change
+the tokens' files, the crews' env files, the training directory and the victim's HOME, storage and TMPDIR; to change
 those, the project's code and /etc; to read the memory and environ of the victim's worker, the supervisor and the
 fork server, attach to them, take a descriptor from them and signal them; and to connect to an abstract socket the
 test holds. Each is refused (EACCES or EPERM), on both launchers; its own places stay readable and writable.
@@ -39,6 +39,10 @@ def test_a_job_reaches_nothing_outside_its_own(tmp_path: Path, launcher: str) ->
     token_file, envs, training = tmp_path / "token", tmp_path / "crew-env", tmp_path / "training"
     token_file.write_text(token)
     token_file.chmod(0o600)
+    scoped = {role: tmp_path / f"{role}-tokens" for role in ("observer", "operator")}
+    for path in scoped.values():
+        path.write_text(f"{secrets.token_urlsafe(16)}\n")
+        path.chmod(0o600)
     envs.mkdir(mode=0o700)
     for crew in ("crew-a", "demo-slow"):
         (envs / f"{crew}.env").write_text(f"KEY=sk-{crew}-secret\n")
@@ -49,6 +53,8 @@ def test_a_job_reaches_nothing_outside_its_own(tmp_path: Path, launcher: str) ->
         "AIP_CREWAI_LAUNCHER": launcher,
         "AIP_CREWAI_BEARER_TOKEN": "",
         "AIP_CREWAI_BEARER_TOKEN_FILE": str(token_file),
+        "AIP_CREWAI_OBSERVER_TOKEN_FILE": str(scoped["observer"]),
+        "AIP_CREWAI_OPERATOR_TOKEN_FILE": str(scoped["operator"]),
         "AIP_CREWAI_CREW_ENV_DIR": str(envs),
         "AIP_CREWAI_TRAINING_DIR": str(training),
     }
@@ -79,9 +85,11 @@ def test_a_job_reaches_nothing_outside_its_own(tmp_path: Path, launcher: str) ->
                 processes["forkserver"] = forkserver.pid
             reads = [str(state), str(state / "journal.db"), str(token_file), str(envs), str(envs / "demo-slow.env")]
             reads += [str(training / "trained.pkl"), *(str(place / "secret.txt") for place in theirs.values())]
+            reads += [str(path) for path in scoped.values()]
             changes = [str(place) for place in theirs.values()] + [str(state / "journal.db"), str(token_file)]
             changes += [str(envs / "crew-a.env"), str(ROOT / "worker" / "__init__.py"), "/etc/hostname"]
             truncates = [str(state / "journal.db"), str(token_file), str(envs / "crew-a.env"), "/etc/hostname"]
+            truncates += [str(path) for path in scoped.values()]
             reach = {"reads": reads, "changes": changes, "processes": processes, "abstract": abstract}
             reach |= {"truncates": truncates, "control_thread": True}
             body = start_body("crew-a", "attacker", input={"reach": reach})

@@ -18,7 +18,8 @@ Or they are scripted: ``script`` (or ``POST /scripts`` with ``{"model": ..., "re
 replies, each ``{"content": text}``, ``{"tool_calls": [{"name": ..., "arguments": {...}}]}`` or ``{"status":
 429, "message": ...}`` (an OpenAI error answer), that a model's next calls get in order (``"model": null``:
 any model without a script of its own). Once a model's script is spent, its calls are answered 400, saying so.
-``GET /calls`` gives the recorded calls; ``DELETE /scripts`` forgets every script and call (between tests).
+``GET /calls`` gives the recorded calls (the most recent ``MAX_CALLS``, ``MAX_RECORDED_BYTES`` of requests);
+``DELETE /scripts`` forgets every script and call (between tests).
 ``supervisor/llm_script.py`` is its client for the pytest plugin's ``crew_provider`` fixture.
 
 Every request is recorded (``calls``), with when its client hung up if it did so before the answer was
@@ -52,6 +53,11 @@ URL_ENV = "CREW_PROVIDER_URL"  # where the demo's and the tests' real-LLM crews 
 DEFAULT_URL = "http://127.0.0.1:8091/v1"
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a request larger than this is answered 413 unread
 MAX_SCRIPTED = 10_000  # replies queued for one model at once
+MAX_SCRIPTED_MODELS = 1_000  # models with a script at once
+# The recorded calls kept between two resets: the most recent, so that a provider nobody resets (the demo's, the
+# bench's) answers for ever in bounded memory.
+MAX_CALLS = 10_000
+MAX_RECORDED_BYTES = 64 * 1024 * 1024  # of their requests' bodies, in all
 SCRIPT_BODY = "a body with replies (a list) and model (a string, or null for any model) is required"
 HOST = "127.0.0.1"
 _WORD = re.compile(r"\S+")
@@ -71,6 +77,7 @@ class Call:
     answered: float | None = None  # when the whole answer was written
     hung_up: float | None = None  # when the client closed the connection before that
     status: int = 200
+    size: int = 0  # the request body's bytes
 
 
 @dataclasses.dataclass
@@ -104,7 +111,9 @@ class Provider:
         self._server.provider = self
         self._thread: threading.Thread | None = None
         self._changed = threading.Condition()
-        self.calls: list[Call] = []
+        self.calls: list[Call] = []  # the most recent (MAX_CALLS, MAX_RECORDED_BYTES)
+        self._recorded = 0  # calls since the last reset, forgotten ones included: the next call's index
+        self._recorded_bytes = 0  # of the requests in ``calls``
         self._scripts: dict[str | None, list[dict[str, Any]]] = {}  # model (None: any other) -> replies to give
 
     @property
@@ -144,6 +153,8 @@ class Provider:
         ``model`` None: for every model without a script of its own. ValueError for a reply of no known form."""
         checked = [_checked(reply) for reply in replies]
         with self._changed:
+            if model not in self._scripts and len(self._scripts) >= MAX_SCRIPTED_MODELS:
+                raise ValueError(f"at most {MAX_SCRIPTED_MODELS} models have a script at once")
             queue = self._scripts.setdefault(model, [])
             if len(queue) + len(checked) > MAX_SCRIPTED:
                 raise ValueError(f"a script holds at most {MAX_SCRIPTED} replies")
@@ -154,6 +165,7 @@ class Provider:
         with self._changed:
             self._scripts.clear()
             self.calls.clear()
+            self._recorded = self._recorded_bytes = 0
             self._changed.notify_all()
 
     def _play(self, turn: Turn) -> None:
@@ -183,8 +195,13 @@ class Provider:
 
     def _record(self, call: Call) -> None:
         with self._changed:
-            call.index = len(self.calls)
+            call.index, self._recorded = self._recorded, self._recorded + 1
             self.calls.append(call)
+            self._recorded_bytes += call.size
+            while len(self.calls) > 1 and (
+                len(self.calls) > MAX_CALLS or self._recorded_bytes > MAX_RECORDED_BYTES
+            ):  # the oldest is forgotten
+                self._recorded_bytes -= self.calls.pop(0).size
             self._changed.notify_all()
 
     def _update(self, call: Call, **changes: Any) -> None:
@@ -246,12 +263,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass  # a test's output stays the test's
 
     def do_POST(self) -> None:
-        route = self.path.partition("?")[0].rstrip("/")
-        if route not in ("/v1/chat/completions", "/scripts"):
-            self._send_json(404, _error("not_found", f"no route {self.path}"))
+        route = self._route("/v1/chat/completions", "/scripts")
+        if route is None:
             return
         needed = SCRIPT_BODY if route == "/scripts" else "a body with model and messages is required"
-        body = self._read_json(needed)
+        length = self._length()
+        if length is None:
+            return
+        body = self._read_json(length, needed)
         if body is None:
             return
         if route == "/scripts":
@@ -263,7 +282,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._send_json(400, _error("invalid_request_error", needed))
             return
         tools = [t.get("function", {}).get("name", "") for t in body.get("tools") or [] if isinstance(t, dict)]
-        call = Call(0, model, bool(body.get("stream")), messages, tools, time.monotonic())
+        call = Call(0, model, bool(body.get("stream")), messages, tools, time.monotonic(), size=length)
         self.server.provider._record(call)
         try:
             self._answer(call, body)
@@ -274,27 +293,43 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.server.provider._update(call, answered=time.monotonic())
 
     def do_GET(self) -> None:
-        if self.path.partition("?")[0].rstrip("/") != "/calls":
-            self._send_json(404, _error("not_found", f"no route {self.path}"))
+        if self._route("/calls") is None:
             return
         with self.server.provider._changed:
             calls = [dataclasses.asdict(call) for call in self.server.provider.calls]
         self._send_json(200, {"calls": calls})
 
     def do_DELETE(self) -> None:
-        if self.path.partition("?")[0].rstrip("/") != "/scripts":
-            self._send_json(404, _error("not_found", f"no route {self.path}"))
+        if self._route("/scripts") is None:
             return
         self.server.provider.reset()
         self._send_json(200, {"reset": True})
 
-    def _read_json(self, needed: str) -> Any:
-        """The request's JSON object, or None once it is answered 413 or 400 (saying what is ``needed``)."""
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY_BYTES:
+    def _route(self, *routes: str) -> str | None:
+        """The request's route if it is one of ``routes``; else None, once it is answered 404."""
+        route = self.path.partition("?")[0].rstrip("/")
+        if route in routes:
+            return route
+        self._send_json(404, _error("not_found", f"no route {self.path}"))
+        return None
+
+    def _length(self) -> int | None:
+        """The body's Content-Length; None once a bad or too large one is answered 400 or 413 (the connection
+        then closes: where the next request would begin is unknown, the body being unread)."""
+        given = (self.headers.get("Content-Length") or "0").strip()
+        if not (given.isascii() and given.isdigit()):
             self.close_connection = True
-            self._send_json(413, _error("request_too_large", f"a body of {length} bytes"))
+            self._send_json(400, _error("invalid_request_error", f"Content-Length {given[:40]!r} is no byte count"))
             return None
+        if len(given) > len(str(MAX_BODY_BYTES)) or int(given) > MAX_BODY_BYTES:
+            self.close_connection = True
+            self._send_json(413, _error("request_too_large", f"a body of {given[:40]} bytes"))
+            return None
+        return int(given)
+
+    def _read_json(self, length: int, needed: str) -> Any:
+        """The request's JSON object of ``length`` bytes, or None once it is answered 400 (saying what is
+        ``needed``)."""
         try:
             body = json.loads(self.rfile.read(length))
         except ValueError:

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.helpers.scripted_provider import scripted_provider
+from worker import provider as provider_module
 from worker.provider import Provider
 
 MESSAGES = [{"role": "system", "content": "You are a tester."}, {"role": "user", "content": "Say something."}]
@@ -243,6 +244,46 @@ def test_bad_requests_get_clear_answers(provider: Provider) -> None:
         client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1073741824\r\n\r\n{}")
         assert client.recv(4096).startswith(b"HTTP/1.1 413 ")
     assert provider.calls == []
+
+
+@pytest.mark.parametrize(
+    ("length", "status"), [(b"abc", 400), (b"-5", 400), (b"1e3", 400), (b"9" * 5000, 413), (b"16777217", 413)]
+)
+def test_a_content_length_that_is_no_byte_count_or_too_large_is_answered_at_once(
+    provider: Provider, length: bytes, status: int
+) -> None:
+    with raw(provider) as client:
+        client.settimeout(10)  # a handler reading a body of -5 bytes would wait for the client to hang up
+        client.sendall(b"POST /scripts HTTP/1.1\r\nHost: x\r\nContent-Length: " + length + b"\r\n\r\n{}")
+        answer = b""
+        while chunk := client.recv(65536):  # it closes the connection: where a next request begins is unknown
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 %d " % status), head
+    assert json.loads(body)["error"]["message"].startswith("Content-Length" if status == 400 else "a body of")
+
+
+def test_scripts_of_too_many_models_are_refused(provider: Provider) -> None:
+    for number in range(provider_module.MAX_SCRIPTED_MODELS):
+        provider.script([{"content": "yes"}], f"m{number}")
+    root = provider.url.removesuffix("/v1")
+    refused = httpx.post(f"{root}/scripts", json={"model": "one-more", "replies": []}, timeout=30)
+    assert refused.status_code == 400
+    bound = provider_module.MAX_SCRIPTED_MODELS
+    assert refused.json()["error"]["message"] == f"at most {bound} models have a script at once"
+    assert httpx.post(f"{root}/scripts", json={"model": "m0", "replies": [{"content": "again"}]}, timeout=30).is_success
+
+
+def test_only_the_most_recent_calls_are_kept(provider: Provider, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bounded in number and in bytes, while every call is still answered (the demo's provider is never reset)."""
+    monkeypatch.setattr(provider_module, "MAX_CALLS", 3)
+    assert all(post(provider).status_code == 200 for _ in range(5))
+    assert [call.index for call in provider.calls] == [2, 3, 4]
+    monkeypatch.setattr(provider_module, "MAX_RECORDED_BYTES", provider.calls[0].size * 2)
+    assert post(provider).status_code == 200
+    assert [call.index for call in provider.calls] == [4, 5]
+    provider.reset()
+    assert post(provider).status_code == 200 and [call.index for call in provider.calls] == [0]
 
 
 def test_wait_gives_up_at_its_deadline(provider: Provider) -> None:

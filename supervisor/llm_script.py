@@ -60,9 +60,9 @@ class ScriptedProvider:
     def start(cls, python: str = sys.executable, timeout: float = START_SECONDS) -> ScriptedProvider:
         """``python -m worker.provider`` on a free loopback port, once it has said its URL."""
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SOURCE), os.environ.get("PYTHONPATH")]))}
-        process = subprocess.Popen(
-            [python, "-m", "worker.provider", "--port", "0"], env=env, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL
-        )
+        # Its stdin is a pipe only this process writes: ended when it dies, however it dies, which stops the provider.
+        command = [python, "-m", "worker.provider", "--port", "0", "--until-stdin-closes"]
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stdin=subprocess.PIPE)
         assert process.stdout is not None
         readable, _, _ = select.select([process.stdout], [], [], timeout)
         line = process.stdout.readline().decode().strip() if readable else ""
@@ -103,5 +103,6 @@ def _end(process: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
-    if process.stdout is not None:
-        process.stdout.close()
+    for pipe in (process.stdout, process.stdin):
+        if pipe is not None:
+            pipe.close()

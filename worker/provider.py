@@ -27,7 +27,10 @@ whole; ``wait`` blocks until a condition on the calls holds. Standard library on
 milliseconds, and the fork server can stop it and be single-threaded again (``stop`` closes every
 connection and joins every thread).
 
-``python -m worker.provider [--port N]`` serves one until SIGTERM or SIGINT, printing its URL first.
+``python -m worker.provider [--port N]`` serves one until SIGTERM or SIGINT, printing its URL first; with
+``--until-stdin-closes``, until its stdin ends too: a parent that holds the other end of that pipe takes the
+provider with it when it dies, SIGKILLed included (``supervisor/llm_script.py``), so no provider is left serving
+its recorded calls on loopback.
 """
 
 from __future__ import annotations
@@ -558,13 +561,24 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m worker.provider", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default=HOST)
     parser.add_argument("--port", type=int, default=0, help="0: a free port (the URL printed says which)")
+    parser.add_argument("--until-stdin-closes", action="store_true", help="stop too when stdin ends (its writer died)")
     args = parser.parse_args(argv)
     stopped = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopped.set())
+    if args.until_stdin_closes:
+        threading.Thread(target=_drain, args=(sys.stdin.fileno(), stopped), name="stdin", daemon=True).start()
     with Provider(args.host, args.port) as provider:
         print(provider.url, flush=True)
         stopped.wait()
+
+
+def _drain(stdin: int, stopped: threading.Event) -> None:
+    """Read ``stdin`` to its end (the last process holding its other end closed it, or died), then stop. Unbuffered:
+    a thread still in ``sys.stdin.buffer`` at the exit would hold its lock, which aborts the interpreter."""
+    while os.read(stdin, 4096):
+        pass
+    stopped.set()
 
 
 if __name__ == "__main__":

@@ -3,13 +3,20 @@ scripted and read over HTTP, stopped for good. A crew on it: tests/supervisor/te
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import httpx
+import psutil
 import pytest
 
 from supervisor import llm_script
 from supervisor.llm_script import ScriptedProvider, ScriptedProviderError, answer, error, tool_call
+from tests.conftest import ROOT
+from tests.helpers.waiting import wait_until
 from worker import provider as worker_provider
 
 MESSAGES = [{"role": "user", "content": "When is high tide?"}]
@@ -56,3 +63,40 @@ def test_it_stops_for_good_and_names_the_variable_crews_read() -> None:
     with pytest.raises(httpx.ConnectError):
         ask(running, "gpt-4o-mini")
     assert llm_script.URL_ENV == worker_provider.URL_ENV
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_it_ends_with_the_process_that_started_it_even_one_killed() -> None:
+    """A test session SIGKILLed (a CI timeout) must not leave the provider serving its recorded calls."""
+    parent_code = (
+        "import sys, time\n"
+        "from supervisor.llm_script import ScriptedProvider\n"
+        "running = ScriptedProvider.start()\n"
+        "print(running.process.pid, running.url, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], env=env, stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    pid, url = parent.stdout.readline().split()
+    try:
+        calls = f"{url.removesuffix('/v1')}/calls"
+        assert httpx.get(calls, timeout=30, trust_env=False).json() == {"calls": []}
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(30)
+        assert wait_until(lambda: gone(int(pid)), timeout=30), "the provider outlived the process that started it"
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(calls, timeout=30, trust_env=False)
+    finally:
+        parent.kill()
+        parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()
+        if not gone(int(pid)):  # the test failed: the orphan it left goes
+            os.kill(int(pid), signal.SIGKILL)

@@ -4,12 +4,14 @@ the operator commands use (``console/client.py``). Reads only."""
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from supervisor.config import PREFIX
 from supervisor.console.client import Client, OperatorError, Target
 from supervisor.doctor.findings import Finding, ok, problem, warning
+from supervisor.escaping import visible
 
 NEAR_FULL = 0.9  # of MAX_RETAINED_RUNS: a warning before every start answers 507
 REACH_FIX = (
@@ -29,7 +31,11 @@ def check(target: Target) -> list[Finding]:
         detail = f"{target.url}/health answered, but not with a crew-supervisor's health (a JSON object)"
         return [problem("api", detail, "give the supervisor's own URL, not a proxy's or another service's")]
     found = [ok("api", f"{target.url} answers: instance {health.get('instance')}, launcher {health.get('launcher')}")]
-    return [*found, _status(health), _journal(health), _crews(health), _sandbox(health), _capacity(health)]
+    try:
+        return [*found, _status(health), _journal(health), _crews(health), _sandbox(health), _capacity(health)]
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:  # a field of another shape: one line, no traceback
+        detail = f"{target.url}/health answered, but not with a crew-supervisor's health ({visible(exc)})"
+        return [problem("api", detail, "give the supervisor's own URL, not a proxy's or another service's")]
 
 
 def _status(health: Mapping[str, Any]) -> Finding:
@@ -67,16 +73,26 @@ def _sandbox(health: Mapping[str, Any]) -> Finding:
 
 def _capacity(health: Mapping[str, Any]) -> Finding:
     """Retained against MAX_RETAINED_RUNS, and the retention window when ``/health`` says it (``retention``)."""
-    retained, limit = int(health["retained_runs"]), int(health.get("max_retained_runs") or 0)
+    retained, limit = _count(health, "retained_runs", required=True), _count(health, "max_retained_runs")
     retention = health.get("retention") if isinstance(health.get("retention"), dict) else None
     detail = f"{retained} of {limit} job records ({PREFIX}MAX_RETAINED_RUNS)" + _retention(retention)
-    archivable = int(retention.get("archivable") or 0) if retention is not None else 0
+    archivable = _count(retention, "archivable") if retention is not None else 0
     fix = f"archive finished jobs (crew-supervisor archive), or raise {PREFIX}MAX_RETAINED_RUNS"
     if limit and retained >= limit and not archivable:
         return problem("capacity", f"{detail}: every start answers 507", fix)
     if limit and retained >= NEAR_FULL * limit:
         return warning("capacity", f"{detail}: near full", fix)
     return ok("capacity", detail)
+
+
+def _count(fields: Mapping[str, Any], name: str, required: bool = False) -> int:
+    """A count ``/health`` gives (0 if it gives none, unless ``required``); ValueError naming it for anything else."""
+    value = fields.get(name)
+    if value is None and not required:
+        return 0
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"its {name} is {json.dumps(value)[:40]}, not a count")
+    return value
 
 
 def _retention(retention: Mapping[str, Any] | None) -> str:

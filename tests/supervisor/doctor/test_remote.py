@@ -3,7 +3,9 @@ supervisors (ready, draining, full), a wrong token, a port nothing listens on an
 
 from __future__ import annotations
 
+import contextlib
 import http.server
+import json
 import signal
 import threading
 from collections.abc import Iterator
@@ -93,10 +95,13 @@ def test_nothing_listening_is_one_line(deployment: Deployment) -> None:
 
 
 class NotASupervisor(http.server.BaseHTTPRequestHandler):
+    body = b"<html><body>a login page</body></html>"  # what every GET answers
+    kind = "text/html"
+
     def do_GET(self) -> None:
-        body = b"<html><body>a login page</body></html>"
+        body = self.body
         self.send_response(200)
-        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Type", self.kind)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -107,7 +112,13 @@ class NotASupervisor(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def html_server() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotASupervisor)
+    with serving(NotASupervisor) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serving(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -122,3 +133,27 @@ def test_an_answer_that_is_not_a_supervisors_health_is_one_line(deployment: Depl
     assert (answer.code, answer.err) == (1, ""), answer.out + answer.err
     [line] = answer.lines("problem")
     assert f"{html_server}/health answered, but not with a crew-supervisor's health" in line
+
+
+HEALTH = {"status": "ready", "crews": ["demo"], "retained_runs": 0, "max_retained_runs": 10, "sandbox": {}}
+
+
+@pytest.mark.parametrize(
+    ("field", "said"),
+    [
+        ({"retained_runs": None}, "its retained_runs is null, not a count"),
+        ({"retained_runs": "many"}, 'its retained_runs is "many", not a count'),
+        ({"max_retained_runs": -1}, "its max_retained_runs is -1, not a count"),
+        ({"retention": {"archivable": [1]}}, "its archivable is [1], not a count"),
+        ({"sandbox": ["landlock"]}, "'list' object has no attribute 'get'"),
+    ],
+)
+def test_a_health_with_a_field_of_another_shape_is_one_line(
+    deployment: Deployment, field: dict[str, object], said: str
+) -> None:
+    handler = type("BadHealth", (NotASupervisor,), {"body": json.dumps({**HEALTH, **field}).encode(), "kind": "json"})
+    with serving(handler) as url:
+        answer = doctor(deployment, "--url", url, "--token", "t")
+        assert (answer.code, answer.err) == (1, ""), answer.out + answer.err
+        [line] = answer.lines("problem")
+        assert f"{url}/health answered, but not with a crew-supervisor's health ({said})" in line, answer.out

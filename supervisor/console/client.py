@@ -34,6 +34,10 @@ class OperatorError(Exception):
     """What went wrong, said in one line; the CLI prints it and exits non-zero."""
 
 
+class Unsettled(OperatorError):
+    """A follower gave up after its request may have reached the server: what it asked for may be under way."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Target:
     url: str
@@ -113,21 +117,23 @@ class Client:
         self, reopen: Opener, wait: float, accepted: Callable[[], None] = lambda: None
     ) -> Iterator[dict[str, Any]]:
         """Until the first answer, a refusal or a refused connection is the command's end (one line, exit 1);
-        once the server has answered, a lost link, or a 502/503/504 while it restarts, is an outage to wait out."""
+        once the server has answered, or a request may have reached it (sent, then no answer: a start it may have
+        admitted), a lost link, or a 502/503/504 while it restarts, is an outage to wait out (``Unsettled`` at
+        the end of ``wait``)."""
         last: int | None = None
-        opened = False
+        opened = reached = False
         link = Reconnect(self.url, wait)
         while True:
             try:
                 with reopen(last) as response:
-                    if response.is_error and not (opened and response.status_code in PASSING):
+                    if response.is_error and not (reached and response.status_code in PASSING):
                         response.read()
                         self._json(response)
                     if response.is_error:
                         reason = f"{response.status_code} {response.reason_phrase}"
                     else:
                         if not opened:
-                            opened = True
+                            opened = reached = True
                             accepted()
                         # a partial last one is asked for again
                         for event in sse.events(sse.lines(_noting(response.iter_bytes(), link, last))):
@@ -139,13 +145,14 @@ class Client:
             except sse.StreamError as exc:  # resuming would read the same bytes again
                 raise OperatorError(f"the event stream from {self.url} is broken: {exc}") from None
             except httpx.TransportError as exc:
-                if not opened and isinstance(exc, httpx.ConnectError):
+                unsent = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+                if not reached and isinstance(exc, httpx.ConnectError):
                     raise OperatorError(f"cannot connect to {self.url}: {_reason(exc)}") from None
-                reason = _reason(exc)
+                reached, reason = reached or not unsent, _reason(exc)
             try:
                 pause = link.lost(reason, last)
             except GaveUp as exc:
-                raise OperatorError(str(exc)) from None
+                raise (Unsettled if reached else OperatorError)(str(exc)) from None
             time.sleep(pause)
 
     @contextlib.contextmanager

@@ -25,7 +25,7 @@ from rich.text import Text
 
 from protocol import Operation
 from supervisor.console import views
-from supervisor.console.client import Client, OperatorError, job_path, resolve_target
+from supervisor.console.client import Client, OperatorError, Unsettled, job_path, resolve_target
 from supervisor.console.durations import duration, spoken
 from supervisor.console.reconnect import DEFAULT_WAIT_SECONDS
 from supervisor.console.views import visible
@@ -393,6 +393,11 @@ def run(client: Client, args: argparse.Namespace, out: Console) -> int:
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
+    except Unsettled as exc:  # the start may have been admitted: never say it failed without the job's id
+        shown = ident(body["action_id"])
+        raise OperatorError(
+            f"{exc}; job {shown} may be running, its outcome unknown (crew-supervisor show {shlex.quote(shown)} says)"
+        ) from None
     if not args.json:
         conclude(client, body["action_id"], code, out)
     return code

@@ -3,14 +3,17 @@
 A reader like any other (``Reader.copy_into``): it never takes the journal's lock (``claim.py``), so it runs beside
 the supervisor, whose writer it never holds up; the copy is the journal as it was at one instant, what had
 committed. It is written to a private temporary file beside the target, checked with SQLite's quick check, made
-durable, and only then put at the target's name: the target is a whole checked copy or nothing.
+durable, and only then put at the target's name: the target is a whole checked copy or nothing. That file is
+locked (flock) while its backup runs; one left unlocked was a killed backup's, removed by the next to that target.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import os
+import re
 import sqlite3
 import stat
 import tempfile
@@ -22,6 +25,7 @@ from supervisor.journal.reader import Reader
 from supervisor.journal.statefiles import check_state_files, journal_companions
 
 STEP_PAGES = 1024  # a step of the copy: 4 MiB of 4 KiB pages
+PARTIAL = ".partial"  # a copy being made is ``.<target's name>.<8 of mkstemp's characters>.partial``
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,10 +40,11 @@ def backup(journal: Path, target: Path, *, force: bool = False) -> Copied:
     JournalError, saying why in one line."""
     journal, target = journal.absolute(), target.absolute()
     _refuse(journal, target, force)
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)  # 0600
-    os.close(fd)
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=PARTIAL, dir=target.parent)  # 0600
     partial = Path(name)
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held to the end: no other backup's sweep takes this copy
+        _sweep(target, partial)
         _copy(journal, partial)
         records = _checked(partial)
         fsync(partial)
@@ -56,6 +61,7 @@ def backup(journal: Path, target: Path, *, force: bool = False) -> Copied:
     finally:
         with contextlib.suppress(FileNotFoundError):
             partial.unlink()
+        os.close(fd)
 
 
 def _refuse(journal: Path, target: Path, force: bool) -> None:
@@ -73,19 +79,63 @@ def _refuse(journal: Path, target: Path, force: bool) -> None:
         raise JournalError(f"{target} is not a regular file: --force replaces only an earlier copy")
 
 
+def _sweep(target: Path, ours: Path) -> None:
+    """Remove the partial copies (and their ``-journal``) that killed backups to ``target`` left: those older than
+    ``ours`` that no running backup holds locked."""
+    named = re.compile(re.escape(f".{target.name}.") + "[a-z0-9_]{8}" + re.escape(PARTIAL))
+    started = os.stat(ours).st_mtime_ns
+    for entry in os.scandir(target.parent):
+        if entry.path == str(ours) or not named.fullmatch(entry.name):
+            continue
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue  # gone meanwhile, or a link: not a copy of ours
+        try:
+            found = os.fstat(fd)
+            if stat.S_ISREG(found.st_mode) and found.st_mtime_ns < started:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: a backup running now
+                for stale in (entry.path, entry.path + "-journal"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(stale)
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(fd)
+
+
 def _copy(journal: Path, partial: Path) -> None:
     """With no supervisor on it (no WAL) the journal is read as immutable, as the doctor reads it, or SQLite would
-    leave a ``-wal`` and ``-shm`` beside it; a supervisor that opened it meanwhile made a WAL: copied again, live."""
+    leave a ``-wal`` and ``-shm`` beside it; a supervisor that opened it meanwhile: copied again, live.
+
+    An immutable read trusts that nothing changes the file, so it counts only if nothing did. A supervisor still
+    on the journal after it has a ``-wal``; one that opened it, checkpointed into it and closed it during the read
+    (its ``-wal`` gone again) could tear the copy unseen by that look, but it wrote the file, which moves the file's
+    modification and change times: its identity (inode, size, times) is taken before the ``-wal`` is looked for,
+    and compared after. That session began after the look found no ``-wal``, so after every earlier write; its
+    times equal the earlier ones only if it fits in their clock tick, SQLite's fsyncs between (and with Linux 6.13's
+    fine-grained timestamps, a write after our ``stat`` always moves them)."""
     wal = journal.with_name(journal.name + "-wal")
-    for immutable in (not wal.exists(), False):
-        reader, target = Reader(journal, immutable=immutable), sqlite3.connect(partial)
-        try:
-            reader.copy_into(target, STEP_PAGES)
-        finally:
-            target.close()
-            reader.close()
-        if not (immutable and wal.exists()):
+    before = _identity(journal)
+    if not wal.exists():
+        _copy_once(journal, partial, immutable=True)
+        if not wal.exists() and _identity(journal) == before:
             return
+    _copy_once(journal, partial, immutable=False)
+
+
+def _identity(path: Path) -> tuple[int, ...]:
+    found = os.stat(path)
+    return found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns
+
+
+def _copy_once(journal: Path, partial: Path, *, immutable: bool) -> None:
+    reader, target = Reader(journal, immutable=immutable), sqlite3.connect(partial)
+    try:
+        reader.copy_into(target, STEP_PAGES)
+    finally:
+        target.close()
+        reader.close()
 
 
 def _checked(partial: Path) -> int:

@@ -4,12 +4,14 @@ docs/operating.md says (stop, the copy in place 0600, start), and served again; 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import sqlite3
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +106,28 @@ def test_an_existing_file_is_replaced_only_with_force(journal: Path, tmp_path: P
     with contextlib.closing(sqlite3.connect(f"file:{target}?immutable=1", uri=True)) as db:
         assert db.execute("SELECT action_id FROM jobs").fetchall() == [("kept",)]
     assert sorted(path.name for path in tmp_path.iterdir()) == ["copy.db", "state"]  # no partial copy left
+
+
+def test_a_killed_backups_partial_copy_is_removed_by_the_next_and_a_running_ones_kept(
+    journal: Path, tmp_path: Path
+) -> None:
+    stale, running, other = (
+        tmp_path / name
+        for name in (".copy.db.k1ll3d_0.partial", ".copy.db.running0.partial", ".other.db.k1ll3d_0.partial")
+    )
+    for path in (stale, stale.with_name(stale.name + "-journal"), running, other):
+        path.write_text("a copy cut short\n")
+        os.utime(path, (1, 1))  # long before this backup
+    with open(running) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as the backup writing it holds it
+        assert backup(journal, tmp_path / "copy.db").records == 1
+    names = sorted(path.name for path in tmp_path.iterdir())
+    assert names == [running.name, other.name, "copy.db", "state"]  # another target's are not its own
+    fresh = tmp_path / ".copy.db.0started.partial"  # a backup begun after the next one, not locking it yet
+    fresh.write_text("")
+    os.utime(fresh, (time.time() + 3600, time.time() + 3600))
+    assert backup(journal, tmp_path / "copy.db", force=True).records == 1
+    assert fresh.exists()
 
 
 @pytest.mark.parametrize("name", ["journal.db", "journal.db-wal", "journal.db.lock"])

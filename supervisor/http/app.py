@@ -28,7 +28,6 @@ from supervisor.jobs.admission import (
 )
 from supervisor.jobs.supervisor import Supervisor
 from supervisor.metrics import router as metrics_router
-from supervisor.tokens import Credentials
 
 # The input bound is 1 MiB of compact JSON; the envelope and pretty-printing get room beside it.
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -82,9 +81,7 @@ def create_app(sup: Supervisor) -> FastAPI:
     # Each route as the middleware matches it: FastAPI's own (/openapi.json), then each router's.
     routes = [route for route in app.router.routes if isinstance(route, Route)]
     routes += [route for router in routers for route in router.routes]
-    settings = sup.settings
-    credentials = Credentials(settings.tokens, settings.token_files) if settings.tokens else None
-    app.add_middleware(BearerAuth, credentials=credentials, routes=routes, public=public)
+    app.add_middleware(BearerAuth, credentials=sup.credentials, routes=routes, public=public)
     generated_openapi = app.openapi
 
     def openapi() -> dict[str, Any]:

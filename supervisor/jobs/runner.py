@@ -14,7 +14,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -58,8 +58,10 @@ class Runner:
         budgets: Mapping[str, Budget],
         lifecycle: Callable[[], Lifecycle],
         crew_disk: CrewDisk,
+        tokens: Callable[[], Collection[str]],
     ) -> None:
         self.settings = settings
+        self.tokens = tokens  # every role's bearer tokens now (supervisor/tokens.py)
         self.crew_disk = crew_disk  # each crew's places as its jobs measure them, for admission
         self.budget = Budget(settings.worker_max_tokens, settings.worker_max_llm_calls)
         self.budgets = budgets  # each crew's own LLM budget, as its registry entry asks (Registry.budgets)
@@ -177,8 +179,9 @@ class Runner:
             return failure(Reason.CREW_ENV_INVALID, str(exc), False)
         scratch = _make_places(self.state, job.crew_id, self.settings.worker_ids)
         try:
-            env, cwd = job_env(self.settings, self.state, job.crew_id, scratch / "tmp", crew_vars), str(scratch)
-            job.secrets = secrets_in(env, [*self.settings.every_token, *crew_vars.values()])  # a crew's: any name
+            tokens = self.tokens()  # as the files hold them now: a token rotated in is kept out and masked too
+            env, cwd = job_env(self.settings, self.state, job.crew_id, scratch / "tmp", crew_vars, tokens), str(scratch)
+            job.secrets = secrets_in(env, [*tokens, *crew_vars.values()])  # a crew's: any name
             writable = self.sandbox.policy(env, cwd, job.operation)
             places = Places(scratch, (Path(env[HOME]), Path(env[STORAGE_DIR])), held=bool(self.limits.disk_bytes))
             baseline = asyncio.ensure_future(places.begin()) if self.limits.measures_disk else None

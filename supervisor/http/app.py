@@ -78,8 +78,11 @@ def create_app(sup: Supervisor) -> FastAPI:
     app.add_exception_handler(Refused, refused)  # type: ignore[arg-type]
     for router in routers:
         app.include_router(router)
-    # Each route as the middleware matches it: FastAPI's own (/openapi.json), then each router's.
+    # Each route as the middleware matches it: FastAPI's own (/openapi.json), then each router's. Every one: a
+    # request it finds no route for goes on to the router as a 404 or 405 with a scoped token too.
     routes = [route for route in app.router.routes if isinstance(route, Route)]
+    if len(app.router.routes) - len(routes) != len(routers):  # a Mount, say: the middleware could not judge it
+        raise RuntimeError("the app serves a route the bearer middleware does not know")
     routes += [route for router in routers for route in router.routes]
     app.add_middleware(BearerAuth, credentials=sup.credentials, routes=routes, public=public)
     generated_openapi = app.openapi

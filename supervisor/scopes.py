@@ -1,8 +1,9 @@
 """What each route lets a token's role do: a route declares the least role it needs with ``@needs(Role.X)`` on its
 endpoint; one that declares nothing needs the contract's token, so a route added later is not open to an observer
 or an operator token until it says so. The bearer middleware (``supervisor/http/auth.py``) finds the route a request
-goes to, as the router will, before anything is read or run. Here, not in supervisor/http/, as ``/metrics`` is
-declared in supervisor/metrics.py, which the jobs import.
+goes to, as the router will, before anything is read or run; a request no route takes goes on to the router, whose
+404, 405 or redirect (307, to the path with or without its last slash, judged again there) runs nothing. Here, not
+in supervisor/http/, as ``/metrics`` is declared in supervisor/metrics.py, which the jobs import.
 """
 
 from __future__ import annotations
@@ -29,14 +30,15 @@ def needs(role: Role) -> Callable[[Endpoint], Endpoint]:
     return declare
 
 
-def needed(routes: Sequence[BaseRoute], scope: Scope) -> tuple[Role, str]:
-    """The role the route serving ``scope`` needs, and that route's path. A request no route takes (the router's 404
-    or 405) needs the contract's token too: a route the list misses is closed, not open."""
+def needed(routes: Sequence[BaseRoute], scope: Scope) -> tuple[Role, str] | None:
+    """The role the route serving ``scope`` needs, and that route's path; None when no route takes it (the router
+    answers 404, 405 or a redirect). ``routes`` must be every route the app serves (``supervisor/http/app.py``
+    checks), so that none is reached by a token that this finds no route for."""
     for route in routes:
         match, _ = route.matches(scope)
         if match == Match.FULL:
             return getattr(getattr(route, "endpoint", None), ATTRIBUTE, Role.CONTRACT), getattr(route, "path", "")
-    return Role.CONTRACT, scope["path"]
+    return None
 
 
 def allows(role: Role, needs_role: Role) -> bool:

@@ -3,9 +3,11 @@ observers' (``OBSERVER_TOKEN_FILE``) and the operators' (``OPERATOR_TOKEN_FILE``
 
 A token file holds one token a line (blank lines and the whitespace around a token are ignored), so that a new token
 can be added before the old one is taken out: a rotation with no restart and no client refused. Each file is read
-at start-up, where anything wrong with it refuses the start, and again when it changes (``Credentials.refresh``
-looks at most once a ``POLL_SECONDS``, a stat each). A change that cannot be used (the file emptied, removed, made
-readable by others, a token in two roles) keeps the tokens last read and is logged once, never with a token.
+at start-up, where anything wrong with it refuses the start, and again when one changes (``Credentials.refresh``
+looks at most once a ``POLL_SECONDS``, a stat each): then every file is read and the roles checked together, so
+that a token moved from one file to another is judged by both files' new contents. A file that cannot be used (emptied,
+removed, made readable by others) keeps its tokens last read; a token in two roles keeps every role's, and the files
+are read again at each look until it is gone. Each complaint is logged once, never with a token.
 """
 
 from __future__ import annotations
@@ -116,6 +118,7 @@ class Credentials:
         self.files = dict(files)
         self._seen: dict[Role, tuple[int, ...] | None] = dict.fromkeys(self.files)  # read again at the first look
         self._warned: dict[Role, str] = {}
+        self._clash: str | None = None  # the roles two files give one token, while they do: read again each look
         self._checked = time.monotonic()
         self._expected = self._headers()
 
@@ -129,34 +132,47 @@ class Credentials:
                 found = role
         return found
 
+    def every_token(self) -> frozenset[str]:
+        """Every role's tokens now: what a job's environment must not hold, and its output never shows."""
+        self.refresh()
+        return frozenset(token for held in self.tokens.values() for token in held)
+
     def refresh(self) -> None:
-        """Read each file again that changed since it was last looked at, at most once a POLL_SECONDS."""
+        """At most once a POLL_SECONDS: when a file changed (or two clashed at the last look), read them all."""
         now = time.monotonic()
         if now - self._checked < POLL_SECONDS:
             return
         self._checked = now
-        for role, path in self.files.items():
-            signature = _signature(path)
-            if signature != self._seen[role]:
-                self._seen[role] = signature
-                self._reload(role, path)
+        signatures = {role: _signature(path) for role, path in self.files.items()}
+        if signatures != self._seen or self._clash is not None:
+            self._seen = signatures
+            self._reload()
 
-    def _reload(self, role: Role, path: str) -> None:
-        setting = f"{PREFIX}{FILE_SETTINGS[role]}"
-        try:
-            tokens = read_tokens(FILE_SETTINGS[role], path)
-            if pair := shared({**self.tokens, role: tokens}):
-                raise TokenFileError(in_two_roles(pair))
-        except TokenFileError as exc:
-            if self._warned.get(role) != str(exc):  # once, until the file changes its complaint or is mended
-                self._warned[role] = str(exc)
-                log.warning("%s; the %s tokens read before are kept", exc, role)
+    def _reload(self) -> None:
+        """Every file read, checked against the others as they are now, and all used at once: one rewritten
+        before another (a token moved between roles) is never judged by the other's old tokens. A file that
+        cannot be used keeps its tokens read before; a token in two roles keeps every role's."""
+        read = dict(self.tokens)
+        for role, path in self.files.items():
+            try:
+                read[role] = read_tokens(FILE_SETTINGS[role], path)
+            except TokenFileError as exc:
+                if self._warned.get(role) != str(exc):  # once, until the file changes its complaint or is mended
+                    self._warned[role] = str(exc)
+                    log.warning("%s; the %s tokens read before are kept", exc, role)
+                continue
+            self._warned.pop(role, None)
+        if pair := shared(read):
+            if self._clash != (clash := in_two_roles(pair)):
+                log.warning("%s; the tokens read before are kept", clash)
+            self._clash = clash
             return
-        self._warned.pop(role, None)
-        if tokens != self.tokens.get(role):  # a touch, or the first look since start-up, changes nothing
-            self.tokens[role] = tokens
-            self._expected = self._headers()
-            log.info("%s read again: %d %s token(s)", setting, len(tokens), role)
+        self._clash = None
+        changed = [role for role in self.files if read[role] != self.tokens.get(role)]
+        self.tokens = read
+        self._expected = self._headers() if changed else self._expected
+        for role in changed:  # a touch, or the first look since start-up, changes nothing
+            log.info("%s%s read again: %d %s token(s)", PREFIX, FILE_SETTINGS[role], len(read[role]), role)
 
     def _headers(self) -> list[tuple[bytes, Role]]:
         return [(f"Bearer {token}".encode(), role) for role, held in self.tokens.items() for token in held]

@@ -28,7 +28,6 @@ from supervisor.jobs.admission import (
 )
 from supervisor.jobs.supervisor import Supervisor
 from supervisor.metrics import router as metrics_router
-from supervisor.tokens import Credentials
 
 # The input bound is 1 MiB of compact JSON; the envelope and pretty-printing get room beside it.
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -79,12 +78,13 @@ def create_app(sup: Supervisor) -> FastAPI:
     app.add_exception_handler(Refused, refused)  # type: ignore[arg-type]
     for router in routers:
         app.include_router(router)
-    # Each route as the middleware matches it: FastAPI's own (/openapi.json), then each router's.
+    # Each route as the middleware matches it: FastAPI's own (/openapi.json), then each router's. Every one: a
+    # request it finds no route for goes on to the router as a 404 or 405 with a scoped token too.
     routes = [route for route in app.router.routes if isinstance(route, Route)]
+    if len(app.router.routes) - len(routes) != len(routers):  # a Mount, say: the middleware could not judge it
+        raise RuntimeError("the app serves a route the bearer middleware does not know")
     routes += [route for router in routers for route in router.routes]
-    settings = sup.settings
-    credentials = Credentials(settings.tokens, settings.token_files) if settings.tokens else None
-    app.add_middleware(BearerAuth, credentials=credentials, routes=routes, public=public)
+    app.add_middleware(BearerAuth, credentials=sup.credentials, routes=routes, public=public)
     generated_openapi = app.openapi
 
     def openapi() -> dict[str, Any]:

@@ -86,10 +86,11 @@ class BearerAuth:
         await self.app(scope, receive, send)
 
     def _beyond(self, role: Role, scope: Scope) -> str | None:
-        """Why ``role`` may not do what ``scope`` asks, or None."""
-        if role == Role.CONTRACT:
+        """Why ``role`` may not do what ``scope`` asks, or None (no route takes it: any known token gets the
+        router's own answer, as the contract's does)."""
+        if role == Role.CONTRACT or (route := needed(self.routes, scope)) is None:
             return None
-        needs_role, path = needed(self.routes, scope)
+        needs_role, path = route
         return None if allows(role, needs_role) else refusal(role, needs_role, scope["method"], path)
 
 

@@ -12,6 +12,7 @@ import hashlib
 import os
 import re
 import stat
+from collections.abc import Collection
 from pathlib import Path
 
 from protocol import HOME, PLACES, SETTINGS_PREFIX, STORAGE_DIR, TMPDIR, WorkerSettings
@@ -31,10 +32,15 @@ class CrewEnvError(Exception):
 
 
 def job_env(
-    settings: Settings, state: Path, crew_id: str, tmpdir: Path, crew_vars: dict[str, str] | None = None
+    settings: Settings,
+    state: Path,
+    crew_id: str,
+    tmpdir: Path,
+    crew_vars: dict[str, str] | None = None,
+    tokens: Collection[str] = (),
 ) -> dict[str, str]:
     """What the job's code finds in ``os.environ``: the supervisor's environment without any ``AIP_CREWAI_*``
-    variable (settings, the tokens and their files among them) or a variable holding a token's value, filtered
+    variable (settings, the tokens and their files among them) or a variable holding one of ``tokens``, filtered
     by ``WORKER_ENV`` when set; then ``crew_vars`` (its crew's file); then the worker's places.
 
     Each crew gets its own CrewAI storage, so a replay finds that crew's latest kickoff, and its own HOME, so
@@ -48,7 +54,7 @@ def job_env(
         name: value
         for name, value in os.environ.items()
         if not name.startswith(SETTINGS_PREFIX)
-        and value not in settings.every_token  # a token exported under another name too
+        and value not in tokens  # a token exported under another name too
         and (not allowed or _named(name, allowed))
     }
     env.update(crew_vars or {})
@@ -91,7 +97,8 @@ def worker_env(
     """What a worker process not yet given a job (the fork server, a describing one) is launched with: a job
     environment, no crew's file (the doctor's check of one crew: ``crew_vars``, its file's), the state directory's
     ``tmp``, and the worker's settings."""
-    return {**job_env(settings, state, crew_id, state / "tmp", crew_vars), **worker_settings(settings, state)}
+    env = job_env(settings, state, crew_id, state / "tmp", crew_vars, settings.every_token)  # started with the tokens
+    return {**env, **worker_settings(settings, state)}
 
 
 def read_crew_env(directory: str, crew_id: str) -> dict[str, str]:

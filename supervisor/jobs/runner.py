@@ -14,7 +14,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -58,8 +58,9 @@ class Runner:
         budgets: Mapping[str, Budget],
         lifecycle: Callable[[], Lifecycle],
         crew_disk: CrewDisk,
+        tokens: Callable[[], Collection[str]],
     ) -> None:
-        self.settings = settings
+        self.settings, self.tokens = settings, tokens  # and every role's bearer tokens now (supervisor/tokens.py)
         self.crew_disk = crew_disk  # each crew's places as its jobs measure them, for admission
         self.budget = Budget(settings.worker_max_tokens, settings.worker_max_llm_calls)
         self.budgets = budgets  # each crew's own LLM budget, as its registry entry asks (Registry.budgets)
@@ -177,8 +178,7 @@ class Runner:
             return failure(Reason.CREW_ENV_INVALID, str(exc), False)
         scratch = _make_places(self.state, job.crew_id, self.settings.worker_ids)
         try:
-            env, cwd = job_env(self.settings, self.state, job.crew_id, scratch / "tmp", crew_vars), str(scratch)
-            job.secrets = secrets_in(env, [*self.settings.every_token, *crew_vars.values()])  # a crew's: any name
+            env, cwd = _job_env(job, self.settings, self.state, scratch, crew_vars, self.tokens()), str(scratch)
             writable = self.sandbox.policy(env, cwd, job.operation)
             places = Places(scratch, (Path(env[HOME]), Path(env[STORAGE_DIR])), held=bool(self.limits.disk_bytes))
             baseline = asyncio.ensure_future(places.begin()) if self.limits.measures_disk else None
@@ -244,6 +244,16 @@ class Runner:
         self.metrics.finished.labels(job.operation, outcome.event).inc()
         if "signal" in evidence:  # the supervisor killed the worker: say why
             self.metrics.kills.labels(evidence.get("reason") or outcome.event).inc()
+
+
+def _job_env(
+    job: LiveJob, settings: Settings, state: Path, scratch: Path, crew_vars: dict[str, str], tokens: Collection[str]
+) -> dict[str, str]:
+    """The job's environment, its secrets (``job.secrets``) taken from it: the bearer tokens as their files hold them
+    now (one rotated in is kept out and masked too), its crew's values whatever their names."""
+    env = job_env(settings, state, job.crew_id, scratch / "tmp", crew_vars, tokens)
+    job.secrets = secrets_in(env, [*tokens, *crew_vars.values()])
+    return env
 
 
 async def _account(limits: Limits, crew_disk: CrewDisk, job: LiveJob, places: Places, outcome: Outcome) -> Outcome:

@@ -38,6 +38,7 @@ from supervisor.models import BulkCancelRequest, StartRequest
 from supervisor.processes.launcher import Launcher
 from supervisor.processes.limits import Limits
 from supervisor.processes.reaper import Reaper
+from supervisor.tokens import Credentials
 from supervisor.vocabulary import Phase
 
 CANCELLABLE = (Phase.QUEUED, Phase.LAUNCHING, Phase.RUNNING)  # a settling job's outcome is decided
@@ -78,8 +79,11 @@ class Supervisor(Reads):
         self.lifecycle = Lifecycle.OPENING  # moved on by _become alone
         now_in = self._now_in
         crew_disk = CrewDisk(limits, state)  # each crew's places as last measured: the runner's, for admission
+        # The bearer tokens, read again as their files change: the HTTP middleware's, and what a job must not see.
+        self.credentials = Credentials(settings.tokens, settings.token_files) if settings.tokens else None
+        tokens = self.credentials.every_token if self.credentials else frozenset
         self.runner = Runner(
-            settings, launcher, limits, sandbox, self.recorder, metrics, state, live, owns, now_in, crew_disk
+            settings, launcher, limits, sandbox, self.recorder, metrics, state, live, owns, now_in, crew_disk, tokens
         )
         self.slots = self.runner.slots
         self.slots.check(self.crews)  # each crew's own bound: the crews are known here, the fork server described them

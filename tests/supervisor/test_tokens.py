@@ -1,5 +1,6 @@
 """Token files as start-up reads them: several tokens a file, each role's own, and every bad file refused in one line
-that names the setting and never a token. (Rotation on a running server: tests/system/security/test_token_roles.py.)
+that names the setting and never a token; and read again together, as ``Credentials`` does when one changes.
+(Rotation on a running server: tests/system/security/test_token_roles.py.)
 """
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from supervisor import tokens
 from supervisor.config import ConfigError, load
-from supervisor.tokens import MAX_TOKENS_PER_FILE
+from supervisor.tokens import MAX_TOKENS_PER_FILE, Credentials, read_tokens
 from supervisor.vocabulary import Role
+from tests.system.security.test_token_roles import write_tokens
 
 BASE = {"AIP_CREWAI_REGISTRY": "m:r", "AIP_CREWAI_STATE_FILE": "/tmp/j.db"}
 
@@ -88,3 +91,42 @@ def test_scoped_tokens_need_the_contract_s_token(files: dict[str, str]) -> None:
         "AIP_CREWAI_OPERATOR_TOKEN_FILE and AIP_CREWAI_OBSERVER_TOKEN_FILE need the contract's token too"
         " (AIP_CREWAI_BEARER_TOKEN_FILE)"
     )
+
+
+@pytest.fixture
+def promoting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Credentials, dict[Role, Path]]:
+    """Credentials as a server holds them, looking at the files at each request; alice is an observer."""
+    monkeypatch.setattr(tokens, "POLL_SECONDS", 0.0)
+    paths = {role: tmp_path / role for role in (Role.CONTRACT, Role.OPERATOR, Role.OBSERVER)}
+    for role, held in ((Role.CONTRACT, ["contract"]), (Role.OPERATOR, ["operator"]), (Role.OBSERVER, ["o", "alice"])):
+        write_tokens(paths[role], *held)
+    files = {role: str(path) for role, path in paths.items()}
+    credentials = Credentials({role: read_tokens("X", path) for role, path in files.items()}, files)
+    assert credentials.role_of(b"Bearer alice") == Role.OBSERVER
+    return credentials, paths
+
+
+def test_a_token_moved_between_two_files_at_once_gives_its_new_role(
+    promoting: tuple[Credentials, dict[Role, Path]],
+) -> None:
+    """Both files rewritten before the next look: each is judged by the other's new tokens, not its old ones."""
+    credentials, paths = promoting
+    write_tokens(paths[Role.OPERATOR], "operator", "alice")
+    write_tokens(paths[Role.OBSERVER], "o")
+    assert credentials.role_of(b"Bearer alice") == Role.OPERATOR
+    assert credentials.every_token() == {"contract", "operator", "alice", "o"}
+
+
+def test_a_token_in_two_files_for_a_while_keeps_the_old_roles_then_takes_the_new(
+    promoting: tuple[Credentials, dict[Role, Path]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A look between the two rewrites finds alice in both files: the roles read before are kept, and the files
+    read again at each look, until the second rewrite ends the clash."""
+    credentials, paths = promoting
+    write_tokens(paths[Role.OPERATOR], "operator", "alice")
+    for _ in range(3):
+        assert credentials.role_of(b"Bearer alice") == Role.OBSERVER
+    assert caplog.text.count("the same token gives two roles, operator and observer") == 1  # said once
+    write_tokens(paths[Role.OBSERVER], "o")
+    assert credentials.role_of(b"Bearer alice") == Role.OPERATOR
+    assert "alice" not in caplog.text

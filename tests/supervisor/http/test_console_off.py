@@ -18,7 +18,7 @@ from supervisor.http.app import create_app
 settings = config.load({}, {"AIP_CREWAI_REGISTRY": "x:y", "AIP_CREWAI_ALLOW_EPHEMERAL": "true",
                             "AIP_CREWAI_ALLOW_UNAUTHENTICATED": "true", "AIP_CREWAI_CONSOLE": sys.argv[1]})
 # create_app reads only these two of the supervisor until the app starts.
-app = create_app(types.SimpleNamespace(settings=settings, metrics=None))
+app = create_app(types.SimpleNamespace(settings=settings, metrics=None, credentials=None))
 print("supervisor.http.webconsole" in sys.modules)
 """
 

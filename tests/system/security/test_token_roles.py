@@ -4,6 +4,7 @@ with no restart and no stream dropped, and a file made unusable, which keeps the
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import threading
@@ -19,11 +20,14 @@ from supervisor import config
 from supervisor.http.app import create_app
 from supervisor.http.auth import BearerAuth
 from supervisor.jobs.supervisor import Supervisor
+from supervisor.redaction import REDACTED
 from supervisor.testing import Server
 from supervisor.tokens import POLL_SECONDS
 from supervisor.vocabulary import ROLES, Role
 from tests.conftest import sse_events, start_body, start_server, stop_server
+from tests.crews.prober import digest
 from tests.helpers.waiting import wait_until
+from tests.system.security.conftest import REGISTRY
 
 OBSERVER, OPERATOR, CONTRACT = Role.OBSERVER, Role.OPERATOR, Role.CONTRACT
 # Each route (method, path) and the least role that may use it: the table the issue asks for, held apart from
@@ -64,7 +68,7 @@ def app_routes() -> set[tuple[str, str]]:
         "AIP_CREWAI_CONSOLE": "true",
     }
     settings = config.load({}, env)
-    app = create_app(cast(Supervisor, SimpleNamespace(settings=settings, metrics=None)))
+    app = create_app(cast(Supervisor, SimpleNamespace(settings=settings, metrics=None, credentials=None)))
     (auth,) = [middleware for middleware in app.user_middleware if middleware.cls is BearerAuth]
     routes = auth.kwargs["routes"]
     return {(method, route.path) for route in routes for method in route.methods if method != "HEAD"}
@@ -127,15 +131,27 @@ def test_each_role_on_each_route(server: Server, tokens: dict[Role, str], role: 
     assert "www-authenticate" not in answer.headers  # a known token: asking again with it will not help
 
 
-def test_a_path_no_route_serves_is_closed_to_a_scoped_token(server: Server, tokens: dict[Role, str]) -> None:
-    assert ask(server, tokens[CONTRACT], "GET", "/no-such-route").status_code == 404
-    assert ask(server, tokens[CONTRACT], "PUT", "/jobs").status_code == 405
-    for role in (OBSERVER, OPERATOR):
-        answer = ask(server, tokens[role], "GET", "/no-such-route")
-        assert answer.json() == {
-            "detail": f"an {role} token may not GET /no-such-route: that needs the contract's token"
-        }
-        assert ask(server, tokens[role], "PUT", "/jobs").status_code == 403
+# Requests no route takes, and the router's own answer to each: nothing runs, so any known token gets it.
+UNROUTED = [
+    ("GET", "/no-such-route", 404),
+    ("PUT", "/jobs", 405),
+    ("HEAD", "/jobs", 405),  # FastAPI's routes answer HEAD only where they say so (the console's files)
+    ("HEAD", "/jobs/{action_id}/stack", 405),
+    ("GET", "/jobs/", 307),  # to /jobs, judged again there
+    ("POST", "/jobs/", 307),
+]
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_a_request_no_route_takes_gets_the_router_s_answer_with_any_known_token(
+    server: Server, tokens: dict[Role, str], role: Role
+) -> None:
+    for method, path, status_code in UNROUTED:
+        assert ask(server, tokens[role], method, path).status_code == status_code, (method, path)
+        assert ask(server, secrets.token_urlsafe(16), method, path).status_code == 401, (method, path)
+    with server.client(tokens[role]) as client:  # the redirect followed: the route's own rule
+        followed = client.post("/jobs/", json={}, follow_redirects=True)
+    assert followed.status_code == (422 if role == CONTRACT else 403), followed.text
 
 
 @pytest.mark.parametrize(("method", "path"), sorted(NEEDS))
@@ -254,3 +270,35 @@ def test_a_file_that_becomes_unusable_keeps_the_tokens_read_before(tmp_path: Pat
     write_tokens(path, mended)
     assert wait_until(lambda: status(server, mended) == 200 and status(server, observer) == 401, 5)
     assert not [token for token in (contract, observer, operator, fresh, other, mended) if token in log.read_text()]
+
+
+def test_a_token_rotated_in_is_masked_in_what_a_job_writes_and_kept_out_of_its_environment(tmp_path: Path) -> None:
+    """A token added to a file while the server runs is every token's equal at the next job's start: a job that
+    writes it (``echo``) shows ``[redacted]``, and a variable of the supervisor's holding it is not in the job's
+    environment (``prober``); before it was added, it was nobody's secret."""
+    contract, observer, added = (secrets.token_urlsafe(16) for _ in range(3))
+    write_tokens(tmp_path / CONTRACT, contract)
+    write_tokens(tmp_path / OBSERVER, observer)
+    env = {"AIP_CREWAI_BEARER_TOKEN": "", "AIP_CREWAI_BEARER_TOKEN_FILE": str(tmp_path / CONTRACT)}
+    env |= {"AIP_CREWAI_OBSERVER_TOKEN_FILE": str(tmp_path / OBSERVER), "COPY_OF_ADDED": added}
+    server = start_server(tmp_path / "state", env=env, token=contract, registry=REGISTRY)
+
+    def run(crew_id: str, action_id: str, given: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """All the API says of a job (its answer and its events), and its output."""
+        with server.client() as client:
+            body = start_body(crew_id, action_id, input=given)
+            answer = client.post("/jobs", json=body, headers={"Idempotency-Key": action_id})
+            assert answer.status_code == 200, answer.text
+            return answer.text + client.get(f"/jobs/{action_id}/events").text, answer.json()
+
+    said, _ = run("echo", "before", {"text": f"say {added}"})
+    assert added in said and REDACTED not in said
+    assert json.loads(run("prober", "env-before", {"environ": True})[1]["raw"])["environ"]["COPY_OF_ADDED"] == digest(
+        added
+    )
+    write_tokens(tmp_path / OBSERVER, observer, added)
+    assert wait_until(lambda: status(server, added) == 200, 5 * POLL_SECONDS)
+    said, answer = run("echo", "after", {"text": f"say {added}"})
+    assert answer["raw"] == f"say {REDACTED}"
+    assert added not in said
+    assert "COPY_OF_ADDED" not in json.loads(run("prober", "env-after", {"environ": True})[1]["raw"])["environ"]

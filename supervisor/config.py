@@ -44,6 +44,7 @@ class Settings:
     allowed_operations: tuple[str, ...]
     max_concurrency: int
     max_retained_runs: int
+    archive_after_seconds: int
     max_events_per_run: int
     max_event_bytes: int
     max_state_bytes: int

@@ -16,7 +16,7 @@ job, so that a cancel, a timeout or a memory limit really stops the work.
 
   serve    run the supervisor
   doctor   check a deployment before it serves
-  jobs, show, output, events, cancel, top, run
+  jobs, show, output, events, cancel, top, run, archive
            watch and control the jobs of a running supervisor
   chaos    inject faults under load and check every invariant
 

@@ -8,7 +8,9 @@ Each archives at most ``BATCH`` records in one write, awaited before the next: t
 events of running jobs between two batches, never behind a long delete.
 
 The sweep sleeps until the oldest ended record is due (or, with none, for the window: nothing can be due sooner), at
-most ``LONGEST_SLEEP`` (a wall-clock jump is caught up within it), so an idle supervisor wakes for almost nothing.
+most ``LONGEST_SLEEP`` (a wall-clock jump is caught up within it), so an idle supervisor wakes for almost nothing; and
+at least a tenth of the window, from 1 s to ``SWEEP_EVERY``, so that steady traffic is archived a batch a minute
+(one log line), not a record a second: a record is kept up to that much past the window.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ log = logging.getLogger("crew_supervisor.jobs")
 BATCH = 100  # records one write archives
 ROOM_BATCHES = 10  # batches admission archives at most before it answers 507 (the byte limit may need several)
 LONGEST_SLEEP = 3600.0
+SWEEP_EVERY = 60.0  # the longest the sweep waits after the window, between two sweeps
 RETRY_SECONDS = 30.0  # after a sweep the journal refused (another process's lock, a full disk)
 
 
@@ -41,6 +44,7 @@ class Retention:
         self.live = live
         self._task: asyncio.Task[None] | None = None
         self._room = asyncio.Lock()  # one admission makes room at a time; the others then find it made
+        self._pause = min(max(self.window / 10, 1.0), SWEEP_EVERY)  # the shortest sleep between two sweeps
 
     def start(self) -> None:
         if self.window:
@@ -133,7 +137,7 @@ class Retention:
         if job is None:
             return min(float(self.window), LONGEST_SLEEP)
         end = job.ended_at if job.ended_at is not None else job.admitted_at
-        return min(max(end + self.window - time.time(), 1.0), LONGEST_SLEEP)
+        return min(max(end + self.window - time.time(), self._pause), LONGEST_SLEEP)
 
 
 def iso(seconds: float) -> str:

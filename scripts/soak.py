@@ -1,7 +1,7 @@
 """Soak: short jobs, a thousand by default; the supervisor must end as it began.
 
     scripts/soak [--jobs 1000] [--warmup 5] [--every 100] [--slack 4] [--linearity 0.25] [--clients 1]
-                 [--archive-after 0] [--flat 0.25] [--keep]
+                 [--archive-after 0] [--flat 0.25] [--rate 0] [--keep]
 
 Starts a fork-server supervisor (bench registry) on the default settings (``MAX_RETAINED_RUNS`` 2,000 among them:
 not the bench's) and runs ``--warmup`` jobs of the ``fast`` crew first, so lazy imports, thread pools and caches
@@ -18,8 +18,10 @@ Fails (exit 1) if a job does not complete (a start refused included), if there a
 (before, between and after: nothing to judge), if fds, threads or live descendants end more than ``--slack`` above
 where they began, or if any zombie is left. Without retention, also if the journal's bytes per job in the second
 half differ from the first half's by more than ``--linearity`` (a fraction); with it, if the RSS or the journal's
-bytes on disk end more than ``--flat`` (a fraction) above the first census after the warm-up (twice the window,
-by when records are archived as fast as they come). Prints the census table and the verdicts.
+bytes per record it holds end more than ``--flat`` (a fraction) above the first census after the warm-up (twice the
+window, by when records are archived as fast as they come), and with ``--rate`` (jobs started per second, paced) its
+bytes on disk too: the file holds the window's jobs, so it is flat only where the rate is. Prints the census table
+and the verdicts.
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ class Plan:
     linearity: float = 0.25  # bytes per job, second half over first half, may be off by this fraction
     clients: int = 1  # jobs in flight at once, each a blocking POST /jobs of its own
     archive_after: int = 0  # ARCHIVE_AFTER_SECONDS (0: its default, 7 days: nothing is archived during a soak)
-    flat: float = 0.25  # with retention, RSS and journal bytes may end this fraction above the warm-up's
+    flat: float = 0.25  # with retention, RSS and journal bytes per record may end this fraction above the warm-up's
+    rate: float = 0.0  # jobs started per second at most, paced (0: as fast as they complete)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +120,7 @@ def soak(plan: Plan, keep: bool = False) -> Result:
     with serving("crew-soak-", settings, keep=keep) as sup:
         clients = [sup.client() for _ in range(plan.clients)]
         pid, journal = sup.pid, sup.state / "journal.db"
-        result.warmed = run_jobs(clients, plan.warmup, result)  # the supervisor's pools grow with jobs at once
+        result.warmed = run_jobs(clients, plan.warmup, result, plan.rate)  # pools grow with jobs at once
         for client in clients:  # each client's connection open before the census counts descriptors
             client.get("/health")
         between_jobs = 1 + PREFORK  # the live descendants between jobs: the fork server and its idle workers
@@ -132,7 +135,7 @@ def soak(plan: Plan, keep: bool = False) -> Result:
             sample(0)
             done = 0
             while done < plan.jobs and not result.violations:
-                done += run_jobs(clients, min(plan.every, plan.jobs - done), result)
+                done += run_jobs(clients, min(plan.every, plan.jobs - done), result, plan.rate)
                 sample(done)
         finally:
             for client in clients:
@@ -141,18 +144,21 @@ def soak(plan: Plan, keep: bool = False) -> Result:
     return result
 
 
-def run_jobs(clients: list[httpx.Client], count: int, result: Result) -> int:
-    """Up to ``count`` fast jobs, one in flight per client; how many completed with output (a failure stops the
-    run)."""
+def run_jobs(clients: list[httpx.Client], count: int, result: Result, rate: float = 0.0) -> int:
+    """Up to ``count`` fast jobs, one in flight per client, the n-th started no sooner than n / ``rate`` seconds in
+    (0: at once); how many completed with output (a failure stops the run)."""
     left = iter(range(count))
     taking = threading.Lock()
+    began = time.monotonic()
 
     def one_client(client: httpx.Client) -> int:
         completed = 0
         while not result.violations:
             with taking:
-                if next(left, None) is None:
+                if (n := next(left, None)) is None:
                     return completed
+            if rate:
+                time.sleep(max(began + n / rate - time.monotonic(), 0.0))
             try:
                 record = post_job(client, start_body("fast", new_id("soak")))
             except Exception as exc:  # any failure ends the soak: its figures would not mean much
@@ -201,17 +207,25 @@ def warmed_up(plan: Plan, result: Result) -> Sample | None:
 
 
 def judge_flat(plan: Plan, result: Result) -> None:
-    """With retention: from the warm-up on, the RSS and the journal on disk stay within ``flat`` of where they were."""
+    """With retention: from the warm-up on, the RSS, the journal's bytes per record it holds (its pages in use: the
+    file itself keeps the most it ever held) and the file on disk stay within ``flat`` of where they were. Judge the
+    file only at a steady rate (``--rate``): it holds the window's jobs, as many as the machine ran in it."""
     warm = warmed_up(plan, result)
     if warm is None or warm is result.after:
         result.violations.append("no census after the warm-up: run more jobs, or a shorter --archive-after")
         return
-    for name, before, after in (
-        ("RSS", warm.census.rss_mb, result.after.census.rss_mb),
-        ("journal on disk", warm.disk_bytes, result.after.disk_bytes),
+    after = result.after
+    for name, before, now in (
+        ("RSS", warm.census.rss_mb, after.census.rss_mb),
+        (
+            "journal bytes per record",
+            warm.sqlite_bytes / max(warm.retained, 1),
+            after.sqlite_bytes / max(after.retained, 1),
+        ),
+        ("journal on disk", warm.disk_bytes, after.disk_bytes),
     ):
-        if after > before * (1 + plan.flat):
-            result.violations.append(f"{name} grew after the warm-up: {before:,.1f} then {after:,.1f}")
+        if now > before * (1 + plan.flat) and (plan.rate or name != "journal on disk"):
+            result.violations.append(f"{name} grew after the warm-up: {before:,.1f} then {now:,.1f}")
 
 
 def report(plan: Plan, result: Result) -> str:

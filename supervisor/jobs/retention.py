@@ -70,7 +70,7 @@ class Retention:
     async def make_room(self, full: Callable[[], object]) -> None:
         """Archive the records longest past the window, a batch at a time, while ``full()`` (the journal holds its
         limit of records or bytes) and some are."""
-        if not self.window:
+        if not (self.window and full()):
             return
         async with self._room:
             for _ in range(ROOM_BATCHES):

@@ -95,7 +95,7 @@ def parse_plan(plan_type: type[PlanT], doc: str | None) -> tuple[PlanT, argparse
     defaults: Any = plan_type()
     for field in fields:
         default = getattr(defaults, field.name)
-        parser.add_argument(f"--{field.name}", type=type(default), default=default)
+        parser.add_argument(f"--{field.name.replace('_', '-')}", dest=field.name, type=type(default), default=default)
     parser.add_argument("--keep", action="store_true", help="keep the temporary state directory")
     args = parser.parse_args()
     return plan_type(**{field.name: getattr(args, field.name) for field in fields}), parser, args.keep

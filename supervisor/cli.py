@@ -16,7 +16,7 @@ job, so that a cancel, a timeout or a memory limit really stops the work.
 
   serve    run the supervisor
   doctor   check a deployment before it serves
-  jobs, show, output, events, cancel, top, run, crews
+  jobs, show, output, events, cancel, top, run, crews, archive
            watch and control the jobs of a running supervisor
   chaos    inject faults under load and check every invariant
   backup   copy the journal while the supervisor serves

@@ -46,6 +46,7 @@ class Settings:
     max_concurrency: int
     crew_max_concurrency: tuple[tuple[str, int], ...]  # (crew, bound), "*" for the crews not named
     max_retained_runs: int
+    archive_after_seconds: int
     max_events_per_run: int
     max_event_bytes: int
     max_state_bytes: int

@@ -24,13 +24,15 @@ from pydantic import (
 )
 
 from protocol import Operation
-from supervisor.vocabulary import STOPPABLE_PHASES, literal
+from supervisor.settings_table import MAX_ARCHIVE_AGE_SECONDS
+from supervisor.vocabulary import STOPPABLE_PHASES, TERMINAL_EVENTS, literal
 
 MAX_INPUT_BYTES = 1024 * 1024
 MAX_INPUT_PROPERTIES = 512
 MAX_KEY_BYTES = 512
 DEFAULT_TIMEOUT_MS = 600_000
 MAX_TIMEOUT_MS = 3_600_000
+MAX_BULK_ARCHIVE = 1000  # records one bulk archive removes; the answer says how many more matched
 
 Id = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
@@ -84,6 +86,21 @@ class BulkCancelRequest(BaseModel):
         if not (self.crew_id or self.phase or self.operation or self.all):
             raise ValueError("name the jobs: crew_id, phase or operation, or all: true for every live job")
         return self
+
+
+class BulkArchiveRequest(BaseModel):
+    """Which ended records one archive removes: those that ended more than ``older_than_seconds`` ago, of the
+    ``status``-es named (default: every terminal one) and ``crew_id``, oldest end first, at most ``limit``;
+    ``dry_run`` names them and removes none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    older_than_seconds: Annotated[StrictInt, Field(ge=0, le=MAX_ARCHIVE_AGE_SECONDS)]
+    status: Annotated[list[literal(TERMINAL_EVENTS)], Field(min_length=1, max_length=3)] | None = None  # type: ignore[valid-type]
+    crew_id: Id | None = None
+    # JSON booleans only, as the bulk cancel's: a lax "no" read as true would archive instead of listing.
+    dry_run: StrictBool = False
+    limit: Annotated[StrictInt, Field(ge=1, le=MAX_BULK_ARCHIVE)] = MAX_BULK_ARCHIVE
 
 
 def strict_json(body: bytes) -> Any:

@@ -139,6 +139,8 @@ class Setting(NamedTuple):
 
 
 MiB = 1024 * 1024
+DAY = 86400
+MAX_ARCHIVE_AGE_SECONDS = 3650 * DAY  # the longest retention window, and the oldest a bulk archive may name
 # name (after the prefix) -> its setting; docs/settings.md is made from this table (scripts/docs.py settings)
 SPEC: dict[str, Setting] = {
     "REGISTRY": Setting(
@@ -202,6 +204,14 @@ SPEC: dict[str, Setting] = {
         _integer(1, 100000),
         "2000",
         "jobs kept in the journal before admission answers 507; at least MAX_CONCURRENCY",
+    ),
+    "ARCHIVE_AFTER_SECONDS": Setting(
+        _integer(0, MAX_ARCHIVE_AGE_SECONDS),
+        str(7 * DAY),
+        "an ended job's record is archived this long after it ended (0: never by itself): by a sweep, and by"
+        " admission before it answers 507 for a full journal; running jobs never",
+        "7 days: a client that repeats a start within it gets the job it started; see"
+        " [Retention](operating.md#retention)",
     ),
     "MAX_EVENTS_PER_RUN": Setting(
         _integer(2, 100000),

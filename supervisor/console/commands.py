@@ -24,7 +24,7 @@ from rich.live import Live
 from rich.text import Text
 
 from protocol import Operation
-from supervisor.console import views
+from supervisor.console import archive, views
 from supervisor.console.client import Client, OperatorError, Unsettled, job_path, resolve_target
 from supervisor.console.durations import duration, spoken
 from supervisor.console.reconnect import DEFAULT_WAIT_SECONDS
@@ -183,7 +183,7 @@ def _add_reads(command: Callable[..., argparse.ArgumentParser]) -> None:
 
 
 def _add_actions(command: Callable[..., argparse.ArgumentParser]) -> None:
-    """The commands that act: cancel, run."""
+    """The commands that act: cancel, archive, run."""
     cancel_parser = command("cancel", cancel, "kill a job's worker and wait until it is confirmed gone", CANCEL, DONE)
     every = f"{ACTION_ID_HELP}; without it, the options below name the jobs"
     cancel_parser.add_argument("action_id", nargs="?", type=typed_id, help=every)
@@ -195,6 +195,10 @@ def _add_actions(command: Callable[..., argparse.ArgumentParser]) -> None:
     )
     cancel_parser.add_argument("--all", action="store_true", help="without an id: every live job")
     cancel_parser.add_argument("--dry-run", action="store_true", help="list the jobs it would cancel; cancel none")
+    archive_parser = command(
+        "archive", archive_jobs, "archive the jobs that ended more than a duration ago", archive.DESCRIPTION, DONE
+    )
+    archive.add_arguments(archive_parser)
     run_parser = command("run", run, "start a job and follow it to its end", RUN, ((0, "the job completed"), *FOLLOWED))
     run_parser.add_argument("crew_id", help="the crew to run: its id in the supervisor's registry")
     run_parser.add_argument(
@@ -327,6 +331,10 @@ def cancel(client: Client, args: argparse.Namespace, out: Console) -> int:
     job = client.get(job_path(args.action_id))
     body = {"crew_id": job["crew_id"], "action_id": args.action_id, "reason": args.reason}
     return answer(client.post(job_path(args.action_id, "cancel"), body), args, out, views.cancel_line)
+
+
+def archive_jobs(client: Client, args: argparse.Namespace, out: Console) -> int:
+    return answer(archive.archive(client, args), args, out, archive.view)
 
 
 def output(client: Client, args: argparse.Namespace, out: Console) -> int:

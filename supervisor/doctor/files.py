@@ -17,6 +17,7 @@ from pathlib import Path
 from protocol import Operation
 from supervisor.config import PREFIX, Settings
 from supervisor.doctor.findings import Finding, live_doctor, ok, problem, warning
+from supervisor.jobs.retention import iso
 from supervisor.journal.errors import JournalError
 from supervisor.journal.migrate import is_reference_journal
 from supervisor.journal.reader import Reader, free_bytes, size_bytes
@@ -39,7 +40,7 @@ def state(settings: Settings) -> list[Finding]:
         ]
     journal = Path(settings.state_file).absolute()  # as serve takes it
     found = [_directory(journal.parent, settings.worker_ids), _journal(journal, settings)]
-    return [*found, _records(journal)] if _is_database(journal) else found
+    return [*found, *_records(journal, settings)] if _is_database(journal) else found
 
 
 def _directory(directory: Path, worker_ids: tuple[int, int] | None) -> Finding:
@@ -99,19 +100,38 @@ def _is_database(journal: Path) -> bool:
         return False
 
 
-def _records(journal: Path) -> Finding:
+def _records(journal: Path, settings: Settings) -> list[Finding]:
     """What serve's open would find in the journal's records: a file SQLite's quick check fails (serve refuses to
-    start on it), the records quarantined at earlier opens, and those the next would quarantine. Changes nothing:
-    a journal without a WAL (no supervisor has it open) is read as immutable, or SQLite would leave its ``-wal`` and
-    ``-shm`` beside it."""
+    start on it), the records quarantined at earlier opens, and those the next would quarantine; then its capacity.
+    Changes nothing: a journal without a WAL (no supervisor has it open) is read as immutable, or SQLite would leave
+    its ``-wal`` and ``-shm`` beside it; one a live supervisor writes is only read."""
     try:
         reader = Reader(journal, immutable=not journal.with_name(journal.name + "-wal").exists())
         try:
-            return _judge(journal, reader)
+            return [_judge(journal, reader), _capacity(reader, settings)]
         finally:
             reader.close()
     except sqlite3.Error as exc:
-        return problem("records", f"{journal} cannot be read: {exc}", "restore the journal from a backup")
+        return [problem("records", f"{journal} cannot be read: {exc}", "restore the journal from a backup")]
+
+
+def _capacity(reader: Reader, settings: Settings) -> Finding:
+    """The journal's records and bytes against the limits admission holds them to, and its oldest record. Full, it
+    is a warning only when retention is off: with it on, admission archives what is past the window first."""
+    count, used, oldest = reader.count(), reader.used_bytes(), reader.oldest_admitted()
+    window = settings.archive_after_seconds
+    detail = (
+        f"{count} of {settings.max_retained_runs} records ({PREFIX}MAX_RETAINED_RUNS), {used // MiB} of"
+        f" {settings.max_state_bytes // MiB} MiB ({PREFIX}MAX_STATE_BYTES); oldest admitted "
+        + (iso(oldest) if oldest is not None else "never: none held")
+        + (f"; archived {window} s after they end" if window else f"; {PREFIX}ARCHIVE_AFTER_SECONDS=0: never archived")
+    )
+    if not window and (count >= settings.max_retained_runs or used >= settings.max_state_bytes):
+        fix = (
+            f"archive with `crew-supervisor archive --older-than DURATION --yes`, or set {PREFIX}ARCHIVE_AFTER_SECONDS"
+        )
+        return warning("capacity", f"{detail}: full, admission answers 507 to every start", fix)
+    return ok("capacity", detail)
 
 
 def _judge(journal: Path, reader: Reader) -> Finding:

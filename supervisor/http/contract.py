@@ -6,7 +6,8 @@ Admission decides (``supervisor.jobs.admission``); these routes only translate H
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 from typing import Annotated, Any
 
 import orjson
@@ -128,14 +129,21 @@ async def archive(
     job = find(sup, action_id)
     if job.status == Status.RUNNING:
         raise HTTPException(409, "a running job cannot be archived")
-    try:
+    with archiving():
         await sup.archive(action_id)
+    return {"archived": True, "action_id": action_id}
+
+
+@contextlib.contextmanager
+def archiving() -> Iterator[None]:
+    """An archive's journal errors, as HTTP: another process's lock is a 503 (try again shortly), any other a 507."""
+    try:
+        yield
     except JournalBusy:
         detail = "the journal is locked by another process; try again shortly"
         raise HTTPException(503, detail, headers={"Retry-After": "1"}) from None
     except JournalError as exc:
         raise HTTPException(507, f"archive could not be made durable: {exc}") from None
-    return {"archived": True, "action_id": action_id}
 
 
 async def start_blocking(sup: Supervisor, body: StartRequest, key: str | None, legacy: bool) -> Response:

@@ -1,8 +1,8 @@
-"""Operator routes: the job list, the live worker view, a worker's captured output, a job's stacks, and the cancel of
-many jobs at once.
+"""Operator routes: the job list, the live worker view, a worker's captured output, a job's stacks, and the cancel
+and the archive of many jobs at once.
 
-They sit behind the same bearer middleware as the contract routes; none but the bulk cancel changes a job (asking
-for its stacks does not stop it), and none logs inputs, outputs or captured streams.
+They sit behind the same bearer middleware as the contract routes; none but the bulk cancel and archive changes a job
+(asking for its stacks does not stop it), and none logs inputs, outputs or captured streams.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import binascii
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Header, HTTPException, Query, Request
 
-from supervisor.http.contract import view
+from supervisor.http.contract import archiving, view
 from supervisor.http.responses import errors
 from supervisor.http.routing import StrictJSONRoute, Sup
 from supervisor.jobs.stacks import Late, Unavailable
-from supervisor.models import BulkCancelRequest, OperationName, path_id_problem
+from supervisor.models import BulkArchiveRequest, BulkCancelRequest, OperationName, path_id_problem
 from supervisor.scopes import needs
 from supervisor.vocabulary import LIVE_PHASES, Role, Status, literal
 
@@ -31,6 +31,7 @@ LivePhase = literal(LIVE_PHASES)
 # all. The 1,024 this replaced stuck paging at 422 after a page ending in a 256-emoji id.
 MAX_CURSOR_CHARS = 2048
 LIST_PARAMETERS = {"status", "phase", "crew_id", "operation", "limit", "cursor"}
+BULK_CONFIRMATION = "bulk"  # what X-AIP-Archive-Confirmation says for the archive of many: no one id to repeat
 # Bodies parsed strictly, as the contract's: the bulk cancel's ``{"crew_id": NaN}`` was a 500 (FastAPI's 422 could
 # not be written with the NaN it quoted back), and is a 422 that says why.
 router = APIRouter(route_class=StrictJSONRoute)
@@ -97,6 +98,22 @@ async def cancel_many(sup: Sup, body: BulkCancelRequest) -> dict[str, Any]:
         if job is not None:  # archived meanwhile: nothing left to show
             jobs.append({**view(sup, job, with_output=False), "phase_before": before})
     return {"dry_run": body.dry_run, "jobs": jobs, "more": left}
+
+
+@router.post("/jobs/archive", responses=errors(422, 428, 503, 507))
+@needs(Role.OPERATOR)
+async def archive_many(
+    sup: Sup,
+    body: BulkArchiveRequest,
+    confirmation: Annotated[str | None, Header(alias="X-AIP-Archive-Confirmation")] = None,
+) -> dict[str, Any]:
+    """Archive the ended records the body names, as ``DELETE /jobs/{id}`` archives one: oldest end first, at most
+    ``limit``; never a running one. ``dry_run`` names them and archives none. ``more``: how many more matched."""
+    if confirmation != BULK_CONFIRMATION:
+        raise HTTPException(428, f"X-AIP-Archive-Confirmation must be {BULK_CONFIRMATION!r} to archive many jobs")
+    with archiving():
+        archived, more = await sup.archive_many(body)
+    return {"archived": len(archived), "action_ids": archived, "dry_run": body.dry_run, "more": more}
 
 
 @router.get("/jobs/{action_id}/stack", responses=errors(404, 409, 422, 504))

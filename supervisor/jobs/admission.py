@@ -15,6 +15,7 @@ from supervisor.config import Settings
 from supervisor.escaping import ident
 from supervisor.jobs.crew_disk import CrewDisk
 from supervisor.jobs.lifecycle import Lifecycle
+from supervisor.jobs.retention import Retention
 from supervisor.journal.errors import JournalBusy, JournalError
 from supervisor.journal.records import Job
 from supervisor.journal.store import Journal
@@ -100,8 +101,10 @@ class Admission:
         launch: Launch,
         lifecycle: Callable[[], Lifecycle],
         crew_disk: CrewDisk,
+        retention: Retention,
     ) -> None:
         self.settings = settings
+        self.retention = retention  # archives what is past its window when the journal is full
         self.crew_disk = crew_disk  # each crew's places, as last measured
         self.journal = journal
         self.crews = crews
@@ -123,6 +126,7 @@ class Admission:
         the job it started, streamed or waited on until it ends); anything else that would start is a 503."""
         if body.crew_id in self.crews:  # before the loop below: nothing may wait between it and ``_admitting``
             await self.crew_disk.refresh(body.crew_id)
+            await self.retention.make_room(self._journal_full)
         while (under_way := self._admitting.get(body.action_id)) is not None:
             await asyncio.shield(under_way)
         if input_too_large(body):
@@ -162,10 +166,9 @@ class Admission:
 
     def _check_room(self, crew_id: str) -> None:
         """The 507s, in order: the journal's count and bytes, its filesystem's free space, then the crew's disk."""
-        if self.journal.reader.count() + len(self._admitting) >= self.settings.max_retained_runs:
-            raise JournalFull("journal holds the maximum number of retained runs; archive some")
-        if self.journal.reader.size_bytes() >= self.settings.max_state_bytes:
-            raise JournalFull("journal has reached its byte limit; archive some runs")
+        if (full := self._journal_full()) is not None:
+            limit, said = full
+            raise JournalFull(f"{said}, and {self.retention.advice(limit)}")
         try:
             free = self.journal.reader.free_bytes()
         except OSError as exc:
@@ -180,6 +183,16 @@ class Admission:
                 f"crew {crew_id}'s HOME and storage hold {used // MiB} MiB, over its"
                 f" {self.settings.crew_max_disk_mb} MiB (CREW_MAX_DISK_MB); free space there first"
             )
+
+    def _journal_full(self) -> tuple[str, str] | None:
+        """The limit the journal holds (its setting's name, and what it says), if it holds one: of records, or of
+        bytes its records take (``Reader.used_bytes``: archiving frees them)."""
+        settings = self.settings
+        if self.journal.reader.count() + len(self._admitting) >= settings.max_retained_runs:
+            return "MAX_RETAINED_RUNS", f"journal holds its {settings.max_retained_runs} retained runs"
+        if self.journal.reader.used_bytes() >= settings.max_state_bytes:
+            return "MAX_STATE_BYTES", f"journal's records take its {settings.max_state_bytes} bytes"
+        return None
 
     async def _admit(
         self, job: Job, operation_input: dict[str, Any], timeout_ms: int, under_way: asyncio.Future[None]

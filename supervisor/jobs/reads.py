@@ -13,6 +13,7 @@ from supervisor.jobs.live import LiveJob
 from supervisor.jobs.outcomes import bounded
 from supervisor.jobs.recorder import Recorder
 from supervisor.jobs.relay import Relay
+from supervisor.jobs.retention import Retention
 from supervisor.jobs.sandbox import Sandbox
 from supervisor.jobs.slots import Slots
 from supervisor.jobs.workers import LAST_LINE_CHARS, workers
@@ -39,6 +40,7 @@ class Reads:
     limits: Limits
     sandbox: Sandbox
     slots: Slots
+    retention: Retention
 
     lifecycle: Lifecycle
 
@@ -72,6 +74,7 @@ class Reads:
                 "max_llm_calls": settings.worker_max_llm_calls,
                 "crews": self.budgets,
             },
+            "retention": self.retention.health(),
         }
 
     def job(self, action_id: str) -> Job | None:

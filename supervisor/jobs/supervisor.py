@@ -2,7 +2,7 @@
 relay, settle), which writes through the recorder (events into the journal, followers woken); one
 housekeeping tick samples and reaps. ``open`` brings them up on the serving loop and down again; ``stop``
 (drain, then every job ended, then the services) is the one way down, whoever asks first. The one facade HTTP
-talks to: its commands here, its reads in ``reads.py``."""
+talks to: its commands here, its reads in ``reads.py``, its archives in ``retention.py``."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from supervisor.jobs.lifecycle import Lifecycle
 from supervisor.jobs.live import Budget, LiveJob
 from supervisor.jobs.reads import Reads
 from supervisor.jobs.recorder import Recorder, wake_followers
+from supervisor.jobs.retention import Archives, Retention
 from supervisor.jobs.runner import Runner
 from supervisor.jobs.sandbox import Sandbox
 from supervisor.journal.records import Job
@@ -46,7 +47,7 @@ MAX_BULK_CANCEL = 1000  # jobs one bulk cancel stops; the answer says how many m
 log = logging.getLogger("crew_supervisor")
 
 
-class Supervisor(Reads):
+class Supervisor(Reads, Archives):
     def __init__(
         self,
         settings: Settings,
@@ -88,7 +89,8 @@ class Supervisor(Reads):
         self.slots = self.runner.slots
         self.slots.check(self.crews)  # each crew's own bound: the crews are known here, the fork server described them
         self.relay = self.runner.relay
-        self.admission = Admission(settings, journal, self.crews, self._launch, now_in, crew_disk)
+        self.retention = Retention(settings, journal, live)
+        self.admission = Admission(settings, journal, self.crews, self._launch, now_in, crew_disk, self.retention)
         self.housekeeping = Housekeeping(limits, reaper, metrics, live=lambda: bool(live))
         _observe(metrics, live, journal, launcher, lambda: self.slots.queued(self.crews))
 
@@ -151,6 +153,7 @@ class Supervisor(Reads):
             stack.push_async_callback(sup.stop)
             launcher.start()
             sup.housekeeping.start()
+            sup.retention.start()
             sup._become(Lifecycle.OPEN)
             yield sup
 
@@ -172,10 +175,6 @@ class Supervisor(Reads):
         loop = asyncio.get_running_loop()
         until = self.runner.answer_by(action_id, loop.time() + seconds)
         return await self.runner.wait(action_id, until - loop.time())
-
-    async def archive(self, action_id: str) -> None:
-        """Remove an ended job from the journal; raises ``JournalBusy`` or ``JournalError``."""
-        await self.journal.archive(action_id)
 
     async def cancel_many(self, request: BulkCancelRequest) -> tuple[dict[str, Phase], int]:
         """Cancel the live jobs ``request`` names, oldest first and at most MAX_BULK_CANCEL of them, all at once;
@@ -215,6 +214,7 @@ class Supervisor(Reads):
         self._become(Lifecycle.STOPPING)
         await self.runner.stop()
         await self.housekeeping.stop()
+        await self.retention.stop()
         self._become(Lifecycle.STOPPED)
 
     def _become(self, state: Lifecycle) -> None:

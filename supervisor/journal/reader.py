@@ -185,6 +185,41 @@ class Reader:
         finally:
             self._db.execute("ROLLBACK")
 
+    def ended_before(
+        self, end: float, limit: int, statuses: Collection[str] | None = None, crew_id: str | None = None
+    ) -> tuple[list[str], int]:
+        """The first ``limit`` ended records (of ``statuses``, of ``crew_id``) that ended before ``end`` (Unix
+        seconds; a record whose end is unknown counts from its admission), oldest end first, and how many there are
+        in all. One range of ``jobs_by_end`` each."""
+        where = "status != 'running' AND coalesce(ended_at, admitted_at) < ?"
+        params: list[Any] = [end]
+        if statuses is not None:
+            where += " AND status IN (SELECT value FROM json_each(?))"
+            params.append(orjson.dumps(list(statuses)).decode())
+        if crew_id is not None:
+            where += " AND crew_id = ?"
+            params.append(crew_id)
+        rows = self._db.execute(
+            f"SELECT action_id FROM jobs WHERE {where} ORDER BY coalesce(ended_at, admitted_at), action_id LIMIT ?",
+            (*params, limit),
+        )
+        ids = [row[0] for row in rows]
+        (count,) = self._db.execute(f"SELECT count(*) FROM jobs WHERE {where}", params).fetchone()
+        return ids, int(count)
+
+    def oldest_admitted(self) -> float | None:
+        """When the oldest record the journal holds was admitted (Unix seconds); None if it holds none."""
+        return self._db.execute("SELECT min(admitted_at) FROM jobs").fetchone()[0]  # type: ignore[no-any-return]
+
+    def used_bytes(self) -> int:
+        """The bytes the journal's records take, as admission holds them against MAX_STATE_BYTES: its pages less
+        those archiving freed (SQLite reuses them before the file grows; the file never shrinks), and its WAL."""
+        (page_size,) = self._db.execute("PRAGMA page_size").fetchone()
+        (pages,) = self._db.execute("PRAGMA page_count").fetchone()
+        (free,) = self._db.execute("PRAGMA freelist_count").fetchone()
+        wal = self.path.with_name(self.path.name + "-wal")
+        return int(page_size * (pages - free)) + (os.stat(wal).st_size if os.path.exists(wal) else 0)
+
     def size_bytes(self) -> int:
         return size_bytes(self.path)
 

@@ -35,6 +35,9 @@ CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status);
 CREATE INDEX IF NOT EXISTS jobs_by_admission ON jobs (admitted_at, action_id);
 CREATE INDEX IF NOT EXISTS jobs_by_status_admission ON jobs (status, admitted_at, action_id);
 CREATE INDEX IF NOT EXISTS jobs_by_crew_admission ON jobs (crew_id, admitted_at, action_id);
+-- Ended records by their end (one whose end is unknown, from before schema 3 or the reference, by its admission):
+-- what retention archives first (supervisor/jobs/retention.py). Made at every open, so older journals gain it.
+CREATE INDEX IF NOT EXISTS jobs_by_end ON jobs (coalesce(ended_at, admitted_at), action_id) WHERE status != 'running';
 -- A settled worker's stdout/stderr tails (64 KiB each) and byte totals; created here, so old journals gain it.
 CREATE TABLE IF NOT EXISTS outputs (
     action_id TEXT PRIMARY KEY,

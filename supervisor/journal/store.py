@@ -214,14 +214,11 @@ class Journal:
         fallback = functools.partial(terminal, None) if streams is not None else None
         return self._write(functools.partial(terminal, streams), frozenset({action_id}), fallback=fallback)
 
-    def archive(self, action_id: str) -> Written[None]:
-        def delete(db: sqlite3.Connection) -> None:
-            db.execute("DELETE FROM events WHERE action_id = ?", (action_id,))
-            db.execute("DELETE FROM outputs WHERE action_id = ?", (action_id,))
-            db.execute("DELETE FROM stacks WHERE action_id = ?", (action_id,))
-            db.execute("DELETE FROM jobs WHERE action_id = ?", (action_id,))
-
-        return self._write(delete, patience=REFUSE_AFTER_SECONDS)
+    def archive(self, *action_ids: str) -> Written[list[str]]:
+        """Remove ended jobs' records, each with its events, output and stacks, in one commit; returns the action ids
+        removed. A record running when the write commits is left (its id, archived meanwhile, was admitted again)."""
+        named = orjson.dumps(action_ids).decode()  # one parameter however many: SQLite bounds their number
+        return self._write(functools.partial(_archive, named), patience=REFUSE_AFTER_SECONDS)
 
     def _write(
         self,
@@ -241,6 +238,22 @@ class Journal:
 
 def _json(value: dict[str, Any] | None) -> bytes | None:
     return orjson.dumps(value) if value is not None else None
+
+
+def _archive(named: str, db: sqlite3.Connection) -> list[str]:
+    """``Journal.archive``'s write: the ended records of the action ids ``named`` (a JSON list), and their rows."""
+    rows = db.execute(
+        "DELETE FROM jobs WHERE action_id IN (SELECT value FROM json_each(?)) AND status != 'running'"
+        " RETURNING action_id",
+        (named,),
+    ).fetchall()
+    removed = [row[0] for row in rows]
+    for table in ("events", "outputs", "stacks"):
+        db.execute(
+            f"DELETE FROM {table} WHERE action_id IN (SELECT value FROM json_each(?))",
+            (orjson.dumps(removed).decode(),),
+        )
+    return removed
 
 
 def _insert(db: sqlite3.Connection, action_id: str, event: str, data: dict[str, Any]) -> Event:

@@ -29,6 +29,7 @@ DOCUMENTED = {
     "events": CONNECTING | {"--follow", "--wait"},
     "cancel": CONNECTING | {"--reason", "--crew", "--status", "--operation", "--all", "--dry-run"},
     "top": CONNECTING | {"--once", "--interval"},
+    "archive": CONNECTING | {"--older-than", "--status", "--crew", "--dry-run", "--yes"},
     "run": CONNECTING
     | {"--input", "--operation", "--action-id", "--timeout-ms", "--idempotency-key", "--detach", "--wait"},
     "chaos": {
@@ -81,6 +82,7 @@ def test_the_documented_flags_exist(name: str) -> None:
         ("crews", {0, 1}),
         ("output", {0, 1}),
         ("cancel", {0, 1}),
+        ("archive", {0, 1}),
         ("top", {0, 1, 130}),
         ("events", {0, 1, 3, 4, 130, 141}),
         ("run", {0, 1, 3, 4, 130, 141}),

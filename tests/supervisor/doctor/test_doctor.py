@@ -258,6 +258,35 @@ def test_the_records_a_start_would_quarantine_and_those_it_did_are_named(deploym
     assert quarantined["detail"] == said and "quarantined_* tables" in quarantined["fix"]
 
 
+def test_the_journal_s_capacity_and_oldest_record_are_read_without_a_change(deployment: Deployment) -> None:
+    path = deployment.state / "journal.db"
+    journal = Journal(path, checkpoint_events=1)
+    for action_id in ("first", "second"):
+        journal.admit(Job(action_id, "plain", "run", "hash", "running", 0)).wait()
+        journal.finish(action_id, "completed", {"raw": "x"}).wait()
+    journal.close()
+    with contextlib.closing(sqlite3.connect(path)) as db, db:  # admitted at a known time: 2026-01-02 03:04:05 UTC
+        db.execute("UPDATE jobs SET admitted_at = 1767323045.5 WHERE action_id = 'first'")
+    files = sorted(deployment.state.iterdir())
+    deployment.env["AIP_CREWAI_MAX_RETAINED_RUNS"] = "4"
+    deployment.env["AIP_CREWAI_MAX_CONCURRENCY"] = "2"
+    said = "2 of 4 records (AIP_CREWAI_MAX_RETAINED_RUNS), 0 of 256 MiB (AIP_CREWAI_MAX_STATE_BYTES);"
+    said += " oldest admitted 2026-01-02T03:04:05+00:00; archived 604800 s after they end"
+    assert capacity(doctor(deployment, "--json")) == {"check": "capacity", "status": "ok", "detail": said, "fix": ""}
+    assert sorted(deployment.state.iterdir()) == files
+
+    deployment.env.update(AIP_CREWAI_MAX_RETAINED_RUNS="2", AIP_CREWAI_ARCHIVE_AFTER_SECONDS="0")
+    full = capacity(doctor(deployment, "--json"))
+    assert full["status"] == "warning" and "2 of 2 records" in full["detail"], full
+    assert "admission answers 507" in full["detail"] and "crew-supervisor archive --older-than" in full["fix"]
+
+
+def capacity(answer: Answer) -> dict[str, Any]:
+    assert answer.code == 0, answer.out + answer.err
+    [found] = [f for f in findings(answer) if f["check"] == "capacity"]
+    return found
+
+
 def records(answer: Answer) -> dict[str, Any]:
     assert answer.code == 0, answer.out + answer.err  # a warning: serve serves
     [found] = [f for f in findings(answer) if f["check"] == "records"]

@@ -126,5 +126,31 @@ def test_soak_counts_the_jobs_that_completed_not_the_batch_it_asked_for() -> Non
 
     result = soak.Result()
     with httpx.Client(transport=httpx.MockTransport(answer), base_url="http://soak") as client:
-        assert soak.run_jobs(client, 5, result) == 2
+        assert soak.run_jobs([client], 5, result) == 2
     assert len(result.violations) == 1 and "answered 500" in result.violations[0]
+
+
+def _at(seconds: int, rss_mb: float, disk_bytes: int, retained: int, per_record: int = 6000) -> soak.Sample:
+    census = Census(20, 5, 1, 0, rss_mb)
+    return soak.Sample(seconds * 10, float(seconds), census, disk_bytes, retained * per_record, retained)
+
+
+def test_soak_judge_with_retention_wants_rss_and_journal_flat_after_the_warm_up() -> None:
+    plan = soak.Plan(jobs=400, archive_after=10)
+    # The file on disk follows the records a faster machine held: judged only at a paced rate.
+    flat = soak.Result(samples=[_at(0, 60, 10**6, 5), _at(20, 64, 5 * 10**6, 500), _at(40, 66, 9 * 10**6, 900)])
+    soak.judge(plan, flat)
+    assert flat.violations == []  # growth before the warm-up (twice the window) is not judged
+    soak.judge(soak.Plan(jobs=400, archive_after=10, rate=8), flat)
+    assert [v.split(":")[0] for v in flat.violations] == ["journal on disk grew after the warm-up"]
+    growing = soak.Result(
+        samples=[_at(0, 60, 10**6, 5), _at(20, 64, 5 * 10**6, 500), _at(40, 90, 5 * 10**6, 500, 9000)]
+    )
+    soak.judge(plan, growing)
+    assert [v.split(":")[0] for v in growing.violations] == [
+        "RSS grew after the warm-up",
+        "journal bytes per record grew after the warm-up",
+    ]
+    short = soak.Result(samples=[_at(0, 60, 10**6, 5), _at(10, 60, 10**6, 5), _at(20, 60, 10**6, 5)])
+    soak.judge(plan, short)
+    assert short.violations == ["no census after the warm-up: run more jobs, or a shorter --archive-after"]

@@ -47,6 +47,7 @@ NEEDS = {
     ("POST", "/jobs/{action_id}/cancel"): OPERATOR,
     ("POST", "/runs/{action_id}/cancel"): OPERATOR,
     ("POST", "/jobs/cancel"): OPERATOR,
+    ("POST", "/jobs/archive"): OPERATOR,
     ("DELETE", "/jobs/{action_id}"): OPERATOR,
     ("GET", "/jobs/{action_id}/stack"): OPERATOR,
     ("POST", "/jobs"): CONTRACT,

@@ -174,10 +174,8 @@ class Reader:
         return int(self._db.execute("SELECT count(*) FROM jobs").fetchone()[0])
 
     def copy_into(self, target: sqlite3.Connection, pages: int) -> None:
-        """The journal as one read transaction sees it, copied into ``target`` by SQLite's online backup,
-        ``pages`` a step. The transaction is held from the first step to the last: what commits meanwhile is not
-        in the copy and does not restart it (without it, a write between two steps restarts the copy: for ever,
-        under a job that streams). In WAL mode a reader never holds up the writer."""
+        """The journal as one read transaction sees it, held from first step to last, copied into ``target`` ``pages`` a
+        step by SQLite's backup: without it each write restarts the copy (for ever, under a streaming job)."""
         self._db.execute("BEGIN")
         try:
             self._db.execute("SELECT count(*) FROM sqlite_master").fetchone()  # the snapshot is taken here

@@ -37,7 +37,7 @@ DECIDING = (
 class BearerAuth:
     """The whole Authorization header (exactly one), compared in constant time with every token, on every route but
     ``public``: 401 without a token of any role, 403 with one whose role the route does not allow
-    (``supervisor/http/scopes.py``). ``credentials`` None: no token at all (``ALLOW_UNAUTHENTICATED``).
+    (``supervisor/scopes.py``). ``credentials`` None: no token at all (``ALLOW_UNAUTHENTICATED``).
 
     ``public`` are exact paths read with GET or HEAD: the console's files, which hold no data (a browser
     cannot send a header when it loads a page; the page sends the token on each call it makes). ``routes`` are

@@ -92,7 +92,7 @@ def test_the_middleware_closes_a_scope_that_is_not_http() -> None:
     async def receive() -> dict[str, Any]:
         return {"type": "websocket.connect"}
 
-    guard = BearerAuth(app, token="t")
+    guard = BearerAuth(app, credentials=None)
     asyncio.run(guard({"type": "websocket", "path": "/ws", "headers": []}, receive, send))
     assert reached == [] and sent == [{"type": "websocket.close", "code": 1008}]
 

@@ -51,7 +51,7 @@ STOPPABLE_PHASES = (Phase.QUEUED, Phase.LAUNCHING, Phase.RUNNING)
 
 class Role(enum.StrEnum):
     """Whose token a request carries, from least to most it may do (``ROLES``); each route declares the least it
-    needs (``supervisor/http/scopes.py``)."""
+    needs (``supervisor/scopes.py``)."""
 
     OBSERVER = "observer"  # reads: health, jobs, events, output, metrics, workers
     OPERATOR = "operator"  # and cancels, archives, asks for stacks; never starts

@@ -81,7 +81,9 @@ def test_a_draining_full_supervisor_is_one_line_per_problem(deployment: Deployme
     problems = {line.split()[1]: line for line in answer.lines("problem")}
     assert set(problems) == {"status", "capacity"}, answer.out
     assert "draining: it starts no new job" in problems["status"]
-    assert "1 of 1 job records (AIP_CREWAI_MAX_RETAINED_RUNS): every start answers 507" in problems["capacity"]
+    capacity = problems["capacity"]  # /health's retention too: the window, and the one record's admission
+    assert "1 of 1 job records (AIP_CREWAI_MAX_RETAINED_RUNS); archived after 604800 s, oldest from 20" in capacity
+    assert ": every start answers 507; fix: archive finished jobs (crew-supervisor archive)" in capacity
     assert answer.out.splitlines()[-1].startswith("doctor: not ready (2 problems")
 
 

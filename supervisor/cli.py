@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from types import ModuleType
+from typing import Any
 
 from supervisor.doctor import findings, names  # the standard library only: they run before protocol is imported
 
@@ -60,37 +62,31 @@ def parser() -> argparse.ArgumentParser:
     serve_parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="the log's level"
     )
-    doctor_parser = commands.add_parser(
-        "doctor",
-        help="check a deployment before it serves",
-        description=doctor.DESCRIPTION,
-        epilog=console.exit_status(*doctor.EXIT_CODES),
-        formatter_class=raw,
-    )
-    doctor.add_arguments(doctor_parser)
+    doctor_parser = _command(commands, "doctor", "check a deployment before it serves", doctor)
     for parser_with_settings in (serve_parser, doctor_parser):
         parser_with_settings.add_argument(
             "--demo", action="store_true", help="the registry: the offline demo crews that come with crew-supervisor"
         )
         config.add_flags(parser_with_settings)
     console.add_commands(commands)
-    chaos_parser = commands.add_parser(
-        "chaos",
-        help="inject faults under load and check every invariant",
-        description=chaos_flags.DESCRIPTION,
-        epilog=console.exit_status(*chaos_flags.EXIT_CODES),
-        formatter_class=raw,
-    )
-    chaos_flags.add_arguments(chaos_parser)
-    backup_parser = commands.add_parser(
-        "backup",
-        help="copy the journal while the supervisor serves",
-        description=backup.DESCRIPTION,
-        epilog=console.exit_status(*backup.EXIT_CODES),
-        formatter_class=raw,
-    )
-    backup.add_arguments(backup_parser)
+    _command(commands, "chaos", "inject faults under load and check every invariant", chaos_flags)
+    _command(commands, "backup", "copy the journal while the supervisor serves", backup)
     return top
+
+
+def _command(commands: Any, name: str, summary: str, module: ModuleType) -> argparse.ArgumentParser:
+    """A command whose module holds its words: ``DESCRIPTION``, ``EXIT_CODES`` and ``add_arguments``."""
+    from supervisor.console.commands import exit_status
+
+    command: argparse.ArgumentParser = commands.add_parser(
+        name,
+        help=summary,
+        description=module.DESCRIPTION,
+        epilog=exit_status(*module.EXIT_CODES),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    module.add_arguments(command)
+    return command
 
 
 def main(argv: list[str] | None = None) -> None:

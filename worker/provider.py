@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import hashlib
 import http.server
 import json
 import os
@@ -52,6 +51,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from worker import completions
+
 URL_ENV = "CREW_PROVIDER_URL"  # where the demo's and the tests' real-LLM crews find one (worker.demo.provider_llm)
 DEFAULT_URL = "http://127.0.0.1:8091/v1"
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a request larger than this is answered 413 unread
@@ -63,8 +64,6 @@ MAX_CALLS = 10_000
 MAX_RECORDED_BYTES = 64 * 1024 * 1024  # of their requests' bodies, in all
 SCRIPT_BODY = "a body with replies (a list) and model (a string, or null for any model) is required"
 HOST = "127.0.0.1"
-_WORD = re.compile(r"\S+")
-CREATED = 1_767_225_600  # a fixed `created`: answers are the same in every run
 
 
 @dataclasses.dataclass
@@ -282,7 +281,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         try:
             model, messages = str(body["model"]), list(body["messages"])
         except (KeyError, TypeError):
-            self._send_json(400, _error("invalid_request_error", needed))
+            self._send_json(400, completions.error_body("invalid_request_error", needed))
             return
         tools = [t.get("function", {}).get("name", "") for t in body.get("tools") or [] if isinstance(t, dict)]
         call = Call(0, model, bool(body.get("stream")), messages, tools, time.monotonic(), size=length)
@@ -313,7 +312,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         route = self.path.partition("?")[0].rstrip("/")
         if route in routes:
             return route
-        self._send_json(404, _error("not_found", f"no route {self.path}"))
+        self._send_json(404, completions.error_body("not_found", f"no route {self.path}"))
         return None
 
     def _length(self) -> int | None:
@@ -322,11 +321,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         given = (self.headers.get("Content-Length") or "0").strip()
         if not (given.isascii() and given.isdigit()):
             self.close_connection = True
-            self._send_json(400, _error("invalid_request_error", f"Content-Length {given[:40]!r} is no byte count"))
+            self._send_json(
+                400, completions.error_body("invalid_request_error", f"Content-Length {given[:40]!r} is no byte count")
+            )
             return None
         if len(given) > len(str(MAX_BODY_BYTES)) or int(given) > MAX_BODY_BYTES:
             self.close_connection = True
-            self._send_json(413, _error("request_too_large", f"a body of {given[:40]} bytes"))
+            self._send_json(413, completions.error_body("request_too_large", f"a body of {given[:40]} bytes"))
             return None
         return int(given)
 
@@ -338,7 +339,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except ValueError:
             body = None
         if not isinstance(body, dict):
-            self._send_json(400, _error("invalid_request_error", needed))
+            self._send_json(400, completions.error_body("invalid_request_error", needed))
             return None
         return body
 
@@ -349,12 +350,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 raise ValueError(SCRIPT_BODY)
             self.server.provider.script(replies, model)
         except ValueError as e:
-            self._send_json(400, _error("invalid_request_error", str(e)))
+            self._send_json(400, completions.error_body("invalid_request_error", str(e)))
             return
         self._send_json(200, {"model": model, "queued": len(replies)})
 
     def _answer(self, call: Call, body: dict[str, Any]) -> None:
-        turn = Turn(call, body, _reply(call, body), self._wait)
+        turn = Turn(call, body, completions.reply(call, body), self._wait)
         self.server.provider._play(turn)
         for word in call.model.split("+"):
             for pattern, directive in self.server.provider.directives.items():
@@ -362,22 +363,24 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     directive(turn, match)
             if call.status != 200:
                 message = turn.error or f"the provider answered {call.status}"
-                self._send_json(call.status, _error("provider_error", message))
+                self._send_json(call.status, completions.error_body("provider_error", message))
                 return
         message = turn.message
-        usage = _usage(call.messages, message)
+        usage = completions.usage(call.messages, message)
         if not call.stream:
-            choice = {"index": 0, "message": message, "finish_reason": _finish(message), "logprobs": None}
-            self._send_json(200, {**_head(call, body, "chat.completion"), "choices": [choice], "usage": usage})
+            choice = {"index": 0, "message": message, "finish_reason": completions.finish(message), "logprobs": None}
+            self._send_json(
+                200, {**completions.head(call, body, "chat.completion"), "choices": [choice], "usage": usage}
+            )
             return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        head = _head(call, body, "chat.completion.chunk")
-        for delta in _deltas(message):
+        head = completions.head(call, body, "chat.completion.chunk")
+        for delta in completions.deltas(message):
             self._event({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
-        self._event({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": _finish(message)}]})
+        self._event({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": completions.finish(message)}]})
         if (body.get("stream_options") or {}).get("include_usage"):
             self._event({**head, "choices": [], "usage": usage})
         self._write(b"data: [DONE]\n\n")
@@ -451,110 +454,6 @@ def _peek(connection: socket.socket) -> bytes:
         return connection.recv(1, socket.MSG_PEEK)
     except OSError:
         return b""
-
-
-def _text(messages: list[dict[str, Any]]) -> str:
-    parts = []
-    for message in messages:
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):  # content parts
-            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-        parts.append(str(content or ""))
-    return "\n".join(parts)
-
-
-def _reply(call: Call, body: dict[str, Any]) -> dict[str, Any]:
-    """The assistant's message: a call of the first offered tool until a tool has answered, JSON for a
-    ``response_format`` schema, else a final answer naming a digest of the prompt."""
-    answered_tool = any(isinstance(m, dict) and m.get("role") == "tool" for m in call.messages)
-    if not answered_tool and (calling := tool_call(call, body)):
-        return calling
-    digest = _digest(call)
-    schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema")
-    if schema is not None:
-        return {"role": "assistant", "content": json.dumps(_sample(schema, f"finding {digest}"))}
-    return {
-        "role": "assistant",
-        "content": f"Thought: I know the answer.\nFinal Answer: the provider reports finding {digest}.",
-    }
-
-
-def tool_call(call: Call, body: dict[str, Any]) -> dict[str, Any] | None:
-    """The assistant's call of the first offered tool, with arguments that fit its parameters (None: no tools)."""
-    tools = [t["function"] for t in body.get("tools") or [] if isinstance(t, dict) and "function" in t]
-    if not tools:
-        return None
-    digest = _digest(call)
-    arguments = json.dumps(_sample(tools[0].get("parameters") or {}, digest), separators=(",", ":"))
-    calling = {
-        "id": f"call_{digest}",
-        "type": "function",
-        "function": {"name": tools[0]["name"], "arguments": arguments},
-    }
-    return {"role": "assistant", "content": None, "tool_calls": [calling]}
-
-
-def _digest(call: Call) -> str:
-    return hashlib.sha256(_text(call.messages).encode()).hexdigest()[:12]
-
-
-def _sample(schema: dict[str, Any], text: str, defs: dict[str, Any] | None = None) -> Any:
-    """A value fitting a JSON schema: strings say ``text``, numbers are 8, arrays hold one item."""
-    defs = schema.get("$defs", defs or {})
-    if "$ref" in schema:
-        return _sample(defs.get(schema["$ref"].rpartition("/")[2], {}), text, defs)
-    for union in ("anyOf", "oneOf", "allOf"):
-        options = [s for s in schema.get(union, []) if s.get("type") != "null"]
-        if options:
-            return _sample(options[0], text, defs)
-    if "enum" in schema:
-        return schema["enum"][0]
-    kind = schema.get("type", "object" if "properties" in schema else "string")
-    if kind == "object":
-        return {name: _sample(sub, text, defs) for name, sub in (schema.get("properties") or {}).items()}
-    if kind == "array":
-        return [_sample(schema.get("items") or {}, text, defs)]
-    return {"integer": 8, "number": 8.0, "boolean": True, "null": None}.get(kind, text)
-
-
-def _head(call: Call, body: dict[str, Any], kind: str) -> dict[str, Any]:
-    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:24]
-    return {"id": f"chatcmpl-{digest}", "object": kind, "created": CREATED, "model": call.model}
-
-
-def _finish(message: dict[str, Any]) -> str:
-    return "tool_calls" if message.get("tool_calls") else "stop"
-
-
-def _deltas(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """The message as a stream sends it: the role, then a word at a time, or each tool call's name, then its
-    arguments a few characters a chunk (a client must join them, as it must a real provider's)."""
-    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
-    for index, tool_call in enumerate(message.get("tool_calls") or []):
-        function = tool_call["function"]
-        head = {
-            "index": index,
-            "id": tool_call["id"],
-            "type": "function",
-            "function": {"name": function["name"], "arguments": ""},
-        }
-        pieces = re.findall(r".{1,8}", function["arguments"], re.DOTALL)
-        deltas += [{"tool_calls": [head]}]
-        deltas += [{"tool_calls": [{"index": index, "function": {"arguments": piece}}]} for piece in pieces]
-    deltas += [{"content": word} for word in re.findall(r"\S+\s*", message.get("content") or "")]
-    return deltas
-
-
-def _usage(messages: list[dict[str, Any]], message: dict[str, Any]) -> dict[str, int]:
-    prompt = len(_WORD.findall(_text(messages)))
-    completion = len(
-        _WORD.findall(json.dumps(message.get("tool_calls")) if message.get("tool_calls") else message["content"])
-    )
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def _error(kind: str, message: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": None, "code": kind}}
 
 
 def main(argv: list[str]) -> None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import re
 
-from worker.provider import DIRECTIVES, Provider, Turn, tool_call
+from worker.completions import tool_call
+from worker.provider import DIRECTIVES, Provider, Turn
 
 
 def _fail(turn: Turn, match: re.Match[str]) -> None:

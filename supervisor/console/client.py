@@ -108,10 +108,16 @@ class Client:
         """Start a job and leave it: returns once it is admitted (durable), before it has a worker. Hanging up
         never cancels a job."""
         headers = {**SSE, "Idempotency-Key": key}
-        with self._talking(), self._http.stream("POST", "/jobs/stream", json=body, headers=headers) as response:
-            if response.is_error:
-                response.read()
-                self._json(response)
+        with self._talking():
+            try:
+                with self._http.stream("POST", "/jobs/stream", json=body, headers=headers) as response:
+                    if response.is_error:
+                        response.read()
+                        self._json(response)
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout):
+                raise  # nothing was sent: a plain failure
+            except httpx.TransportError as exc:  # sent, then no answer: the start may have been admitted
+                raise Unsettled(f"{self.url} did not answer the start: {_reason(exc)}") from None
 
     def _resumable(
         self, reopen: Opener, wait: float, accepted: Callable[[], None] = lambda: None

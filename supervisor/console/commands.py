@@ -383,7 +383,10 @@ def run(client: Client, args: argparse.Namespace, out: Console) -> int:
         body["timeout_ms"] = args.timeout_ms
     key = args.idempotency_key or uuid.uuid4().hex
     if args.detach:  # the id alone, for a script: ID=$(crew-supervisor run my-crew --detach)
-        client.admit(body, key)
+        try:
+            client.admit(body, key)
+        except Unsettled as exc:
+            raise unknown_outcome(exc, body["action_id"]) from None
         answer({"action_id": body["action_id"]}, args, out, lambda admitted: views.id_text(admitted["action_id"]))
         return 0
 
@@ -401,14 +404,19 @@ def run(client: Client, args: argparse.Namespace, out: Console) -> int:
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
-    except Unsettled as exc:  # the start may have been admitted: never say it failed without the job's id
-        shown = ident(body["action_id"])
-        raise OperatorError(
-            f"{exc}; job {shown} may be running, its outcome unknown (crew-supervisor show {shlex.quote(shown)} says)"
-        ) from None
+    except Unsettled as exc:
+        raise unknown_outcome(exc, body["action_id"]) from None
     if not args.json:
         conclude(client, body["action_id"], code, out)
     return code
+
+
+def unknown_outcome(exc: Unsettled, action_id: str) -> OperatorError:
+    """A start that may have been admitted is never said to have failed without the job's id and how to check it."""
+    shown = ident(action_id)
+    return OperatorError(
+        f"{exc}; job {shown} may be running, its outcome unknown (crew-supervisor show {shlex.quote(shown)} says)"
+    )
 
 
 def conclude(client: Client, action_id: str, code: int, out: Console) -> None:

@@ -29,7 +29,8 @@ def swallow_one_request(listener: socket.socket, received: list[bytes]) -> None:
         listener.close()
 
 
-def test_a_start_sent_then_unanswered_is_unknown_not_failed_and_names_the_job() -> None:
+def run_against_a_swallower(*args: str) -> tuple[str, subprocess.CompletedProcess[str]]:
+    """``crew-supervisor run ARGS`` against a server that takes the start's request whole and never answers it."""
     listener = socket.create_server(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{listener.getsockname()[1]}"
     received: list[bytes] = []
@@ -37,17 +38,15 @@ def test_a_start_sent_then_unanswered_is_unknown_not_failed_and_names_the_job() 
     thread.start()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIP_CREWAI_")}
     env |= {"PYTHONPATH": str(ROOT), "AIP_CREWAI_URL": url, "AIP_CREWAI_BEARER_TOKEN": "t"}
-    answer = subprocess.run(
-        command("run", "demo", "--action-id", "cli-unsettled", "--wait", "2s"),
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
+    answer = subprocess.run(command("run", *args), env=env, cwd=ROOT, capture_output=True, text=True, timeout=90)
     thread.join(30)
     [request] = received
     assert request.startswith(b"POST /jobs/stream ") and b'"action_id":"cli-unsettled"' in request
+    return url, answer
+
+
+def test_a_start_sent_then_unanswered_is_unknown_not_failed_and_names_the_job() -> None:
+    url, answer = run_against_a_swallower("demo", "--action-id", "cli-unsettled", "--wait", "2s")
     assert (answer.returncode, answer.stdout) == (1, "")
     [*_, said] = answer.stderr.splitlines()
     assert said.startswith(f"crew-supervisor: gave up reconnecting to {url} after "), answer.stderr
@@ -55,3 +54,13 @@ def test_a_start_sent_then_unanswered_is_unknown_not_failed_and_names_the_job() 
         "; job cli-unsettled may be running, its outcome unknown (crew-supervisor show cli-unsettled says)"
     ), answer.stderr
     assert "cannot connect" not in answer.stderr
+
+
+def test_a_detached_start_sent_then_unanswered_names_the_job_too() -> None:
+    url, answer = run_against_a_swallower("demo", "--action-id", "cli-unsettled", "--detach")
+    assert (answer.returncode, answer.stdout) == (1, "")
+    [said] = answer.stderr.splitlines()
+    assert said.startswith(f"crew-supervisor: {url} did not answer the start: "), answer.stderr
+    assert said.endswith(
+        "; job cli-unsettled may be running, its outcome unknown (crew-supervisor show cli-unsettled says)"
+    ), answer.stderr

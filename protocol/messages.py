@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 from protocol.frames import MAX_FRAME_BYTES, FrameError, FrameReader, encode
 
 # Bump on any change a peer could misread; a mismatched worker is rejected at hello.
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 # A worker's ``Stacks``, all threads' together: a stack is read by a person, and a deep one is cut at its outer end.
 MAX_STACK_BYTES = 256 * 1024
 STACK_CUT = "(outer calls cut)\n"  # begins a stack cut to its innermost calls (``innermost``)
@@ -69,6 +69,20 @@ class Start(Message):
     max_llm_calls: int = 0
     writable: list[str] | None = None
     secret_names: list[str] = dataclasses.field(default_factory=list)
+    # A resumed ``run`` (``POST /jobs/{id}/resume``): the tasks its earlier job completed, in order, each as its
+    # ``TaskDone.output`` said, and the crew's ``fingerprint`` then; the worker refuses (``CREW_CHANGED``) if the
+    # crew it builds now has another, and otherwise runs only the tasks after them. None: not a resume.
+    resumed: list[dict[str, Any]] | None = None
+    fingerprint: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Recorded(Message):
+    """The ledger entry ``id`` (an ``EffectStarted`` or a ``TaskDone``) is durable in the journal: the thread that
+    sent it, waiting, goes on. An entry past the job's ``MAX_EFFECTS`` is never answered: the job is stopped."""
+
+    kind: ClassVar[str] = "recorded"
+    id: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +186,48 @@ class Spent(Message):
 
 
 @dataclasses.dataclass(frozen=True)
+class EffectStarted(Message):
+    """A tool call or an LLM call is about to start (the job's effect ledger). The calling thread waits for
+    ``Recorded(id)`` before the call goes out, so no effect happens that the journal does not hold. ``id`` counts
+    the job's ledger entries from 1 (``TaskDone`` shares the count); ``digest`` is the SHA-256 of the call's
+    arguments as canonical JSON (a tool's input; an LLM call's messages), never the arguments themselves."""
+
+    kind: ClassVar[str] = "effect_started"
+    id: int
+    effect: str  # Effect: tool or llm
+    name: str  # the tool's name, or the LLM's model (MAX_EFFECT_NAME_CHARS)
+    digest: str
+
+
+@dataclasses.dataclass(frozen=True)
+class EffectEnded(Message):
+    """How the call ``id`` ended: ``finished``, or ``failed`` with the error's type and message (a tool that raised,
+    even though CrewAI hands the model the error and goes on; an LLM call that raised). Tokens for an LLM call, as
+    CrewAI booked them (0 for a tool). Not waited for: a call whose end is lost stays uncertain."""
+
+    kind: ClassVar[str] = "effect_ended"
+    id: int
+    status: str  # EffectStatus.FINISHED or FAILED
+    error_type: str
+    error_message: str  # MAX_EFFECT_ERROR_CHARS; the supervisor masks the job's secrets in it
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskDone(Message):
+    """A task of the crew completed (``index`` in ``crew.tasks``): its output as CrewAI's ``TaskOutput`` dumps it
+    (``description``, ``agent``, ``raw``, ``pydantic``, ``json_dict``, ``output_format``), and the crew's
+    ``fingerprint``. Waited for (``Recorded(id)``) before the next task starts, so a resume never runs it again."""
+
+    kind: ClassVar[str] = "task_done"
+    id: int
+    index: int
+    output: dict[str, Any]
+    fingerprint: str
+
+
+@dataclasses.dataclass(frozen=True)
 class OverBudget(Message):
     """The worker holds back an LLM call: the job's ``limit`` (``max_tokens`` or ``max_llm_calls``) is spent. It
     waits to be stopped; no call of the job starts after this."""
@@ -236,8 +292,8 @@ TERMINAL = (Completed, Failed)
 _KINDS: dict[str, type[Message]] = {
     cls.kind: cls
     for cls in (
-        *(Start, Stop, DumpStacks, Hello, Registry, Built, Building, Started, Chunk, Spent, OverBudget),
-        *(Stacks, Completed, Failed, Fork, Forked, Refused),
+        *(Start, Stop, DumpStacks, Recorded, Hello, Registry, Built, Building, Started, Chunk, Spent, OverBudget),
+        *(EffectStarted, EffectEnded, TaskDone, Stacks, Completed, Failed, Fork, Forked, Refused),
     )
 }
 _FIELDS = {kind: typing.get_type_hints(cls) for kind, cls in _KINDS.items()}

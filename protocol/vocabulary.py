@@ -21,6 +21,27 @@ class Operation(enum.StrEnum):
     MEMORY_RESET = "memory_reset"
 
 
+class Effect(enum.StrEnum):
+    """What a job's effect ledger records: each call that may reach outside the job."""
+
+    TOOL = "tool"
+    LLM = "llm"
+
+
+class EffectStatus(enum.StrEnum):
+    """Where a ledger entry stands. A worker ends a call ``finished`` or ``failed``; an entry still ``running`` when
+    its job ends (cancelled, timed out, killed, fenced at a restart: however it ended) becomes ``uncertain``: the
+    call may or may not have had its effect, and the host reconciles it (docs/reconcile-and-resume.md)."""
+
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    UNCERTAIN = "uncertain"
+
+
+MAX_EFFECT_NAME_CHARS = 200  # of a tool's name or an LLM's model, as the ledger keeps it
+MAX_EFFECT_ERROR_CHARS = 1000  # of a failed call's error message, as the ledger keeps it
+
 # Operations without external effects: when one fails, its outcome is certain (as the reference says).
 READ_ONLY_OPERATIONS = frozenset({Operation.KNOWLEDGE_QUERY})
 
@@ -38,6 +59,7 @@ class Reason(enum.StrEnum):
     OPERATION_REFUSED = "operation_refused"  # the operation's input or its place was wrong: nothing ran
     OPERATION_FAILED = "operation_failed"  # the crew raised
     OUTPUT_TOO_LARGE = "output_too_large"
+    CREW_CHANGED = "crew_changed"  # a resume's crew is not the one its earlier job ran: nothing ran
     WARMUP_FAILED = "warmup_failed"  # a fork server's, sent instead of its registry: it could not warm CrewAI
     # The supervisor's: the job's end
     TIMEOUT = "timeout"
@@ -70,6 +92,7 @@ class Reason(enum.StrEnum):
     DISK_LIMIT_EXCEEDED = "disk_limit_exceeded"
     TOKEN_LIMIT_EXCEEDED = "token_limit_exceeded"
     LLM_CALL_LIMIT_EXCEEDED = "llm_call_limit_exceeded"
+    EFFECT_LIMIT_EXCEEDED = "effect_limit_exceeded"  # more ledger entries than MAX_EFFECTS: the next never started
 
 
 # The reasons a job's worker may give in its ``Failed``: what only it can see (its registry, its crew, its operation,
@@ -87,4 +110,5 @@ WORKER_REASONS = BEFORE_CREW_REASONS | {
     Reason.OPERATION_REFUSED,
     Reason.OPERATION_FAILED,
     Reason.OUTPUT_TOO_LARGE,
+    Reason.CREW_CHANGED,
 }

@@ -51,6 +51,38 @@ CREATE TABLE IF NOT EXISTS stacks (
     action_id TEXT PRIMARY KEY,
     stack BLOB NOT NULL
 );
+-- A job's effect ledger (supervisor/jobs/ledger.py): each tool or LLM call its worker said it was starting, made
+-- durable before the call went out, and how it ended. ``status`` is an EffectStatus; a call still ``running`` when
+-- its job ends becomes ``uncertain`` in the commit that ends the job (at a restart, in fencing's). Bounded per job by
+-- MAX_EFFECTS, apart from the event budget. Created here, so older journals gain it.
+CREATE TABLE IF NOT EXISTS effects (
+    action_id TEXT NOT NULL,
+    id INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    status TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    ended_at REAL,
+    error_type TEXT,
+    error_message TEXT,
+    prompt_tokens INTEGER NOT NULL DEFAULT 0,
+    completion_tokens INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (action_id, id)
+) WITHOUT ROWID;
+-- Each task a ``run`` completed, durable before its next task started: what a resume gives its new job's worker.
+CREATE TABLE IF NOT EXISTS tasks_done (
+    action_id TEXT NOT NULL,
+    task_index INTEGER NOT NULL,
+    fingerprint TEXT NOT NULL,
+    output BLOB NOT NULL,
+    PRIMARY KEY (action_id, task_index)
+) WITHOUT ROWID;
+-- Resumes: the job ``action_id`` continues ``resumed_from`` (each job resumed at most once).
+CREATE TABLE IF NOT EXISTS resumes (
+    action_id TEXT PRIMARY KEY,
+    resumed_from TEXT NOT NULL UNIQUE
+);
 -- Records found inconsistent at open (supervisor/journal/quarantine.py): what was wrong with each, and when. The
 -- action id stays taken: admission refuses it, and restart fencing kills what its job left, at every start.
 CREATE TABLE IF NOT EXISTS quarantine (
@@ -65,8 +97,12 @@ CREATE TABLE IF NOT EXISTS quarantined_jobs AS SELECT * FROM jobs WHERE 0;
 CREATE TABLE IF NOT EXISTS quarantined_events AS SELECT * FROM events WHERE 0;
 CREATE TABLE IF NOT EXISTS quarantined_outputs AS SELECT * FROM outputs WHERE 0;
 CREATE TABLE IF NOT EXISTS quarantined_stacks AS SELECT * FROM stacks WHERE 0;
+CREATE TABLE IF NOT EXISTS quarantined_effects AS SELECT * FROM effects WHERE 0;
+CREATE TABLE IF NOT EXISTS quarantined_tasks_done AS SELECT * FROM tasks_done WHERE 0;
+CREATE TABLE IF NOT EXISTS quarantined_resumes AS SELECT * FROM resumes WHERE 0;
 """
-MIRRORED = ("jobs", "events", "outputs", "stacks")  # every table that holds a record's rows, by its action id
+# Every table that holds a record's rows, by its action id.
+MIRRORED = ("jobs", "events", "outputs", "stacks", "effects", "tasks_done", "resumes")
 
 
 # Per job: events numbered 0..event_count-1, at most one terminal event, it comes last, and the

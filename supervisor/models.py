@@ -59,6 +59,16 @@ class StartRequest(BaseModel):
     timeout_ms: Annotated[StrictInt, Field(ge=1, le=MAX_TIMEOUT_MS)] = DEFAULT_TIMEOUT_MS
 
 
+class ResumeRequest(BaseModel):
+    """``POST /jobs/{id}/resume``: the new job's action id (and its timeout, as a start's); the crew, the operation
+    (``run``) and the input are the resumed job's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    action_id: ActionId
+    timeout_ms: Annotated[StrictInt, Field(ge=1, le=MAX_TIMEOUT_MS)] = DEFAULT_TIMEOUT_MS
+
+
 class CancelRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -257,7 +267,9 @@ class InputError(ValueError):
     pass
 
 
-def request_hash(body: StartRequest, key: str) -> str:
+def request_hash(body: StartRequest, key: str, resumed_from: str | None = None) -> str:
+    """What fences an action id: its request material and key, and for a resume the job it continues (so that a
+    start of the same material is not taken for it, nor a resume of another job)."""
     material = {
         "crew_id": body.crew_id,
         "action_id": body.action_id,
@@ -266,6 +278,8 @@ def request_hash(body: StartRequest, key: str) -> str:
         "timeout_ms": body.timeout_ms,
         "idempotency_key": key,
     }
+    if resumed_from is not None:
+        material["resumed_from"] = resumed_from
     return hashlib.sha256(canonical(material)).hexdigest()
 
 

@@ -1,4 +1,4 @@
-"""The contract's routes: start (blocking or streamed), status, events, cancel, archive, health.
+"""The contract's routes: start (blocking or streamed), status, events, cancel, resume, archive, health.
 
 Admission decides (``supervisor.jobs.admission``); these routes only translate HTTP to it and back.
 """
@@ -20,7 +20,7 @@ from supervisor.http.routing import StrictJSONRoute, Sup
 from supervisor.jobs.supervisor import Supervisor
 from supervisor.journal.errors import JournalBusy, JournalError
 from supervisor.journal.records import Job, StoredEvent
-from supervisor.models import CancelRequest, StartRequest, path_id_problem
+from supervisor.models import CancelRequest, ResumeRequest, StartRequest, path_id_problem
 from supervisor.scopes import needs
 from supervisor.vocabulary import Role, Status
 
@@ -76,6 +76,16 @@ async def post_job_stream(
     cursor = 0 if resume_after is None else resume_after + 1
     check_cursor(cursor, job.event_count)
     return stream(sup, job.action_id, cursor)
+
+
+@router.post("/jobs/{action_id}/resume", responses=START_ERRORS)
+async def resume(sup: Sup, action_id: str, body: ResumeRequest, key: IdempotencyKey = None) -> Response:
+    """A new job (``body.action_id``) continuing this ``run`` from its last completed task, answered as a blocking
+    start is (``start_blocking``): the client sees what an uninterrupted run answers. The contract's role only, as a
+    start: it runs a crew."""
+    find(sup, action_id)
+    job = await sup.resume(action_id, body, key)
+    return await answer(sup, job, body.timeout_ms)
 
 
 @router.get("/jobs/{action_id}", responses=errors(404, 422))
@@ -149,8 +159,12 @@ def archiving() -> Iterator[None]:
 async def start_blocking(sup: Supervisor, body: StartRequest, key: str | None, legacy: bool) -> Response:
     """Wait for the job up to its own timeout: 200 output, 409 cancelled, 502 failed (a job that reached its
     own timeout too: the wait lasts until its kill is confirmed), 504 wait expired (the job continues)."""
-    job = await sup.admit(body, key, legacy)
-    finished = await sup.wait(job.action_id, body.timeout_ms / 1000)
+    return await answer(sup, await sup.admit(body, key, legacy), body.timeout_ms)
+
+
+async def answer(sup: Supervisor, job: Job, timeout_ms: int) -> Response:
+    """A blocking start's answer for its admitted ``job``, once it ends or its wait (``timeout_ms``) expires."""
+    finished = await sup.wait(job.action_id, timeout_ms / 1000)
     job = sup.job(job.action_id) or job
     if not finished or job.status == Status.RUNNING:
         return JSONResponse({"detail": "timed out waiting; the job continues", **view(sup, job)}, 504)
@@ -198,6 +212,7 @@ def view(sup: Supervisor, job: Job, with_output: bool = True) -> dict[str, Any]:
         "admitted_at": job.admitted_at,
         "ended_at": job.ended_at,
         "llm_spent": sup.spent_of(job.action_id, job.status) or kept,
+        **sup.links(job.action_id),  # a resume's: the job it continues, and the job that continues it
     }
 
 

@@ -37,7 +37,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     401: _error("Missing or invalid bearer token (every route)"),
     403: _error("Operation disabled by policy, or the token's role does not allow this route"),
     404: _error("Crew or job not found"),
-    409: _error("Action id admitted with other material, job cancelled, or job running"),
+    409: _error("Action id admitted with other material, job cancelled, job running, or a job that cannot resume"),
     # Starlette's body limit answers in plain text when the declared Content-Length is already too big.
     413: _error("Body over 4 MiB, or a start's input over 1 MiB", **{"text/plain": {"schema": {"type": "string"}}}),
     416: _error("Cursor outside 0..event_count"),

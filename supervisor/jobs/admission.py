@@ -10,6 +10,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import orjson
+
 from protocol import Operation
 from supervisor.config import Settings
 from supervisor.escaping import ident
@@ -17,7 +19,7 @@ from supervisor.jobs.crew_disk import CrewDisk
 from supervisor.jobs.lifecycle import Lifecycle
 from supervisor.jobs.retention import Retention
 from supervisor.journal.errors import JournalBusy, JournalError
-from supervisor.journal.records import Job
+from supervisor.journal.records import Job, TaskRecord
 from supervisor.journal.store import Journal
 from supervisor.models import InputError, StartRequest, input_too_large, key_problem, request_hash, validate_input
 from supervisor.settings_table import MiB
@@ -64,6 +66,14 @@ class ConflictingReuse(Refused):
     """The action id was admitted with other request material."""
 
 
+class ResumeUnknown(Refused):
+    """A resume names a job the journal does not hold (never admitted, archived, or quarantined)."""
+
+
+class NotResumable(Refused):
+    """The job a resume names cannot be continued: it runs, it completed, it is no ``run``, or it was resumed."""
+
+
 class JournalFull(Refused):
     """The journal holds its limit of jobs or bytes, or could not make the admission durable."""
 
@@ -77,7 +87,8 @@ class JournalUnavailable(Refused):
     shortly (503 with ``Retry-After``, not 507: nothing is full)."""
 
 
-Launch = Callable[[Job, dict[str, Any], int], None]
+# The admitted job, its input, its timeout, and for a resume the tasks its earlier job completed.
+Launch = Callable[[Job, dict[str, Any], int, list[TaskRecord] | None], None]
 SERVED_NAMED = 20  # crews an unknown crew's 404 names; it counts the rest
 QUOTE = "\\x27"  # ' as ``ident`` writes a character out, which ``typed_id`` reads back
 
@@ -112,15 +123,17 @@ class Admission:
         self.lifecycle = lifecycle  # the supervisor's, which it alone sets: no new starts once it drains
         # Admissions being made durable, by action id: checked as if already in the journal.
         self._admitting: dict[str, asyncio.Future[None]] = {}
+        self._resuming: dict[str, str] = {}  # of those, the resumes: the new job's action id by the job it continues
 
     async def under_way(self) -> None:
         """Return once the admissions under way are durable and launched (or refused)."""
         await asyncio.gather(*self._admitting.values())
 
-    async def admit(self, body: StartRequest, key: str | None, legacy: bool) -> Job:
+    async def admit(self, body: StartRequest, key: str | None, legacy: bool, resumed_from: str | None = None) -> Job:
         """The reference's order (413, 400, 403, 428/400, 422, 404, 409, 507 (the journal, then the crew's disk),
         then 503 for a journal locked
         by another process); an exact repeat returns its job even if its operation was disabled since.
+        ``resumed_from``: a resume of that job (``body`` carries its crew and input), checked with the 409s.
         A start of an action id being admitted waits for that admission, then is checked against it.
         While the supervisor drains, an exact repeat still returns its job (idempotency: the client observes
         the job it started, streamed or waited on until it ends); anything else that would start is a 503."""
@@ -134,7 +147,7 @@ class Admission:
         if legacy and body.operation != Operation.RUN:
             raise WrongRoute("this route starts only the run operation")
         bad_key = key_problem(key)
-        digest = request_hash(body, key) if bad_key is None and key is not None else ""
+        digest = request_hash(body, key, resumed_from) if bad_key is None and key is not None else ""
         existing = self.journal.reader.get(body.action_id)
         if existing is not None and existing.request_hash == digest:
             return existing
@@ -155,14 +168,33 @@ class Admission:
             raise ConflictingReuse("action id was already admitted with different request material")
         if self.journal.reader.quarantined(body.action_id) is not None:  # its record is kept aside, not gone
             raise ConflictingReuse("action id belongs to a journal record quarantined at start; use another")
+        tasks = self._resumable(resumed_from) if resumed_from is not None else None
         self._check_room(body.crew_id)
         job = Job(body.action_id, body.crew_id, body.operation, digest, Status.RUNNING, 0)
         under_way = asyncio.get_running_loop().create_future()
         self._admitting[job.action_id] = under_way
+        if resumed_from is not None:
+            self._resuming[resumed_from] = job.action_id
         # Shielded: a client that goes away must not leave a durable record that nothing launched.
-        task = asyncio.ensure_future(self._admit(job, operation_input, body.timeout_ms, under_way))
+        resumed = (resumed_from, tasks) if resumed_from is not None and tasks is not None else None
+        task = asyncio.ensure_future(self._admit(job, operation_input, body.timeout_ms, resumed, under_way))
         await asyncio.shield(task)
         return job
+
+    def _resumable(self, old_id: str) -> list[TaskRecord]:
+        """The tasks the job ``old_id`` completed, if a new job may continue it (each refusal says why)."""
+        old = self.journal.reader.get(old_id)
+        if old is None:
+            raise ResumeUnknown(f"job {ident(old_id)} was not found")
+        if old.operation != Operation.RUN:
+            raise NotResumable(f"only a run resumes; job {ident(old_id)} is a {old.operation}")
+        if old.status == Status.RUNNING:
+            raise NotResumable(f"job {ident(old_id)} is still running: cancel it, or wait for its end, first")
+        if old.status == Status.COMPLETED:
+            raise NotResumable(f"job {ident(old_id)} completed: nothing to resume")
+        if (by := self._resuming.get(old_id) or self.journal.reader.resumed_by(old_id)) is not None:
+            raise NotResumable(f"job {ident(old_id)} was already resumed as job {ident(by)}")
+        return self.journal.reader.tasks_done(old_id)
 
     def _check_room(self, crew_id: str) -> None:
         """The 507s, in order: the journal's count and bytes, its filesystem's free space, then the crew's disk."""
@@ -195,15 +227,26 @@ class Admission:
         return None
 
     async def _admit(
-        self, job: Job, operation_input: dict[str, Any], timeout_ms: int, under_way: asyncio.Future[None]
+        self,
+        job: Job,
+        operation_input: dict[str, Any],
+        timeout_ms: int,
+        resumed: tuple[str, list[TaskRecord]] | None,
+        under_way: asyncio.Future[None],
     ) -> None:
+        """Durable, then launched. A run's input is kept with it (a resume runs it again); a resume's link and the
+        tasks it continues from commit with it."""
+        kept = orjson.dumps(operation_input) if job.operation == Operation.RUN else None
+        link = (resumed[0], len(resumed[1])) if resumed is not None else None
         try:
-            await self.journal.admit(job)  # the start fence: durable before any worker exists
+            await self.journal.admit(job, kept, link)  # the start fence: durable before any worker exists
         except JournalBusy:
             raise JournalUnavailable("the journal is locked by another process; try again shortly") from None
         except JournalError as exc:
             raise JournalFull(f"admission could not be made durable: {exc}") from None
         finally:
             del self._admitting[job.action_id]
+            if resumed is not None:
+                del self._resuming[resumed[0]]
             under_way.set_result(None)
-        self.launch(job, operation_input, timeout_ms)
+        self.launch(job, operation_input, timeout_ms, resumed[1] if resumed is not None else None)

@@ -11,6 +11,7 @@ from typing import Any
 
 from protocol import Reason, Spent
 from supervisor.jobs.phases import StopReason, check_move
+from supervisor.journal.records import TaskRecord
 from supervisor.processes.limits import Breach
 from supervisor.processes.process import WorkerProcess
 from supervisor.vocabulary import Phase
@@ -114,6 +115,7 @@ class LiveJob:
     admitted: float  # loop time
     deadline: float  # loop time; the timeout counts from admission, queue wait included
     # Each field below has one writer, named beside it; everything else only reads it.
+    resumed: list[TaskRecord] | None = None  # the runner, at launch: a resume's tasks its earlier job completed
     budget: Budget = Budget()  # the runner, as it launches the job: the supervisor's, or its crew's own if lower
     timed: Callable[[str, float], None] | None = None  # the runner: told each step of its time as it ends
     event_count: int = 0  # the recorder, as it records an event

@@ -75,11 +75,14 @@ class Relay:
     def start(
         self, job: LiveJob, worker: WorkerProcess, env: dict[str, str], cwd: str, writable: list[str] | None
     ) -> None:
-        """Give the worker its job: ``Start``, with its environment, place, budget, what it may write, and which of
-        its variables hold the secrets masked in all it writes."""
+        """Give the worker its job: ``Start``, with its environment, place, budget, what it may write, which of its
+        variables hold the secrets masked in all it writes, and for a resume the tasks done already and the crew's
+        fingerprint then (none done: the resume runs from the first task, as a start would)."""
         limits = (job.budget.max_tokens, job.budget.max_llm_calls)
         given = (job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms, env, cwd, *limits)
-        worker.send(Start(*given, writable, holding(env, job.secrets)))
+        done = job.resumed or None
+        resumed = ([task.output for task in done], done[0].fingerprint) if done else (None, "")
+        worker.send(Start(*given, writable, holding(env, job.secrets), *resumed))
 
     async def end(
         self, job: LiveJob, worker: WorkerProcess, result: Completed | Failed | Outcome | None, grace: float

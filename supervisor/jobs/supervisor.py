@@ -2,7 +2,8 @@
 relay, settle), which writes through the recorder (events into the journal, followers woken); one
 housekeeping tick samples and reaps. ``open`` brings them up on the serving loop and down again; ``stop``
 (drain, then every job ended, then the services) is the one way down, whoever asks first. The one facade HTTP
-talks to: its commands here, its reads in ``reads.py``, its archives in ``retention.py``."""
+talks to: its commands here, its reads in ``reads.py``, its archives in ``retention.py``,
+its resumes in ``resumes.py``."""
 
 from __future__ import annotations
 
@@ -29,10 +30,11 @@ from supervisor.jobs.lifecycle import Lifecycle
 from supervisor.jobs.live import Budget, LiveJob
 from supervisor.jobs.reads import Reads
 from supervisor.jobs.recorder import Recorder, wake_followers
+from supervisor.jobs.resumes import Resumes
 from supervisor.jobs.retention import Archives, Retention
 from supervisor.jobs.runner import Runner
 from supervisor.jobs.sandbox import Sandbox
-from supervisor.journal.records import Job
+from supervisor.journal.records import Job, TaskRecord
 from supervisor.journal.store import Journal
 from supervisor.metrics import Metrics
 from supervisor.models import BulkCancelRequest, StartRequest
@@ -47,7 +49,7 @@ MAX_BULK_CANCEL = 1000  # jobs one bulk cancel stops; the answer says how many m
 log = logging.getLogger("crew_supervisor")
 
 
-class Supervisor(Reads, Archives):
+class Supervisor(Reads, Archives, Resumes):
     def __init__(
         self,
         settings: Settings,
@@ -157,8 +159,8 @@ class Supervisor(Reads, Archives):
             sup._become(Lifecycle.OPEN)
             yield sup
 
-    def _launch(self, job: Job, input: dict[str, Any], timeout_ms: int) -> None:
-        self.runner.launch(job, input, timeout_ms)
+    def _launch(self, job: Job, input: dict[str, Any], timeout_ms: int, resumed: list[TaskRecord] | None) -> None:
+        self.runner.launch(job, input, timeout_ms, resumed)
         self.housekeeping.poke()  # a live job is sampled and its orphans reaped
 
     async def admit(self, body: StartRequest, key: str | None, legacy: bool) -> Job:

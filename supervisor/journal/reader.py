@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from supervisor.journal.records import Event, Job, StoredEvent, Streams
+from supervisor.journal.records import Event, Job, StoredEvent, Streams, TaskRecord
 from supervisor.journal.schema import INCONSISTENT
 
 _JOB_COLUMNS = (
@@ -23,7 +23,41 @@ _JOB_COLUMNS = (
 )
 
 
-class Reader:
+class ResumeReads:
+    """What a resume reads of a job (``POST /jobs/{id}/resume``): its input, its completed tasks, its links."""
+
+    _db: sqlite3.Connection
+
+    def input(self, action_id: str) -> dict[str, Any] | None:
+        """A ``run``'s input as its client sent it; None for another operation's job."""
+        row = self._db.execute("SELECT input FROM inputs WHERE action_id = ?", (action_id,)).fetchone()
+        return orjson.loads(row[0]) if row else None
+
+    def tasks_done(self, action_id: str) -> list[TaskRecord]:
+        """The tasks a ``run`` completed, in order, contiguous from the first: none past a gap."""
+        rows = self._db.execute(
+            "SELECT task_index, fingerprint, output FROM tasks_done WHERE action_id = ? ORDER BY task_index",
+            (action_id,),
+        )
+        done: list[TaskRecord] = []
+        for index, fingerprint, output in rows:
+            if index != len(done):
+                break
+            done.append(TaskRecord(index, fingerprint, orjson.loads(output)))
+        return done
+
+    def resumed_from(self, action_id: str) -> str | None:
+        """The job this one continues, if it is a resume."""
+        row = self._db.execute("SELECT resumed_from FROM resumes WHERE action_id = ?", (action_id,)).fetchone()
+        return row[0] if row else None
+
+    def resumed_by(self, action_id: str) -> str | None:
+        """The job that continues this one, if it was resumed."""
+        row = self._db.execute("SELECT action_id FROM resumes WHERE resumed_from = ?", (action_id,)).fetchone()
+        return row[0] if row else None
+
+
+class Reader(ResumeReads):
     def __init__(self, path: Path, *, immutable: bool = False) -> None:
         """``immutable``: for a file nothing writes (the doctor's look at a journal no supervisor has open, which
         a read-only connection in WAL mode would leave ``-wal`` and ``-shm`` files beside)."""

@@ -82,3 +82,13 @@ def shown(tail: Tail, secrets: tuple[str, ...], last: int | None = None) -> str:
     if last is not None and len(text) > last:
         text, cut = text[-last:], True
     return redact_within(text, secrets, len(text), cut_start=cut, cut_end=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskRecord:
+    """A task a ``run`` completed (``tasks_done``): its index in the crew's tasks, the crew's fingerprint then, and
+    its output as the worker's ``TaskDone`` said it (masked)."""
+
+    index: int
+    fingerprint: str
+    output: dict[str, Any]

@@ -78,6 +78,12 @@ CREATE TABLE IF NOT EXISTS tasks_done (
     output BLOB NOT NULL,
     PRIMARY KEY (action_id, task_index)
 ) WITHOUT ROWID;
+-- A ``run``'s input as its client sent it, written with its admission: what a resume of it runs with again (kept
+-- verbatim, not masked: it is the client's own, in the journal's 0600 file).
+CREATE TABLE IF NOT EXISTS inputs (
+    action_id TEXT PRIMARY KEY,
+    input BLOB NOT NULL
+);
 -- Resumes: the job ``action_id`` continues ``resumed_from`` (each job resumed at most once).
 CREATE TABLE IF NOT EXISTS resumes (
     action_id TEXT PRIMARY KEY,
@@ -100,9 +106,10 @@ CREATE TABLE IF NOT EXISTS quarantined_stacks AS SELECT * FROM stacks WHERE 0;
 CREATE TABLE IF NOT EXISTS quarantined_effects AS SELECT * FROM effects WHERE 0;
 CREATE TABLE IF NOT EXISTS quarantined_tasks_done AS SELECT * FROM tasks_done WHERE 0;
 CREATE TABLE IF NOT EXISTS quarantined_resumes AS SELECT * FROM resumes WHERE 0;
+CREATE TABLE IF NOT EXISTS quarantined_inputs AS SELECT * FROM inputs WHERE 0;
 """
 # Every table that holds a record's rows, by its action id.
-MIRRORED = ("jobs", "events", "outputs", "stacks", "effects", "tasks_done", "resumes")
+MIRRORED = ("jobs", "events", "outputs", "stacks", "effects", "tasks_done", "resumes", "inputs")
 
 
 # Per job: events numbered 0..event_count-1, at most one terminal event, it comes last, and the

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from supervisor.journal import migrate
+from supervisor.journal import admitted, migrate
 from supervisor.journal.errors import JournalError
 from supervisor.journal.quarantine import quarantine
 from supervisor.journal.reader import Reader
@@ -127,17 +127,9 @@ class Journal:
     # made. Admission and archive wait ``REFUSE_AFTER_SECONDS`` for another process's lock, then fail with
     # ``JournalBusy``; every other write waits until it commits, since what it records has happened.
 
-    def admit(self, job: Job) -> Written[None]:
-        """The start fence: durable before any worker exists."""
-
-        def insert(db: sqlite3.Connection) -> None:
-            db.execute(
-                "INSERT INTO jobs (action_id, crew_id, operation, request_hash, status, event_count, admitted_at)"
-                " VALUES (?, ?, ?, ?, 'running', 0, ?)",
-                (job.action_id, job.crew_id, job.operation, job.request_hash, time.time()),
-            )
-
-        return self._write(insert, patience=REFUSE_AFTER_SECONDS)
+    def admit(self, job: Job, input: bytes | None = None, resumed: tuple[str, int] | None = None) -> Written[None]:
+        """The start fence: durable before any worker exists (``admitted.insert``: a run's input, a resume's link)."""
+        return self._write(functools.partial(admitted.insert, job, input, resumed), patience=REFUSE_AFTER_SECONDS)
 
     def set_worker(self, action_id: str, pid: int, start_time: float, pgid: int, boundary: bytes) -> Written[None]:
         """Committed before the worker gets its job, so a restarted supervisor can find and fence it, and
@@ -215,8 +207,9 @@ class Journal:
         return self._write(functools.partial(terminal, streams), frozenset({action_id}), fallback=fallback)
 
     def archive(self, *action_ids: str) -> Written[list[str]]:
-        """Remove ended jobs' records, each with its events, output and stacks, in one commit; returns the action ids
-        removed. A record running when the write commits is left (its id, archived meanwhile, was admitted again)."""
+        """Remove ended jobs' records, each with its events, output, stacks, input and resume links, in one commit;
+        returns the action ids removed. A record running when the write commits is left (its id, archived meanwhile,
+        was admitted again)."""
         named = orjson.dumps(action_ids).decode()  # one parameter however many: SQLite bounds their number
         return self._write(functools.partial(_archive, named), patience=REFUSE_AFTER_SECONDS)
 
@@ -253,6 +246,7 @@ def _archive(named: str, db: sqlite3.Connection) -> list[str]:
             f"DELETE FROM {table} WHERE action_id IN (SELECT value FROM json_each(?))",
             (orjson.dumps(removed).decode(),),
         )
+    admitted.archive(orjson.dumps(removed).decode(), db)
     return removed
 
 

@@ -54,6 +54,7 @@ NEEDS = {
     ("POST", "/runs"): CONTRACT,
     ("POST", "/jobs/stream"): CONTRACT,
     ("POST", "/runs/stream"): CONTRACT,
+    ("POST", "/jobs/{action_id}/resume"): CONTRACT,
     ("GET", "/openapi.json"): CONTRACT,  # FastAPI's own: it declares nothing, so the contract's token alone
 }
 # Paths that reach each route and change nothing: an unknown job, an unknown console file; bodies are {} (a 422).

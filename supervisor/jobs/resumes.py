@@ -1,0 +1,37 @@
+"""The facade's resumes (``Supervisor`` is one): a new job that continues an interrupted ``run`` from its last
+completed task (``POST /jobs/{id}/resume``), and the links between the two. Never automatic: only a client's
+explicit resume starts one (the contract: a stopped run is not run again without its host reconciling first)."""
+
+from __future__ import annotations
+
+from protocol import Operation
+from supervisor.jobs.admission import Admission, ResumeUnknown
+from supervisor.journal.reader import Reader
+from supervisor.journal.records import Job
+from supervisor.models import ResumeRequest, StartRequest
+
+
+class Resumes:
+    admission: Admission
+    reader: Reader
+
+    async def resume(self, old_id: str, request: ResumeRequest, key: str | None) -> Job:
+        """Admission's answer for a ``run`` of the job ``old_id``'s crew and input as job ``request.action_id``, its
+        worker given the tasks the old job completed: the new job, durable and launched; or a ``Refused`` (a start's,
+        and ``Admission._resumable``'s)."""
+        old = self.reader.get(old_id)
+        if old is None:
+            raise ResumeUnknown("run was not found")
+        # Only a run's input is kept: another operation's job is refused with the 409s, whatever this says.
+        body = StartRequest(
+            crew_id=old.crew_id,
+            action_id=request.action_id,
+            operation=Operation.RUN,
+            input=self.reader.input(old_id) or {},
+            timeout_ms=request.timeout_ms,
+        )
+        return await self.admission.admit(body, key, legacy=False, resumed_from=old_id)
+
+    def links(self, action_id: str) -> dict[str, str | None]:
+        """A job's resume links, as its record says them: the job it continues and the job that continues it."""
+        return {"resumed_from": self.reader.resumed_from(action_id), "resumed_by": self.reader.resumed_by(action_id)}

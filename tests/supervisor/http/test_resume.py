@@ -1,0 +1,99 @@
+"""``POST /jobs/{id}/resume`` against a real supervisor: each refusal with its status and reason, an exact repeat
+answering the same job, and the links both ways (``resumed_from``, ``resumed_by``). What a resume runs (the
+tasks it skips) is tests/system/resume's, with a crew whose every task has an effect."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from supervisor.testing import Server
+from tests.conftest import start_body, start_server, stop_server, wait_until
+
+
+@pytest.fixture(scope="module")
+def resumable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = start_server(
+        tmp_path_factory.mktemp("resume") / "state", env={"AIP_CREWAI_ALLOWED_OPERATIONS": "run,memory_reset"}
+    )
+    yield server
+    stop_server(server)
+
+
+def resume(client: httpx.Client, old: str, new: str, key: str | None = "resume-key", **body: Any) -> httpx.Response:
+    headers = {"Idempotency-Key": key} if key is not None else {}
+    return client.post(f"/jobs/{old}/resume", json={"action_id": new, **body}, headers=headers)
+
+
+def start(client: httpx.Client, crew: str, action: str, **body: Any) -> httpx.Response:
+    return client.post("/jobs", json=start_body(crew, action, **body), headers={"Idempotency-Key": "start-key"})
+
+
+def test_a_failed_run_resumes_once_and_the_records_name_each_other(resumable: Server) -> None:
+    with resumable.client() as client:
+        assert start(client, "boom", "boom-1").status_code == 502
+        again = resume(client, "boom-1", "boom-1-r1")
+        # Answered as its blocking start would be: it fails again (no task had completed: it ran from the first).
+        assert again.status_code == 502, again.text
+        assert again.json()["action_id"] == "boom-1-r1" and again.json()["resumed_from"] == "boom-1"
+        assert client.get("/jobs/boom-1").json()["resumed_by"] == "boom-1-r1"
+        new = client.get("/jobs/boom-1-r1").json()
+        assert (new["resumed_from"], new["resumed_by"], new["crew_id"], new["operation"]) == (
+            "boom-1",
+            None,
+            "boom",
+            "run",
+        )
+        repeat = resume(client, "boom-1", "boom-1-r1")  # the same request: the same job, not another
+        assert repeat.status_code == 502 and repeat.json()["event_count"] == new["event_count"]
+        other = resume(client, "boom-1", "boom-1-r2")
+        assert other.status_code == 409 and "already resumed as job boom-1-r1" in other.json()["detail"]
+        taken = resume(client, "boom-1", "boom-1-r1", key="another-key")
+        assert taken.status_code == 409 and "different request material" in taken.json()["detail"]
+        # The resume is a job like any other: it resumes in turn.
+        assert resume(client, "boom-1-r1", "boom-1-r1-r1").status_code == 502
+        assert client.get("/jobs/boom-1-r1").json()["resumed_by"] == "boom-1-r1-r1"
+
+
+def test_what_cannot_resume_is_refused_with_its_reason(resumable: Server) -> None:
+    with resumable.client() as client:
+        assert start(client, "demo", "done-1").status_code == 200
+        reset = start(client, "demo", "reset-1", operation="memory_reset", input={"command_type": "memory"})
+        assert client.get("/jobs/reset-1").json()["status"] != "running", reset.text  # ended, either way
+        assert start(client, "boom", "boom-2").status_code == 502
+
+        unknown = resume(client, "no-such-job", "fresh-1")
+        assert unknown.status_code == 404 and unknown.json()["detail"] == "run was not found"
+        completed = resume(client, "done-1", "fresh-2")
+        assert completed.status_code == 409 and "completed: nothing to resume" in completed.json()["detail"]
+        other = resume(client, "reset-1", "fresh-3")
+        assert other.status_code == 409 and "only a run resumes" in other.json()["detail"]
+        assert resume(client, "boom-2", "fresh-4", key=None).status_code == 428
+        assert resume(client, "boom-2", "fresh-5", key="k" * 1000).status_code == 400
+        taken = resume(client, "boom-2", "done-1")  # the new action id is another job's
+        assert taken.status_code == 409 and "different request material" in taken.json()["detail"]
+        assert resume(client, "boom-2", "fresh-6", timeout_ms=0).status_code == 422
+        assert resume(client, "boom-2", "fresh-7", crew_id="demo").status_code == 422  # the old job's crew only
+        for refused in ("fresh-1", "fresh-2", "fresh-3", "fresh-4", "fresh-5", "fresh-6", "fresh-7"):
+            assert client.get(f"/jobs/{refused}").status_code == 404  # nothing was admitted
+        assert client.get("/jobs/boom-2").json()["resumed_by"] is None
+
+
+def test_a_running_job_is_refused_and_once_cancelled_resumes(resumable: Server) -> None:
+    with resumable.client() as client:
+        body = start_body("demo-slow", "slow-1", input={"seconds": 5})
+        with client.stream("POST", "/jobs/stream", json=body, headers={"Idempotency-Key": "start-key"}) as response:
+            assert response.status_code == 200
+        assert wait_until(lambda: client.get("/jobs/slow-1").json()["phase"] == "running", timeout=60)
+        running = resume(client, "slow-1", "slow-1-r1")
+        assert running.status_code == 409 and "still running" in running.json()["detail"]
+        cancel = client.post("/jobs/slow-1/cancel", json={"crew_id": "demo-slow", "action_id": "slow-1"})
+        assert cancel.json()["status"] == "cancelled"
+        # The old job's crew and input, run to its end: the answer is its output, as a blocking start's.
+        resumed = resume(client, "slow-1", "slow-1-r1")
+        assert resumed.status_code == 200, resumed.text
+        assert "5 seconds" in resumed.json()["tasks_output"][0]["description"]
+        assert client.get("/jobs/slow-1-r1").json()["resumed_from"] == "slow-1"

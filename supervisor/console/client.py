@@ -78,6 +78,15 @@ class Client:
             response = self._http.get(path, params={k: v for k, v in (params or {}).items() if v is not None})
         return self._json(response)
 
+    def found(self, path: str) -> bool:
+        """Whether ``path`` names something: False for a 404; any other refusal raises, as ``get``'s."""
+        with self._talking():
+            response = self._http.get(path)
+        if response.status_code == 404:
+            return False
+        self._json(response)
+        return True
+
     def post(self, path: str, body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> Any:
         with self._talking():
             response = self._http.post(path, json=body, headers=headers)
@@ -93,24 +102,25 @@ class Client:
         return self._resumable(reopen, wait)
 
     def start(
-        self, body: Mapping[str, Any], key: str, wait: float, accepted: Callable[[], None]
+        self, body: Mapping[str, Any], key: str, wait: float, accepted: Callable[[], None], path: str = "/jobs/stream"
     ) -> Iterator[dict[str, Any]]:
-        """Start a job and follow it; ``accepted`` is called once the server took the start (a refusal raises
-        first). A reconnect repeats the exact start, which observes the same job."""
+        """Start a job and follow it (``path``: the route that starts it, streamed: a start's, or a resume's);
+        ``accepted`` is called once the server took the start (a refusal raises first). A reconnect repeats the
+        exact start, which observes the same job."""
 
         def reopen(last: int | None) -> AbstractContextManager[httpx.Response]:
             headers = {**SSE, "Idempotency-Key": key, **resume_header(last)}
-            return self._http.stream("POST", "/jobs/stream", json=body, headers=headers)
+            return self._http.stream("POST", path, json=body, headers=headers)
 
         return self._resumable(reopen, wait, accepted)
 
-    def admit(self, body: Mapping[str, Any], key: str) -> None:
-        """Start a job and leave it: returns once it is admitted (durable), before it has a worker. Hanging up
-        never cancels a job."""
+    def admit(self, body: Mapping[str, Any], key: str, path: str = "/jobs/stream") -> None:
+        """Start a job (``path`` as ``start``'s) and leave it: returns once it is admitted (durable), before it has a
+        worker. Hanging up never cancels a job."""
         headers = {**SSE, "Idempotency-Key": key}
         with self._talking():
             try:
-                with self._http.stream("POST", "/jobs/stream", json=body, headers=headers) as response:
+                with self._http.stream("POST", path, json=body, headers=headers) as response:
                     if response.is_error:
                         response.read()
                         self._json(response)

@@ -9,12 +9,11 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import shlex
 import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,19 +23,26 @@ from rich.live import Live
 from rich.text import Text
 
 from protocol import Operation
-from supervisor.console import archive, views
-from supervisor.console.client import Client, OperatorError, Unsettled, job_path, resolve_target
+from supervisor.console import archive, resume, views
+from supervisor.console.client import Client, OperatorError, job_path, resolve_target
 from supervisor.console.durations import duration, spoken
+from supervisor.console.following import (
+    EXIT_CANCELLED,
+    EXIT_ERROR,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    answer,
+    emit_json,
+    follow,
+    start_and_follow,
+)
 from supervisor.console.reconnect import DEFAULT_WAIT_SECONDS
 from supervisor.console.views import visible
-from supervisor.escaping import ident, json_line, typed_id
+from supervisor.escaping import ident, typed_id
 from supervisor.vocabulary import LIVE_PHASES, STOPPABLE_PHASES, TERMINAL_EVENTS, Status
 
-EXIT_ERROR, EXIT_FAILED, EXIT_CANCELLED = 1, 3, 4
 ACTION_ID_HELP = "the job's action id, as the CLI prints it (\\u0456 for a character it writes out) or as it is"
-EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT
 EXIT_PIPE_CLOSED = 141  # the reader of its output went away, as shells report SIGPIPE
-OUTCOME_CODES = {Status.COMPLETED: 0, Status.FAILED: EXIT_FAILED, Status.CANCELLED: EXIT_CANCELLED}
 # The choices as plain text: argparse quotes a choice's repr when it refuses a value.
 OPERATIONS = tuple(operation.value for operation in Operation)
 # One word per job everywhere (jobs, show, top): where it is while it runs, else how it ended.
@@ -62,6 +68,7 @@ FOLLOWED = (
     (EXIT_INTERRUPTED, "Ctrl-C: it stopped following (the job goes on)"),
     (EXIT_PIPE_CLOSED, "its output's reader went away (| head): it stopped following (the job goes on)"),
 )
+RESUMED = ((0, "the new job completed"), *FOLLOWED)
 JOBS = """\
 List the jobs of a running supervisor, newest first, a page at a time: a
 table, or with --json the API's page as one line of JSON. --status, --crew and
@@ -183,7 +190,7 @@ def _add_reads(command: Callable[..., argparse.ArgumentParser]) -> None:
 
 
 def _add_actions(command: Callable[..., argparse.ArgumentParser]) -> None:
-    """The commands that act: cancel, archive, run."""
+    """The commands that act: cancel, archive, resume, run."""
     cancel_parser = command("cancel", cancel, "kill a job's worker and wait until it is confirmed gone", CANCEL, DONE)
     every = f"{ACTION_ID_HELP}; without it, the options below name the jobs"
     cancel_parser.add_argument("action_id", nargs="?", type=typed_id, help=every)
@@ -199,6 +206,11 @@ def _add_actions(command: Callable[..., argparse.ArgumentParser]) -> None:
         "archive", archive_jobs, "archive the jobs that ended more than a duration ago", archive.DESCRIPTION, DONE
     )
     archive.add_arguments(archive_parser)
+    resume_parser = command(
+        "resume", resume.resume, "continue a stopped run from its last completed task", resume.DESCRIPTION, RESUMED
+    )
+    resume.add_arguments(resume_parser)
+    add_wait(resume_parser)
     run_parser = command("run", run, "start a job and follow it to its end", RUN, ((0, "the job completed"), *FOLLOWED))
     run_parser.add_argument("crew_id", help="the crew to run: its id in the supervisor's registry")
     run_parser.add_argument(
@@ -248,21 +260,6 @@ def run_command(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # `| grep -m 1` got what it wanted: stop quietly, as cat and head do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's own flush must not fail too
         return EXIT_PIPE_CLOSED
-
-
-def emit_json(value: Any) -> None:
-    """JSON escapes C0 controls itself; ``json_line`` escapes C1 ones (and U+2028, U+2029) too."""
-    sys.stdout.write(json_line(orjson.dumps(value)).decode() + "\n")
-    sys.stdout.flush()
-
-
-def answer(value: Any, args: argparse.Namespace, out: Console, view: Callable[[Any], Any]) -> int:
-    """``value`` as one JSON line with ``--json``, else its view for people."""
-    if args.json:
-        emit_json(value)
-    else:
-        out.print(view(value))
-    return 0
 
 
 def list_jobs(client: Client, args: argparse.Namespace, out: Console) -> int:
@@ -382,56 +379,8 @@ def run(client: Client, args: argparse.Namespace, out: Console) -> int:
     if args.timeout_ms is not None:
         body["timeout_ms"] = args.timeout_ms
     key = args.idempotency_key or uuid.uuid4().hex
-    if args.detach:  # the id alone, for a script: ID=$(crew-supervisor run my-crew --detach)
-        try:
-            client.admit(body, key)
-        except Unsettled as exc:
-            raise unknown_outcome(exc, body["action_id"]) from None
-        answer({"action_id": body["action_id"]}, args, out, lambda admitted: views.id_text(admitted["action_id"]))
-        return 0
-
-    def accepted() -> None:  # not before: a refused start says why instead (exit 1)
-        if not args.json:
-            out.print(Text(f"started {ident(body['action_id'])} ({ident(args.crew_id)}, {args.operation})", "bold"))
-
-    try:
-        code = follow(client.start(body, key, args.wait, accepted), body["action_id"], args.json, out)
-    except KeyboardInterrupt:  # a hang-up never cancels a job: say so, and how to
-        shown = ident(body["action_id"])
-        print(
-            f"crew-supervisor: stopped following; job {shown} goes on"
-            f" (crew-supervisor cancel {shlex.quote(shown)} stops it)",
-            file=sys.stderr,
-        )
-        return EXIT_INTERRUPTED
-    except Unsettled as exc:
-        raise unknown_outcome(exc, body["action_id"]) from None
-    if not args.json:
-        conclude(client, body["action_id"], code, out)
-    return code
-
-
-def unknown_outcome(exc: Unsettled, action_id: str) -> OperatorError:
-    """A start that may have been admitted is never said to have failed without the job's id and how to check it."""
-    shown = ident(action_id)
-    return OperatorError(
-        f"{exc}; job {shown} may be running, its outcome unknown (crew-supervisor show {shlex.quote(shown)} says)"
-    )
-
-
-def conclude(client: Client, action_id: str, code: int, out: Console) -> None:
-    """After the terminal line: the answer of a completed job, the end of a failed one's stderr (where a
-    crew's own error says what went wrong: a missing key, a refused call)."""
-    path = job_path(action_id)
-    try:
-        if code == 0:
-            answer = views.answer_text(client.get(path)["output"] or {})
-            # An answer is copied whole: never broken at the terminal's width.
-            out.print(Text("answer: ", "bold"), Text(visible(answer, layout=True)), soft_wrap=True)
-        elif code == EXIT_FAILED and (stderr := client.get(path + "/output")["stderr"]["text"]).strip():
-            out.print(views.stderr_end(stderr), soft_wrap=True)  # as the crew wrote it
-    except OperatorError as exc:  # the job's outcome stands, and its exit code with it
-        print(f"crew-supervisor: the job ended, but its details could not be read: {visible(exc)}", file=sys.stderr)
+    said = f"({ident(args.crew_id)}, {args.operation})"
+    return start_and_follow(client, body, key, args, out, said, "/jobs/stream")
 
 
 def read_input(source: str) -> dict[str, Any]:
@@ -464,25 +413,3 @@ def _json(text: str) -> bool:
     except orjson.JSONDecodeError:
         return False
     return True
-
-
-def follow(events: Iterator[dict[str, Any]], action_id: str, as_json: bool, out: Console) -> int:
-    """Chunks print as they arrive (whole lines, under a spinner); the exit code is the job's outcome."""
-    last: dict[str, Any] | None = None
-    if as_json:
-        for last in events:
-            emit_json(last)
-        return OUTCOME_CODES.get(last["event"], EXIT_ERROR) if last else EXIT_ERROR
-    text = views.ChunkText()
-    shown = ident(action_id)
-    with out.status(Text(f"{shown}: waiting for the worker")) as status:
-        for count, last in enumerate(events, start=1):
-            for line in text.feed(last):
-                out.print(Text(line))
-            status.update(Text(f"{shown}: {visible(last['event'])} · {count} events"))
-    for line in text.rest():
-        out.print(Text(line))
-    if last is None:
-        return EXIT_ERROR
-    out.print(views.terminal_line(last))
-    return OUTCOME_CODES.get(last["event"], EXIT_ERROR)

@@ -197,6 +197,9 @@ def job_panel(job: dict[str, Any], now: float | None = None) -> Table:
     table.add_row(Text("admitted", style="bold"), clock(job.get("admitted_at")))
     table.add_row(Text("ended", style="bold"), clock(job.get("ended_at")))
     table.add_row(Text("took", style="bold"), took(job, time.time() if now is None else now, so_far=" so far"))
+    for name, said in (("resumed_from", "resumes"), ("resumed_by", "resumed by")):  # absent from an older server
+        if job.get(name) is not None:
+            table.add_row(Text(said, style="bold"), id_text(job[name]))
     if job["status"] != Status.COMPLETED:  # a completed event's data is the output, shown below
         for name, value in (job.get("terminal") or {}).items():
             if name != "status" and not (name == "exit_status" and value == job.get("exit_status")):  # shown below

@@ -78,14 +78,31 @@ async def post_job_stream(
     return stream(sup, job.action_id, cursor)
 
 
-@router.post("/jobs/{action_id}/resume", responses=START_ERRORS)
-async def resume(sup: Sup, action_id: str, body: ResumeRequest, key: IdempotencyKey = None) -> Response:
-    """A new job (``body.action_id``) continuing this ``run`` from its last completed task, answered as a blocking
-    start is (``start_blocking``): the client sees what an uninterrupted run answers. The contract's role only, as a
-    start: it runs a crew."""
+@router.post(
+    "/jobs/{action_id}/resume",
+    responses={200: {"content": {"text/event-stream": {}}}, **START_ERRORS, **errors(416)},
+)
+async def resume(
+    sup: Sup,
+    action_id: str,
+    request: Request,
+    body: ResumeRequest,
+    key: IdempotencyKey = None,
+    last_id: LastEventId = None,
+) -> Response:
+    """A new job (``body.action_id``) continuing this ``run`` from its last completed task, answered as a start is:
+    blocking (``start_blocking``: the client sees what an uninterrupted run answers), or streamed with ``Accept:
+    text/event-stream`` (as ``POST /jobs/stream``, Last-Event-ID too). The contract's role only, as a start's: it
+    runs a crew."""
+    streamed = "text/event-stream" in request.headers.get("accept", "")
+    resume_after = last_event_id(last_id) if streamed else None
     find(sup, action_id)
     job = await sup.resume(action_id, body, key)
-    return await answer(sup, job, body.timeout_ms)
+    if not streamed:
+        return await answer(sup, job, body.timeout_ms)
+    cursor = 0 if resume_after is None else resume_after + 1
+    check_cursor(cursor, job.event_count)
+    return stream(sup, job.action_id, cursor)
 
 
 @router.get("/jobs/{action_id}", responses=errors(404, 422))

@@ -30,6 +30,7 @@ DOCUMENTED = {
     "cancel": CONNECTING | {"--reason", "--crew", "--status", "--operation", "--all", "--dry-run"},
     "top": CONNECTING | {"--once", "--interval"},
     "archive": CONNECTING | {"--older-than", "--status", "--crew", "--dry-run", "--yes"},
+    "resume": CONNECTING | {"--as", "--timeout-ms", "--idempotency-key", "--detach", "--wait"},
     "run": CONNECTING
     | {"--input", "--operation", "--action-id", "--timeout-ms", "--idempotency-key", "--detach", "--wait"},
     "chaos": {
@@ -86,6 +87,7 @@ def test_the_documented_flags_exist(name: str) -> None:
         ("top", {0, 1, 130}),
         ("events", {0, 1, 3, 4, 130, 141}),
         ("run", {0, 1, 3, 4, 130, 141}),
+        ("resume", {0, 1, 3, 4, 130, 141}),
         ("doctor", {0, 1}),
         ("chaos", {0, 1, 2}),
         ("serve", {1, 130, 143}),

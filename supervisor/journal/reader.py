@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from supervisor.journal.ledger import LedgerReads
 from supervisor.journal.records import Event, Job, StoredEvent, Streams
 from supervisor.journal.schema import INCONSISTENT
 
@@ -23,7 +24,7 @@ _JOB_COLUMNS = (
 )
 
 
-class Reader:
+class Reader(LedgerReads):
     def __init__(self, path: Path, *, immutable: bool = False) -> None:
         """``immutable``: for a file nothing writes (the doctor's look at a journal no supervisor has open, which
         a read-only connection in WAL mode would leave ``-wal`` and ``-shm`` files beside)."""

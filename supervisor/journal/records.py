@@ -82,3 +82,21 @@ def shown(tail: Tail, secrets: tuple[str, ...], last: int | None = None) -> str:
     if last is not None and len(text) > last:
         text, cut = text[-last:], True
     return redact_within(text, secrets, len(text), cut_start=cut, cut_end=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class EffectRecord:
+    """One entry of a job's effect ledger (``journal/ledger.py``): a tool or LLM call, as the journal keeps it. Times
+    are wall clock (Unix seconds); ``ended_at`` is None while it runs, and for an ``uncertain`` one."""
+
+    id: int
+    kind: str
+    name: str
+    digest: str
+    status: str
+    started_at: float
+    ended_at: float | None
+    error_type: str | None
+    error_message: str | None
+    prompt_tokens: int
+    completion_tokens: int

@@ -49,6 +49,7 @@ class Settings:
     archive_after_seconds: int
     max_events_per_run: int
     max_event_bytes: int
+    max_effects: int
     max_state_bytes: int
     min_free_disk_mb: int
     stream_checkpoint_events: int

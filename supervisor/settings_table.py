@@ -225,6 +225,12 @@ SPEC: dict[str, Setting] = {
         "largest event data (compact JSON); a larger chunk, or an output that does not fit its completed event,"
         " fails the job (reason event_too_large)",
     ),
+    "MAX_EFFECTS": Setting(
+        _integer(1, 1000000),
+        "2000",
+        "entries in a job's effect ledger (its tool and LLM calls, and a run's completed tasks), apart from its"
+        " events; the worker's next call past it never starts: the job fails (reason effect_limit_exceeded)",
+    ),
     "MAX_STATE_BYTES": Setting(
         _integer(MiB, 4096 * MiB), str(256 * MiB), "largest journal before admission answers 507"
     ),

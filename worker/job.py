@@ -8,14 +8,27 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
+import functools
 import os
 import sys
 import threading
 import traceback
 from typing import Any, NoReturn
 
-from protocol import READ_ONLY_OPERATIONS, Building, Built, Completed, Failed, Hello, Reason, Registry, Start, Started
-from worker import landlock, lifecycle, places, registry, spending, warmup
+from protocol import (
+    READ_ONLY_OPERATIONS,
+    Building,
+    Built,
+    Completed,
+    Failed,
+    Hello,
+    Operation,
+    Reason,
+    Registry,
+    Start,
+    Started,
+)
+from worker import landlock, ledger, lifecycle, places, registry, resume, spending, warmup
 from worker.operations import HANDLERS, OperationError, OutputTooLarge, Work, bounded
 
 MAX_CHECK_ERROR_CHARS = 1000  # one line of the doctor's report, not a traceback
@@ -136,14 +149,23 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
         _for_the_operator(exc)
         out.send(failed(type(exc).__name__, Reason.CREW_FACTORY_FAILED, message, False))
         return
+    fingerprint = resume.fingerprint(crew) if start.operation == Operation.RUN else ""
+    if (refused := resumed(start, crew, fingerprint)) is not None:
+        out.send(refused)
+        return
     spending.report(out.send, start.max_tokens, start.max_llm_calls)
+    ledger.open_ledger(out.send, secrets)
+    restored = len(start.resumed or ())
+    if start.operation == Operation.RUN:
+        ledger.follow_tasks(crew, fingerprint, restored, lifecycle.settings.max_event_bytes)
     # As the job starts, not before the factory: a process CPU limit makes the kernel count the process's CPU clock
     # by ticks (its timer running), and a factory timing itself with process_time() read 0 ms of 2 (the bench's).
     lifecycle.bound_cpu()
     out.send(Started())
     # Work that may have had effects leaves its outcome uncertain; a read-only query has none.
     effects = start.operation not in READ_ONLY_OPERATIONS
-    work = Work(crew, start.input, out.send, lambda: registry.build(start.crew_id, entry), start.job_id, secrets)
+    fresh = functools.partial(registry.build, start.crew_id, entry)
+    work = Work(crew, start.input, out.send, fresh, start.job_id, secrets, restored)
     try:
         output = bounded(await operation(work))
     except OutputTooLarge as exc:
@@ -155,6 +177,25 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
         out.send(failed(type(exc).__name__, Reason.OPERATION_FAILED, "CrewAI operation failed", effects))
     else:
         out.send(Completed(output=output))
+
+
+def resumed(start: Start, crew: Any, fingerprint: str) -> Failed | None:
+    """A resume's crew given its completed tasks' outputs back, or why it cannot continue the resumed job: nothing
+    runs then, so nothing is uncertain."""
+    if start.resumed is None:
+        return None
+    if start.operation != Operation.RUN:
+        return failed("OperationError", Reason.OPERATION_REFUSED, f"only a run resumes, not {start.operation}", False)
+    refusal = resume.refusal(start.crew_id, crew, start.resumed, start.fingerprint, fingerprint)
+    if refusal is not None:
+        return failed("CrewChanged", Reason.CREW_CHANGED, refusal, False)
+    try:
+        resume.restore(crew, start.resumed)
+    except ValueError:  # pydantic's ValidationError: outputs no TaskOutput takes
+        return failed(
+            "CrewChanged", Reason.CREW_CHANGED, f"crew {start.crew_id}: the resumed outputs are no tasks'", False
+        )
+    return None
 
 
 def secrets_of(start: Start) -> tuple[str, ...]:

@@ -23,13 +23,14 @@ from protocol import (
     Layer,
     Message,
     MessageReader,
+    Recorded,
     Stacks,
     Start,
     Stop,
     WorkerSettings,
     pack,
 )
-from worker import landlock, seccomp, stacks
+from worker import landlock, ledger, seccomp, stacks
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
@@ -228,8 +229,9 @@ def prepare_environment() -> None:
 
 
 class Control:
-    """The control pipe: one Start, then only EOF or Stop, either of which ends the process at once, or DumpStacks,
-    which it answers with the job's stacks.
+    """The control pipe: one Start, then only EOF or Stop, either of which ends the process at once, DumpStacks,
+    which it answers with the job's stacks, or Recorded, which lets the thread waiting on that ledger entry go on
+    (``worker.ledger``; one nobody waits for is a protocol fault, as any other message is).
 
     A thread watches it, so nothing the job does can delay that. A cold worker's watches while it imports, until
     its Start, and ends there; a worker forked ahead of demand reads its Start itself (no wake-up of another thread
@@ -278,6 +280,8 @@ class Control:
             except (TypeError, ValueError):
                 answer = Stacks(threads=[])
             self._out.send(answer)
+            return
+        if isinstance(message, Recorded) and self._started and ledger.recorded(message.id):
             return
         os._exit(EXIT_STOPPED if isinstance(message, Stop) else EXIT_PROTOCOL)
 

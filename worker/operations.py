@@ -21,7 +21,7 @@ import orjson
 
 from protocol import TRAINING_DIR, Chunk, Operation, partial_name
 from protocol.frames import MAX_OUTPUT_BYTES
-from worker import lifecycle, registry
+from worker import lifecycle, registry, resume
 from worker.chunks import Coalescer
 
 Emit = Callable[[Chunk], None]
@@ -40,6 +40,7 @@ class Work:
     fresh: Callable[[], Any]
     job_id: str  # the action id
     secrets: tuple[str, ...] = ()
+    restored: int = 0  # a resumed run's: its first tasks have their outputs (worker/resume.py)
 
 
 Handler = Callable[[Work], Awaitable[dict[str, Any]]]
@@ -131,6 +132,7 @@ async def run(work: Work) -> dict[str, Any]:
         finally:  # the text held is sent before the terminal frame, whatever ended the stream
             chunks.flush()
         result = result.result
+    resume.settle(crew, work.restored)
     return {**crew_output(result), "replay_task_ids": replay_task_ids(crew)}
 
 

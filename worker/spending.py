@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from protocol import Message, OverBudget, Spent
+from worker import ledger
 
 MODEL_CHARS = 200  # of a model's name, as a Spent frame carries it
 BUDGET_ATTRIBUTE = "crew_budget"  # set on a registry factory by ``budget``
@@ -84,7 +85,7 @@ def report(send: Callable[[Message], None], max_tokens: int = 0, max_llm_calls: 
 
     global _job
     _job = _Job(send, max_tokens, max_llm_calls)
-    for cls in _classes(BaseLLM):
+    for cls in ledger.classes(BaseLLM):
         _wrap(cls)
     register_before_llm_call_hook(_before_call)
 
@@ -110,6 +111,7 @@ def _reporting(book: Callable[..., None]) -> Callable[..., None]:
             finally:
                 _inside.booking = False
             prompt, completion, requests = (usage.get(name, 0) - was for name, was in zip(_COUNTS, before, strict=True))
+            ledger.booked(prompt, completion)
             if not (prompt or completion or requests):
                 return
             job.tokens += max(prompt, 0) + max(completion, 0)
@@ -124,8 +126,10 @@ def _reporting(book: Callable[..., None]) -> Callable[..., None]:
 
 def _before_call(context: Any) -> None:
     """A before-LLM-call hook: takes the call's slot, or, once the budget is spent, says so and waits to be
-    stopped; and wraps the booking of an LLM class imported since ``report``."""
-    _wrap(type(getattr(context, "llm", None)))
+    stopped; and wraps the booking and the calls (the ledger's) of an LLM class imported since ``report``."""
+    cls = type(getattr(context, "llm", None))
+    _wrap(cls)
+    ledger.wrap_llm(cls)
     job = _job
     if job is None or not (job.max_tokens or job.max_llm_calls):
         return
@@ -143,13 +147,3 @@ def _before_call(context: Any) -> None:
 def _hold() -> None:
     """Until the supervisor's kill: nothing of this thread reaches a provider again."""
     threading.Event().wait()
-
-
-def _classes(root: type) -> list[type]:
-    """``root`` and every subclass of it now imported."""
-    found, pending = [], [root]
-    while pending:
-        cls = pending.pop()
-        found.append(cls)
-        pending.extend(cls.__subclasses__())
-    return found

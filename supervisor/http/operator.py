@@ -1,5 +1,5 @@
-"""Operator routes: the job list, the live worker view, a worker's captured output, a job's stacks, and the cancel
-and the archive of many jobs at once.
+"""Operator routes: the job list, the live worker view, a worker's captured output, a job's effect ledger, a job's
+stacks, and the cancel and the archive of many jobs at once.
 
 They sit behind the same bearer middleware as the contract routes; none but the bulk cancel and archive changes a job
 (asking for its stacks does not stop it), and none logs inputs, outputs or captured streams.
@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import orjson
 from fastapi import APIRouter, Header, HTTPException, Query, Request
 
-from supervisor.http.contract import archiving, view
+from supervisor.http.contract import archiving, find, view
 from supervisor.http.responses import errors
 from supervisor.http.routing import StrictJSONRoute, Sup
 from supervisor.jobs.stacks import Late, Unavailable
@@ -81,6 +81,36 @@ async def output(sup: Sup, action_id: str) -> dict[str, Any]:
         "live": live,
         "stdout": {"text": streams.stdout, "total_bytes": streams.stdout_total},
         "stderr": {"text": streams.stderr, "total_bytes": streams.stderr_total},
+    }
+
+
+@router.get("/jobs/{action_id}/effects", responses=errors(404, 422))
+@needs(Role.OBSERVER)
+async def effects(sup: Sup, action_id: str) -> dict[str, Any]:
+    """A job's effect ledger: each tool and LLM call its worker started, in order, and how it ended (``uncertain``:
+    it had started when the job ended otherwise, and may or may not have had its effect); and how many of a run's
+    tasks completed. Times in Unix seconds, as the job's record gives them."""
+    find(sup, action_id)  # 422, or 404 (unknown, or quarantined), as the job's own route answers
+    entries, tasks = sup.effects(action_id)
+    return {
+        "action_id": action_id,
+        "effects": [
+            {
+                "id": entry.id,
+                "kind": entry.kind,
+                "name": entry.name,
+                "status": entry.status,
+                "started_at": entry.started_at,
+                "ended_at": entry.ended_at,
+                "args_digest": entry.digest,
+                "error_type": entry.error_type,
+                "error_message": entry.error_message,
+                "prompt_tokens": entry.prompt_tokens,
+                "completion_tokens": entry.completion_tokens,
+            }
+            for entry in entries
+        ],
+        "tasks_completed": tasks,
     }
 
 

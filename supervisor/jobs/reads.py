@@ -18,7 +18,7 @@ from supervisor.jobs.sandbox import Sandbox
 from supervisor.jobs.slots import Slots
 from supervisor.jobs.workers import LAST_LINE_CHARS, workers
 from supervisor.journal.reader import Reader
-from supervisor.journal.records import Event, Job, StoredEvent, Streams
+from supervisor.journal.records import EffectRecord, Event, Job, StoredEvent, Streams
 from supervisor.processes.launcher import Launcher
 from supervisor.processes.limits import Limits
 from supervisor.vocabulary import Phase, Status
@@ -87,6 +87,10 @@ class Reads:
     def output(self, action_id: str) -> dict[str, Any] | None:
         """A completed job's output."""
         return self.reader.output(action_id)
+
+    def effects(self, action_id: str) -> tuple[list[EffectRecord], int]:
+        """A job's effect ledger (its calls, ``running`` while they run) and how many of its tasks completed."""
+        return self.reader.effects(action_id), self.reader.tasks_completed(action_id)
 
     def last_event(self, action_id: str) -> Event | None:
         return self.reader.last_event(action_id)

@@ -1,6 +1,6 @@
 """The relay: the whole conversation with one worker. Frames out (its ``Start``, ``DumpStacks``, the kill that ends
-whatever it left), its frames into its job's events until its terminal message, and how the worker's end is read (an
-answer and an exit, a death, a fault, a stop asked)."""
+whatever it left), its frames into its job's events (and its effect ledger: ``jobs/ledger.py``) until its terminal
+message, and how the worker's end is read (an answer and an exit, a death, a fault, a stop asked)."""
 
 from __future__ import annotations
 
@@ -14,17 +14,22 @@ from protocol import (
     Chunk,
     Completed,
     DumpStacks,
+    EffectEnded,
+    EffectStarted,
     Failed,
     Hello,
     OverBudget,
     Reason,
+    Recorded,
     Spent,
     Stacks,
     Start,
     Started,
+    TaskDone,
 )
 from supervisor.config import PREFIX, Settings
 from supervisor.jobs import stacks
+from supervisor.jobs.ledger import Ledger
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.outcomes import (
     Outcome,
@@ -104,6 +109,8 @@ class Relay:
             return await self._ended(job, worker)
         if not isinstance(hello, Hello) or hello.pid != worker.pid:
             return await self._fault(worker, *protocol_fault(hello, "hello"))
+        writes, answer = self.recorder.journal.ledger, lambda entry: worker.send(Recorded(entry))
+        ledger = Ledger(job, writes, self.settings, answer, lambda over: self.breach(job, over))
         while True:
             message = await worker.next_message()
             if isinstance(message, Completed | Failed):
@@ -120,6 +127,8 @@ class Relay:
                 fault = await self.recorder.record(job, "started", started)
             elif isinstance(message, Chunk):
                 fault = await self.recorder.record(job, "chunk", message.data)
+            elif isinstance(message, EffectStarted | EffectEnded | TaskDone):
+                fault = ledger.take(message)
             elif isinstance(message, Spent):
                 self._spend(job, message)
                 continue

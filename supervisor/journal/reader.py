@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from supervisor.journal.ledger import LedgerReads
 from supervisor.journal.records import Event, Job, StoredEvent, Streams, TaskRecord
 from supervisor.journal.schema import INCONSISTENT
 
@@ -57,7 +58,7 @@ class ResumeReads:
         return row[0] if row else None
 
 
-class Reader(ResumeReads):
+class Reader(ResumeReads, LedgerReads):
     def __init__(self, path: Path, *, immutable: bool = False) -> None:
         """``immutable``: for a file nothing writes (the doctor's look at a journal no supervisor has open, which
         a read-only connection in WAL mode would leave ``-wal`` and ``-shm`` files beside)."""

@@ -85,6 +85,24 @@ def shown(tail: Tail, secrets: tuple[str, ...], last: int | None = None) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class EffectRecord:
+    """One entry of a job's effect ledger (``journal/ledger.py``): a tool or LLM call, as the journal keeps it. Times
+    are wall clock (Unix seconds); ``ended_at`` is None while it runs, and for an ``uncertain`` one."""
+
+    id: int
+    kind: str
+    name: str
+    digest: str
+    status: str
+    started_at: float
+    ended_at: float | None
+    error_type: str | None
+    error_message: str | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
 class TaskRecord:
     """A task a ``run`` completed (``tasks_done``): its index in the crew's tasks, the crew's fingerprint then, and
     its output as the worker's ``TaskDone`` said it (masked)."""

@@ -116,8 +116,9 @@ MIRRORED = ("jobs", "events", "outputs", "stacks", "effects", "tasks_done", "res
 # status agrees with it. Events of unknown jobs are also inconsistent. A worker's captured output (and its
 # last stacks) is written with its job's terminal event, in the same commit: it belongs to a known, terminal
 # job, and its tails fit in its totals (text decoded from at most the bytes counted, so never more characters,
-# and redacted without growing: ``redaction.redact_within``). Every problem of every record, an action id as
-# often as it has problems.
+# and redacted without growing: ``redaction.redact_within``). A job's effect ledger and completed tasks belong to a
+# known job, and an ended job has no call ``running`` (its end made them ``uncertain``, in the same commit). Every
+# problem of every record, an action id as often as it has problems.
 INCONSISTENT = """
 WITH summary AS (
     SELECT action_id, count(*) AS n, min(sequence) AS lo, max(sequence) AS hi,
@@ -154,4 +155,14 @@ SELECT s.action_id,
        END AS problem
 FROM stacks AS s LEFT JOIN jobs AS j USING (action_id)
 WHERE problem IS NOT NULL
+UNION ALL
+SELECT DISTINCT e.action_id,
+       CASE WHEN j.action_id IS NULL THEN 'effects of an unknown job'
+            WHEN j.status != 'running' AND e.status = 'running' THEN 'a running effect in an ended job'
+       END AS problem
+FROM effects AS e LEFT JOIN jobs AS j USING (action_id)
+WHERE problem IS NOT NULL
+UNION ALL
+SELECT DISTINCT action_id, 'completed tasks of an unknown job' FROM tasks_done
+WHERE action_id NOT IN (SELECT action_id FROM jobs)
 """

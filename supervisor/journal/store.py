@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from supervisor.journal import admitted, migrate
+from supervisor.journal import admitted, ledger, migrate
 from supervisor.journal.errors import JournalError
 from supervisor.journal.quarantine import quarantine
 from supervisor.journal.reader import Reader
@@ -82,6 +82,7 @@ class Journal:
             raise
         # From here on the write connection is the writer thread's alone.
         self._writer = Writer(self._db, on_commit, commit_seconds)
+        self.ledger = ledger.LedgerWrites(self._writer)  # the effect ledger's writes, on the same writer
 
     def _migrate(self) -> None:
         version = self._db.execute("PRAGMA user_version").fetchone()[0]
@@ -190,6 +191,7 @@ class Journal:
 
         def terminal(streams: Streams | None, db: sqlite3.Connection) -> Event:
             appended = _insert(db, action_id, event, data)
+            ledger.settle(db, action_id)  # its calls still running are uncertain from this commit on
             db.execute(
                 "UPDATE jobs SET status = ?, output = ?, exit_status = ?, ended_at = ?, leftovers = ?"
                 " WHERE action_id = ?",
@@ -207,9 +209,9 @@ class Journal:
         return self._write(functools.partial(terminal, streams), frozenset({action_id}), fallback=fallback)
 
     def archive(self, *action_ids: str) -> Written[list[str]]:
-        """Remove ended jobs' records, each with its events, output, stacks, input and resume links, in one commit;
-        returns the action ids removed. A record running when the write commits is left (its id, archived meanwhile,
-        was admitted again)."""
+        """Remove ended jobs' records, each with its events, output, stacks, ledger, input and resume links, in one
+        commit; returns the action ids removed. A record running when the write commits is left (its id, archived
+        meanwhile, was admitted again)."""
         named = orjson.dumps(action_ids).decode()  # one parameter however many: SQLite bounds their number
         return self._write(functools.partial(_archive, named), patience=REFUSE_AFTER_SECONDS)
 
@@ -241,7 +243,7 @@ def _archive(named: str, db: sqlite3.Connection) -> list[str]:
         (named,),
     ).fetchall()
     removed = [row[0] for row in rows]
-    for table in ("events", "outputs", "stacks"):
+    for table in ("events", "outputs", "stacks", "effects", "tasks_done"):
         db.execute(
             f"DELETE FROM {table} WHERE action_id IN (SELECT value FROM json_each(?))",
             (orjson.dumps(removed).decode(),),

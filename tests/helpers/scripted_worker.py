@@ -12,7 +12,11 @@ to the file ``input["pids"]`` names), ``shout`` (64 KiB to stdout), ``late-chunk
 ``over-budget:LIMIT`` (hold a call back, as over that budget), ``await-dump`` (until a ``DumpStacks`` comes),
 ``stacks`` (one thread's, as a worker answers it), ``huge-stacks`` (an answer past every bound: a 100,000-character
 name, an id that is no number, 1 MiB of stack ending in ``innermost call``). ``complete`` answers with the budget
-its Start gave.
+its Start gave. The effect ledger: ``effect:KIND:NAME`` (the next entry's ``EffectStarted``, then wait for its
+``Recorded``, each appended as ``recorded ID`` to the file ``input["acks"]`` names, if it does), ``task:INDEX[:N]``
+(a ``TaskDone``, its raw output N characters longer, waited for alike), ``end:ID:STATUS[:TYPE:MESSAGE]`` (an
+``EffectEnded`` with 3 prompt and 2 completion tokens), ``entry:ID:KIND:NAME`` (an ``EffectStarted`` with that id,
+not waited for: crew code writing its own). Another operation's closed input carries the script in its ``inputs``.
 """
 
 from __future__ import annotations
@@ -33,16 +37,20 @@ from protocol import (
     Chunk,
     Completed,
     DumpStacks,
+    EffectEnded,
+    EffectStarted,
     Failed,
     Hello,
     Message,
     MessageReader,
     OverBudget,
     Reason,
+    Recorded,
     Spent,
     Stacks,
     Start,
     Started,
+    TaskDone,
     pack,
 )
 
@@ -81,8 +89,45 @@ def spawn_tree(pids: Path) -> None:
     pids.write_text(f"{child.pid} {escaped.pid}")
 
 
+LEDGER = [0]  # the id of the last ledger entry sent
+DIGEST = "0" * 64
+
+
+def recorded(entry: int, start: Start) -> None:
+    """Wait for ``Recorded(entry)``; say so in the acks file."""
+    while True:
+        answer = read_until(Recorded)
+        if isinstance(answer, Recorded) and answer.id == entry:
+            break
+    if acks := start.input.get("acks"):
+        with open(acks, "a") as file:
+            file.write(f"recorded {entry}\n")
+
+
+def ledger(step: str, start: Start) -> None:
+    what, _, rest = step.partition(":")
+    fields = rest.split(":")
+    if what == "effect":
+        LEDGER[0] += 1
+        send(EffectStarted(LEDGER[0], fields[0], fields[1], DIGEST))
+        recorded(LEDGER[0], start)
+    elif what == "task":
+        LEDGER[0] += 1
+        index, raw = int(fields[0]), f"done {fields[0]}" + "x" * int(fields[1] if len(fields) > 1 else 0)
+        output = {"description": f"task {index}", "agent": "scripted", "raw": raw, "pydantic": None}
+        send(TaskDone(LEDGER[0], index, {**output, "json_dict": None, "output_format": "raw"}, "fingerprint"))
+        recorded(LEDGER[0], start)
+    elif what == "end":
+        error = (fields[2], fields[3]) if len(fields) > 2 else ("", "")
+        send(EffectEnded(int(fields[0]), fields[1], *error, 3, 2))
+    elif what == "entry":
+        send(EffectStarted(int(fields[0]), fields[1], fields[2], DIGEST))
+
+
 def play(step: str, start: Start) -> None:
-    if step == "building":
+    if step.partition(":")[0] in ("effect", "task", "end", "entry"):
+        ledger(step, start)
+    elif step == "building":
         send(Building())
     elif step == "started":
         send(Started())
@@ -144,7 +189,7 @@ def main() -> None:
         os._exit(1)
     send(Hello(os.getpid()))
     start = read_start()
-    for step in start.input.get("script", []):
+    for step in start.input.get("script") or (start.input.get("inputs") or {}).get("script", []):
         play(step, start)
     os._exit(0)
 

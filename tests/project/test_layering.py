@@ -152,7 +152,7 @@ def test_http_reaches_no_part_through_the_facade() -> None:
 
 def test_only_the_relay_speaks_to_a_job_s_worker() -> None:
     """What the supervisor sends a job's worker is named in one module: the conversation has one owner."""
-    said = {"Start", "Stop", "DumpStacks"}
+    said = {"Start", "Stop", "DumpStacks", "Recorded"}
     speakers = {
         str(path.relative_to(ROOT))
         for path in sorted((ROOT / "supervisor").rglob("*.py"))

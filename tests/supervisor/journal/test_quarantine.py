@@ -19,6 +19,7 @@ import pytest
 
 from supervisor.jobs.fencing import fence_restored
 from supervisor.journal.errors import JournalError
+from supervisor.journal.ledger import Ending, Entry
 from supervisor.journal.records import Job, Streams
 from supervisor.journal.schema import MIRRORED, SCHEMA_VERSION
 from supervisor.journal.store import Journal
@@ -26,11 +27,16 @@ from supervisor.processes.containment import Boundary
 
 
 def journal_of_two(path: Path) -> None:
-    """``a`` completed with its worker's output, ``b`` running."""
+    """``a`` completed with its worker's output and its ledger (a call finished, one uncertain, a task), ``b``
+    running."""
     journal = Journal(path, checkpoint_events=1)
     journal.admit(Job("a", "demo", "run", "hash-a", "running", 0)).wait()
     journal.append("a", "started", {})
     journal.append("a", "chunk", {})
+    journal.ledger.start("a", Entry(1, "tool", "search", "d1")).wait()
+    journal.ledger.end("a", Ending(1, "finished", None, None, 0, 0)).wait()
+    journal.ledger.task_done("a", 0, "fingerprint", b"{}").wait()
+    journal.ledger.start("a", Entry(3, "llm", "model", "d3")).wait()
     journal.finish("a", "completed", {}, streams=Streams("out", "", 3, 0)).wait()
     journal.admit(Job("b", "demo", "run", "hash-b", "running", 0)).wait()
     journal.close()
@@ -42,6 +48,10 @@ def rows(path: Path, action_id: str, prefix: str = "") -> dict[str, list[tuple[A
             table: db.execute(f"SELECT * FROM {prefix}{table} WHERE action_id = ? ORDER BY 2", (action_id,)).fetchall()
             for table in MIRRORED
         }
+
+
+EFFECT = "(action_id, id, kind, name, digest, status, started_at)"
+GHOST_EFFECTS = "effects of an unknown job"
 
 
 @pytest.mark.parametrize(
@@ -64,6 +74,10 @@ def rows(path: Path, action_id: str, prefix: str = "") -> dict[str, list[tuple[A
         ("INSERT INTO outputs VALUES ('b', '', '', 0, 0)", {"b": "running with its worker output recorded"}),
         ("UPDATE outputs SET stdout_total = 2", {"a": "worker output longer than its byte count"}),
         ("UPDATE outputs SET stderr_total = -1", {"a": "worker output longer than its byte count"}),
+        (f"INSERT INTO effects {EFFECT} VALUES ('ghost', 1, 'tool', 't', '', 'finished', 0)", {"ghost": GHOST_EFFECTS}),
+        ("UPDATE effects SET status = 'running' WHERE id = 3", {"a": "a running effect in an ended job"}),
+        ("INSERT INTO tasks_done VALUES ('ghost', 0, '', '{}')", {"ghost": "completed tasks of an unknown job"}),
+        (f"INSERT INTO effects {EFFECT} VALUES ('b', 1, 'tool', 't', '', 'running', 0)", {}),  # b runs: so may it
     ],
 )
 def test_an_inconsistent_record_is_quarantined_and_the_others_are_served(

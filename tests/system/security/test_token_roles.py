@@ -39,6 +39,7 @@ NEEDS = {
     ("GET", "/runs/{action_id}"): OBSERVER,
     ("GET", "/jobs/{action_id}/events"): OBSERVER,
     ("GET", "/jobs/{action_id}/output"): OBSERVER,
+    ("GET", "/jobs/{action_id}/effects"): OBSERVER,
     ("GET", "/workers"): OBSERVER,
     ("GET", "/metrics"): OBSERVER,
     ("GET", "/console"): OBSERVER,

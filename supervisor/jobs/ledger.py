@@ -1,0 +1,139 @@
+"""One job's effect ledger as its worker tells it (``EffectStarted``, ``EffectEnded``, ``TaskDone``): each frame is
+crew code talking, so each is checked (ids in order, an end only for a call running, a task only of a ``run``, in
+order), bounded and masked before the journal takes it (``journal/ledger.py``); a frame that breaks the protocol is
+the job's protocol fault, as any other. A call's start and a completed task are answered ``Recorded`` once their
+commit is durable, never before: the worker's thread waits for it before the call goes out (or the next task
+starts). The relay's loop does not wait for that commit: the answer follows it, and chunks go on meanwhile. An entry
+past ``MAX_EFFECTS`` is neither recorded nor answered: the job is stopped as over any other limit."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections.abc import Callable
+
+from protocol import (
+    MAX_EFFECT_ERROR_CHARS,
+    MAX_EFFECT_NAME_CHARS,
+    Effect,
+    EffectEnded,
+    EffectStarted,
+    EffectStatus,
+    Operation,
+    Reason,
+    TaskDone,
+)
+from supervisor.config import PREFIX, Settings
+from supervisor.jobs.live import LiveJob
+from supervisor.jobs.recorder import masked
+from supervisor.journal.ledger import Ending, Entry, LedgerWrites
+from supervisor.journal.writer import Written
+from supervisor.processes.limits import Breach
+from supervisor.redaction import redact
+
+log = logging.getLogger("crew_supervisor.jobs")
+MAX_DIGEST_CHARS = 128  # a SHA-256 in hex is 64; room for a prefix naming the hash, none for anything else
+ENDED = (EffectStatus.FINISHED, EffectStatus.FAILED)  # what a worker may say of a call's end
+LedgerFrame = EffectStarted | EffectEnded | TaskDone
+Fault = tuple[str, str]  # a protocol fault: its reason and message
+
+
+class Ledger:
+    def __init__(
+        self,
+        job: LiveJob,
+        writes: LedgerWrites,
+        settings: Settings,
+        answer: Callable[[int], None],
+        breach: Callable[[Breach], None],
+    ) -> None:
+        """``answer``: tells the worker an entry is recorded (the relay's, which owns the conversation); ``breach``:
+        stops the job as over a limit (``Relay.breach``)."""
+        self.job, self.writes, self.settings, self.answer, self.breach = job, writes, settings, answer, breach
+        self.last = 0  # the id of the last entry taken (calls and tasks share the count)
+        self.running: set[int] = set()  # the calls started and not ended
+        # The index the next TaskDone must have: a resume's first is the first task its earlier job did not complete.
+        self.next_task = len(job.resumed or ())
+        self.full = False  # an entry came past MAX_EFFECTS: the job is stopping, nothing more is taken
+
+    def take(self, message: LedgerFrame) -> Fault | None:
+        """Record one ledger frame, or say the fault it is."""
+        if isinstance(message, EffectEnded):
+            return self._end(message)
+        if self.full:  # the worker's other threads may still talk until the kill: nothing of theirs is kept
+            return None
+        if message.id != self.last + 1:
+            return Reason.PROTOCOL_ERROR, f"ledger entry {message.id} out of order: expected {self.last + 1}"
+        if message.id > (limit := self.settings.max_effects):
+            self.full = True
+            text = f"the job's ledger holds {limit} entries, {PREFIX}MAX_EFFECTS: its next call never started"
+            self.breach(Breach(Reason.EFFECT_LIMIT_EXCEEDED, text, {"limit": limit}))
+            return None
+        if isinstance(message, EffectStarted):
+            return self._start(message)
+        return self._task(message)
+
+    def _start(self, message: EffectStarted) -> Fault | None:
+        if message.effect not in tuple(Effect):
+            return Reason.PROTOCOL_ERROR, f"ledger entry {message.id}: no such effect {message.effect[:20]!r}"
+        if len(message.name) > MAX_EFFECT_NAME_CHARS or len(message.digest) > MAX_DIGEST_CHARS:
+            return Reason.PROTOCOL_ERROR, f"ledger entry {message.id}: a name or digest over its bound"
+        secrets = self.job.secrets
+        entry = Entry(message.id, message.effect, redact(message.name, secrets), redact(message.digest, secrets))
+        self.last = message.id
+        self.running.add(message.id)
+        self._answer(self.writes.start(self.job.action_id, entry), message.id)
+        return None
+
+    def _end(self, message: EffectEnded) -> Fault | None:
+        if message.id not in self.running:
+            return Reason.PROTOCOL_ERROR, f"ledger entry {message.id} ended, but no such call is running"
+        if message.status not in ENDED:
+            return Reason.PROTOCOL_ERROR, f"ledger entry {message.id}: a call ends finished or failed"
+        if len(message.error_type) > MAX_EFFECT_NAME_CHARS or len(message.error_message) > MAX_EFFECT_ERROR_CHARS:
+            return Reason.PROTOCOL_ERROR, f"ledger entry {message.id}: an error over its bound"
+        if message.prompt_tokens < 0 or message.completion_tokens < 0:
+            return Reason.PROTOCOL_ERROR, f"ledger entry {message.id}: a negative count of tokens"
+        self.running.discard(message.id)
+        secrets = self.job.secrets
+        error = (redact(message.error_type, secrets) or None, redact(message.error_message, secrets) or None)
+        ending = Ending(message.id, message.status, *error, message.prompt_tokens, message.completion_tokens)
+        self.writes.end(self.job.action_id, ending).future.add_done_callback(self._lost)
+        return None
+
+    def _task(self, message: TaskDone) -> Fault | None:
+        if self.job.operation != Operation.RUN:
+            return Reason.PROTOCOL_ERROR, f"a completed task in a {self.job.operation!r} job: only a run has them"
+        if message.index != self.next_task:
+            return Reason.PROTOCOL_ERROR, f"completed task {message.index} out of order: expected {self.next_task}"
+        if len(message.fingerprint) > MAX_DIGEST_CHARS:
+            return Reason.PROTOCOL_ERROR, f"ledger entry {message.id}: a fingerprint over its bound"
+        output = masked(self.job, message.output)  # as the completed event's output is kept
+        if len(output) > (bound := self.settings.max_event_bytes):
+            return Reason.EVENT_TOO_LARGE, f"a task output of {len(output)} bytes: {PREFIX}MAX_EVENT_BYTES is {bound}"
+        self.last, self.next_task = message.id, message.index + 1
+        written = self.writes.task_done(self.job.action_id, message.index, message.fingerprint, output)
+        self._answer(written, message.id)
+        return None
+
+    def _answer(self, written: Written[None], entry: int) -> None:
+        """Answer ``entry`` (``Recorded``) once its commit is durable, in commit order (the writer resolves its writes
+        in the order they were queued, and the loop runs the callbacks in the order they were resolved). A write the
+        journal failed is never answered: the worker would wait on; the job is stopped instead."""
+
+        def durable(done: asyncio.Future[None]) -> None:
+            if done.cancelled():
+                return
+            if (exc := done.exception()) is not None:
+                text = f"ledger entry {entry} could not be made durable: {exc}"
+                self.breach(Breach("journal_error", text, {"entry": entry}))
+                return
+            self.answer(entry)
+
+        asyncio.wrap_future(written.future).add_done_callback(durable)
+
+    def _lost(self, done: concurrent.futures.Future[None]) -> None:
+        """An end the journal failed: the call reads ``uncertain`` once the job ends, which is honest."""
+        if not done.cancelled() and (exc := done.exception()) is not None:
+            log.error("a call's end was not recorded: %s", exc, extra={"action_id": self.job.action_id})

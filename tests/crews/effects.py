@@ -1,0 +1,82 @@
+"""A crew whose every task has an external effect a test can read, for the effect ledger and resume.
+
+Part of ``tests.crews:registry``. ``effects``: four sequential tasks ("step 1".."step 4"), each of its own agent
+(the offline ``ScriptedLLM`` calling its tool in ReAct text, then answering with what it observed), each agent with a
+tool ``record_effect`` that appends ``"{marker} step {n}"`` to EFFECTS_LOG in ``base._evidence()``. Inputs:
+``marker`` (default "run"); ``hang_in_step``: that step's tool first writes ``"{marker} step {n} begun"``, then
+blocks for ever (a test waits for the line, then cancels or kills inside the tool call); ``fail_in_step``: that
+step's tool raises ``RuntimeError("tool failed at step n")``, writing nothing, which CrewAI hands the model as the
+tool's observation (the run goes on).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from crewai import Agent, Crew, Task
+from crewai.tools import BaseTool
+
+from tests.crews.base import _evidence
+from tests.crews.shapes import ScriptedLLM
+
+EFFECTS_LOG = "effects.log"  # in EVIDENCE_DIR, or the worker's cwd
+STEPS = 4
+TOOL = "record_effect"
+
+
+class RecordEffect(BaseTool):
+    """One step's external effect: a line in EFFECTS_LOG. The job's inputs reach it in the task's text (its
+    ``text``), as the model passes it on: a crew's tools see nothing else of a kickoff's inputs."""
+
+    name: str = TOOL
+    description: str = "Record that this step's work was done."
+    step: int
+
+    def _run(self, text: str) -> str:
+        found = _TEXT.search(text)
+        marker, hang, fail = (found.group(1), int(found.group(2)), int(found.group(3))) if found else ("run", 0, 0)
+        if self.step == fail:
+            raise RuntimeError(f"tool failed at step {self.step}")
+        log = _evidence() / EFFECTS_LOG
+        if self.step == hang:
+            _append(log, f"{marker} step {self.step} begun")
+            threading.Event().wait()
+        _append(log, f"{marker} step {self.step}")
+        return f"recorded {marker} step {self.step}"
+
+
+_TEXT = re.compile(r"of the (.*) run, hanging in step (-?\d+), failing in step (-?\d+)")
+
+
+def _append(log: Path, line: str) -> None:
+    with open(log, "a") as file:
+        file.write(line + "\n")
+
+
+def effects() -> Crew:
+    agents, tasks = [], []
+    for step in range(1, STEPS + 1):
+        agent = Agent(
+            role=f"Clerk {step}",
+            goal="Record each step's work",
+            backstory="Keeps the books.",
+            tools=[RecordEffect(step=step)],
+            llm=ScriptedLLM(model="offline-effects", script="tool", tool_names=[TOOL]),
+        )
+        agents.append(agent)
+        description = (
+            f"step {step} of the {{marker}} run, hanging in step {{hang_in_step}}, failing in step {{fail_in_step}}."
+        )
+        tasks.append(Task(name=f"step {step}", description=description, expected_output="A record.", agent=agent))
+    return Crew(agents=agents, tasks=tasks, before_kickoff_callbacks=[_with_defaults])
+
+
+def _with_defaults(inputs: dict[str, Any] | None) -> dict[str, Any]:
+    return {"marker": "run", "hang_in_step": 0, "fail_in_step": 0, **(inputs or {})}
+
+
+CREWS: dict[str, Callable[[], Crew]] = {"effects": effects}

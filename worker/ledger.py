@@ -1,0 +1,249 @@
+"""A job's effect ledger, in its worker: each tool call and each LLM call said to the supervisor before it starts
+(``EffectStarted``, then the calling thread waits for ``Recorded``) and when it ends (``EffectEnded``), and each
+completed task of a ``run`` (``TaskDone``, waited for before the next task starts), so a resume runs none again.
+
+The calls are caught where CrewAI hands work to a tool or a model, not at its hooks: its tool hooks see one call
+where it may run a tool several times (a tool that raises is tried again, with its arguments unfiltered, then once
+more), a cached answer as a call, and not a tool's exception (it hands the model "Error executing tool" and goes on);
+its LLM hooks never see a call that raised. So the ledger wraps, once the job's crew is built:
+- a tool's ``run``/``arun`` (``BaseTool`` and each subclass defining them: the native function-calling path calls
+  them) and ``CrewStructuredTool.invoke``/``ainvoke`` (the ReAct text path: it calls the tool's ``_run`` itself);
+- a model's ``call``/``acall`` (each ``BaseLLM`` subclass defining them; ``spending`` wraps a class imported later
+  as its first call starts, and tells the ledger what each call booked: its tokens).
+A call made inside a call of the same object (an override calling ``super()``, a model retrying itself) is the one
+call. ``id``s count from 1 per job, taken and sent under one lock so they reach the supervisor in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+import functools
+import hashlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from protocol import (
+    MAX_EFFECT_ERROR_CHARS,
+    MAX_EFFECT_NAME_CHARS,
+    Effect,
+    EffectEnded,
+    EffectStarted,
+    EffectStatus,
+    Message,
+    TaskDone,
+)
+
+REDACTED = "[redacted]"  # as the supervisor masks (supervisor/redaction.py): a secret cut in two would pass it
+TASK_FIELDS = ("description", "agent", "raw", "pydantic", "json_dict", "output_format")
+Arguments = Callable[[tuple[Any, ...], dict[str, Any]], Any]  # what a call's digest is of, from its arguments
+_active: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("ledger_active", default=frozenset())
+_usage: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("ledger_usage", default=None)
+
+
+@dataclasses.dataclass
+class _Ledger:
+    send: Callable[[Message], None]
+    secrets: tuple[str, ...]
+    last: int = 0
+    waiting: dict[int, threading.Event] = dataclasses.field(default_factory=dict)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    def enter(self, make: Callable[[int], Message]) -> int:
+        """Send the entry ``make(id)`` and wait until the supervisor has it. The waiter is registered before the
+        frame goes out, so an answer that comes before this thread waits is not lost."""
+        recorded = threading.Event()
+        with self.lock:
+            self.last += 1
+            entry = self.last
+            self.waiting[entry] = recorded
+            self.send(make(entry))
+        recorded.wait()
+        return entry
+
+    def recorded(self, entry: int) -> bool:
+        with self.lock:
+            waiter = self.waiting.pop(entry, None)
+        if waiter is None:
+            return False
+        waiter.set()
+        return True
+
+    def end(self, entry: int, error: BaseException | None, usage: list[int] | None = None) -> None:
+        prompt, completion = usage or (0, 0)
+        if error is None:
+            self.send(EffectEnded(entry, EffectStatus.FINISHED, "", "", prompt, completion))
+            return
+        message = str(error)
+        for secret in self.secrets:
+            message = message.replace(secret, REDACTED)
+        failed = EffectStatus.FAILED
+        self.send(
+            EffectEnded(entry, failed, type(error).__name__, message[:MAX_EFFECT_ERROR_CHARS], prompt, completion)
+        )
+
+
+_ledger: _Ledger | None = None
+
+
+def open_ledger(send: Callable[[Message], None], secrets: tuple[str, ...] = ()) -> None:
+    """From now on every tool and LLM call of the job is in the ledger. Once the job's crew is built: the classes
+    of its tools and models are imported by then."""
+    from crewai.llms.base_llm import BaseLLM
+    from crewai.tools import BaseTool
+    from crewai.tools.structured_tool import CrewStructuredTool
+
+    global _ledger
+    _ledger = _Ledger(send, tuple(secret for secret in secrets if secret))
+    for cls in classes(BaseTool):
+        _wrap(cls, ("run", "arun"), Effect.TOOL, _tool_keywords)
+    _wrap(CrewStructuredTool, ("invoke", "ainvoke"), Effect.TOOL, _tool_input)
+    for cls in classes(BaseLLM):
+        wrap_llm(cls)
+
+
+def wrap_llm(cls: type) -> None:
+    """Put the calls of the model class ``cls`` in the ledger (a class imported after ``open_ledger``: ``spending``)."""
+    _wrap(cls, ("call", "acall"), Effect.LLM, _messages)
+
+
+def recorded(entry: int) -> bool:
+    """The control thread's ``Recorded(entry)``: the thread waiting on it goes on. False: nobody waits for it."""
+    return _ledger is not None and _ledger.recorded(entry)
+
+
+def booked(prompt: int, completion: int) -> None:
+    """What CrewAI booked for the LLM call under way in this thread (``spending``): its ``EffectEnded`` says it."""
+    usage = _usage.get()
+    if usage is not None:
+        usage[0] += prompt
+        usage[1] += completion
+
+
+def digest(arguments: Any) -> str:
+    return hashlib.sha256(orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS, default=str)).hexdigest()
+
+
+def _wrap(cls: type, names: tuple[str, ...], effect: Effect, arguments: Arguments) -> None:
+    for name in names:
+        method = vars(cls).get(name)
+        if method is None or getattr(method, "ledger", False) or getattr(method, "__isabstractmethod__", False):
+            continue
+        wrapper = _async_entry if asyncio.iscoroutinefunction(method) else _entry
+        setattr(cls, name, wrapper(method, effect, arguments))
+
+
+def _tool_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return args[0] if args else kwargs.get("input")  # invoke(input, config): a dict, or its JSON text
+
+
+def _tool_keywords(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return {**kwargs, "args": list(args)} if args else kwargs  # run(**arguments)
+
+
+def _messages(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return args[0] if args else kwargs.get("messages")
+
+
+def _entry(method: Callable[..., Any], effect: Effect, arguments: Arguments) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        ledger, active = _ledger, _active.get()
+        if ledger is None or id(self) in active:
+            return method(self, *args, **kwargs)
+        entry = ledger.enter(_started(effect, self, arguments(args, kwargs)))
+        marks = _active.set(active | {id(self)}), _usage.set([0, 0] if effect == Effect.LLM else None)
+        try:
+            result = method(self, *args, **kwargs)
+        except BaseException as exc:
+            ledger.end(entry, exc, _usage.get())
+            raise
+        else:
+            ledger.end(entry, None, _usage.get())
+            return result
+        finally:
+            _usage.reset(marks[1])
+            _active.reset(marks[0])
+
+    call.ledger = True  # type: ignore[attr-defined]
+    return call
+
+
+def _async_entry(method: Callable[..., Any], effect: Effect, arguments: Arguments) -> Callable[..., Any]:
+    @functools.wraps(method)
+    async def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        ledger, active = _ledger, _active.get()
+        if ledger is None or id(self) in active:
+            return await method(self, *args, **kwargs)
+        # The wait in a thread: the loop runs other tasks' calls meanwhile.
+        entry = await asyncio.to_thread(ledger.enter, _started(effect, self, arguments(args, kwargs)))
+        marks = _active.set(active | {id(self)}), _usage.set([0, 0] if effect == Effect.LLM else None)
+        try:
+            result = await method(self, *args, **kwargs)
+        except BaseException as exc:
+            ledger.end(entry, exc, _usage.get())
+            raise
+        else:
+            ledger.end(entry, None, _usage.get())
+            return result
+        finally:
+            _usage.reset(marks[1])
+            _active.reset(marks[0])
+
+    call.ledger = True  # type: ignore[attr-defined]
+    return call
+
+
+def _started(effect: Effect, owner: Any, arguments: Any) -> Callable[[int], Message]:
+    name = str(getattr(owner, "model" if effect == Effect.LLM else "name", ""))[:MAX_EFFECT_NAME_CHARS]
+    return lambda entry: EffectStarted(entry, effect, name, digest(arguments))
+
+
+def follow_tasks(crew: Any, fingerprint: str, done: int, max_bytes: int) -> None:
+    """A ``TaskDone`` for each task of this ``run`` as it completes (``done``: the tasks a resume restored), sent
+    from the thread that ran it, in the order of ``crew.tasks``: a task that completes before an earlier one (an
+    async one) waits to be sent with it. Chained before any ``task_callback`` the crew set: CrewAI calls the crew's
+    after the task's own, synchronously, once its output is set and before the next task starts.
+
+    An output larger than ``max_bytes`` (a frame the supervisor would refuse) is not sent, nor any after it: a resume
+    then runs again from that task. So is a task CrewAI skips (a ``ConditionalTask``: it gets no output)."""
+    theirs = crew.task_callback
+    lock = threading.Lock()
+    state = {"next": done, "open": True}
+
+    def task_done(output: Any) -> Any:
+        with lock:
+            while state["open"] and state["next"] < len(crew.tasks) and crew.tasks[state["next"]].output is not None:
+                state["open"] = _send_task(crew.tasks[state["next"]].output, state["next"], fingerprint, max_bytes)
+                state["next"] += 1
+        return theirs(output) if theirs is not None else None
+
+    crew.task_callback = task_done
+
+
+def _send_task(output: Any, index: int, fingerprint: str, max_bytes: int) -> bool:
+    from worker.operations import to_json
+
+    ledger = _ledger
+    if ledger is None:
+        return False
+    dumped = to_json(output)
+    data = {name: dumped.get(name) for name in TASK_FIELDS}
+    if len(orjson.dumps(data)) > max_bytes:
+        return False
+    ledger.enter(lambda entry: TaskDone(entry, index, data, fingerprint))
+    return True
+
+
+def classes(root: type) -> list[type]:
+    """``root`` and every subclass of it now imported."""
+    found, pending = [], [root]
+    while pending:
+        cls = pending.pop()
+        found.append(cls)
+        pending.extend(cls.__subclasses__())
+    return found

@@ -4,15 +4,16 @@ Part of ``tests.crews:registry``. ``effects``: four sequential tasks ("step 1"..
 (the offline ``ScriptedLLM`` calling its tool in ReAct text, then answering with what it observed), each agent with a
 tool ``record_effect`` that appends ``"{marker} step {n}"`` to EFFECTS_LOG in ``base._evidence()``. Inputs:
 ``marker`` (default "run"); ``hang_in_step``: that step's tool first writes ``"{marker} step {n} begun"``, then
-blocks for ever (a test waits for the line, then cancels or kills inside the tool call); ``fail_in_step``: that
-step's tool raises ``RuntimeError("tool failed at step n")``, writing nothing, which CrewAI hands the model as the
-tool's observation (the run goes on).
+blocks until ``{marker}.release`` exists beside EFFECTS_LOG (a test waits for the line, then cancels or kills inside
+the tool call; it creates the file before it resumes the run, whose input still says to hang there);
+``fail_in_step``: that step's tool raises ``RuntimeError("tool failed at step n")``, writing nothing, which CrewAI
+hands the model as the tool's observation (the run goes on).
 """
 
 from __future__ import annotations
 
 import re
-import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from tests.crews.shapes import ScriptedLLM
 EFFECTS_LOG = "effects.log"  # in EVIDENCE_DIR, or the worker's cwd
 STEPS = 4
 TOOL = "record_effect"
+RELEASE_POLL_SECONDS = 0.05
 
 
 class RecordEffect(BaseTool):
@@ -44,7 +46,8 @@ class RecordEffect(BaseTool):
         log = _evidence() / EFFECTS_LOG
         if self.step == hang:
             _append(log, f"{marker} step {self.step} begun")
-            threading.Event().wait()
+            while not log.with_name(f"{marker}.release").exists():
+                time.sleep(RELEASE_POLL_SECONDS)
         _append(log, f"{marker} step {self.step}")
         return f"recorded {marker} step {self.step}"
 

@@ -16,15 +16,17 @@ import types
 import typing
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
+import orjson
 from chromadb import EmbeddingFunction
 from crewai import LLM, Agent, Crew, Process, Task
 from crewai.events.types.llm_events import LLMCallType
 from crewai.knowledge.source.string_knowledge_source import StringKnowledgeSource
 from crewai.llms.base_llm import BaseLLM, llm_call_context
 from crewai.rag.embeddings.providers.custom.embedding_callable import CustomEmbeddingFunction
+from crewai.tools import BaseTool
 from pydantic import BaseModel
 
 from worker import provider
@@ -35,6 +37,11 @@ _TICK = re.compile(r"Tick for ([0-9]+(?:\.[0-9]+)?) seconds")
 _WORD = re.compile(r"[a-z0-9]+")
 OFFLINE_SCORE = 8  # what the offline model answers for any number a structured call asks for
 EMBEDDING_DIMENSIONS = 256
+EFFECTS_LOG = "effects.log"  # in the job's HOME: a line for each step demo-effects' tool recorded
+EFFECT_STEPS = 3
+_STEP = re.compile(r"Step ([0-9]+) of run (.*), taking ([0-9]+(?:\.[0-9]+)?) seconds")
+_CURRENT_TASK = re.compile(r"Current Task: (.*?)\n")
+_OBSERVED = re.compile(r"\nObservation:\s*(.*)\Z", re.S)
 
 
 def prompt_text(messages: str | list[Any]) -> str:
@@ -98,7 +105,7 @@ class OfflineLLM(BaseLLM):
         role = getattr(from_agent, "role", "agent")
         match = _TICK.search(prompt)
         ticks = round(float(match.group(1)) / self.tick_seconds) if match else 0
-        answer = f"Thought: I know the answer.\nFinal Answer: {role} reports finding {digest}."
+        answer = self.reply(messages, f"{role} reports finding {digest}.")
         if response_model is not None:
             return self._answer_structured(
                 messages, response_model, f"{role} reports finding {digest}.", from_task, from_agent
@@ -121,6 +128,10 @@ class OfflineLLM(BaseLLM):
                 messages=messages,
             )
         return answer
+
+    def reply(self, messages: str | list[Any], finding: str) -> str:
+        """What the model says to a call (not a structured one), given what it found in the prompt."""
+        return f"Thought: I know the answer.\nFinal Answer: {finding}"
 
     async def acall(self, *args: Any, **kwargs: Any) -> str:
         return await asyncio.to_thread(self.call, *args, **kwargs)
@@ -235,6 +246,65 @@ def demo_slow() -> Crew:
     return Crew(agents=[agent], tasks=[task], before_kickoff_callbacks=[_with_seconds])
 
 
+class StepLLM(OfflineLLM):
+    """The offline model speaking CrewAI's ReAct text (no native function calling): it calls its agent's tool on the
+    task's text, then answers with what the tool said (``demo-effects``)."""
+
+    def supports_function_calling(self) -> bool:
+        return False
+
+    def reply(self, messages: str | list[Any], finding: str) -> str:
+        said = [str(m.get("content", "")) for m in messages if isinstance(m, dict) and m.get("role") == "assistant"]
+        observed = next((found.group(1).strip() for text in said if (found := _OBSERVED.search(text))), None)
+        if observed is not None:
+            return f"Thought: I now know the final answer\nFinal Answer: {observed}"
+        task = _CURRENT_TASK.search(prompt_text(messages))
+        note = orjson.dumps({"text": task.group(1) if task else ""}).decode()
+        return f"Thought: I should record this step.\nAction: {RecordStep.TOOL}\nAction Input: {note}"
+
+
+class RecordStep(BaseTool):
+    """A step's external effect: it takes the step's seconds, then appends ``{marker} step {n}`` to EFFECTS_LOG in the
+    job's HOME (the crew's own, kept between its jobs)."""
+
+    TOOL: ClassVar[str] = "record_step"
+    name: str = TOOL
+    description: str = "Record that this step's work was done."
+
+    def _run(self, text: str) -> str:
+        found = _STEP.search(text)
+        step, marker, seconds = (found.group(1), found.group(2), float(found.group(3))) if found else ("?", "?", 0.0)
+        time.sleep(min(seconds, MAX_SLOW_SECONDS))
+        with open(os.path.join(os.path.expanduser("~"), EFFECTS_LOG), "a") as log:
+            log.write(f"{marker} step {step}\n")
+        return f"recorded {marker} step {step}"
+
+
+def _with_marker(inputs: dict[str, Any] | None) -> dict[str, Any]:
+    merged = {"marker": "demo", **_with_seconds({"seconds": 1, **(inputs or {})})}
+    merged.pop("topic", None)
+    return merged
+
+
+def demo_effects() -> Crew:
+    """EFFECT_STEPS tasks, each of its own agent, each agent's tool an external effect (``RecordStep``: a line in
+    the crew's HOME) that takes ``seconds`` (default 1): a run to stop half-way, look at its effect ledger, and
+    resume (docs/reconcile-and-resume.md). Inputs: ``marker`` (default "demo"), ``seconds``."""
+    agents, tasks = [], []
+    for step in range(1, EFFECT_STEPS + 1):
+        agent = Agent(
+            role=f"Clerk {step}",
+            goal="Record each step's work",
+            backstory="Keeps the books.",
+            tools=[RecordStep()],
+            llm=StepLLM(model="offline-effects"),
+        )
+        agents.append(agent)
+        description = f"Step {step} of run {{marker}}, taking {{seconds}} seconds."
+        tasks.append(Task(name=f"step {step}", description=description, expected_output="A record.", agent=agent))
+    return Crew(agents=agents, tasks=tasks, before_kickoff_callbacks=[_with_marker])
+
+
 class HashEmbedder(CustomEmbeddingFunction, EmbeddingFunction):  # type: ignore[misc]
     """A deterministic offline embedder: each word adds +-1 to a sha256-chosen dimension.
 
@@ -309,6 +379,7 @@ registry: dict[str, Callable[[], Crew]] = {
     "demo-knowledge": demo_knowledge,
     "demo-llm": demo_llm,
     "demo-llm-hang": demo_llm_hang,
+    "demo-effects": demo_effects,
 }
 # Evaluator models ``test`` can name (eval_llm) without a network or an API key.
 eval_llms: dict[str, Callable[[], BaseLLM]] = {"offline-eval": lambda: OfflineLLM(model="offline-eval")}

@@ -1,7 +1,8 @@
 """The invariants read back after each restart, each broken one a line: every acknowledged admission is
 there; nothing is `running` without a worker; a job the crash interrupted is `failed` and uncertain; no
 worker from before the restart lives; every job's events are contiguous from 0 and end with exactly one
-terminal event; no job started twice; every failure has a fault of ours to explain it, or is the crew's own; and
+terminal event; no job started twice; every failure has a fault of ours to explain it, or is the crew's own; every
+ended job's effect ledger holds no call still `running` (each one cut off is `uncertain`) and loses no entry; and
 the journal passes SQLite's quick_check."""
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class Findings:
     crews_own: set[str] = field(default_factory=set)  # failed as their crew decided or caused (``CREWS_OWN``)
     left_running: set[str] = field(default_factory=set)  # their worker left processes running (killed, named)
     settled: set[str] = field(default_factory=set)  # terminal when last read: no later restart changes them
+    resumed: dict[str, str] = field(default_factory=dict)  # effects jobs looked at: the job resuming each ("": none)
 
     def add(self, problems: list[str]) -> None:
         """Each problem once: the last pass reads every job again."""
@@ -95,6 +97,20 @@ def job_problems(action: str, job: dict[str, Any], events: list[dict[str, Any]],
     return problems
 
 
+def ledger_problems(action: str, ledger: dict[str, Any], own_tasks: int | None = None) -> list[str]:
+    """What is wrong with an ended job's effect ledger: a call still ``running`` (the commit that ended the job, or
+    fencing's, makes each ``uncertain``), or an entry lost: its calls and completed tasks share one count from 1, so
+    every id up to its last call's is a call or one of its ``own_tasks`` (by default all it counts)."""
+    effects = ledger["effects"]
+    running = [entry for entry in effects if entry["status"] == "running"][:1]  # one line says it
+    problems = [f"{action}'s call {e['id']} ({e['name']}) still runs in its ended job's ledger" for e in running]
+    ids = [entry["id"] for entry in effects]
+    tasks = ledger["tasks_completed"] if own_tasks is None else own_tasks
+    if ids != sorted(set(ids)) or (ids and (ids[0] < 1 or ids[-1] - len(ids) > tasks)):
+        problems.append(f"{action}'s ledger lost entries: calls {ids[:20]} beside {tasks} completed task(s)")
+    return problems
+
+
 def explained(terminal: dict[str, Any], record: Record) -> bool:
     """A failure we caused (a supervisor kill, a worker we killed) or the crew's own (``CREWS_OWN``)."""
     return (
@@ -130,6 +146,8 @@ def check_restart(
         job = answer.json()
         events = all_events(client, action, job["event_count"])
         findings.add(job_problems(action, job, events, record))
+        if job["status"] != Status.RUNNING:
+            findings.add(ledger_problems(action, client.get(f"/jobs/{action}/effects").json()))
         terminal = job.get("terminal") or {}
         if job["status"] == Status.FAILED and terminal.get("reason") in CREWS_OWN:
             findings.crews_own.add(action)

@@ -18,7 +18,10 @@ faults of --faults from a seeded schedule, SIGKILLs and restarts the
 supervisor after each iteration and checks every invariant: each acknowledged
 job kept, none left running or started twice, each job's events contiguous
 with one terminal event last, each failure explained by a fault or the crew's
-own (it raised, or left processes running with STRAY_PROCESSES=fail). With --url
+own (it raised, or left processes running with STRAY_PROCESSES=fail), each
+ended job's effect ledger without a call left running and without a gap, and
+a few interrupted jobs of --effects-crew resumed: each completes, and no task
+its old job completed runs again. With --url
 and --restart-cmd it tests a running deployment instead (the supervisor fault
 only).
 
@@ -70,6 +73,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="its input, {seconds} standing for the 1, 2 or 5 seconds a job is asked to take",
     )
+    parser.add_argument(
+        "--effects-crew",
+        default=Crews.effects,
+        help="a crew of several tasks with a tool call each (inputs marker, seconds), whose interrupted jobs are"
+        " resumed; '' for none",
+    )
     parser.add_argument("--state", type=Path, default=None, help="a directory for the run (default: a temporary one)")
     parser.add_argument("--json", type=Path, default=None, help="write the report here as JSON")
 
@@ -98,7 +107,7 @@ def refusal(args: argparse.Namespace, chosen: list[str]) -> str | None:
         return "--restart-cmd is for a supervisor at --url; here chaos starts its own"
     if "disk" in chosen and not args.small_disk:
         return "the disk fault needs --small-disk MB (a tmpfs it can fill)"
-    crews = Crews(args.fast_crew, args.slow_crew, args.fast_input, args.slow_input)
+    crews = Crews(args.fast_crew, args.slow_crew, args.fast_input, args.slow_input, args.effects_crew)
     for flag, slow in (("--fast-input", False), ("--slow-input", True)):
         try:
             crews.input(slow, 1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import random
 import shutil
@@ -26,6 +27,7 @@ from supervisor.chaos.disk import DiskUnavailable, SmallDisk
 from supervisor.chaos.faults import Record
 from supervisor.chaos.flags import ALL_FAULTS, RATES, chosen_faults, refusal
 from supervisor.chaos.load import Load
+from supervisor.chaos.resume import resume_interrupted
 from supervisor.chaos.targets import Deployment, Local, RestartError
 from supervisor.console.client import OperatorError, resolve_target
 from supervisor.testing import Server
@@ -108,7 +110,10 @@ def _run(
     args: argparse.Namespace, seed: int, chosen: list[str], target: Local | Deployment, mid_run: dict[str, Fault]
 ) -> dict[str, Any]:
     rng = random.Random(seed)
-    crews = Crews(args.fast_crew, args.slow_crew, args.fast_input, args.slow_input)
+    crews = Crews(args.fast_crew, args.slow_crew, args.fast_input, args.slow_input, args.effects_crew)
+    with target.client(timeout=30) as client:  # a deployment may not serve the effects crew: its jobs are left out
+        if crews.effects not in client.get("/health").json()["crews"]:
+            crews = dataclasses.replace(crews, effects="")
     record, findings = Record(), Findings()
     acked: dict[str, dict[str, Any]] = {}
     requests: dict[str, int] = {}
@@ -148,6 +153,7 @@ def _run(
         "requests": requests,
         "jobs_admitted": len(acked),
         "jobs_interrupted": len(findings.interrupted),
+        "jobs_resumed": sum(1 for new in findings.resumed.values() if new),
         "orphans_found_at_restart": len(findings.orphans),
         "jobs_failed_by_their_crew": len(findings.crews_own),  # the crew's outcome, not a violation
         "jobs_that_left_processes": len(findings.left_running),  # killed and named in their record
@@ -196,6 +202,7 @@ def _iteration(
         record.count("supervisor")  # confirmed: another instance answers
     with target.client(timeout=30) as client:
         check_restart(client, acked, before, _journal(target), record, findings)
+        resume_interrupted(client, acked, crews, findings)
     return True
 
 
@@ -231,6 +238,7 @@ def _print(report: dict[str, Any]) -> None:
         *report["requests"].items(),
         ("jobs admitted", report["jobs_admitted"]),
         ("jobs interrupted by a crash", report["jobs_interrupted"]),
+        ("interrupted jobs resumed", report["jobs_resumed"]),
         ("orphans found at restart", report["orphans_found_at_restart"]),
         ("jobs failed by their crew", report["jobs_failed_by_their_crew"]),
         ("jobs that left processes (killed)", report["jobs_that_left_processes"]),

@@ -27,6 +27,7 @@ from tests.helpers.waiting import wait_until
 from worker.demo import (
     OfflineLLM,
     demo,
+    demo_effects,
     demo_knowledge,
     demo_llm,
     demo_llm_hang,
@@ -433,6 +434,7 @@ registry: dict[str, Callable[[], Crew]] = {
     "placer": placer,
     "environ": environ,
     "demo-knowledge": demo_knowledge,
+    "demo-effects": demo_effects,
     "recorder": recorder,
     "sized": sized,
     "llm": demo_llm,

@@ -36,7 +36,7 @@ DOCUMENTED = {
     "chaos": {
         *("--iterations", "--seed", "--concurrency", "--faults", "--small-disk", "--url", "--token", "--token-file"),
         *("--restart-cmd", "--restart-seconds", "--registry", "--fast-crew", "--slow-crew", "--state", "--json"),
-        *("--fast-input", "--slow-input"),
+        *("--fast-input", "--slow-input", "--effects-crew"),
     },
     "backup": {"--force", "--state-file"},
 }

@@ -23,7 +23,7 @@ from rich.live import Live
 from rich.text import Text
 
 from protocol import Operation
-from supervisor.console import archive, resume, views
+from supervisor.console import archive, effects, resume, views
 from supervisor.console.client import Client, OperatorError, job_path, resolve_target
 from supervisor.console.durations import duration, spoken
 from supervisor.console.following import (
@@ -149,7 +149,7 @@ def _command(
 
 
 def _add_reads(command: Callable[..., argparse.ArgumentParser]) -> None:
-    """The commands that only look: jobs, crews, show, events, output, stack, top."""
+    """The commands that only look: jobs, crews, show, events, output, effects, stack, top."""
     jobs = command("jobs", list_jobs, "list jobs, newest first", JOBS, DONE)
     jobs.add_argument(
         "--status",
@@ -176,6 +176,8 @@ def _add_reads(command: Callable[..., argparse.ArgumentParser]) -> None:
     output_parser = command("output", output, "what a job's worker wrote to stdout and stderr", OUTPUT, DONE)
     output_parser.add_argument("action_id", type=typed_id, help=ACTION_ID_HELP)
     output_parser.add_argument("--stream", choices=("stdout", "stderr"), help="only this one (default: both)")
+    effects_parser = command("effects", effects_of, "a job's tool and LLM calls, its ledger", effects.DESCRIPTION, DONE)
+    effects_parser.add_argument("action_id", type=typed_id, help=ACTION_ID_HELP)
     stack_parser = command("stack", stack, "every thread's Python stack of a running job", STACK, DONE)
     stack_parser.add_argument("action_id", type=typed_id, help=ACTION_ID_HELP)
     top_parser = command(
@@ -347,6 +349,10 @@ def output(client: Client, args: argparse.Namespace, out: Console) -> int:
         if text:
             out.print(Text(visible(text.rstrip(), layout=True)), soft_wrap=True)  # as the worker wrote it
     return 0
+
+
+def effects_of(client: Client, args: argparse.Namespace, out: Console) -> int:
+    return answer(client.get(job_path(args.action_id, "effects")), args, out, effects.view)
 
 
 def stack(client: Client, args: argparse.Namespace, out: Console) -> int:

@@ -26,6 +26,7 @@ DOCUMENTED = {
     "crews": CONNECTING,
     "output": CONNECTING | {"--stream"},
     "stack": CONNECTING,
+    "effects": CONNECTING,
     "events": CONNECTING | {"--follow", "--wait"},
     "cancel": CONNECTING | {"--reason", "--crew", "--status", "--operation", "--all", "--dry-run"},
     "top": CONNECTING | {"--once", "--interval"},

@@ -1,6 +1,8 @@
-// One job: what it answered or why it did not, its record, its events followed live, its output tails.
+// One job: what it answered or why it did not, its record, its effect ledger, its events followed live, its output
+// tails.
 
 import { RECONNECT_MS, Refused, Unauthorized, Unreachable, call, getJSON, jobPath, readEvents } from "./api.js";
+import { clearEffects, renderEffects } from "./effects.js";
 import { $, clock, duration, handle, ident, state, stopConfirmed, stopProof, viewError } from "./page.js";
 import { cancel } from "./workers.js";
 
@@ -47,6 +49,7 @@ export function openJob(id, signal) {
   const boxes = ["job-evidence", "job-why", "job-raised", "job-answer", "job-tasks", "job-usage", "job-stacks-box"];
   for (const box of boxes) $(box).hidden = true;
   $("events-dropped").hidden = true;
+  clearEffects();
   const cancelJob = $("job-cancel");
   cancelJob.hidden = true;
   cancelJob.setAttribute("aria-label", `Cancel ${id}`);
@@ -68,6 +71,9 @@ export function openJob(id, signal) {
       renderTail("stdout", output.stdout);
       renderTail("stderr", output.stderr);
       renderRaised(record, output.stderr.text);
+      const ledger = await getJSON(`${jobPath(id)}/effects`, { signal });
+      if (signal.aborted) return;
+      renderEffects(ledger);
       live = output.live; // once settled the journal's copy is final: read no more
     }
   }

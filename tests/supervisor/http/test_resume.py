@@ -5,6 +5,7 @@ tasks it skips) is tests/system/resume's, with a crew whose every task has an ef
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -97,3 +98,23 @@ def test_a_running_job_is_refused_and_once_cancelled_resumes(resumable: Server) 
         assert resumed.status_code == 200, resumed.text
         assert "5 seconds" in resumed.json()["tasks_output"][0]["description"]
         assert client.get("/jobs/slow-1-r1").json()["resumed_from"] == "slow-1"
+
+
+def test_after_a_restart_a_crew_no_longer_served_is_404_and_a_full_journal_507(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    first = start_server(state)
+    with first.client() as client:
+        assert start(client, "boom", "gone-crew").status_code == 502
+        assert start(client, "boom", "kept-crew").status_code == 502
+    stop_server(first)
+    # The same journal, served with a registry without ``boom``; then with room for no more job.
+    second = start_server(state, registry="worker.demo:registry")
+    with second.client() as client:
+        unserved = resume(client, "gone-crew", "gone-crew-r1")
+        assert unserved.status_code == 404 and "unknown crew 'boom'" in unserved.json()["detail"]
+    stop_server(second)
+    third = start_server(state, env={"AIP_CREWAI_MAX_RETAINED_RUNS": "2", "AIP_CREWAI_MAX_CONCURRENCY": "1"})
+    with third.client() as client:
+        full = resume(client, "kept-crew", "kept-crew-r1")
+        assert full.status_code == 507 and "retained runs" in full.json()["detail"], full.text
+        assert client.get("/jobs/kept-crew").json()["resumed_by"] is None

@@ -28,25 +28,28 @@ from supervisor.processes.reaper import Reaper
 from tests.conftest import wait_until, worker_env
 from tests.crews import effects, shapes
 from tests.crews.effects import EFFECTS_LOG, TOOL
-from tests.helpers.ledger import answered_to_the_end
+from tests.helpers.ledger import answered_to_the_end, answering
 from worker import resume
 from worker.lifecycle import EXIT_PROTOCOL
+from worker.provider import URL_ENV, Provider
 
 pytestmark = pytest.mark.usefixtures("subreaper")
 TASK_FIELDS = {"description", "agent", "raw", "pydantic", "json_dict", "output_format"}
 
 
-async def launch(tmp: Path, crew: str, inputs: dict[str, Any], **start: Any) -> WorkerProcess:
-    worker = await SpawnLauncher(Reaper()).spawn(worker_env(tmp), str(tmp))  # cwd: where effects.log goes
+async def launch(
+    tmp: Path, crew: str, inputs: dict[str, Any], env: dict[str, str] | None = None, **start: Any
+) -> WorkerProcess:
+    worker = await SpawnLauncher(Reaper()).spawn({**worker_env(tmp), **(env or {})}, str(tmp))  # cwd: effects.log
     worker.send(Start("job-1", crew, "run", inputs, 600_000, **start))
     return worker
 
 
-def job(tmp: Path, crew: str, inputs: dict[str, Any], **start: Any) -> list[Any]:
+def job(tmp: Path, crew: str, inputs: dict[str, Any], env: dict[str, str] | None = None, **start: Any) -> list[Any]:
     """Every message of one job, its ledger answered; the worker exited 0."""
 
     async def scenario() -> list[Any]:
-        worker = await launch(tmp, crew, inputs, **start)
+        worker = await launch(tmp, crew, inputs, env, **start)
         try:
             messages = await answered_to_the_end(worker)
             assert await worker.wait_exit(10) == 0, worker.stderr.text()[-2000:]
@@ -210,3 +213,45 @@ def test_the_fingerprint_is_the_crew_s_tasks_as_written() -> None:
     changed = effects.effects()
     changed.tasks[1].agent = changed.tasks[0].agent
     assert resume.fingerprint(changed) != resume.fingerprint(crew)
+
+
+def test_a_call_cut_off_has_started_and_not_ended(tmp_path: Path) -> None:
+    """Killed inside the tool call of step 2: its entry has no end (the supervisor makes it uncertain)."""
+
+    async def scenario() -> list[Any]:
+        worker = await launch(tmp_path, "effects", {"marker": "m", "hang_in_step": 2})
+        answers = answering(worker)
+        try:
+            inside = await asyncio.to_thread(wait_until, lambda: "m step 2 begun" in lines(tmp_path), 60)
+            assert inside, worker.stderr.text()[-2000:]
+        finally:
+            await worker.kill()
+        return await answers
+
+    entries = ledger(asyncio.run(scenario()))
+    assert [m.index for m in entries if isinstance(m, TaskDone)] == [0]
+    last = entries[-1]
+    assert isinstance(last, EffectStarted) and last.effect == "tool" and last.name == TOOL
+    assert lines(tmp_path) == ["m step 1", "m step 2 begun"]
+
+
+def test_async_tasks_are_done_in_the_crew_s_order(tmp_path: Path) -> None:
+    messages = job(tmp_path, "shape-async", {})
+    done = [m for m in messages if isinstance(m, TaskDone)]
+    assert [m.index for m in done] == [0, 1, 2]
+    assert [m.output["raw"] for m in done] == [task["raw"] for task in output(messages)["tasks_output"]]
+
+
+def test_native_tool_calls_and_provider_calls_are_recorded(tmp_path: Path, provider: Provider) -> None:
+    """CrewAI's own LLM class calling the tools natively (function calling): the other path to a tool."""
+    messages = job(tmp_path, "shape-llm-tools", {}, {URL_ENV: provider.url})
+    entries = ledger(messages)
+    started = {m.id: m for m in entries if isinstance(m, EffectStarted)}
+    answered = [m["name"] for m in provider.calls[-2].messages if m["role"] == "tool"]  # the tools' results it got
+    assert answered == ["word_stats"]
+    assert [started[end.id].name for end in ends(entries) if started[end.id].effect == "tool"] == answered
+    assert all(end.status == "finished" for end in ends(entries))
+    llms = [end for end in ends(entries) if started[end.id].effect == "llm"]
+    usage = output(messages)["token_usage"]
+    assert sum(end.prompt_tokens + end.completion_tokens for end in llms) == usage["total_tokens"] > 0
+    assert [m.index for m in entries if isinstance(m, TaskDone)] == [0, 1]

@@ -73,14 +73,17 @@ class _Ledger:
         waiter.set()
         return True
 
+    def masked(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, REDACTED)
+        return text
+
     def end(self, entry: int, error: BaseException | None, usage: list[int] | None = None) -> None:
         prompt, completion = usage or (0, 0)
         if error is None:
             self.send(EffectEnded(entry, EffectStatus.FINISHED, "", "", prompt, completion))
             return
-        message = str(error)
-        for secret in self.secrets:
-            message = message.replace(secret, REDACTED)
+        message = self.masked(str(error))
         failed = EffectStatus.FAILED
         self.send(
             EffectEnded(entry, failed, type(error).__name__, message[:MAX_EFFECT_ERROR_CHARS], prompt, completion)
@@ -233,7 +236,7 @@ def _send_task(output: Any, index: int, fingerprint: str, max_bytes: int) -> boo
         return False
     dumped = to_json(output)
     data = {name: dumped.get(name) for name in TASK_FIELDS}
-    if len(orjson.dumps(data)) > max_bytes:
+    if len(ledger.masked(orjson.dumps(data).decode()).encode()) > max_bytes:  # as the supervisor bounds it, masked
         return False
     ledger.enter(lambda entry: TaskDone(entry, index, data, fingerprint))
     return True

@@ -7,9 +7,11 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from protocol import (
+    MAX_EVENT_BYTES,
     Building,
     Completed,
     EffectEnded,
@@ -255,3 +257,13 @@ def test_native_tool_calls_and_provider_calls_are_recorded(tmp_path: Path, provi
     usage = output(messages)["token_usage"]
     assert sum(end.prompt_tokens + end.completion_tokens for end in llms) == usage["total_tokens"] > 0
     assert [m.index for m in entries if isinstance(m, TaskDone)] == [0, 1]
+
+
+def test_a_task_output_over_the_event_bound_ends_the_tasks_done(tmp_path: Path) -> None:
+    """Not sent (the supervisor would refuse the frame), nor any after it: a resume runs again from there."""
+    inputs = {"marker": "m", "fail_in_step": 1}  # step 1's answer is the shortest
+    sizes = [len(orjson.dumps(m.output)) for m in job(tmp_path, "effects", inputs) if isinstance(m, TaskDone)]
+    assert sizes[0] < sizes[1]
+    bounded = job(tmp_path, "effects", inputs, {MAX_EVENT_BYTES: str(sizes[0])})
+    assert [m.index for m in bounded if isinstance(m, TaskDone)] == [0]
+    assert len(output(bounded)["tasks_output"]) == 4  # the run itself goes on

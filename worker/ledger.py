@@ -17,12 +17,13 @@ call. ``id``s count from 1 per job, taken and sent under one lock so they reach 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import dataclasses
 import functools
 import hashlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
@@ -47,11 +48,15 @@ _usage: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("ledge
 
 @dataclasses.dataclass
 class _Ledger:
+    """The job's ledger: ``lock`` takes an id and sends its entry as one step, so ids go out in order; the waiters
+    have a lock of their own, so the control thread hands on a ``Recorded`` while an entry is being written."""
+
     send: Callable[[Message], None]
     secrets: tuple[str, ...]
     last: int = 0
     waiting: dict[int, threading.Event] = dataclasses.field(default_factory=dict)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    waiters: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     def enter(self, make: Callable[[int], Message]) -> int:
         """Send the entry ``make(id)`` and wait until the supervisor has it. The waiter is registered before the
@@ -60,31 +65,32 @@ class _Ledger:
         with self.lock:
             self.last += 1
             entry = self.last
-            self.waiting[entry] = recorded
+            with self.waiters:
+                self.waiting[entry] = recorded
             self.send(make(entry))
         recorded.wait()
         return entry
 
     def recorded(self, entry: int) -> bool:
-        with self.lock:
+        with self.waiters:
             waiter = self.waiting.pop(entry, None)
         if waiter is None:
             return False
         waiter.set()
         return True
 
+    def masked(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, REDACTED)
+        return text
+
     def end(self, entry: int, error: BaseException | None, usage: list[int] | None = None) -> None:
         prompt, completion = usage or (0, 0)
         if error is None:
             self.send(EffectEnded(entry, EffectStatus.FINISHED, "", "", prompt, completion))
             return
-        message = str(error)
-        for secret in self.secrets:
-            message = message.replace(secret, REDACTED)
-        failed = EffectStatus.FAILED
-        self.send(
-            EffectEnded(entry, failed, type(error).__name__, message[:MAX_EFFECT_ERROR_CHARS], prompt, completion)
-        )
+        error_type, message = type(error).__name__, self.masked(str(error))[:MAX_EFFECT_ERROR_CHARS]
+        self.send(EffectEnded(entry, EffectStatus.FAILED, error_type, message, prompt, completion))
 
 
 _ledger: _Ledger | None = None
@@ -156,18 +162,8 @@ def _entry(method: Callable[..., Any], effect: Effect, arguments: Arguments) -> 
         if ledger is None or id(self) in active:
             return method(self, *args, **kwargs)
         entry = ledger.enter(_started(effect, self, arguments(args, kwargs)))
-        marks = _active.set(active | {id(self)}), _usage.set([0, 0] if effect == Effect.LLM else None)
-        try:
-            result = method(self, *args, **kwargs)
-        except BaseException as exc:
-            ledger.end(entry, exc, _usage.get())
-            raise
-        else:
-            ledger.end(entry, None, _usage.get())
-            return result
-        finally:
-            _usage.reset(marks[1])
-            _active.reset(marks[0])
+        with _running(ledger, entry, effect, active | {id(self)}):
+            return method(self, *args, **kwargs)
 
     call.ledger = True  # type: ignore[attr-defined]
     return call
@@ -181,21 +177,27 @@ def _async_entry(method: Callable[..., Any], effect: Effect, arguments: Argument
             return await method(self, *args, **kwargs)
         # The wait in a thread: the loop runs other tasks' calls meanwhile.
         entry = await asyncio.to_thread(ledger.enter, _started(effect, self, arguments(args, kwargs)))
-        marks = _active.set(active | {id(self)}), _usage.set([0, 0] if effect == Effect.LLM else None)
-        try:
-            result = await method(self, *args, **kwargs)
-        except BaseException as exc:
-            ledger.end(entry, exc, _usage.get())
-            raise
-        else:
-            ledger.end(entry, None, _usage.get())
-            return result
-        finally:
-            _usage.reset(marks[1])
-            _active.reset(marks[0])
+        with _running(ledger, entry, effect, active | {id(self)}):
+            return await method(self, *args, **kwargs)
 
     call.ledger = True  # type: ignore[attr-defined]
     return call
+
+
+@contextlib.contextmanager
+def _running(ledger: _Ledger, entry: int, effect: Effect, active: frozenset[int]) -> Iterator[None]:
+    """The call ``entry`` under way: its ``EffectEnded`` when it returns or raises, with what it booked."""
+    marks = _active.set(active), _usage.set([0, 0] if effect == Effect.LLM else None)
+    try:
+        yield
+    except BaseException as exc:
+        ledger.end(entry, exc, _usage.get())
+        raise
+    else:
+        ledger.end(entry, None, _usage.get())
+    finally:
+        _usage.reset(marks[1])
+        _active.reset(marks[0])
 
 
 def _started(effect: Effect, owner: Any, arguments: Any) -> Callable[[int], Message]:
@@ -233,7 +235,7 @@ def _send_task(output: Any, index: int, fingerprint: str, max_bytes: int) -> boo
         return False
     dumped = to_json(output)
     data = {name: dumped.get(name) for name in TASK_FIELDS}
-    if len(orjson.dumps(data)) > max_bytes:
+    if len(ledger.masked(orjson.dumps(data).decode()).encode()) > max_bytes:  # as the supervisor bounds it, masked
         return False
     ledger.enter(lambda entry: TaskDone(entry, index, data, fingerprint))
     return True

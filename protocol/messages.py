@@ -190,7 +190,9 @@ class EffectStarted(Message):
     """A tool call or an LLM call is about to start (the job's effect ledger). The calling thread waits for
     ``Recorded(id)`` before the call goes out, so no effect happens that the journal does not hold. ``id`` counts
     the job's ledger entries from 1 (``TaskDone`` shares the count); ``digest`` is the SHA-256 of the call's
-    arguments as canonical JSON (a tool's input; an LLM call's messages), never the arguments themselves."""
+    arguments as canonical JSON (a tool's input; an LLM call's messages), never the arguments themselves. Each time
+    CrewAI runs a tool is an entry: it runs one that raised up to six times (three tries, each with its arguments
+    filtered, then whole); a cached answer is none."""
 
     kind: ClassVar[str] = "effect_started"
     id: int
@@ -218,7 +220,10 @@ class EffectEnded(Message):
 class TaskDone(Message):
     """A task of the crew completed (``index`` in ``crew.tasks``): its output as CrewAI's ``TaskOutput`` dumps it
     (``description``, ``agent``, ``raw``, ``pydantic``, ``json_dict``, ``output_format``), and the crew's
-    ``fingerprint``. Waited for (``Recorded(id)``) before the next task starts, so a resume never runs it again."""
+    ``fingerprint``. Waited for (``Recorded(id)``) before the next task starts, so a resume never runs it again.
+    Sent in the order of ``crew.tasks``, each index once, a resumed run's from its first task not restored on (an async
+    task that completes before an earlier one waits for it). None for a task CrewAI skips (a ``ConditionalTask``) or
+    whose output is over the job's ``MAX_EVENT_BYTES``, nor for any task after it: a resume runs again from there."""
 
     kind: ClassVar[str] = "task_done"
     id: int

@@ -47,7 +47,7 @@ def run(
     server, and ``domain`` (its job's sandbox) made ready ahead (``domain_ahead``)."""
     launched = dict(os.environ)  # what it was started (or forked) with, before imports add to it
     out = lifecycle.FrameWriter(event_fd)
-    control = lifecycle.Control(control_fd, out)
+    control = lifecycle.Control(control_fd, out, ledger.recorded)
     out.send(Hello(pid=os.getpid()))
     try:
         lifecycle.prepare_environment()

@@ -11,6 +11,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 import setproctitle
 
@@ -30,7 +31,7 @@ from protocol import (
     WorkerSettings,
     pack,
 )
-from worker import landlock, ledger, seccomp, stacks
+from worker import landlock, seccomp, stacks
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
@@ -240,9 +241,10 @@ class Control:
     so a thread started before would keep a wider domain, which crew code could borrow.
     """
 
-    def __init__(self, fd: int, out: FrameWriter) -> None:
+    def __init__(self, fd: int, out: FrameWriter, recorded: Callable[[int], bool]) -> None:
         self._fd = fd
         self._out = out  # where the job's stacks go (``DumpStacks``)
+        self._recorded = recorded  # ``worker.ledger.recorded``: False when nobody waits for that entry
         self._reader = MessageReader()
         self._read_ahead: list[Message] = []  # messages that came in the same read as an earlier one
         self._starts: queue.Queue[Start] = queue.Queue(maxsize=1)
@@ -281,7 +283,7 @@ class Control:
                 answer = Stacks(threads=[])
             self._out.send(answer)
             return
-        if isinstance(message, Recorded) and self._started and ledger.recorded(message.id):
+        if isinstance(message, Recorded) and self._started and self._recorded(message.id):
             return
         os._exit(EXIT_STOPPED if isinstance(message, Stop) else EXIT_PROTOCOL)
 

@@ -24,3 +24,14 @@ async def answered_to_the_end(worker: WorkerProcess, timeout: float = 90) -> lis
     while (message := await next_answered(worker, timeout)) is not None:
         messages.append(message)
     return messages
+
+
+def answering(worker: WorkerProcess) -> asyncio.Task[list[Any]]:
+    """From now on, in the background, every message read and the ledger's answered, until EOF: what it read."""
+    task = asyncio.create_task(answered_to_the_end(worker, timeout=3600))
+    _background.add(task)  # the loop keeps only a weak reference to a task
+    task.add_done_callback(_background.discard)
+    return task
+
+
+_background: set[asyncio.Task[list[Any]]] = set()

@@ -11,11 +11,12 @@ from tests.conftest import ROOT
 HOME = ROOT / "protocol" / "vocabulary.py"
 SOURCES = sorted(path for package in ("protocol", "supervisor", "worker") for path in (ROOT / package).rglob("*.py"))
 # The same word naming something else: the CLI's ``run`` command (which starts any operation), a stop's reason
-# (``StopReason.TIMEOUT``, which fails a job with ``Reason.TIMEOUT``), an HTTP client's option.
+# (``StopReason.TIMEOUT``, which fails a job with ``Reason.TIMEOUT``), an HTTP client's option, a tool's method.
 ELSEWHERE = {
     ROOT / "supervisor" / "console" / "commands.py": {"run"},
     ROOT / "supervisor" / "jobs" / "phases.py": {"timeout"},
     ROOT / "supervisor" / "testing.py": {"timeout"},
+    ROOT / "worker" / "ledger.py": {"run"},
 }
 
 

@@ -27,6 +27,7 @@ from supervisor.processes.process import StopEvidence, WorkerProcess
 from supervisor.processes.reaper import Reaper
 from tests.conftest import gone, worker_env
 from tests.crews.base import CALL_LOG, HEARTBEAT
+from tests.helpers.ledger import answering, next_answered
 
 T = TypeVar("T")
 
@@ -113,7 +114,7 @@ async def finish(forks: Forks, tmp: Path, crew: str, operation: str, inputs: dic
     worker = await launch(forks, tmp, crew, operation, inputs)
     messages = []
     try:
-        while (message := await asyncio.wait_for(worker.next_message(), 90)) is not None:
+        while (message := await next_answered(worker, 90)) is not None:
             assert not isinstance(message, FrameError), message
             messages.append(message)
         assert await worker.wait_exit(10) == 0, worker.stderr.text()[-2000:]
@@ -151,6 +152,7 @@ def stop_blocked(forks: Forks, tmp: Path, crew: str, operation: str, inputs: dic
         try:
             while not isinstance(message := await asyncio.wait_for(worker.next_message(), 60), Started):
                 assert message is not None and not isinstance(message, FrameError | Failed), message
+            answering(worker)  # its LLM calls wait for their ledger entries' answers
             assert await eventually(lambda: size() > 0, 60), "the model never started blocking"
             before = size()
             assert await eventually(lambda: size() > before, 5), "no heartbeat: nothing to prove"

@@ -31,6 +31,7 @@ from supervisor.processes.process import WorkerProcess
 from supervisor.processes.reaper import Reaper
 from tests.conftest import ROOT, gone, reaped_orphan, wait_until, worker_env
 from tests.crews.base import BLOCKED
+from tests.helpers.ledger import answering, next_answered
 
 pytestmark = pytest.mark.usefixtures("subreaper")  # tests/conftest.py: orphans come to us, so gone means reaped
 
@@ -47,7 +48,7 @@ async def start(tmp: Path, crew: str, inputs: dict[str, Any] | None = None) -> W
 
 async def collect(worker: WorkerProcess) -> list[Any]:
     messages = []
-    while (message := await worker.next_message()) is not None:
+    while (message := await next_answered(worker)) is not None:
         messages.append(message)
     return messages
 
@@ -55,7 +56,7 @@ async def collect(worker: WorkerProcess) -> list[Any]:
 async def until(worker: WorkerProcess, wanted: Callable[[Any], bool]) -> list[Any]:
     seen = []
     while True:
-        message = await asyncio.wait_for(worker.next_message(), 60)
+        message = await next_answered(worker)
         assert message is not None and not isinstance(message, FrameError), (message, worker.stderr.text())
         seen.append(message)
         if wanted(message):
@@ -90,6 +91,7 @@ def test_stop_kills_the_worker_and_proves_it(tmp_path: Path, crew: str, grace: f
         await until(worker, lambda m: isinstance(m, Chunk if crew == "demo-slow" else Started))
         if crew == "stubborn":  # its factory ignored SIGTERM before `started`; now wait until it blocks
             blocked = tmp_path / BLOCKED  # the worker's cwd
+            answering(worker)  # its LLM call waits for its ledger entry's answer
 
             def inside_the_call() -> bool:
                 return blocked.exists() and str(worker.pid) in blocked.read_text().split()

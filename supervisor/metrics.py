@@ -38,6 +38,12 @@ class Metrics:
         self.llm_calls = Counter(
             f"{PREFIX}_llm_calls", "LLM calls jobs made (provider requests).", ["crew"], registry=r
         )
+        self.effects = Counter(
+            f"{PREFIX}_effects",
+            "Tool and LLM calls jobs made, by how each ended.",
+            ["crew", "kind", "status"],
+            registry=r,
+        )
         self.start_latency = Histogram(
             f"{PREFIX}_start_seconds", "Admission to the started event.", buckets=LATENCY_BUCKETS, registry=r
         )

@@ -29,6 +29,7 @@ from supervisor.jobs.live import LiveJob
 from supervisor.jobs.recorder import masked
 from supervisor.journal.ledger import Ending, Entry, LedgerWrites
 from supervisor.journal.writer import Written
+from supervisor.metrics import Metrics
 from supervisor.processes.limits import Breach
 from supervisor.redaction import redact
 
@@ -43,16 +44,18 @@ class Ledger:
     def __init__(
         self,
         job: LiveJob,
-        writes: LedgerWrites,
         settings: Settings,
+        metrics: Metrics,
+        writes: LedgerWrites,
         answer: Callable[[int], None],
-        breach: Callable[[Breach], None],
+        breach: Callable[[LiveJob, Breach], None],
     ) -> None:
         """``answer``: tells the worker an entry is recorded (the relay's, which owns the conversation); ``breach``:
         stops the job as over a limit (``Relay.breach``)."""
-        self.job, self.writes, self.settings, self.answer, self.breach = job, writes, settings, answer, breach
+        self.job, self.settings, self.metrics, self.writes, self.answer = job, settings, metrics, writes, answer
+        self.breach = breach
         self.last = 0  # the id of the last entry taken (calls and tasks share the count)
-        self.running: set[int] = set()  # the calls started and not ended
+        self.running: dict[int, str] = {}  # the calls started and not ended, and their kinds
         # The index the next TaskDone must have: a resume's first is the first task its earlier job did not complete.
         self.next_task = len(job.resumed or ())
         self.full = False  # an entry came past MAX_EFFECTS: the job is stopping, nothing more is taken
@@ -68,11 +71,20 @@ class Ledger:
         if message.id > (limit := self.settings.max_effects):
             self.full = True
             text = f"the job's ledger holds {limit} entries, {PREFIX}MAX_EFFECTS: its next call never started"
-            self.breach(Breach(Reason.EFFECT_LIMIT_EXCEEDED, text, {"limit": limit}))
+            self.breach(self.job, Breach(Reason.EFFECT_LIMIT_EXCEEDED, text, {"limit": limit}))
             return None
         if isinstance(message, EffectStarted):
             return self._start(message)
         return self._task(message)
+
+    def cut_off(self) -> None:
+        """The worker is heard no more: each call still running is counted uncertain, as the job's end records it."""
+        for kind in self.running.values():
+            self._count(kind, EffectStatus.UNCERTAIN)
+        self.running.clear()
+
+    def _count(self, kind: str, status: str) -> None:
+        self.metrics.effects.labels(self.job.crew_id, kind, status).inc()
 
     def _start(self, message: EffectStarted) -> Fault | None:
         if message.effect not in tuple(Effect):
@@ -82,7 +94,7 @@ class Ledger:
         secrets = self.job.secrets
         entry = Entry(message.id, message.effect, redact(message.name, secrets), redact(message.digest, secrets))
         self.last = message.id
-        self.running.add(message.id)
+        self.running[message.id] = message.effect
         self._answer(self.writes.start(self.job.action_id, entry), message.id)
         return None
 
@@ -95,7 +107,7 @@ class Ledger:
             return Reason.PROTOCOL_ERROR, f"ledger entry {message.id}: an error over its bound"
         if message.prompt_tokens < 0 or message.completion_tokens < 0:
             return Reason.PROTOCOL_ERROR, f"ledger entry {message.id}: a negative count of tokens"
-        self.running.discard(message.id)
+        self._count(self.running.pop(message.id), message.status)
         secrets = self.job.secrets
         error = (redact(message.error_type, secrets) or None, redact(message.error_message, secrets) or None)
         ending = Ending(message.id, message.status, *error, message.prompt_tokens, message.completion_tokens)
@@ -127,7 +139,7 @@ class Ledger:
                 return
             if (exc := done.exception()) is not None:
                 text = f"ledger entry {entry} could not be made durable: {exc}"
-                self.breach(Breach("journal_error", text, {"entry": entry}))
+                self.breach(self.job, Breach("journal_error", text, {"entry": entry}))
                 return
             self.answer(entry)
 

@@ -109,8 +109,18 @@ class Relay:
             return await self._ended(job, worker)
         if not isinstance(hello, Hello) or hello.pid != worker.pid:
             return await self._fault(worker, *protocol_fault(hello, "hello"))
-        writes, answer = self.recorder.journal.ledger, lambda entry: worker.send(Recorded(entry))
-        ledger = Ledger(job, writes, self.settings, answer, lambda over: self.breach(job, over))
+
+        def recorded(entry: int) -> None:
+            worker.send(Recorded(entry))
+
+        ledger = Ledger(job, self.settings, self.metrics, self.recorder.journal.ledger, recorded, self.breach)
+        try:
+            return await self._relay(job, worker, ledger)
+        finally:  # however it ends (a stop cancels it), no frame of this worker is taken after this
+            ledger.cut_off()
+
+    async def _relay(self, job: LiveJob, worker: WorkerProcess, ledger: Ledger) -> Completed | Failed | Outcome:
+        """The worker's frames after its hello, into the job's events and its ledger."""
         while True:
             message = await worker.next_message()
             if isinstance(message, Completed | Failed):

@@ -26,6 +26,7 @@ const REASONS = {
   event_too_large: "an event or its output was too large",
   token_limit_exceeded: "it spent more LLM tokens than its budget",
   llm_call_limit_exceeded: "it would have made more LLM calls than its budget",
+  effect_limit_exceeded: "it would have made more tool and LLM calls than MAX_EFFECTS",
   stray_processes: "it left processes running after it answered",
   worker_exited: "its worker exited without an answer",
   worker_killed: "its worker was killed from outside",

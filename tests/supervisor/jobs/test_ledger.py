@@ -74,6 +74,10 @@ async def test_each_call_is_recorded_with_its_end_and_a_runs_tasks_with_their_ou
             *("error_type", "error_message", "prompt_tokens", "completion_tokens"),
         }
         assert answer["effects"][0]["args_digest"] == "0" * 64
+        async with it.http() as client:
+            metrics = (await client.get("/metrics")).text
+        for kind, status in (("tool", "finished"), ("llm", "failed"), ("tool", "uncertain")):
+            assert f'crew_supervisor_effects_total{{crew="scripted",kind="{kind}",status="{status}"}} 1.0' in metrics
 
 
 @in_loop

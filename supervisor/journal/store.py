@@ -90,7 +90,10 @@ class Journal:
             raise JournalError(f"journal schema {version} is newer than this supervisor ({SCHEMA_VERSION})")
         if 0 < version < SCHEMA_VERSION:
             self.upgraded_from = migrate.upgrade(self._db, self.path, version)
-        self._db.executescript(f"BEGIN; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+        # Every open runs this, a restart on a full disk too: CREATE ... IF NOT EXISTS of what exists writes nothing,
+        # but setting user_version dirties page 1 even to the same value, and committing that needs room in the WAL.
+        bump = f"PRAGMA user_version = {SCHEMA_VERSION};" if version != SCHEMA_VERSION else ""
+        self._db.executescript(f"BEGIN; {SCHEMA} {bump} COMMIT;")
 
     def _verify(self) -> None:
         """Refuse to serve a corrupt file rather than repeat or lose what it says; quarantine a record that breaks the

@@ -5,6 +5,8 @@ The disk is a small tmpfs the test mounts, so it runs as root (as CI does) and s
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +14,9 @@ import pytest
 
 from supervisor.chaos.checks import all_events
 from supervisor.chaos.disk import DiskUnavailable, SmallDisk
-from tests.conftest import start_body, start_server, wait_until
+from supervisor.journal.statefiles import prepare_directory
+from supervisor.journal.store import Journal
+from tests.conftest import ROOT, start_body, start_server, wait_until
 
 KEY = {"Idempotency-Key": "key-1"}
 MiB = 1 << 20
@@ -71,3 +75,21 @@ def test_a_full_disk_refuses_admission_and_loses_no_admitted_job(disk: SmallDisk
         assert client.get("/jobs/big").json()["status"] == job["status"]
         assert client.get("/jobs/after").json()["status"] == "completed"
     again.stop()  # before the fixture unmounts the disk under it
+
+
+def test_a_journal_a_killed_supervisor_left_opens_on_a_full_disk(disk: SmallDisk) -> None:
+    """A restart after a SIGKILL finds the WAL it left; opening it must need no new space when nothing changed (every
+    open used to set user_version again, a WAL frame: "database or disk is full" on a full disk)."""
+    state = disk.path / "state"
+    prepare_directory(state)
+    path = state / "journal.db"
+    killed = "import os, sys; from pathlib import Path; from supervisor.journal.store import Journal\n"
+    killed += "Journal(Path(sys.argv[1]), 4)\nos._exit(9)"  # no close: a kill's WAL, never checkpointed
+    assert subprocess.run([sys.executable, "-c", killed, str(path)], cwd=ROOT, timeout=60).returncode == 9
+    assert path.with_name("journal.db-wal").exists()
+    assert disk.fill()
+    journal = Journal(path, 4)
+    try:
+        assert journal.reader.integrity() == "ok"
+    finally:
+        journal.close()

@@ -7,15 +7,18 @@ import contextlib
 import errno
 import os
 import subprocess
+import time
 from pathlib import Path
 
 FILLER = ".filler"  # hidden, beside the state directory: never a journal path
 CHUNK = 1 << 20
 PAGE = 4096
+EMPTY_SECONDS = 60.0  # how long the filler's space may take to come back once removed (16 s seen under load)
 
 
 class DiskUnavailable(RuntimeError):
-    """No small filesystem here (not root, or the kernel refused the mount): one line says which."""
+    """No small filesystem here (not root, or the kernel refused the mount), or its filler's space did not come back:
+    one line says which."""
 
 
 class SmallDisk:
@@ -56,12 +59,25 @@ class SmallDisk:
         return False
 
     def empty(self) -> None:
-        """Remove the filler: the space it held is back at once."""
-        (self.path / FILLER).unlink(missing_ok=True)
+        """Remove the filler; returns once the space it held is free again.
+
+        Not at once: under load the kernel has been seen to keep an unlinked filler's blocks for seconds (no
+        process held it), and a supervisor restarted meanwhile found its disk full, as no run of ours leaves it.
+        Half of it back is enough: nothing else can take that much so soon."""
+        try:
+            held = os.stat(self.path / FILLER).st_blocks * 512
+        except FileNotFoundError:
+            return
+        (self.path / FILLER).unlink()
+        deadline = time.monotonic() + EMPTY_SECONDS
+        while self.free_bytes < held // 2:
+            if time.monotonic() > deadline:
+                raise DiskUnavailable(f"the disk fault's {held >> 20} MiB were not free {EMPTY_SECONDS:g} s after")
+            time.sleep(0.01)
 
     def unmount(self) -> None:
         """Unmount (lazily if a process still holds a file there: it goes once they close)."""
-        self.empty()
+        (self.path / FILLER).unlink(missing_ok=True)  # no wait for its space: the whole disk goes
         with contextlib.suppress(subprocess.CalledProcessError):
             subprocess.run(["umount", str(self.path)], check=True, capture_output=True)
             return

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from supervisor.chaos.crews import Crews
 
+DEMO_REGISTRY = "worker.demo:registry"
+
 # Mid-run faults and their chance per tick of the load (the supervisor kill ends every iteration).
 RATES = {"worker": 0.05, "forkserver": 0.02, "freeze": 0.02, "disk": 0.02}
 ALL_FAULTS = ("supervisor", *RATES)
@@ -63,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a shell command that kills the supervisor at --url at once and brings it back on the same state",
     )
     parser.add_argument("--restart-seconds", type=float, default=300, help="how long it may take to be ready again")
-    parser.add_argument("--registry", default="worker.demo:registry", help="the crews to run (module:attr)")
+    parser.add_argument("--registry", default=DEMO_REGISTRY, help="the crews to run (module:attr)")
     parser.add_argument("--fast-crew", default=Crews.fast, help="a crew that completes at once")
     parser.add_argument("--fast-input", default=Crews.fast_input, metavar="JSON", help="its input (a JSON object)")
     parser.add_argument("--slow-crew", default=Crews.slow, help="a crew that takes a few seconds")
@@ -75,9 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--effects-crew",
-        default=Crews.effects,
-        help="a crew of several tasks with a tool call each (inputs marker, seconds), whose interrupted jobs are"
-        " resumed; '' for none",
+        default=None,
+        help=f"a crew of several tasks with a tool call each (inputs marker, seconds), whose interrupted jobs are"
+        f" resumed; '' for none (default: {Crews.effects} on the demo registry, none on another)",
     )
     parser.add_argument("--state", type=Path, default=None, help="a directory for the run (default: a temporary one)")
     parser.add_argument("--json", type=Path, default=None, help="write the report here as JSON")
@@ -107,10 +109,19 @@ def refusal(args: argparse.Namespace, chosen: list[str]) -> str | None:
         return "--restart-cmd is for a supervisor at --url; here chaos starts its own"
     if "disk" in chosen and not args.small_disk:
         return "the disk fault needs --small-disk MB (a tmpfs it can fill)"
-    crews = Crews(args.fast_crew, args.slow_crew, args.fast_input, args.slow_input, args.effects_crew)
+    crews = crews_of(args)
     for flag, slow in (("--fast-input", False), ("--slow-input", True)):
         try:
             crews.input(slow, 1)
         except ValueError as exc:  # orjson's JSONDecodeError is one
             return f"{flag} must be a JSON object ({{seconds}} where the seconds go): {exc}"
     return None
+
+
+def crews_of(args: argparse.Namespace) -> Crews:
+    """The crews the flags name. Effects jobs by default only on the demo registry: on another, the crews asked for
+    take every start (a registry of one's own has no ``demo-effects``, and a test's crews keep their share)."""
+    effects = args.effects_crew if args.effects_crew is not None else ""
+    if args.effects_crew is None and args.registry == DEMO_REGISTRY:
+        effects = Crews.effects
+    return Crews(args.fast_crew, args.slow_crew, args.fast_input, args.slow_input, effects)

@@ -25,7 +25,7 @@ from supervisor.chaos.checks import Findings, Seen, check_restart
 from supervisor.chaos.crews import Crews
 from supervisor.chaos.disk import DiskUnavailable, SmallDisk
 from supervisor.chaos.faults import Record
-from supervisor.chaos.flags import ALL_FAULTS, RATES, chosen_faults, refusal
+from supervisor.chaos.flags import ALL_FAULTS, RATES, chosen_faults, crews_of, refusal
 from supervisor.chaos.load import Load
 from supervisor.chaos.resume import resume_interrupted
 from supervisor.chaos.targets import Deployment, Local, RestartError
@@ -110,7 +110,7 @@ def _run(
     args: argparse.Namespace, seed: int, chosen: list[str], target: Local | Deployment, mid_run: dict[str, Fault]
 ) -> dict[str, Any]:
     rng = random.Random(seed)
-    crews = Crews(args.fast_crew, args.slow_crew, args.fast_input, args.slow_input, args.effects_crew)
+    crews = crews_of(args)
     with target.client(timeout=30) as client:  # a deployment may not serve the effects crew: its jobs are left out
         if crews.effects not in client.get("/health").json()["crews"]:
             crews = dataclasses.replace(crews, effects="")

@@ -283,7 +283,9 @@ BROKEN_FRAMES = {
     "truncated": struct.pack(">I", 100) + b'{"v": %d' % PROTOCOL_VERSION,
     "unknown-message": _frame(b'{"v":%d,"type":"launch"}' % PROTOCOL_VERSION),
     "old-version": _frame(b'{"v":0,"type":"chunk","channel":"x","data":{}}'),
-    "second-terminal": pack(Completed(output={"raw": "forged"})),
+    # Two at once: the worker's real answer cannot follow the first, since its task's TaskDone waits for a Recorded
+    # that no supervisor sends once it has a terminal message.
+    "second-terminal": pack(Completed(output={"raw": "forged"})) * 2,
     "forged-reason": pack(Failed("MemoryError", Reason.MEMORY_LIMIT_EXCEEDED, "forged", False)),  # ours to say
     # the worker's to say, but only before the crew's code runs: this is the crew blaming its sandbox
     "forged-sandbox": pack(Failed("PermissionError", Reason.SANDBOX_FAILED, "forged", False)),
@@ -305,7 +307,7 @@ class BreakerLLM(OfflineLLM):
         elif self.mode in BROKEN_FRAMES:
             os.write(EVENT_FD, BROKEN_FRAMES[self.mode])
             if self.mode == "second-terminal":
-                return super().call(messages, *args, **kwargs)  # then the real result follows
+                return super().call(messages, *args, **kwargs)
         time.sleep(HOUR)
         return "Final Answer: unreachable"
 

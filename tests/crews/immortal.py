@@ -38,7 +38,7 @@ def immortal() -> Crew:
     patched.__dict__.update(os.__dict__)
     patched._exit = refuse_exit  # type: ignore[attr-defined]
     lifecycle.os = patched  # type: ignore[attr-defined]
-    return stubborn()  # blocks in an LLM call, writing nothing that could fail on a dead pipe
+    return stubborn()  # blocks in an LLM call (once recorded), writing nothing that could fail on a dead pipe
 
 
 registry = {**one_registry, "immortal": immortal}

@@ -135,7 +135,7 @@ def test_a_good_deployment_is_ready(deployment: Deployment) -> None:
     budget = next(f for f in found if f["check"] == "llm budget")
     assert budget["detail"].startswith("per job: tokens unbounded (AIP_CREWAI_WORKER_MAX_TOKENS=0)")
     registry = next(f for f in found if f["check"] == "registry")
-    assert registry["detail"].startswith("worker.demo:registry: 5 of 5 crews build")
+    assert registry["detail"].startswith("worker.demo:registry: 6 of 6 crews build")
     warm = next(f for f in found if f["check"] == "warm-up")
     assert warm["status"] == "ok" and warm["detail"].startswith("warms CrewAI offline, openai, openai-compatible; ")
     # The cgroups probe removed what it made: no directory of the doctor's pid is left that was not there before.

@@ -11,6 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import httpx
 import orjson
 import psutil
 import pytest
@@ -42,6 +43,9 @@ def test_an_orphan_that_survived_a_crash_is_killed_at_restart(tmp_path: Path) ->
             if line == "event: started":
                 break
         pid = client.get("/jobs/orphan-1/events").json()["events"][0]["data"]["pid"]
+        # Its blocking LLM call under way, its ledger entry recorded: from here it writes nothing that could fail on
+        # the dead supervisor's pipe (SIGPIPE would end it, and no fencing would be seen).
+        assert wait_until(lambda: _calls(client) == ["running"], timeout=30)
     orphan = psutil.Process(pid)
     try:
         first.kill()
@@ -72,9 +76,15 @@ def _fenced_at_restart(state: Path, env: dict[str, str], evidence: Path, orphan:
         assert gone(pid), "restart did not kill the orphan"
         with second.client() as client:
             terminal = client.get("/jobs/orphan-1").json()["terminal"]
+            calls = _calls(client)
         assert terminal["uncertain_outcome"] is True and terminal["orphan_killed"] is True
+        assert calls == ["uncertain"]  # the call the fence cut off
     finally:
         second.stop()
+
+
+def _calls(client: httpx.Client) -> list[str]:
+    return [effect["status"] for effect in client.get("/jobs/orphan-1/effects").json()["effects"]]
 
 
 def test_a_reused_pid_is_never_signalled(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ NO_NEGATIVE_DATA = {
     "GET /workers",
     "GET /jobs/{action_id}/output",
     "GET /jobs/{action_id}/stack",
+    "GET /jobs/{action_id}/effects",
     "GET /metrics",
 }
 

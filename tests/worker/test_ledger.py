@@ -31,6 +31,7 @@ from supervisor.processes.reaper import Reaper
 from tests.conftest import wait_until, worker_env
 from tests.crews import effects, shapes
 from tests.crews.effects import EFFECTS_LOG, TOOL
+from tests.helpers.kickoff import comparable
 from tests.helpers.ledger import answered_to_the_end, answering
 from worker import resume
 from worker.lifecycle import EXIT_PROTOCOL
@@ -278,3 +279,24 @@ def test_a_task_output_over_the_event_bound_ends_the_tasks_done(tmp_path: Path) 
     bounded = job(tmp_path, "effects", inputs, {MAX_EVENT_BYTES: str(sizes[0])})
     assert [m.index for m in bounded if isinstance(m, TaskDone)] == [0]
     assert len(output(bounded)["tasks_output"]) == 4  # the run itself goes on
+
+
+def test_a_resume_restores_structured_outputs(tmp_path: Path) -> None:
+    """A task's ``pydantic`` comes back as its ``output_pydantic`` model, not a bare one: the run then ends as an
+    uninterrupted one does."""
+    first = job(tmp_path, "shape-structured", {})
+    done = [m for m in first if isinstance(m, TaskDone)]
+    for restored in (1, 2):
+        resumed = [m.output for m in done[:restored]]
+        second = job(tmp_path, "shape-structured", {}, resumed=resumed, fingerprint=done[0].fingerprint)
+        assert resumable(output(second)) == resumable(output(first))
+    unfit = [done[0].output, {**done[1].output, "pydantic": {"summary": "no score"}}]  # not a Verdict
+    refused = job(tmp_path, "shape-structured", {}, resumed=unfit, fingerprint=done[0].fingerprint)
+    assert [type(m) for m in refused] == [Hello, Building, Failed] and refused[-1].reason == Reason.CREW_CHANGED
+
+
+def resumable(output: dict[str, Any]) -> dict[str, Any]:
+    """What a resumed run gives as an uninterrupted one does: not the restored tasks' messages, nor their usage."""
+    tasks = [{key: value for key, value in task.items() if key != "messages"} for task in output["tasks_output"]]
+    kept = {key: value for key, value in comparable(output).items() if key != "token_usage"}
+    return {**kept, "tasks_output": tasks}

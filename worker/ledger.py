@@ -22,6 +22,7 @@ import contextvars
 import dataclasses
 import functools
 import hashlib
+import json
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -60,7 +61,8 @@ class _Ledger:
 
     def enter(self, make: Callable[[int], Message]) -> int:
         """Send the entry ``make(id)`` and wait until the supervisor has it. The waiter is registered before the
-        frame goes out, so an answer that comes before this thread waits is not lost."""
+        frame goes out, so an answer that comes before this thread waits is not lost. ``make`` only puts the id in
+        an entry built before (it cannot raise): an id taken is an id sent, else the next would come out of order."""
         recorded = threading.Event()
         with self.lock:
             self.last += 1
@@ -131,7 +133,16 @@ def booked(prompt: int, completion: int) -> None:
 
 
 def digest(arguments: Any) -> str:
-    return hashlib.sha256(orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS, default=str)).hexdigest()
+    """SHA-256 of ``arguments`` as compact JSON, keys sorted (as orjson writes them); of their ``repr`` where they are
+    no JSON (an int over 64 bits, say). Never raises: a call's entry is built from it."""
+    try:
+        text = orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str)
+    except Exception:
+        try:
+            text = repr(arguments).encode(errors="replace")
+        except Exception:  # crew code's __repr__ raised
+            text = type(arguments).__qualname__.encode()
+    return hashlib.sha256(text).hexdigest()
 
 
 def _wrap(cls: type, names: tuple[str, ...], effect: Effect, arguments: Arguments) -> None:
@@ -144,7 +155,11 @@ def _wrap(cls: type, names: tuple[str, ...], effect: Effect, arguments: Argument
 
 
 def _tool_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return args[0] if args else kwargs.get("input")  # invoke(input, config): a dict, or its JSON text
+    tool_input = args[0] if args else kwargs.get("input")  # invoke(input, config): a dict, or its JSON text
+    if isinstance(tool_input, str):  # as a dict, so the same arguments have the digest of the native path's
+        with contextlib.suppress(ValueError, RecursionError):
+            return json.loads(tool_input)  # as CrewAI reads a model's arguments (orjson makes a big int a float)
+    return tool_input
 
 
 def _tool_keywords(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -161,7 +176,7 @@ def _entry(method: Callable[..., Any], effect: Effect, arguments: Arguments) -> 
         ledger, active = _ledger, _active.get()
         if ledger is None or id(self) in active:
             return method(self, *args, **kwargs)
-        entry = ledger.enter(_started(effect, self, arguments(args, kwargs)))
+        entry = ledger.enter(_started(ledger, effect, self, arguments(args, kwargs)))
         with _running(ledger, entry, effect, active | {id(self)}):
             return method(self, *args, **kwargs)
 
@@ -176,7 +191,7 @@ def _async_entry(method: Callable[..., Any], effect: Effect, arguments: Argument
         if ledger is None or id(self) in active:
             return await method(self, *args, **kwargs)
         # The wait in a thread: the loop runs other tasks' calls meanwhile.
-        entry = await asyncio.to_thread(ledger.enter, _started(effect, self, arguments(args, kwargs)))
+        entry = await asyncio.to_thread(ledger.enter, _started(ledger, effect, self, arguments(args, kwargs)))
         with _running(ledger, entry, effect, active | {id(self)}):
             return await method(self, *args, **kwargs)
 
@@ -200,9 +215,12 @@ def _running(ledger: _Ledger, entry: int, effect: Effect, active: frozenset[int]
         _active.reset(marks[0])
 
 
-def _started(effect: Effect, owner: Any, arguments: Any) -> Callable[[int], Message]:
-    name = str(getattr(owner, "model" if effect == Effect.LLM else "name", ""))[:MAX_EFFECT_NAME_CHARS]
-    return lambda entry: EffectStarted(entry, effect, name, digest(arguments))
+def _started(ledger: _Ledger, effect: Effect, owner: Any, arguments: Any) -> Callable[[int], Message]:
+    """The call's entry, all but its id: built before the id is taken. The name masked, then cut (a secret cut in
+    two would pass the mask)."""
+    name = ledger.masked(str(getattr(owner, "model" if effect == Effect.LLM else "name", "")))[:MAX_EFFECT_NAME_CHARS]
+    summary = digest(arguments)
+    return lambda entry: EffectStarted(entry, effect, name, summary)
 
 
 def follow_tasks(crew: Any, fingerprint: str, done: int, max_bytes: int) -> None:

@@ -8,6 +8,9 @@ blocks until ``{marker}.release`` exists beside EFFECTS_LOG (a test waits for th
 the tool call; it creates the file before it resumes the run, whose input still says to hang there);
 ``fail_in_step``: that step's tool raises ``RuntimeError("tool failed at step n")``, writing nothing, which CrewAI
 hands the model as the tool's observation (the run goes on).
+
+``effects-large-number``: one task whose model calls the tool ``count`` with ``{"n": 10**20}``, arguments orjson
+cannot write (an int over 64 bits), then answers with what it observed.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ EFFECTS_LOG = "effects.log"  # in EVIDENCE_DIR, or the worker's cwd
 STEPS = 4
 TOOL = "record_effect"
 RELEASE_POLL_SECONDS = 0.05
+COUNT = "count"
+LARGE = 10**20  # over 64 bits
 
 
 class RecordEffect(BaseTool):
@@ -82,4 +87,19 @@ def _with_defaults(inputs: dict[str, Any] | None) -> dict[str, Any]:
     return {"marker": "run", "hang_in_step": 0, "fail_in_step": 0, **(inputs or {})}
 
 
-CREWS: dict[str, Callable[[], Crew]] = {"effects": effects}
+class Count(BaseTool):
+    name: str = COUNT
+    description: str = "Count to n."
+
+    def _run(self, n: int) -> str:
+        return f"counted to {n}"
+
+
+def effects_large_number() -> Crew:
+    llm = ScriptedLLM(model="offline-effects", script="tool", tool_names=[COUNT], tool_arguments={"n": LARGE})
+    agent = Agent(role="Counter", goal="Count", backstory="Patient.", tools=[Count()], llm=llm)
+    task = Task(description="Count to a large number.", expected_output="A count.", agent=agent)
+    return Crew(agents=[agent], tasks=[task])
+
+
+CREWS: dict[str, Callable[[], Crew]] = {"effects": effects, "effects-large-number": effects_large_number}

@@ -300,3 +300,16 @@ def resumable(output: dict[str, Any]) -> dict[str, Any]:
     tasks = [{key: value for key, value in task.items() if key != "messages"} for task in output["tasks_output"]]
     kept = {key: value for key, value in comparable(output).items() if key != "token_usage"}
     return {**kept, "tasks_output": tasks}
+
+
+def test_a_call_with_arguments_orjson_cannot_write_is_recorded(tmp_path: Path) -> None:
+    """Its digest is of their ``repr``: the call goes on, and the ids after it stay in order."""
+    messages = job(tmp_path, "effects-large-number", {})
+    entries = ledger(messages)
+    numbered = [m.id for m in entries if not isinstance(m, EffectEnded)]
+    assert numbered == list(range(1, len(numbered) + 1))
+    started = {m.id: m for m in entries if isinstance(m, EffectStarted)}
+    tools = [(started[end.id], end) for end in ends(entries) if started[end.id].effect == "tool"]
+    assert [(call.name, end.status) for call, end in tools] == [(effects.COUNT, "finished")]
+    assert len(tools[0][0].digest) == 64
+    assert f"counted to {effects.LARGE}" in output(messages)["raw"]

@@ -157,7 +157,7 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
     ledger.open_ledger(out.send, secrets)
     restored = len(start.resumed or ())
     if start.operation == Operation.RUN:
-        ledger.follow_tasks(crew, fingerprint, restored, lifecycle.settings.max_event_bytes)
+        ledger.follow_tasks(crew, fingerprint, start.resumed or [], lifecycle.settings.max_event_bytes)
     # As the job starts, not before the factory: a process CPU limit makes the kernel count the process's CPU clock
     # by ticks (its timer running), and a factory timing itself with process_time() read 0 ms of 2 (the bench's).
     lifecycle.bound_cpu()

@@ -32,6 +32,7 @@ import orjson
 from protocol import (
     MAX_EFFECT_ERROR_CHARS,
     MAX_EFFECT_NAME_CHARS,
+    MAX_RESUMED_BYTES,
     Effect,
     EffectEnded,
     EffectStarted,
@@ -86,6 +87,21 @@ class _Ledger:
             text = text.replace(secret, REDACTED)
         return text
 
+    def size(self, data: Any) -> int:
+        """The bytes of ``data`` (a decoded JSON value) as the supervisor stores it: compact JSON of it masked, each
+        string masked, a dict's keys included (not its JSON text: a secret holding ``"`` is escaped there)."""
+        return len(orjson.dumps(self._masked_data(data)))
+
+    def _masked_data(self, value: Any) -> Any:
+        # Recursion is safe: the data came through orjson (to_json, or a frame), which nests no deeper than 255.
+        if isinstance(value, str):
+            return self.masked(value)
+        if isinstance(value, list):
+            return [self._masked_data(item) for item in value]
+        if isinstance(value, dict):
+            return {self._masked_data(key): self._masked_data(item) for key, item in value.items()}
+        return value
+
     def end(self, entry: int, error: BaseException | None, usage: list[int] | None = None) -> None:
         prompt, completion = usage or (0, 0)
         if error is None:
@@ -106,7 +122,8 @@ def open_ledger(send: Callable[[Message], None], secrets: tuple[str, ...] = ()) 
     from crewai.tools.structured_tool import CrewStructuredTool
 
     global _ledger
-    _ledger = _Ledger(send, tuple(secret for secret in secrets if secret))
+    # Longest first, as the supervisor masks: a secret that holds another is replaced whole.
+    _ledger = _Ledger(send, tuple(sorted({secret for secret in secrets if secret}, key=len, reverse=True)))
     for cls in classes(BaseTool):
         _wrap(cls, ("run", "arun"), Effect.TOOL, _tool_keywords)
     _wrap(CrewStructuredTool, ("invoke", "ainvoke"), Effect.TOOL, _tool_input)
@@ -223,38 +240,41 @@ def _started(ledger: _Ledger, effect: Effect, owner: Any, arguments: Any) -> Cal
     return lambda entry: EffectStarted(entry, effect, name, summary)
 
 
-def follow_tasks(crew: Any, fingerprint: str, done: int, max_bytes: int) -> None:
-    """A ``TaskDone`` for each task of this ``run`` as it completes (``done``: the tasks a resume restored), sent
+def follow_tasks(crew: Any, fingerprint: str, resumed: list[dict[str, Any]], max_bytes: int) -> None:
+    """A ``TaskDone`` for each task of this ``run`` as it completes (``resumed``: the outputs a resume restored), sent
     from the thread that ran it, in the order of ``crew.tasks``: a task that completes before an earlier one (an
     async one) waits to be sent with it. Chained before any ``task_callback`` the crew set: CrewAI calls the crew's
     after the task's own, synchronously, once its output is set and before the next task starts.
 
-    An output larger than ``max_bytes`` (a frame the supervisor would refuse) is not sent, nor any after it: a resume
-    then runs again from that task. So is a task CrewAI skips (a ``ConditionalTask``: it gets no output)."""
+    An output larger than ``max_bytes`` (a frame the supervisor would refuse), or one that would bring the job's
+    outputs past ``MAX_RESUMED_BYTES`` (a resume could not send them), is not sent, nor any after it: a resume then
+    runs again from that task. So is a task CrewAI skips (a ``ConditionalTask``: it gets no output)."""
     theirs = crew.task_callback
     lock = threading.Lock()
-    state = {"next": done, "open": True}
+    ledger = _ledger
+    if ledger is None:  # called before open_ledger: no entry can be sent
+        raise RuntimeError("the ledger is not open")
+    state = {"next": len(resumed), "open": True, "bytes": sum(ledger.size(output) for output in resumed)}
 
     def task_done(output: Any) -> Any:
         with lock:
             while state["open"] and state["next"] < len(crew.tasks) and crew.tasks[state["next"]].output is not None:
-                state["open"] = _send_task(crew.tasks[state["next"]].output, state["next"], fingerprint, max_bytes)
-                state["next"] += 1
+                sent = _send_task(ledger, crew.tasks[state["next"]].output, state, fingerprint, max_bytes)
+                state["open"], state["next"] = sent, state["next"] + 1
         return theirs(output) if theirs is not None else None
 
     crew.task_callback = task_done
 
 
-def _send_task(output: Any, index: int, fingerprint: str, max_bytes: int) -> bool:
+def _send_task(ledger: _Ledger, output: Any, state: dict[str, Any], fingerprint: str, max_bytes: int) -> bool:
     from worker.operations import to_json
 
-    ledger = _ledger
-    if ledger is None:
-        return False
-    dumped = to_json(output)
+    dumped, index = to_json(output), state["next"]
     data = {name: dumped.get(name) for name in TASK_FIELDS}
-    if len(ledger.masked(orjson.dumps(data).decode()).encode()) > max_bytes:  # as the supervisor bounds it, masked
+    size = ledger.size(data)
+    if size > max_bytes or state["bytes"] + size > MAX_RESUMED_BYTES:
         return False
+    state["bytes"] += size
     ledger.enter(lambda entry: TaskDone(entry, index, data, fingerprint))
     return True
 

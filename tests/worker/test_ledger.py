@@ -13,6 +13,7 @@ import pytest
 
 from protocol import (
     MAX_EVENT_BYTES,
+    MAX_RESUMED_BYTES,
     Building,
     Completed,
     EffectEnded,
@@ -28,6 +29,7 @@ from protocol import (
 from supervisor.processes.launcher import SpawnLauncher
 from supervisor.processes.process import WorkerProcess
 from supervisor.processes.reaper import Reaper
+from supervisor.redaction import redact_data
 from tests.conftest import wait_until, worker_env
 from tests.crews import effects, shapes
 from tests.crews.effects import EFFECTS_LOG, TOOL
@@ -313,3 +315,35 @@ def test_a_call_with_arguments_orjson_cannot_write_is_recorded(tmp_path: Path) -
     assert [(call.name, end.status) for call, end in tools] == [(effects.COUNT, "finished")]
     assert len(tools[0][0].digest) == 64
     assert f"counted to {effects.LARGE}" in output(messages)["raw"]
+
+
+def test_the_tasks_done_stop_where_a_resume_could_not_send_them(tmp_path: Path) -> None:
+    """Restored outputs count: a task whose output would bring the job's past MAX_RESUMED_BYTES is not sent, nor any
+    after it; one that just fits is."""
+    first = job(tmp_path, "effects", {"marker": "m"})
+    done = [m for m in first if isinstance(m, TaskDone)]
+    sizes = [len(orjson.dumps(m.output)) for m in done]
+    for room, sent in ((sizes[2] - 1, []), (sizes[2], [2])):
+        # Two restored outputs, padded so that the third task's output has ``room`` left beside them.
+        pad = MAX_RESUMED_BYTES - room - sizes[0] - sizes[1]
+        resumed = [
+            {**done[0].output, "raw": done[0].output["raw"] + "x" * (pad // 2)},
+            {**done[1].output, "raw": done[1].output["raw"] + "x" * (pad - pad // 2)},
+        ]
+        (tmp_path / EFFECTS_LOG).unlink()
+        second = job(tmp_path, "effects", {"marker": "m"}, resumed=resumed, fingerprint=done[0].fingerprint)
+        assert [m.index for m in second if isinstance(m, TaskDone)] == sent
+        assert lines(tmp_path) == ["m step 3", "m step 4"]  # the run goes on (its output, with the padding, is
+        assert second[-1].reason == Reason.OUTPUT_TOO_LARGE  # too large: each later task's prompt quotes the last)
+
+
+def test_a_task_output_is_measured_masked_as_the_supervisor_measures_it(tmp_path: Path) -> None:
+    """Its secrets replaced in its strings, not in its JSON text (where a secret holding ``"`` is escaped)."""
+    secret, named = '"a"b"c"d', {"secret_names": ["LEDGER_SECRET"]}
+    env, inputs = {"LEDGER_SECRET": secret}, {"marker": secret, "fail_in_step": 1}
+    done = [m for m in job(tmp_path, "effects", inputs, env, **named) if isinstance(m, TaskDone)]
+    unmasked = len(orjson.dumps(done[0].output))
+    sizes = [len(orjson.dumps(redact_data(m.output, (secret,)))) for m in done]
+    assert sizes[0] < sizes[1] and sizes[0] < unmasked
+    bounded = job(tmp_path, "effects", inputs, {**env, MAX_EVENT_BYTES: str(sizes[0])}, **named)
+    assert [m.index for m in bounded if isinstance(m, TaskDone)] == [0]

@@ -46,6 +46,7 @@ TASK_FIELDS = ("description", "agent", "raw", "pydantic", "json_dict", "output_f
 Arguments = Callable[[tuple[Any, ...], dict[str, Any]], Any]  # what a call's digest is of, from its arguments
 _active: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("ledger_active", default=frozenset())
 _usage: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("ledger_usage", default=None)
+_call: contextvars.ContextVar[int | None] = contextvars.ContextVar("ledger_call", default=None)  # LLM's, under way
 
 
 @dataclasses.dataclass
@@ -149,6 +150,17 @@ def booked(prompt: int, completion: int) -> None:
         usage[1] += completion
 
 
+def held(limit: str) -> None:
+    """The LLM call under way here is held back by the job's budget (``spending``: its ``limit`` is spent) until the
+    job is stopped, never to return: its end said now, failed, so the ledger shows it went no further (the call was
+    not made, or its answer never reached the agent), rather than ``uncertain``."""
+    ledger, entry = _ledger, _call.get()
+    if ledger is not None and entry is not None:
+        prompt, completion = _usage.get() or (0, 0)
+        message = f"held back: the job's {limit} is spent"
+        ledger.send(EffectEnded(entry, EffectStatus.FAILED, "OverBudget", message, prompt, completion))
+
+
 def digest(arguments: Any) -> str:
     """SHA-256 of ``arguments`` as compact JSON, keys sorted (as orjson writes them); of their ``repr`` where they are
     no JSON (an int over 64 bits, say). Never raises: a call's entry is built from it."""
@@ -219,7 +231,8 @@ def _async_entry(method: Callable[..., Any], effect: Effect, arguments: Argument
 @contextlib.contextmanager
 def _running(ledger: _Ledger, entry: int, effect: Effect, active: frozenset[int]) -> Iterator[None]:
     """The call ``entry`` under way: its ``EffectEnded`` when it returns or raises, with what it booked."""
-    marks = _active.set(active), _usage.set([0, 0] if effect == Effect.LLM else None)
+    llm = effect == Effect.LLM
+    marks = _active.set(active), _usage.set([0, 0] if llm else None), _call.set(entry if llm else None)
     try:
         yield
     except BaseException as exc:
@@ -228,6 +241,7 @@ def _running(ledger: _Ledger, entry: int, effect: Effect, active: frozenset[int]
     else:
         ledger.end(entry, None, _usage.get())
     finally:
+        _call.reset(marks[2])
         _usage.reset(marks[1])
         _active.reset(marks[0])
 

@@ -118,7 +118,7 @@ def _reporting(book: Callable[..., None]) -> Callable[..., None]:
             job.send(Spent(str(getattr(self, "model", ""))[:MODEL_CHARS], prompt, completion, requests))
             crossed = job.crossed()
         if crossed:  # the supervisor stops the job on this Spent: the call never returns to its agent
-            _hold()
+            _hold("max_tokens")
 
     booked.reports = True  # type: ignore[attr-defined]
     return booked
@@ -141,9 +141,11 @@ def _before_call(context: Any) -> None:
             job.started += 1
             return
         job.send(OverBudget(spent))
-    _hold()
+    _hold(spent)
 
 
-def _hold() -> None:
-    """Until the supervisor's kill: nothing of this thread reaches a provider again."""
+def _hold(limit: str) -> None:
+    """Until the supervisor's kill: nothing of this thread reaches a provider again. The ledger says first that the
+    call under way goes no further."""
+    ledger.held(limit)
     threading.Event().wait()

@@ -22,6 +22,7 @@ from protocol import (
     Hello,
     Reason,
     Recorded,
+    Spent,
     Start,
     Started,
     TaskDone,
@@ -34,7 +35,7 @@ from tests.conftest import wait_until, worker_env
 from tests.crews import effects, shapes
 from tests.crews.effects import EFFECTS_LOG, TOOL
 from tests.helpers.kickoff import comparable
-from tests.helpers.ledger import answered_to_the_end, answering
+from tests.helpers.ledger import answered_to_the_end, answering, next_answered
 from worker import resume
 from worker.lifecycle import EXIT_PROTOCOL
 from worker.provider import URL_ENV, Provider
@@ -347,3 +348,28 @@ def test_a_task_output_is_measured_masked_as_the_supervisor_measures_it(tmp_path
     assert sizes[0] < sizes[1] and sizes[0] < unmasked
     bounded = job(tmp_path, "effects", inputs, {**env, MAX_EVENT_BYTES: str(sizes[0])}, **named)
     assert [m.index for m in bounded if isinstance(m, TaskDone)] == [0]
+
+
+def test_a_call_the_budget_holds_back_ends_failed(tmp_path: Path) -> None:
+    """The call that crossed the token budget, its answer held back until the job is stopped: its end says so (not
+    left running, which the supervisor makes uncertain), with what it booked."""
+
+    async def scenario() -> list[Any]:
+        worker = await launch(tmp_path, "effects", {"marker": "m"}, max_tokens=1)
+        try:
+            seen = [await next_answered(worker)]
+            while not isinstance(seen[-1], EffectEnded):
+                seen.append(await next_answered(worker))
+        finally:
+            await worker.kill()
+        return seen
+
+    messages = asyncio.run(scenario())
+    entries = ledger(messages)
+    assert [type(m) for m in entries] == [EffectStarted, EffectEnded] and entries[0].effect == "llm"
+    end = entries[-1]
+    assert (end.id, end.status, end.error_type) == (entries[0].id, "failed", "OverBudget")
+    assert end.error_message == "held back: the job's max_tokens is spent"
+    spent = next(m for m in messages if isinstance(m, Spent))
+    assert (end.prompt_tokens, end.completion_tokens) == (spent.prompt_tokens, spent.completion_tokens) != (0, 0)
+    assert lines(tmp_path) == []  # the answer never reached the agent: no tool call

@@ -132,9 +132,19 @@ def open_ledger(send: Callable[[Message], None], secrets: tuple[str, ...] = ()) 
         wrap_llm(cls)
 
 
-def wrap_llm(cls: type) -> None:
-    """Put the calls of the model class ``cls`` in the ledger (a class imported after ``open_ledger``: ``spending``)."""
-    _wrap(cls, ("call", "acall"), Effect.LLM, _messages)
+def wrap_llm(cls: type) -> bool:
+    """Put the calls of the model class ``cls`` in the ledger (a class imported after ``open_ledger``: ``spending``).
+    True: some were not (a call of it under way now is not)."""
+    return _wrap(cls, ("call", "acall"), Effect.LLM, _messages)
+
+
+def unwrapped_call(llm: Any, messages: Any) -> None:
+    """A call of ``llm`` under way, made before its class was wrapped (its hooks run inside it: no agent's): recorded
+    now, waited for, before it goes out; its end is not seen, so the supervisor makes it uncertain when the job ends.
+    Nothing if this thread's call is in the ledger already (an override calling a wrapped ``super().call``)."""
+    ledger = _ledger
+    if ledger is not None and _call.get() is None:
+        ledger.enter(_started(ledger, Effect.LLM, llm, messages))
 
 
 def recorded(entry: int) -> bool:
@@ -174,13 +184,16 @@ def digest(arguments: Any) -> str:
     return hashlib.sha256(text).hexdigest()
 
 
-def _wrap(cls: type, names: tuple[str, ...], effect: Effect, arguments: Arguments) -> None:
+def _wrap(cls: type, names: tuple[str, ...], effect: Effect, arguments: Arguments) -> bool:
+    wrapped = False
     for name in names:
         method = vars(cls).get(name)
         if method is None or getattr(method, "ledger", False) or getattr(method, "__isabstractmethod__", False):
             continue
         wrapper = _async_entry if asyncio.iscoroutinefunction(method) else _entry
         setattr(cls, name, wrapper(method, effect, arguments))
+        wrapped = True
+    return wrapped
 
 
 def _tool_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

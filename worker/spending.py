@@ -126,10 +126,13 @@ def _reporting(book: Callable[..., None]) -> Callable[..., None]:
 
 def _before_call(context: Any) -> None:
     """A before-LLM-call hook: takes the call's slot, or, once the budget is spent, says so and waits to be
-    stopped; and wraps the booking and the calls (the ledger's) of an LLM class imported since ``report``."""
-    cls = type(getattr(context, "llm", None))
-    _wrap(cls)
-    ledger.wrap_llm(cls)
+    stopped; and wraps the booking and the calls (the ledger's) of an LLM class imported since ``report``. An agent's
+    hooks run before its call, which then goes through the wrapper; a direct call's run inside it, already under way
+    unwrapped: the ledger records it here."""
+    llm = getattr(context, "llm", None)
+    _wrap(type(llm))
+    if ledger.wrap_llm(type(llm)) and getattr(context, "executor", None) is None:
+        ledger.unwrapped_call(llm, getattr(context, "messages", None))
     job = _job
     if job is None or not (job.max_tokens or job.max_llm_calls):
         return

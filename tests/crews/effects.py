@@ -11,6 +11,9 @@ hands the model as the tool's observation (the run goes on).
 
 ``effects-large-number``: one task whose model calls the tool ``count`` with ``{"n": 10**20}``, arguments orjson
 cannot write (an int over 64 bits), then answers with what it observed.
+
+``effects-late-model``: ``effects-large-number``, whose kickoff first calls a model of a class it defines then (after
+the ledger wrapped the classes it knew) directly, as crew code may: no agent's hooks before it, only its own inside.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from crewai import Agent, Crew, Task
+from crewai.llms.base_llm import BaseLLM
 from crewai.tools import BaseTool
 
 from tests.crews.base import _evidence
@@ -33,6 +37,7 @@ TOOL = "record_effect"
 RELEASE_POLL_SECONDS = 0.05
 COUNT = "count"
 LARGE = 10**20  # over 64 bits
+LATE_MODEL = "offline-late"
 
 
 class RecordEffect(BaseTool):
@@ -102,4 +107,24 @@ def effects_large_number() -> Crew:
     return Crew(agents=[agent], tasks=[task])
 
 
-CREWS: dict[str, Callable[[], Crew]] = {"effects": effects, "effects-large-number": effects_large_number}
+def effects_late_model() -> Crew:
+    crew = effects_large_number()
+    crew.before_kickoff_callbacks.append(_ask_a_late_model)
+    return crew
+
+
+def _ask_a_late_model(inputs: dict[str, Any] | None) -> dict[str, Any]:
+    class LateLLM(BaseLLM):
+        def call(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
+            self._invoke_before_llm_call_hooks(messages, None)  # as CrewAI's providers do in their call
+            return "Nothing."
+
+    LateLLM(model=LATE_MODEL).call([{"role": "user", "content": "Anything late?"}])
+    return inputs or {}
+
+
+CREWS: dict[str, Callable[[], Crew]] = {
+    "effects": effects,
+    "effects-large-number": effects_large_number,
+    "effects-late-model": effects_late_model,
+}

@@ -373,3 +373,13 @@ def test_a_call_the_budget_holds_back_ends_failed(tmp_path: Path) -> None:
     spent = next(m for m in messages if isinstance(m, Spent))
     assert (end.prompt_tokens, end.completion_tokens) == (spent.prompt_tokens, spent.completion_tokens) != (0, 0)
     assert lines(tmp_path) == []  # the answer never reached the agent: no tool call
+
+
+def test_a_direct_call_of_a_model_class_defined_late_is_recorded(tmp_path: Path) -> None:
+    """Its class is wrapped as its first call starts (inside that call): that call is recorded too, before it goes
+    out; its end is not seen."""
+    entries = ledger(job(tmp_path, "effects-late-model", {}))
+    first = entries[0]
+    assert isinstance(first, EffectStarted) and (first.id, first.effect, first.name) == (1, "llm", effects.LATE_MODEL)
+    assert first.id not in {end.id for end in ends(entries)}
+    assert [m.name for m in entries if isinstance(m, EffectStarted)].count(effects.LATE_MODEL) == 1

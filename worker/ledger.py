@@ -118,13 +118,19 @@ _ledger: _Ledger | None = None
 def open_ledger(send: Callable[[Message], None], secrets: tuple[str, ...] = ()) -> None:
     """From now on every tool and LLM call of the job is in the ledger. Once the job's crew is built: the classes
     of its tools and models are imported by then."""
+    global _ledger
+    # Longest first, as the supervisor masks: a secret that holds another is replaced whole.
+    _ledger = _Ledger(send, tuple(sorted({secret for secret in secrets if secret}, key=len, reverse=True)))
+    wrap_classes()
+
+
+def wrap_classes() -> None:
+    """Wrap the tool and model classes now imported: at ``open_ledger``, and again once the job builds another crew
+    (``batch_run``'s): a class its factory defines is a new one at each build."""
     from crewai.llms.base_llm import BaseLLM
     from crewai.tools import BaseTool
     from crewai.tools.structured_tool import CrewStructuredTool
 
-    global _ledger
-    # Longest first, as the supervisor masks: a secret that holds another is replaced whole.
-    _ledger = _Ledger(send, tuple(sorted({secret for secret in secrets if secret}, key=len, reverse=True)))
     for cls in classes(BaseTool):
         _wrap(cls, ("run", "arun"), Effect.TOOL, _tool_keywords)
     _wrap(CrewStructuredTool, ("invoke", "ainvoke"), Effect.TOOL, _tool_input)

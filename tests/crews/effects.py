@@ -14,6 +14,9 @@ cannot write (an int over 64 bits), then answers with what it observed.
 
 ``effects-late-model``: ``effects-large-number``, whose kickoff first calls a model of a class it defines then (after
 the ledger wrapped the classes it knew) directly, as crew code may: no agent's hooks before it, only its own inside.
+
+``effects-own-tool``: a crew whose factory defines its tool's class, overriding ``run``, which its kickoff calls
+directly (as CrewAI's native function-calling path does): each build is a class of its own.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ RELEASE_POLL_SECONDS = 0.05
 COUNT = "count"
 LARGE = 10**20  # over 64 bits
 LATE_MODEL = "offline-late"
+OWN_TOOL = "own_tool"
 
 
 class RecordEffect(BaseTool):
@@ -123,7 +127,25 @@ def _ask_a_late_model(inputs: dict[str, Any] | None) -> dict[str, Any]:
     return inputs or {}
 
 
+def effects_own_tool() -> Crew:
+    class OwnTool(BaseTool):
+        name: str = OWN_TOOL
+        description: str = "Answer."
+
+        def run(self, *args: Any, **kwargs: Any) -> Any:
+            return "answered"
+
+        def _run(self) -> str:
+            return "answered"
+
+    crew = effects_large_number()
+    own = OwnTool()
+    crew.before_kickoff_callbacks.append(lambda inputs: (own.run(), inputs or {})[1])
+    return crew
+
+
 CREWS: dict[str, Callable[[], Crew]] = {
+    "effects-own-tool": effects_own_tool,
     "effects": effects,
     "effects-large-number": effects_large_number,
     "effects-late-model": effects_late_model,

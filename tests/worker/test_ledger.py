@@ -48,7 +48,7 @@ async def launch(
     tmp: Path, crew: str, inputs: dict[str, Any], env: dict[str, str] | None = None, **start: Any
 ) -> WorkerProcess:
     worker = await SpawnLauncher(Reaper()).spawn({**worker_env(tmp), **(env or {})}, str(tmp))  # cwd: effects.log
-    worker.send(Start("job-1", crew, "run", inputs, 600_000, **start))
+    worker.send(Start("job-1", crew, start.pop("operation", "run"), inputs, 600_000, **start))
     return worker
 
 
@@ -383,3 +383,9 @@ def test_a_direct_call_of_a_model_class_defined_late_is_recorded(tmp_path: Path)
     assert isinstance(first, EffectStarted) and (first.id, first.effect, first.name) == (1, "llm", effects.LATE_MODEL)
     assert first.id not in {end.id for end in ends(entries)}
     assert [m.name for m in entries if isinstance(m, EffectStarted)].count(effects.LATE_MODEL) == 1
+
+
+def test_a_tool_class_each_build_defines_is_recorded_in_each_crew_of_a_batch(tmp_path: Path) -> None:
+    messages = job(tmp_path, "effects-own-tool", {"inputs": [{}, {}]}, operation="batch_run")
+    own = [m for m in ledger(messages) if isinstance(m, EffectStarted) and m.name == effects.OWN_TOOL]
+    assert len(own) == 2

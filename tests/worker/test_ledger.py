@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +129,9 @@ def test_each_call_is_recorded_before_it_runs_and_each_task_once_done(tmp_path: 
         ("RuntimeError", "tool failed at step 3")
     }
     assert [end.status for _, end in tools if end.status != "failed"] == ["finished"] * 3
+    # A tool's digest is of its arguments as one JSON object (docs/reconcile-and-resume.md, step 3).
+    text = "step 1 of the m run, hanging in step 0, failing in step 3."
+    assert tools[0][0].digest == arguments_digest({"text": text})
 
     llms = [(started[end.id], end) for end in ends(entries) if started[end.id].effect == "llm"]
     assert len(llms) == 8 and all(call.name == "offline-effects" and end.status == "finished" for call, end in llms)
@@ -153,6 +158,10 @@ async def quiet(worker: WorkerProcess, seconds: float) -> list[Any]:
             while True:
                 said.append(await worker.next_message())
     return said
+
+
+def arguments_digest(arguments: Any) -> str:
+    return hashlib.sha256(orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 def ends(entries: list[Any]) -> list[EffectEnded]:
@@ -268,6 +277,9 @@ def test_native_tool_calls_and_provider_calls_are_recorded(tmp_path: Path, provi
     assert answered == ["word_stats"]
     assert [started[end.id].name for end in ends(entries) if started[end.id].effect == "tool"] == answered
     assert all(end.status == "finished" for end in ends(entries))
+    asked = [c["function"]["arguments"] for m in provider.calls[-2].messages for c in m.get("tool_calls") or ()]
+    tools = [started[end.id].digest for end in ends(entries) if started[end.id].effect == "tool"]
+    assert tools == [arguments_digest(json.loads(arguments)) for arguments in asked]  # as on the ReAct path
     llms = [end for end in ends(entries) if started[end.id].effect == "llm"]
     usage = output(messages)["token_usage"]
     assert sum(end.prompt_tokens + end.completion_tokens for end in llms) == usage["total_tokens"] > 0

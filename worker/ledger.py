@@ -9,7 +9,9 @@ its LLM hooks never see a call that raised. So the ledger wraps, once the job's 
 - a tool's ``run``/``arun`` (``BaseTool`` and each subclass defining them: the native function-calling path calls
   them) and ``CrewStructuredTool.invoke``/``ainvoke`` (the ReAct text path: it calls the tool's ``_run`` itself);
 - a model's ``call``/``acall`` (each ``BaseLLM`` subclass defining them; ``spending`` wraps a class imported later
-  as its first call starts, and tells the ledger what each call booked: its tokens).
+  as its first call starts, recording that call if it is already under way, and tells the ledger what each call
+  booked: its tokens, and a call the budget holds back).
+Classes are wrapped again when the job builds another crew (``batch_run``): a factory may define its own.
 A call made inside a call of the same object (an override calling ``super()``, a model retrying itself) is the one
 call. ``id``s count from 1 per job, taken and sent under one lock so they reach the supervisor in order.
 """

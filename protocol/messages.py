@@ -17,6 +17,10 @@ PROTOCOL_VERSION = 10
 MAX_STACK_BYTES = 256 * 1024
 STACK_CUT = "(outer calls cut)\n"  # begins a stack cut to its innermost calls (``innermost``)
 MAX_NAME_CHARS = 200  # of a thread's name in a ``Stacks``: the crew names its threads
+# What the completed tasks' outputs of a job may add up to (each as ``len(orjson.dumps(output))``, masked as the
+# supervisor masks a decoded value: each secret replaced in each string): a resume sends them all in one ``Start``
+# frame, beside its input (at most 1 MiB, as admission bounds it) and the rest of the message (64 KiB).
+MAX_RESUMED_BYTES = MAX_FRAME_BYTES - 1024 * 1024 - 64 * 1024
 THREAD_BYTES = 64  # what a thread costs of MAX_STACK_BYTES beside its name and stack: its id, its keys
 
 
@@ -222,8 +226,11 @@ class TaskDone(Message):
     (``description``, ``agent``, ``raw``, ``pydantic``, ``json_dict``, ``output_format``), and the crew's
     ``fingerprint``. Waited for (``Recorded(id)``) before the next task starts, so a resume never runs it again.
     Sent in the order of ``crew.tasks``, each index once, a resumed run's from its first task not restored on (an async
-    task that completes before an earlier one waits for it). None for a task CrewAI skips (a ``ConditionalTask``) or
-    whose output is over the job's ``MAX_EVENT_BYTES``, nor for any task after it: a resume runs again from there."""
+    task that completes before an earlier one waits for it). None for a task CrewAI skips (a ``ConditionalTask``), or
+    whose output is over the job's ``MAX_EVENT_BYTES``, or would bring the outputs of the job's tasks (a resume's
+    restored ones included) past ``MAX_RESUMED_BYTES``, nor for any task after it: a resume runs again from there.
+    Sizes as the supervisor measures them: ``len(orjson.dumps(output))`` of the output masked (each secret replaced
+    in each string of it, a dict's keys included)."""
 
     kind: ClassVar[str] = "task_done"
     id: int

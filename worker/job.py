@@ -157,14 +157,14 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
     ledger.open_ledger(out.send, secrets)
     restored = len(start.resumed or ())
     if start.operation == Operation.RUN:
-        ledger.follow_tasks(crew, fingerprint, restored, lifecycle.settings.max_event_bytes)
+        ledger.follow_tasks(crew, fingerprint, start.resumed or [], lifecycle.settings.max_event_bytes)
     # As the job starts, not before the factory: a process CPU limit makes the kernel count the process's CPU clock
     # by ticks (its timer running), and a factory timing itself with process_time() read 0 ms of 2 (the bench's).
     lifecycle.bound_cpu()
     out.send(Started())
     # Work that may have had effects leaves its outcome uncertain; a read-only query has none.
     effects = start.operation not in READ_ONLY_OPERATIONS
-    fresh = functools.partial(registry.build, start.crew_id, entry)
+    fresh = functools.partial(_fresh, start.crew_id, entry)
     work = Work(crew, start.input, out.send, fresh, start.job_id, secrets, restored)
     try:
         output = bounded(await operation(work))
@@ -196,6 +196,13 @@ def resumed(start: Start, crew: Any, fingerprint: str) -> Failed | None:
             "CrewChanged", Reason.CREW_CHANGED, f"crew {start.crew_id}: the resumed outputs are no tasks'", False
         )
     return None
+
+
+def _fresh(crew_id: str, entry: Any) -> Any:
+    """Another crew for the job (``batch_run``'s), its classes in the ledger."""
+    crew = registry.build(crew_id, entry)
+    ledger.wrap_classes()
+    return crew
 
 
 def secrets_of(start: Start) -> tuple[str, ...]:

@@ -9,7 +9,9 @@ its LLM hooks never see a call that raised. So the ledger wraps, once the job's 
 - a tool's ``run``/``arun`` (``BaseTool`` and each subclass defining them: the native function-calling path calls
   them) and ``CrewStructuredTool.invoke``/``ainvoke`` (the ReAct text path: it calls the tool's ``_run`` itself);
 - a model's ``call``/``acall`` (each ``BaseLLM`` subclass defining them; ``spending`` wraps a class imported later
-  as its first call starts, and tells the ledger what each call booked: its tokens).
+  as its first call starts, recording that call if it is already under way, and tells the ledger what each call
+  booked: its tokens, and a call the budget holds back).
+Classes are wrapped again when the job builds another crew (``batch_run``): a factory may define its own.
 A call made inside a call of the same object (an override calling ``super()``, a model retrying itself) is the one
 call. ``id``s count from 1 per job, taken and sent under one lock so they reach the supervisor in order.
 """
@@ -22,6 +24,7 @@ import contextvars
 import dataclasses
 import functools
 import hashlib
+import json
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,6 +34,7 @@ import orjson
 from protocol import (
     MAX_EFFECT_ERROR_CHARS,
     MAX_EFFECT_NAME_CHARS,
+    MAX_RESUMED_BYTES,
     Effect,
     EffectEnded,
     EffectStarted,
@@ -44,6 +48,7 @@ TASK_FIELDS = ("description", "agent", "raw", "pydantic", "json_dict", "output_f
 Arguments = Callable[[tuple[Any, ...], dict[str, Any]], Any]  # what a call's digest is of, from its arguments
 _active: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("ledger_active", default=frozenset())
 _usage: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("ledger_usage", default=None)
+_call: contextvars.ContextVar[int | None] = contextvars.ContextVar("ledger_call", default=None)  # LLM's, under way
 
 
 @dataclasses.dataclass
@@ -60,7 +65,8 @@ class _Ledger:
 
     def enter(self, make: Callable[[int], Message]) -> int:
         """Send the entry ``make(id)`` and wait until the supervisor has it. The waiter is registered before the
-        frame goes out, so an answer that comes before this thread waits is not lost."""
+        frame goes out, so an answer that comes before this thread waits is not lost. ``make`` only puts the id in
+        an entry built before (it cannot raise): an id taken is an id sent, else the next would come out of order."""
         recorded = threading.Event()
         with self.lock:
             self.last += 1
@@ -84,6 +90,21 @@ class _Ledger:
             text = text.replace(secret, REDACTED)
         return text
 
+    def size(self, data: Any) -> int:
+        """The bytes of ``data`` (a decoded JSON value) as the supervisor stores it: compact JSON of it masked, each
+        string masked, a dict's keys included (not its JSON text: a secret holding ``"`` is escaped there)."""
+        return len(orjson.dumps(self._masked_data(data)))
+
+    def _masked_data(self, value: Any) -> Any:
+        # Recursion is safe: the data came through orjson (to_json, or a frame), which nests no deeper than 255.
+        if isinstance(value, str):
+            return self.masked(value)
+        if isinstance(value, list):
+            return [self._masked_data(item) for item in value]
+        if isinstance(value, dict):
+            return {self._masked_data(key): self._masked_data(item) for key, item in value.items()}
+        return value
+
     def end(self, entry: int, error: BaseException | None, usage: list[int] | None = None) -> None:
         prompt, completion = usage or (0, 0)
         if error is None:
@@ -99,12 +120,19 @@ _ledger: _Ledger | None = None
 def open_ledger(send: Callable[[Message], None], secrets: tuple[str, ...] = ()) -> None:
     """From now on every tool and LLM call of the job is in the ledger. Once the job's crew is built: the classes
     of its tools and models are imported by then."""
+    global _ledger
+    # Longest first, as the supervisor masks: a secret that holds another is replaced whole.
+    _ledger = _Ledger(send, tuple(sorted({secret for secret in secrets if secret}, key=len, reverse=True)))
+    wrap_classes()
+
+
+def wrap_classes() -> None:
+    """Wrap the tool and model classes now imported: at ``open_ledger``, and again once the job builds another crew
+    (``batch_run``'s): a class its factory defines is a new one at each build."""
     from crewai.llms.base_llm import BaseLLM
     from crewai.tools import BaseTool
     from crewai.tools.structured_tool import CrewStructuredTool
 
-    global _ledger
-    _ledger = _Ledger(send, tuple(secret for secret in secrets if secret))
     for cls in classes(BaseTool):
         _wrap(cls, ("run", "arun"), Effect.TOOL, _tool_keywords)
     _wrap(CrewStructuredTool, ("invoke", "ainvoke"), Effect.TOOL, _tool_input)
@@ -112,9 +140,19 @@ def open_ledger(send: Callable[[Message], None], secrets: tuple[str, ...] = ()) 
         wrap_llm(cls)
 
 
-def wrap_llm(cls: type) -> None:
-    """Put the calls of the model class ``cls`` in the ledger (a class imported after ``open_ledger``: ``spending``)."""
-    _wrap(cls, ("call", "acall"), Effect.LLM, _messages)
+def wrap_llm(cls: type) -> bool:
+    """Put the calls of the model class ``cls`` in the ledger (a class imported after ``open_ledger``: ``spending``).
+    True: some were not (a call of it under way now is not)."""
+    return _wrap(cls, ("call", "acall"), Effect.LLM, _messages)
+
+
+def unwrapped_call(llm: Any, messages: Any) -> None:
+    """A call of ``llm`` under way, made before its class was wrapped (its hooks run inside it: no agent's): recorded
+    now, waited for, before it goes out; its end is not seen, so the supervisor makes it uncertain when the job ends.
+    Nothing if this thread's call is in the ledger already (an override calling a wrapped ``super().call``)."""
+    ledger = _ledger
+    if ledger is not None and _call.get() is None:
+        ledger.enter(_started(ledger, Effect.LLM, llm, messages))
 
 
 def recorded(entry: int) -> bool:
@@ -130,21 +168,48 @@ def booked(prompt: int, completion: int) -> None:
         usage[1] += completion
 
 
+def held(limit: str) -> None:
+    """The LLM call under way here is held back by the job's budget (``spending``: its ``limit`` is spent) until the
+    job is stopped, never to return: its end said now, failed, so the ledger shows it went no further (the call was
+    not made, or its answer never reached the agent), rather than ``uncertain``."""
+    ledger, entry = _ledger, _call.get()
+    if ledger is not None and entry is not None:
+        prompt, completion = _usage.get() or (0, 0)
+        message = f"held back: the job's {limit} is spent"
+        ledger.send(EffectEnded(entry, EffectStatus.FAILED, "OverBudget", message, prompt, completion))
+
+
 def digest(arguments: Any) -> str:
-    return hashlib.sha256(orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS, default=str)).hexdigest()
+    """SHA-256 of ``arguments`` as compact JSON, keys sorted (as orjson writes them); of their ``repr`` where they are
+    no JSON (an int over 64 bits, say). Never raises: a call's entry is built from it."""
+    try:
+        text = orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str)
+    except Exception:
+        try:
+            text = repr(arguments).encode(errors="replace")
+        except Exception:  # crew code's __repr__ raised
+            text = type(arguments).__qualname__.encode()
+    return hashlib.sha256(text).hexdigest()
 
 
-def _wrap(cls: type, names: tuple[str, ...], effect: Effect, arguments: Arguments) -> None:
+def _wrap(cls: type, names: tuple[str, ...], effect: Effect, arguments: Arguments) -> bool:
+    wrapped = False
     for name in names:
         method = vars(cls).get(name)
         if method is None or getattr(method, "ledger", False) or getattr(method, "__isabstractmethod__", False):
             continue
         wrapper = _async_entry if asyncio.iscoroutinefunction(method) else _entry
         setattr(cls, name, wrapper(method, effect, arguments))
+        wrapped = True
+    return wrapped
 
 
 def _tool_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return args[0] if args else kwargs.get("input")  # invoke(input, config): a dict, or its JSON text
+    tool_input = args[0] if args else kwargs.get("input")  # invoke(input, config): a dict, or its JSON text
+    if isinstance(tool_input, str):  # as a dict, so the same arguments have the digest of the native path's
+        with contextlib.suppress(ValueError, RecursionError):
+            return json.loads(tool_input)  # as CrewAI reads a model's arguments (orjson makes a big int a float)
+    return tool_input
 
 
 def _tool_keywords(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -161,7 +226,7 @@ def _entry(method: Callable[..., Any], effect: Effect, arguments: Arguments) -> 
         ledger, active = _ledger, _active.get()
         if ledger is None or id(self) in active:
             return method(self, *args, **kwargs)
-        entry = ledger.enter(_started(effect, self, arguments(args, kwargs)))
+        entry = ledger.enter(_started(ledger, effect, self, arguments(args, kwargs)))
         with _running(ledger, entry, effect, active | {id(self)}):
             return method(self, *args, **kwargs)
 
@@ -176,7 +241,7 @@ def _async_entry(method: Callable[..., Any], effect: Effect, arguments: Argument
         if ledger is None or id(self) in active:
             return await method(self, *args, **kwargs)
         # The wait in a thread: the loop runs other tasks' calls meanwhile.
-        entry = await asyncio.to_thread(ledger.enter, _started(effect, self, arguments(args, kwargs)))
+        entry = await asyncio.to_thread(ledger.enter, _started(ledger, effect, self, arguments(args, kwargs)))
         with _running(ledger, entry, effect, active | {id(self)}):
             return await method(self, *args, **kwargs)
 
@@ -187,7 +252,8 @@ def _async_entry(method: Callable[..., Any], effect: Effect, arguments: Argument
 @contextlib.contextmanager
 def _running(ledger: _Ledger, entry: int, effect: Effect, active: frozenset[int]) -> Iterator[None]:
     """The call ``entry`` under way: its ``EffectEnded`` when it returns or raises, with what it booked."""
-    marks = _active.set(active), _usage.set([0, 0] if effect == Effect.LLM else None)
+    llm = effect == Effect.LLM
+    marks = _active.set(active), _usage.set([0, 0] if llm else None), _call.set(entry if llm else None)
     try:
         yield
     except BaseException as exc:
@@ -196,47 +262,54 @@ def _running(ledger: _Ledger, entry: int, effect: Effect, active: frozenset[int]
     else:
         ledger.end(entry, None, _usage.get())
     finally:
+        _call.reset(marks[2])
         _usage.reset(marks[1])
         _active.reset(marks[0])
 
 
-def _started(effect: Effect, owner: Any, arguments: Any) -> Callable[[int], Message]:
-    name = str(getattr(owner, "model" if effect == Effect.LLM else "name", ""))[:MAX_EFFECT_NAME_CHARS]
-    return lambda entry: EffectStarted(entry, effect, name, digest(arguments))
+def _started(ledger: _Ledger, effect: Effect, owner: Any, arguments: Any) -> Callable[[int], Message]:
+    """The call's entry, all but its id: built before the id is taken. The name masked, then cut (a secret cut in
+    two would pass the mask)."""
+    name = ledger.masked(str(getattr(owner, "model" if effect == Effect.LLM else "name", "")))[:MAX_EFFECT_NAME_CHARS]
+    summary = digest(arguments)
+    return lambda entry: EffectStarted(entry, effect, name, summary)
 
 
-def follow_tasks(crew: Any, fingerprint: str, done: int, max_bytes: int) -> None:
-    """A ``TaskDone`` for each task of this ``run`` as it completes (``done``: the tasks a resume restored), sent
+def follow_tasks(crew: Any, fingerprint: str, resumed: list[dict[str, Any]], max_bytes: int) -> None:
+    """A ``TaskDone`` for each task of this ``run`` as it completes (``resumed``: the outputs a resume restored), sent
     from the thread that ran it, in the order of ``crew.tasks``: a task that completes before an earlier one (an
     async one) waits to be sent with it. Chained before any ``task_callback`` the crew set: CrewAI calls the crew's
     after the task's own, synchronously, once its output is set and before the next task starts.
 
-    An output larger than ``max_bytes`` (a frame the supervisor would refuse) is not sent, nor any after it: a resume
-    then runs again from that task. So is a task CrewAI skips (a ``ConditionalTask``: it gets no output)."""
+    An output larger than ``max_bytes`` (a frame the supervisor would refuse), or one that would bring the job's
+    outputs past ``MAX_RESUMED_BYTES`` (a resume could not send them), is not sent, nor any after it: a resume then
+    runs again from that task. So is a task CrewAI skips (a ``ConditionalTask``: it gets no output)."""
     theirs = crew.task_callback
     lock = threading.Lock()
-    state = {"next": done, "open": True}
+    ledger = _ledger
+    if ledger is None:  # called before open_ledger: no entry can be sent
+        raise RuntimeError("the ledger is not open")
+    state = {"next": len(resumed), "open": True, "bytes": sum(ledger.size(output) for output in resumed)}
 
     def task_done(output: Any) -> Any:
         with lock:
             while state["open"] and state["next"] < len(crew.tasks) and crew.tasks[state["next"]].output is not None:
-                state["open"] = _send_task(crew.tasks[state["next"]].output, state["next"], fingerprint, max_bytes)
-                state["next"] += 1
+                sent = _send_task(ledger, crew.tasks[state["next"]].output, state, fingerprint, max_bytes)
+                state["open"], state["next"] = sent, state["next"] + 1
         return theirs(output) if theirs is not None else None
 
     crew.task_callback = task_done
 
 
-def _send_task(output: Any, index: int, fingerprint: str, max_bytes: int) -> bool:
+def _send_task(ledger: _Ledger, output: Any, state: dict[str, Any], fingerprint: str, max_bytes: int) -> bool:
     from worker.operations import to_json
 
-    ledger = _ledger
-    if ledger is None:
-        return False
-    dumped = to_json(output)
+    dumped, index = to_json(output), state["next"]
     data = {name: dumped.get(name) for name in TASK_FIELDS}
-    if len(ledger.masked(orjson.dumps(data).decode()).encode()) > max_bytes:  # as the supervisor bounds it, masked
+    size = ledger.size(data)
+    if size > max_bytes or state["bytes"] + size > MAX_RESUMED_BYTES:
         return False
+    state["bytes"] += size
     ledger.enter(lambda entry: TaskDone(entry, index, data, fingerprint))
     return True
 

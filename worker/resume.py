@@ -53,20 +53,28 @@ def refusal(crew_id: str, crew: Any, resumed: list[dict[str, Any]], was: str, no
 
 
 def restore(crew: Any, resumed: list[dict[str, Any]]) -> None:
-    """Give back each completed task's output; the kickoff then starts at the first task without one."""
+    """Give back each completed task's output; the kickoff then starts at the first task without one. Raises
+    ValueError (pydantic's ValidationError) for an output no task of this crew gives."""
     from crewai.tasks.task_output import TaskOutput
 
     for task, output in zip(crew.tasks, resumed, strict=False):
-        task.output = TaskOutput(**output)
+        task.output = TaskOutput(**{**output, "pydantic": _structured(task, output.get("pydantic"))})
     crew.checkpoint_kickoff_event_id = RESUMED_KICKOFF
 
 
+def _structured(task: Any, dumped: Any) -> Any:
+    """A task's ``pydantic`` output as its own model: TaskOutput declares a bare ``BaseModel``, which would take the
+    dumped dict as a model with no fields (whose dump is ``{}``, and whose ``str()`` fails)."""
+    model = getattr(task, "output_pydantic", None)
+    return None if model is None or dumped is None else model.model_validate(dumped)
+
+
 def settle(crew: Any, restored: int) -> None:
-    """After the kickoff: the restored outputs as the tasks now are (interpolated, so as an uninterrupted run gives
-    them), and in CrewAI's latest-kickoff store with the others, so ``replay`` finds the whole kickoff (CrewAI's
-    ``_store_execution_log``: it stores only the tasks it runs). Their ``messages`` are not kept: a resume has them
-    not."""
+    """After the kickoff: the restored outputs as the tasks now are (interpolated, and named as CrewAI names a
+    task's output, its name or else its description, so as an uninterrupted run gives them), and in CrewAI's
+    latest-kickoff store with the others, so ``replay`` finds the whole kickoff (CrewAI's ``_store_execution_log``:
+    it stores only the tasks it runs). Their ``messages`` are not kept: a resume has them not."""
     for index, task in enumerate(crew.tasks[:restored]):
         output = task.output
-        output.name, output.expected_output = task.name, task.expected_output
+        output.name, output.expected_output = task.name or task.description, task.expected_output
         crew._store_execution_log(task, output, index)

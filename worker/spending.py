@@ -118,7 +118,7 @@ def _reporting(book: Callable[..., None]) -> Callable[..., None]:
             job.send(Spent(str(getattr(self, "model", ""))[:MODEL_CHARS], prompt, completion, requests))
             crossed = job.crossed()
         if crossed:  # the supervisor stops the job on this Spent: the call never returns to its agent
-            _hold()
+            _hold("max_tokens")
 
     booked.reports = True  # type: ignore[attr-defined]
     return booked
@@ -126,10 +126,13 @@ def _reporting(book: Callable[..., None]) -> Callable[..., None]:
 
 def _before_call(context: Any) -> None:
     """A before-LLM-call hook: takes the call's slot, or, once the budget is spent, says so and waits to be
-    stopped; and wraps the booking and the calls (the ledger's) of an LLM class imported since ``report``."""
-    cls = type(getattr(context, "llm", None))
-    _wrap(cls)
-    ledger.wrap_llm(cls)
+    stopped; and wraps the booking and the calls (the ledger's) of an LLM class imported since ``report``. An agent's
+    hooks run before its call, which then goes through the wrapper; a direct call's run inside it, already under way
+    unwrapped: the ledger records it here."""
+    llm = getattr(context, "llm", None)
+    _wrap(type(llm))
+    if ledger.wrap_llm(type(llm)) and getattr(context, "executor", None) is None:
+        ledger.unwrapped_call(llm, getattr(context, "messages", None))
     job = _job
     if job is None or not (job.max_tokens or job.max_llm_calls):
         return
@@ -141,9 +144,11 @@ def _before_call(context: Any) -> None:
             job.started += 1
             return
         job.send(OverBudget(spent))
-    _hold()
+    _hold(spent)
 
 
-def _hold() -> None:
-    """Until the supervisor's kill: nothing of this thread reaches a provider again."""
+def _hold(limit: str) -> None:
+    """Until the supervisor's kill: nothing of this thread reaches a provider again. The ledger says first that the
+    call under way goes no further."""
+    ledger.held(limit)
     threading.Event().wait()

@@ -8,6 +8,15 @@ blocks until ``{marker}.release`` exists beside EFFECTS_LOG (a test waits for th
 the tool call; it creates the file before it resumes the run, whose input still says to hang there);
 ``fail_in_step``: that step's tool raises ``RuntimeError("tool failed at step n")``, writing nothing, which CrewAI
 hands the model as the tool's observation (the run goes on).
+
+``effects-large-number``: one task whose model calls the tool ``count`` with ``{"n": 10**20}``, arguments orjson
+cannot write (an int over 64 bits), then answers with what it observed.
+
+``effects-late-model``: ``effects-large-number``, whose kickoff first calls a model of a class it defines then (after
+the ledger wrapped the classes it knew) directly, as crew code may: no agent's hooks before it, only its own inside.
+
+``effects-own-tool``: a crew whose factory defines its tool's class, overriding ``run``, which its kickoff calls
+directly (as CrewAI's native function-calling path does): each build is a class of its own.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from crewai import Agent, Crew, Task
+from crewai.llms.base_llm import BaseLLM
 from crewai.tools import BaseTool
 
 from tests.crews.base import _evidence
@@ -28,6 +38,10 @@ EFFECTS_LOG = "effects.log"  # in EVIDENCE_DIR, or the worker's cwd
 STEPS = 4
 TOOL = "record_effect"
 RELEASE_POLL_SECONDS = 0.05
+COUNT = "count"
+LARGE = 10**20  # over 64 bits
+LATE_MODEL = "offline-late"
+OWN_TOOL = "own_tool"
 
 
 class RecordEffect(BaseTool):
@@ -82,4 +96,57 @@ def _with_defaults(inputs: dict[str, Any] | None) -> dict[str, Any]:
     return {"marker": "run", "hang_in_step": 0, "fail_in_step": 0, **(inputs or {})}
 
 
-CREWS: dict[str, Callable[[], Crew]] = {"effects": effects}
+class Count(BaseTool):
+    name: str = COUNT
+    description: str = "Count to n."
+
+    def _run(self, n: int) -> str:
+        return f"counted to {n}"
+
+
+def effects_large_number() -> Crew:
+    llm = ScriptedLLM(model="offline-effects", script="tool", tool_names=[COUNT], tool_arguments={"n": LARGE})
+    agent = Agent(role="Counter", goal="Count", backstory="Patient.", tools=[Count()], llm=llm)
+    task = Task(description="Count to a large number.", expected_output="A count.", agent=agent)
+    return Crew(agents=[agent], tasks=[task])
+
+
+def effects_late_model() -> Crew:
+    crew = effects_large_number()
+    crew.before_kickoff_callbacks.append(_ask_a_late_model)
+    return crew
+
+
+def _ask_a_late_model(inputs: dict[str, Any] | None) -> dict[str, Any]:
+    class LateLLM(BaseLLM):
+        def call(self, messages: Any, *args: Any, **kwargs: Any) -> Any:
+            self._invoke_before_llm_call_hooks(messages, None)  # as CrewAI's providers do in their call
+            return "Nothing."
+
+    LateLLM(model=LATE_MODEL).call([{"role": "user", "content": "Anything late?"}])
+    return inputs or {}
+
+
+def effects_own_tool() -> Crew:
+    class OwnTool(BaseTool):
+        name: str = OWN_TOOL
+        description: str = "Answer."
+
+        def run(self, *args: Any, **kwargs: Any) -> Any:
+            return "answered"
+
+        def _run(self) -> str:
+            return "answered"
+
+    crew = effects_large_number()
+    own = OwnTool()
+    crew.before_kickoff_callbacks.append(lambda inputs: (own.run(), inputs or {})[1])
+    return crew
+
+
+CREWS: dict[str, Callable[[], Crew]] = {
+    "effects-own-tool": effects_own_tool,
+    "effects": effects,
+    "effects-large-number": effects_large_number,
+    "effects-late-model": effects_late_model,
+}

@@ -55,6 +55,7 @@ class ScriptedLLM(OfflineLLM):
 
     script: str = "plain"
     tool_names: list[str] = Field(default_factory=list)
+    tool_arguments: dict[str, Any] | None = None  # each tool's, for ``tool``; None: the task's text as ``text``
     coworkers: list[str] = Field(default_factory=list)
 
     def supports_function_calling(self) -> bool:
@@ -102,7 +103,8 @@ class ScriptedLLM(OfflineLLM):
         if query := _QUERY.match(messages[-1]["content"]):  # CrewAI rewriting a task into a knowledge query
             return query.group(1)
         if self.script == "tool" and len(observations) < len(self.tool_names):
-            return _action(self.tool_names[len(observations)], {"text": task.group(1) if task else prompt})
+            arguments = self.tool_arguments or {"text": task.group(1) if task else prompt}
+            return _action(self.tool_names[len(observations)], arguments)
         if self.script == "manager" and len(observations) < len(self.coworkers):
             arguments = {
                 "task": task.group(1) if task else "Do the work.",

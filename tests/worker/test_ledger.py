@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import pytest
 
 from protocol import (
     MAX_EVENT_BYTES,
+    MAX_RESUMED_BYTES,
     Building,
     Completed,
     EffectEnded,
@@ -21,6 +24,7 @@ from protocol import (
     Hello,
     Reason,
     Recorded,
+    Spent,
     Start,
     Started,
     TaskDone,
@@ -28,10 +32,12 @@ from protocol import (
 from supervisor.processes.launcher import SpawnLauncher
 from supervisor.processes.process import WorkerProcess
 from supervisor.processes.reaper import Reaper
+from supervisor.redaction import redact_data
 from tests.conftest import wait_until, worker_env
 from tests.crews import effects, shapes
 from tests.crews.effects import EFFECTS_LOG, TOOL
-from tests.helpers.ledger import answered_to_the_end, answering
+from tests.helpers.kickoff import comparable
+from tests.helpers.ledger import answered_to_the_end, answering, next_answered
 from worker import resume
 from worker.lifecycle import EXIT_PROTOCOL
 from worker.provider import URL_ENV, Provider
@@ -44,7 +50,7 @@ async def launch(
     tmp: Path, crew: str, inputs: dict[str, Any], env: dict[str, str] | None = None, **start: Any
 ) -> WorkerProcess:
     worker = await SpawnLauncher(Reaper()).spawn({**worker_env(tmp), **(env or {})}, str(tmp))  # cwd: effects.log
-    worker.send(Start("job-1", crew, "run", inputs, 600_000, **start))
+    worker.send(Start("job-1", crew, start.pop("operation", "run"), inputs, 600_000, **start))
     return worker
 
 
@@ -123,6 +129,9 @@ def test_each_call_is_recorded_before_it_runs_and_each_task_once_done(tmp_path: 
         ("RuntimeError", "tool failed at step 3")
     }
     assert [end.status for _, end in tools if end.status != "failed"] == ["finished"] * 3
+    # A tool's digest is of its arguments as one JSON object (docs/reconcile-and-resume.md, step 3).
+    text = "step 1 of the m run, hanging in step 0, failing in step 3."
+    assert tools[0][0].digest == arguments_digest({"text": text})
 
     llms = [(started[end.id], end) for end in ends(entries) if started[end.id].effect == "llm"]
     assert len(llms) == 8 and all(call.name == "offline-effects" and end.status == "finished" for call, end in llms)
@@ -149,6 +158,10 @@ async def quiet(worker: WorkerProcess, seconds: float) -> list[Any]:
             while True:
                 said.append(await worker.next_message())
     return said
+
+
+def arguments_digest(arguments: Any) -> str:
+    return hashlib.sha256(orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 def ends(entries: list[Any]) -> list[EffectEnded]:
@@ -264,6 +277,9 @@ def test_native_tool_calls_and_provider_calls_are_recorded(tmp_path: Path, provi
     assert answered == ["word_stats"]
     assert [started[end.id].name for end in ends(entries) if started[end.id].effect == "tool"] == answered
     assert all(end.status == "finished" for end in ends(entries))
+    asked = [c["function"]["arguments"] for m in provider.calls[-2].messages for c in m.get("tool_calls") or ()]
+    tools = [started[end.id].digest for end in ends(entries) if started[end.id].effect == "tool"]
+    assert tools == [arguments_digest(json.loads(arguments)) for arguments in asked]  # as on the ReAct path
     llms = [end for end in ends(entries) if started[end.id].effect == "llm"]
     usage = output(messages)["token_usage"]
     assert sum(end.prompt_tokens + end.completion_tokens for end in llms) == usage["total_tokens"] > 0
@@ -278,3 +294,110 @@ def test_a_task_output_over_the_event_bound_ends_the_tasks_done(tmp_path: Path) 
     bounded = job(tmp_path, "effects", inputs, {MAX_EVENT_BYTES: str(sizes[0])})
     assert [m.index for m in bounded if isinstance(m, TaskDone)] == [0]
     assert len(output(bounded)["tasks_output"]) == 4  # the run itself goes on
+
+
+def test_a_resume_restores_structured_outputs(tmp_path: Path) -> None:
+    """A task's ``pydantic`` comes back as its ``output_pydantic`` model, not a bare one: the run then ends as an
+    uninterrupted one does."""
+    first = job(tmp_path, "shape-structured", {})
+    done = [m for m in first if isinstance(m, TaskDone)]
+    for restored in (1, 2):
+        resumed = [m.output for m in done[:restored]]
+        second = job(tmp_path, "shape-structured", {}, resumed=resumed, fingerprint=done[0].fingerprint)
+        assert resumable(output(second)) == resumable(output(first))
+    unfit = [done[0].output, {**done[1].output, "pydantic": {"summary": "no score"}}]  # not a Verdict
+    refused = job(tmp_path, "shape-structured", {}, resumed=unfit, fingerprint=done[0].fingerprint)
+    assert [type(m) for m in refused] == [Hello, Building, Failed] and refused[-1].reason == Reason.CREW_CHANGED
+
+
+def resumable(output: dict[str, Any]) -> dict[str, Any]:
+    """What a resumed run gives as an uninterrupted one does: not the restored tasks' messages, nor their usage."""
+    tasks = [{key: value for key, value in task.items() if key != "messages"} for task in output["tasks_output"]]
+    kept = {key: value for key, value in comparable(output).items() if key != "token_usage"}
+    return {**kept, "tasks_output": tasks}
+
+
+def test_a_call_with_arguments_orjson_cannot_write_is_recorded(tmp_path: Path) -> None:
+    """Its digest is of their ``repr``: the call goes on, and the ids after it stay in order."""
+    messages = job(tmp_path, "effects-large-number", {})
+    entries = ledger(messages)
+    numbered = [m.id for m in entries if not isinstance(m, EffectEnded)]
+    assert numbered == list(range(1, len(numbered) + 1))
+    started = {m.id: m for m in entries if isinstance(m, EffectStarted)}
+    tools = [(started[end.id], end) for end in ends(entries) if started[end.id].effect == "tool"]
+    assert [(call.name, end.status) for call, end in tools] == [(effects.COUNT, "finished")]
+    assert len(tools[0][0].digest) == 64
+    assert f"counted to {effects.LARGE}" in output(messages)["raw"]
+
+
+def test_the_tasks_done_stop_where_a_resume_could_not_send_them(tmp_path: Path) -> None:
+    """Restored outputs count: a task whose output would bring the job's past MAX_RESUMED_BYTES is not sent, nor any
+    after it; one that just fits is."""
+    first = job(tmp_path, "effects", {"marker": "m"})
+    done = [m for m in first if isinstance(m, TaskDone)]
+    sizes = [len(orjson.dumps(m.output)) for m in done]
+    for room, sent in ((sizes[2] - 1, []), (sizes[2], [2])):
+        # Two restored outputs, padded so that the third task's output has ``room`` left beside them.
+        pad = MAX_RESUMED_BYTES - room - sizes[0] - sizes[1]
+        resumed = [
+            {**done[0].output, "raw": done[0].output["raw"] + "x" * (pad // 2)},
+            {**done[1].output, "raw": done[1].output["raw"] + "x" * (pad - pad // 2)},
+        ]
+        (tmp_path / EFFECTS_LOG).unlink()
+        second = job(tmp_path, "effects", {"marker": "m"}, resumed=resumed, fingerprint=done[0].fingerprint)
+        assert [m.index for m in second if isinstance(m, TaskDone)] == sent
+        assert lines(tmp_path) == ["m step 3", "m step 4"]  # the run goes on (its output, with the padding, is
+        assert second[-1].reason == Reason.OUTPUT_TOO_LARGE  # too large: each later task's prompt quotes the last)
+
+
+def test_a_task_output_is_measured_masked_as_the_supervisor_measures_it(tmp_path: Path) -> None:
+    """Its secrets replaced in its strings, not in its JSON text (where a secret holding ``"`` is escaped)."""
+    secret, named = '"a"b"c"d', {"secret_names": ["LEDGER_SECRET"]}
+    env, inputs = {"LEDGER_SECRET": secret}, {"marker": secret, "fail_in_step": 1}
+    done = [m for m in job(tmp_path, "effects", inputs, env, **named) if isinstance(m, TaskDone)]
+    unmasked = len(orjson.dumps(done[0].output))
+    sizes = [len(orjson.dumps(redact_data(m.output, (secret,)))) for m in done]
+    assert sizes[0] < sizes[1] and sizes[0] < unmasked
+    bounded = job(tmp_path, "effects", inputs, {**env, MAX_EVENT_BYTES: str(sizes[0])}, **named)
+    assert [m.index for m in bounded if isinstance(m, TaskDone)] == [0]
+
+
+def test_a_call_the_budget_holds_back_ends_failed(tmp_path: Path) -> None:
+    """The call that crossed the token budget, its answer held back until the job is stopped: its end says so (not
+    left running, which the supervisor makes uncertain), with what it booked."""
+
+    async def scenario() -> list[Any]:
+        worker = await launch(tmp_path, "effects", {"marker": "m"}, max_tokens=1)
+        try:
+            seen = [await next_answered(worker)]
+            while not isinstance(seen[-1], EffectEnded):
+                seen.append(await next_answered(worker))
+        finally:
+            await worker.kill()
+        return seen
+
+    messages = asyncio.run(scenario())
+    entries = ledger(messages)
+    assert [type(m) for m in entries] == [EffectStarted, EffectEnded] and entries[0].effect == "llm"
+    end = entries[-1]
+    assert (end.id, end.status, end.error_type) == (entries[0].id, "failed", "OverBudget")
+    assert end.error_message == "held back: the job's max_tokens is spent"
+    spent = next(m for m in messages if isinstance(m, Spent))
+    assert (end.prompt_tokens, end.completion_tokens) == (spent.prompt_tokens, spent.completion_tokens) != (0, 0)
+    assert lines(tmp_path) == []  # the answer never reached the agent: no tool call
+
+
+def test_a_direct_call_of_a_model_class_defined_late_is_recorded(tmp_path: Path) -> None:
+    """Its class is wrapped as its first call starts (inside that call): that call is recorded too, before it goes
+    out; its end is not seen."""
+    entries = ledger(job(tmp_path, "effects-late-model", {}))
+    first = entries[0]
+    assert isinstance(first, EffectStarted) and (first.id, first.effect, first.name) == (1, "llm", effects.LATE_MODEL)
+    assert first.id not in {end.id for end in ends(entries)}
+    assert [m.name for m in entries if isinstance(m, EffectStarted)].count(effects.LATE_MODEL) == 1
+
+
+def test_a_tool_class_each_build_defines_is_recorded_in_each_crew_of_a_batch(tmp_path: Path) -> None:
+    messages = job(tmp_path, "effects-own-tool", {"inputs": [{}, {}]}, operation="batch_run")
+    own = [m for m in ledger(messages) if isinstance(m, EffectStarted) and m.name == effects.OWN_TOOL]
+    assert len(own) == 2

@@ -37,6 +37,7 @@ from protocol.frames import (
 from protocol.messages import (
     LANDLOCK_ABI,
     MAX_NAME_CHARS,
+    MAX_RESUMED_BYTES,
     MAX_STACK_BYTES,
     PROTOCOL_VERSION,
     STACK_CUT,
@@ -97,6 +98,7 @@ __all__ = [
     "MAX_EVENT_BYTES",
     "MAX_FRAME_BYTES",
     "MAX_NAME_CHARS",
+    "MAX_RESUMED_BYTES",
     "MAX_STACK_BYTES",
     "NOT_A_FACTORY",
     "PLACES",

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from supervisor.models import StartRequest
-from tests.supervisor.jobs.harness import DEADLINE, TOKEN, Core, core, in_loop
+from tests.supervisor.jobs.harness import DEADLINE, TOKEN, Core, core, identity, in_loop
 
 
 def ledger(it: Core, action_id: str = "job") -> list[tuple[int, str, str, str]]:
@@ -190,3 +190,42 @@ async def test_an_archived_record_takes_its_ledger_with_it(tmp_path: Path) -> No
         assert rows(it, "SELECT (SELECT count(*) FROM effects) + (SELECT count(*) FROM tasks_done)") == [(0,)]
         async with it.http() as client:
             assert (await client.get("/jobs/job/effects")).status_code == 404
+
+
+@in_loop
+async def test_task_outputs_past_what_a_resume_carries_are_a_protocol_fault(tmp_path: Path) -> None:
+    # Each under MAX_EVENT_BYTES; twelve fit MAX_RESUMED_BYTES (3 MiB), the thirteenth would not.
+    async with core(tmp_path) as it:
+        await it.start(["started", *(f"task:{index}:250000" for index in range(13)), "hang"])
+        event, data = await it.settled()
+        assert event == "failed" and data["reason"] == "protocol_error", data
+        assert "completed task 12: the job's task outputs would take over" in data["message"]
+        assert it.journal.reader.tasks_completed("job") == 12
+
+
+def blocked_writing(pid: int) -> bool:
+    """The process waits in a write to a full pipe (its kernel's word for where it sleeps)."""
+    return Path(f"/proc/{pid}/wchan").read_text().endswith("pipe_write")
+
+
+@in_loop
+async def test_a_worker_that_does_not_wait_for_its_tasks_answers_is_held_back_by_their_commits(tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    async with core(tmp_path) as it:
+        await it.start(["started", "await-go", "flood:1000:100", "hang"], go=str(go))
+        await it.running()
+        # Another process holds the journal's write lock: no task commits, so the relay takes no further frame and
+        # the worker's writes soon find its pipe full (before: the relay queued each task in the writer's memory).
+        with contextlib.closing(sqlite3.connect(it.journal.path, isolation_level=None)) as db:
+            db.execute("BEGIN IMMEDIATE")
+            go.touch()
+            pid, _ = identity(it)
+            async with asyncio.timeout(DEADLINE):
+                while not blocked_writing(pid):
+                    await asyncio.sleep(0.005)
+            assert it.journal.reader.tasks_completed("job") == 0
+            db.execute("ROLLBACK")
+        async with asyncio.timeout(DEADLINE):  # once the lock is free, every task commits in turn
+            while it.journal.reader.tasks_completed("job") < 1000:
+                await asyncio.sleep(0.005)
+        await it.cancel()

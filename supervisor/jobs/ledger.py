@@ -12,8 +12,6 @@ limit."""
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import logging
 from collections.abc import Callable
 
 import orjson
@@ -41,7 +39,6 @@ from supervisor.redaction import redact
 
 MAX_DIGEST_CHARS = 128  # a SHA-256 in hex is 64; room for a prefix naming the hash, none for anything else
 ENDED = (EffectStatus.FINISHED, EffectStatus.FAILED)  # what a worker may say of a call's end
-log = logging.getLogger("crew_supervisor.jobs")
 LedgerFrame = EffectStarted | EffectEnded | TaskDone
 Fault = tuple[str, str]  # a protocol fault: its reason and message
 
@@ -119,7 +116,7 @@ class Ledger:
         secrets = self.job.secrets
         error = (redact(message.error_type, secrets) or None, redact(message.error_message, secrets) or None)
         ending = Ending(message.id, message.status, *error, message.prompt_tokens, message.completion_tokens)
-        self.writes.end(self.job.action_id, ending).future.add_done_callback(self._lost)
+        self.writes.end(self.job.action_id, ending)
         return None
 
     async def _task(self, message: TaskDone) -> Fault | None:
@@ -157,8 +154,3 @@ class Ledger:
         done = asyncio.wrap_future(written.future)
         done.add_done_callback(durable)
         return done
-
-    def _lost(self, done: concurrent.futures.Future[None]) -> None:
-        """An end the journal failed: the call reads ``uncertain`` once the job ends, which is honest."""
-        if not done.cancelled() and (exc := done.exception()) is not None:
-            log.error("a call's end was not recorded: %s", exc, extra={"action_id": self.job.action_id})

@@ -34,7 +34,7 @@ def journal_of_two(path: Path) -> None:
     journal.append("a", "started", {})
     journal.append("a", "chunk", {})
     journal.ledger.start("a", Entry(1, "tool", "search", "d1")).wait()
-    journal.ledger.end("a", Ending(1, "finished", None, None, 0, 0)).wait()
+    journal.ledger.end("a", Ending(1, "finished", None, None, 0, 0))  # committed with the next write
     journal.ledger.task_done("a", 0, "fingerprint", b"{}").wait()
     journal.ledger.start("a", Entry(3, "llm", "model", "d3")).wait()
     journal.finish("a", "completed", {}, streams=Streams("out", "", 3, 0)).wait()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from supervisor.jobs.fencing import fence_restored
 from supervisor.journal.ledger import Ending, Entry
-from supervisor.journal.records import Job
+from supervisor.journal.records import Job, TaskRecord
 from supervisor.journal.store import Journal
 from supervisor.journal.writer import GROUP_SECONDS
 
@@ -109,5 +109,25 @@ def test_an_end_waits_for_the_events_group_and_lands_before_its_jobs_end(path: P
         flushed(journal)
         assert statuses(journal, "a") == [(1, "finished", True), (2, "failed", True)]
         assert journal.reader.inconsistent() == []
+    finally:
+        journal.close()
+
+
+def test_a_resume_copies_the_tasks_it_is_given_and_none_of_a_job_archived_meanwhile(path: Path) -> None:
+    journal = Journal(path, checkpoint_events=1)
+    try:
+        for old in ("a", "b"):
+            journal.admit(Job(old, "demo", "run", "hash", "running", 0), b"{}").wait()
+            for index in (0, 1):
+                journal.ledger.task_done(old, index, "fingerprint", b'{"raw": "done"}').wait()
+            journal.finish(old, "failed", {}).wait()
+        copied = journal.admit(Job("a-r1", "demo", "run", "hash", "running", 0), b"{}", ("a", 2)).wait()
+        assert copied == [TaskRecord(0, "fingerprint", {"raw": "done"}), TaskRecord(1, "fingerprint", {"raw": "done"})]
+        assert journal.reader.was_resumed("a") and journal.reader.resumed_by("a") == "a-r1"
+        # Admission read b's two tasks; a retention archived b before the write: its worker is given none, as its
+        # record holds none, and no mark is left of a job no longer there.
+        assert journal.archive("b").wait() == ["b"]
+        assert journal.admit(Job("b-r1", "demo", "run", "hash", "running", 0), b"{}", ("b", 2)).wait() == []
+        assert journal.reader.tasks_completed("b-r1") == 0 and not journal.reader.was_resumed("b")
     finally:
         journal.close()

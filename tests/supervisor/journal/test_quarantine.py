@@ -45,7 +45,7 @@ def journal_of_two(path: Path) -> None:
 def rows(path: Path, action_id: str, prefix: str = "") -> dict[str, list[tuple[Any, ...]]]:
     with contextlib.closing(sqlite3.connect(path)) as db:
         return {
-            table: db.execute(f"SELECT * FROM {prefix}{table} WHERE action_id = ? ORDER BY 2", (action_id,)).fetchall()
+            table: sorted(db.execute(f"SELECT * FROM {prefix}{table} WHERE action_id = ?", (action_id,)), key=str)
             for table in MIRRORED
         }
 

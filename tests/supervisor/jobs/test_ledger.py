@@ -101,8 +101,8 @@ async def test_a_call_is_durable_before_its_worker_hears_so_and_uncertain_once_i
 @in_loop
 async def test_a_tasks_output_is_kept_masked_for_a_resume(tmp_path: Path) -> None:
     async with core(tmp_path) as it:
-        await it.start(["started", "task:0", "task:1", "complete"])
-        assert (await it.settled())[0] == "completed"
+        await it.start(["started", "task:0", "task:1", "fail"])
+        assert (await it.settled())[0] == "failed"
         # The row as a resume reads it (another module's read).
         done = rows(it, "SELECT task_index, fingerprint, output FROM tasks_done WHERE action_id = 'job' ORDER BY 1")
     assert [(index, fingerprint) for index, fingerprint, _ in done] == [(0, "fingerprint"), (1, "fingerprint")]
@@ -229,3 +229,14 @@ async def test_a_worker_that_does_not_wait_for_its_tasks_answers_is_held_back_by
             while it.journal.reader.tasks_completed("job") < 1000:
                 await asyncio.sleep(0.005)
         await it.cancel()
+
+
+@in_loop
+async def test_a_completed_run_keeps_its_tasks_count_but_not_what_only_a_resume_reads(tmp_path: Path) -> None:
+    async with core(tmp_path) as it:
+        await it.start(["started", "task:0", "task:1", "complete"])
+        assert (await it.settled())[0] == "completed"
+        done = rows(it, "SELECT task_index, fingerprint, output FROM tasks_done WHERE action_id = 'job' ORDER BY 1")
+        assert done == [(0, "fingerprint", b""), (1, "fingerprint", b"")]  # its output holds them
+        assert rows(it, "SELECT count(*) FROM inputs") == [(0,)]
+        assert it.journal.reader.tasks_completed("job") == 2

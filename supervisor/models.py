@@ -268,8 +268,8 @@ class InputError(ValueError):
 
 
 def request_hash(body: StartRequest, key: str, resumed_from: str | None = None) -> str:
-    """What fences an action id: its request material and key, and for a resume the job it continues (so that a
-    start of the same material is not taken for it, nor a resume of another job)."""
+    """What fences an action id: its request material and key, and for a resume the job it continues in place of its
+    input (so that a start of the same material is not taken for it, nor a resume of another job)."""
     material = {
         "crew_id": body.crew_id,
         "action_id": body.action_id,
@@ -278,8 +278,9 @@ def request_hash(body: StartRequest, key: str, resumed_from: str | None = None) 
         "timeout_ms": body.timeout_ms,
         "idempotency_key": key,
     }
-    if resumed_from is not None:
+    if resumed_from is not None:  # its input is the job's it continues, not the client's: that job names it
         material["resumed_from"] = resumed_from
+        del material["input"]
     return hashlib.sha256(canonical(material)).hexdigest()
 
 

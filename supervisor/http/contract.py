@@ -96,7 +96,7 @@ async def resume(
     runs a crew."""
     streamed = "text/event-stream" in request.headers.get("accept", "")
     resume_after = last_event_id(last_id) if streamed else None
-    find(sup, action_id)
+    checked(action_id)  # whether the job is there is the facade's to say: a repeat is answered its job regardless
     job = await sup.resume(action_id, body, key)
     if not streamed:
         return await answer(sup, job, body.timeout_ms)
@@ -191,9 +191,13 @@ async def answer(sup: Supervisor, job: Job, timeout_ms: int) -> Response:
     return JSONResponse({"detail": detail, **view(sup, job)}, 409 if job.status == Status.CANCELLED else 502)
 
 
-def find(sup: Supervisor, action_id: str) -> Job:
+def checked(action_id: str) -> None:
     if problem := path_id_problem(action_id):
         raise HTTPException(422, problem)
+
+
+def find(sup: Supervisor, action_id: str) -> Job:
+    checked(action_id)
     job = sup.job(action_id)
     if job is None:
         if sup.quarantined(action_id) is not None:  # kept aside, not served: its rows disagreed (docs/operating.md)

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from protocol import Operation
+from protocol import MAX_RESUMED_BYTES, Operation
 from supervisor.config import Settings
 from supervisor.escaping import ident
 from supervisor.jobs.crew_disk import CrewDisk
@@ -71,7 +71,8 @@ class ResumeUnknown(Refused):
 
 
 class NotResumable(Refused):
-    """The job a resume names cannot be continued: it runs, it completed, it is no ``run``, or it was resumed."""
+    """The job a resume names cannot be continued: it runs, it completed, it is no ``run``, it was resumed, its
+    input was not kept, or its completed tasks would not fit a ``Start``."""
 
 
 class JournalFull(Refused):
@@ -192,9 +193,21 @@ class Admission:
             raise NotResumable(f"job {ident(old_id)} is still running: cancel it, or wait for its end, first")
         if old.status == Status.COMPLETED:
             raise NotResumable(f"job {ident(old_id)} completed: nothing to resume")
-        if (by := self._resuming.get(old_id) or self.journal.reader.resumed_by(old_id)) is not None:
+        reader = self.journal.reader
+        if (by := self._resuming.get(old_id) or reader.resumed_by(old_id)) is not None:
             raise NotResumable(f"job {ident(old_id)} was already resumed as job {ident(by)}")
-        return self.journal.reader.tasks_done(old_id)
+        if reader.was_resumed(old_id):
+            raise NotResumable(f"job {ident(old_id)} was already resumed, by a job since archived")
+        if reader.input(old_id) is None:
+            raise NotResumable(f"job {ident(old_id)}'s input was not kept (admitted before this version)")
+        tasks = reader.tasks_done(old_id)
+        # A worker's ledger never holds more (supervisor/jobs/ledger.py): only a journal changed by hand does.
+        if (size := sum(len(orjson.dumps(task.output)) for task in tasks)) > MAX_RESUMED_BYTES:
+            raise NotResumable(
+                f"job {ident(old_id)}'s completed tasks take {size} bytes, more than a resume's start carries"
+                f" ({MAX_RESUMED_BYTES})"
+            )
+        return tasks
 
     def _check_room(self, crew_id: str) -> None:
         """The 507s, in order: the journal's count and bytes, its filesystem's free space, then the crew's disk."""
@@ -239,7 +252,9 @@ class Admission:
         kept = orjson.dumps(operation_input) if job.operation == Operation.RUN else None
         link = (resumed[0], len(resumed[1])) if resumed is not None else None
         try:
-            await self.journal.admit(job, kept, link)  # the start fence: durable before any worker exists
+            # The start fence: durable before any worker exists. A resume's worker is given the tasks its record
+            # holds (a retention's archive of the job it continues may have taken them meanwhile: then none).
+            copied = await self.journal.admit(job, kept, link)
         except JournalBusy:
             raise JournalUnavailable("the journal is locked by another process; try again shortly") from None
         except JournalError as exc:
@@ -249,4 +264,4 @@ class Admission:
             if resumed is not None:
                 del self._resuming[resumed[0]]
             under_way.set_result(None)
-        self.launch(job, operation_input, timeout_ms, resumed[1] if resumed is not None else None)
+        self.launch(job, operation_input, timeout_ms, copied)

@@ -3,19 +3,23 @@ crew code talking, so each is checked (ids in order, an end only for a call runn
 order), bounded and masked before the journal takes it (``journal/ledger.py``); a frame that breaks the protocol is
 the job's protocol fault, as any other. A call's start and a completed task are answered ``Recorded`` once their
 commit is durable, never before: the worker's thread waits for it before the call goes out (or the next task
-starts). The relay's loop does not wait for that commit: the answer follows it, and chunks go on meanwhile. An entry
-past ``MAX_EFFECTS`` is neither recorded nor answered: the job is stopped as over any other limit."""
+starts). The relay's loop waits for a task's commit, as for a chunk checkpoint (a task's output is large: a worker
+that does not wait for its answer must not queue them in the writer), not for a call's start (small, bounded). A job's
+task outputs, its earlier job's included, fit a resume's ``Start`` (``MAX_RESUMED_BYTES``): a faithful worker never
+sends more. An entry past ``MAX_EFFECTS`` is neither recorded nor answered: the job is stopped as over any other
+limit."""
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import logging
 from collections.abc import Callable
+
+import orjson
 
 from protocol import (
     MAX_EFFECT_ERROR_CHARS,
     MAX_EFFECT_NAME_CHARS,
+    MAX_RESUMED_BYTES,
     Effect,
     EffectEnded,
     EffectStarted,
@@ -33,7 +37,6 @@ from supervisor.metrics import Metrics
 from supervisor.processes.limits import Breach
 from supervisor.redaction import redact
 
-log = logging.getLogger("crew_supervisor.jobs")
 MAX_DIGEST_CHARS = 128  # a SHA-256 in hex is 64; room for a prefix naming the hash, none for anything else
 ENDED = (EffectStatus.FINISHED, EffectStatus.FAILED)  # what a worker may say of a call's end
 LedgerFrame = EffectStarted | EffectEnded | TaskDone
@@ -58,10 +61,12 @@ class Ledger:
         self.running: dict[int, str] = {}  # the calls started and not ended, and their kinds
         # The index the next TaskDone must have: a resume's first is the first task its earlier job did not complete.
         self.next_task = len(job.resumed or ())
+        # The bytes its task outputs take as stored, the earlier job's too: what a resume of this job carries.
+        self.task_bytes = sum(len(orjson.dumps(task.output)) for task in job.resumed or ())
         self.full = False  # an entry came past MAX_EFFECTS: the job is stopping, nothing more is taken
 
-    def take(self, message: LedgerFrame) -> Fault | None:
-        """Record one ledger frame, or say the fault it is."""
+    async def take(self, message: LedgerFrame) -> Fault | None:
+        """Record one ledger frame, or say the fault it is; a completed task, once durable (or failed)."""
         if isinstance(message, EffectEnded):
             return self._end(message)
         if self.full:  # the worker's other threads may still talk until the kill: nothing of theirs is kept
@@ -75,7 +80,7 @@ class Ledger:
             return None
         if isinstance(message, EffectStarted):
             return self._start(message)
-        return self._task(message)
+        return await self._task(message)
 
     def cut_off(self) -> None:
         """The worker is heard no more: each call still running is counted uncertain, as the job's end records it."""
@@ -111,10 +116,10 @@ class Ledger:
         secrets = self.job.secrets
         error = (redact(message.error_type, secrets) or None, redact(message.error_message, secrets) or None)
         ending = Ending(message.id, message.status, *error, message.prompt_tokens, message.completion_tokens)
-        self.writes.end(self.job.action_id, ending).future.add_done_callback(self._lost)
+        self.writes.end(self.job.action_id, ending)
         return None
 
-    def _task(self, message: TaskDone) -> Fault | None:
+    async def _task(self, message: TaskDone) -> Fault | None:
         if self.job.operation != Operation.RUN:
             return Reason.PROTOCOL_ERROR, f"a completed task in a {self.job.operation!r} job: only a run has them"
         if message.index != self.next_task:
@@ -124,12 +129,15 @@ class Ledger:
         output = masked(self.job, message.output)  # as the completed event's output is kept
         if len(output) > (bound := self.settings.max_event_bytes):
             return Reason.EVENT_TOO_LARGE, f"a task output of {len(output)} bytes: {PREFIX}MAX_EVENT_BYTES is {bound}"
-        self.last, self.next_task = message.id, message.index + 1
+        if self.task_bytes + len(output) > MAX_RESUMED_BYTES:
+            text = f"completed task {message.index}: the job's task outputs would take over {MAX_RESUMED_BYTES} bytes"
+            return Reason.PROTOCOL_ERROR, text
+        self.last, self.next_task, self.task_bytes = message.id, message.index + 1, self.task_bytes + len(output)
         written = self.writes.task_done(self.job.action_id, message.index, message.fingerprint, output)
-        self._answer(written, message.id)
+        await asyncio.wait((self._answer(written, message.id),))  # answered, or the job stopped: either way, on
         return None
 
-    def _answer(self, written: Written[None], entry: int) -> None:
+    def _answer(self, written: Written[None], entry: int) -> asyncio.Future[None]:
         """Answer ``entry`` (``Recorded``) once its commit is durable, in commit order (the writer resolves its writes
         in the order they were queued, and the loop runs the callbacks in the order they were resolved). A write the
         journal failed is never answered: the worker would wait on; the job is stopped instead."""
@@ -143,9 +151,6 @@ class Ledger:
                 return
             self.answer(entry)
 
-        asyncio.wrap_future(written.future).add_done_callback(durable)
-
-    def _lost(self, done: concurrent.futures.Future[None]) -> None:
-        """An end the journal failed: the call reads ``uncertain`` once the job ends, which is honest."""
-        if not done.cancelled() and (exc := done.exception()) is not None:
-            log.error("a call's end was not recorded: %s", exc, extra={"action_id": self.job.action_id})
+        done = asyncio.wrap_future(written.future)
+        done.add_done_callback(durable)
+        return done

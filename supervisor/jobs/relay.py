@@ -138,7 +138,7 @@ class Relay:
             elif isinstance(message, Chunk):
                 fault = await self.recorder.record(job, "chunk", message.data)
             elif isinstance(message, EffectStarted | EffectEnded | TaskDone):
-                fault = ledger.take(message)
+                fault = await ledger.take(message)
             elif isinstance(message, Spent):
                 self._spend(job, message)
                 continue

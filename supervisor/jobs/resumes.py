@@ -18,8 +18,14 @@ class Resumes:
     async def resume(self, old_id: str, request: ResumeRequest, key: str | None) -> Job:
         """Admission's answer for a ``run`` of the job ``old_id``'s crew and input as job ``request.action_id``, its
         worker given the tasks the old job completed: the new job, durable and launched; or a ``Refused`` (a start's,
-        and ``Admission._resumable``'s)."""
+        and ``Admission._resumable``'s). A repeat of a resume admitted is answered its job first, whatever has
+        become of the old one since (archived, say): the request hash of a resume holds no input (``request_hash``)."""
+        if (new := self.reader.get(request.action_id)) is not None:
+            body = StartRequest(crew_id=new.crew_id, action_id=new.action_id, input={}, timeout_ms=request.timeout_ms)
+            return await self.admission.admit(body, key, legacy=False, resumed_from=old_id)
         old = self.reader.get(old_id)
+        if old is None and self.reader.quarantined(old_id) is not None:
+            raise ResumeUnknown("run was quarantined at start: its journal record is inconsistent")
         if old is None:
             raise ResumeUnknown("run was not found")
         # Only a run's input is kept: another operation's job is refused with the 409s, whatever this says.

@@ -1,8 +1,8 @@
 """The effect ledger in the journal (``effects`` and ``tasks_done``, ``schema.py``). Its reads are the ``Reader``'s
-(``LedgerReads``); its writes go through the journal's one writer: an
-entry's start and a completed task commit durably before their worker is told (``Recorded``), so no call goes out
-that the journal does not hold; an entry's end commits without an fsync of its own (lost to a power loss, the entry
-reads ``uncertain``, which is the truth of it). Whatever is still ``running`` when its job ends becomes
+(``LedgerReads``); its writes go through the journal's one writer: an entry's start and a completed task commit
+durably before their worker is told (``Recorded``), so no call goes out that the journal does not hold; an entry's end
+commits with the events' group, no commit of its own (lost to a power loss, or with a group the journal failed, the
+entry reads ``uncertain``, which is the truth of it). Whatever is still ``running`` when its job ends becomes
 ``uncertain`` in the commit that ends it (``settle``, which ``Journal.finish`` calls, restart fencing's too)."""
 
 from __future__ import annotations
@@ -53,9 +53,10 @@ class LedgerWrites:
         """A call starts (``running``, at the supervisor's wall clock): durable before its worker may make it."""
         return Written(self._writer.submit(functools.partial(_start, action_id, entry, time.time())))
 
-    def end(self, action_id: str, ending: Ending) -> Written[None]:
-        """A call ended; nobody waits for it, so no fsync of its own: the next durable commit carries it."""
-        return Written(self._writer.submit(functools.partial(_end, action_id, ending, time.time()), durable=False))
+    def end(self, action_id: str, ending: Ending) -> None:
+        """A call ended; nobody waits for it, so it waits in the writer's group with the events (a commit of its own
+        would write the group early): it commits before its job's end, queued after it."""
+        self._writer.grouped(functools.partial(_end, action_id, ending, time.time()))
 
     def task_done(self, action_id: str, index: int, fingerprint: str, output: bytes) -> Written[None]:
         """A ``run``'s task completed (``output``: the masked ``TaskDone.output`` as compact JSON): durable before

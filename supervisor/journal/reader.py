@@ -57,6 +57,10 @@ class ResumeReads:
         row = self._db.execute("SELECT action_id FROM resumes WHERE resumed_from = ?", (action_id,)).fetchone()
         return row[0] if row else None
 
+    def was_resumed(self, action_id: str) -> bool:
+        """Whether a resume of this job was admitted, its record archived since or not."""
+        return self._db.execute("SELECT 1 FROM resumed WHERE action_id = ?", (action_id,)).fetchone() is not None
+
 
 class Reader(ResumeReads, LedgerReads):
     def __init__(self, path: Path, *, immutable: bool = False) -> None:

@@ -89,6 +89,11 @@ CREATE TABLE IF NOT EXISTS resumes (
     action_id TEXT PRIMARY KEY,
     resumed_from TEXT NOT NULL UNIQUE
 );
+-- Each job that was resumed, written with its resume's admission and kept until its own record is archived (or
+-- quarantined): the link above goes with the resume's record, and the job must not be resumed a second time.
+CREATE TABLE IF NOT EXISTS resumed (
+    action_id TEXT PRIMARY KEY
+);
 -- Records found inconsistent at open (supervisor/journal/quarantine.py): what was wrong with each, and when. The
 -- action id stays taken: admission refuses it, and restart fencing kills what its job left, at every start.
 CREATE TABLE IF NOT EXISTS quarantine (
@@ -107,9 +112,10 @@ CREATE TABLE IF NOT EXISTS quarantined_effects AS SELECT * FROM effects WHERE 0;
 CREATE TABLE IF NOT EXISTS quarantined_tasks_done AS SELECT * FROM tasks_done WHERE 0;
 CREATE TABLE IF NOT EXISTS quarantined_resumes AS SELECT * FROM resumes WHERE 0;
 CREATE TABLE IF NOT EXISTS quarantined_inputs AS SELECT * FROM inputs WHERE 0;
+CREATE TABLE IF NOT EXISTS quarantined_resumed AS SELECT * FROM resumed WHERE 0;
 """
 # Every table that holds a record's rows, by its action id.
-MIRRORED = ("jobs", "events", "outputs", "stacks", "effects", "tasks_done", "resumes", "inputs")
+MIRRORED = ("jobs", "events", "outputs", "stacks", "effects", "tasks_done", "resumes", "inputs", "resumed")
 
 
 # Per job: events numbered 0..event_count-1, at most one terminal event, it comes last, and the

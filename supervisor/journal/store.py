@@ -26,7 +26,7 @@ from supervisor.journal import admitted, ledger, migrate
 from supervisor.journal.errors import JournalError
 from supervisor.journal.quarantine import quarantine
 from supervisor.journal.reader import Reader
-from supervisor.journal.records import Event, Job, Streams
+from supervisor.journal.records import Event, Job, Streams, TaskRecord
 from supervisor.journal.schema import SCHEMA, SCHEMA_VERSION
 from supervisor.journal.statefiles import lock, prepare_file, restrict
 from supervisor.journal.writer import Writer, Written
@@ -131,8 +131,11 @@ class Journal:
     # made. Admission and archive wait ``REFUSE_AFTER_SECONDS`` for another process's lock, then fail with
     # ``JournalBusy``; every other write waits until it commits, since what it records has happened.
 
-    def admit(self, job: Job, input: bytes | None = None, resumed: tuple[str, int] | None = None) -> Written[None]:
-        """The start fence: durable before any worker exists (``admitted.insert``: a run's input, a resume's link)."""
+    def admit(
+        self, job: Job, input: bytes | None = None, resumed: tuple[str, int] | None = None
+    ) -> Written[list[TaskRecord] | None]:
+        """The start fence: durable before any worker exists (``admitted.insert``: a run's input, a resume's link and
+        the tasks it copied)."""
         return self._write(functools.partial(admitted.insert, job, input, resumed), patience=REFUSE_AFTER_SECONDS)
 
     def set_worker(self, action_id: str, pid: int, start_time: float, pgid: int, boundary: bytes) -> Written[None]:
@@ -195,6 +198,8 @@ class Journal:
         def terminal(streams: Streams | None, db: sqlite3.Connection) -> Event:
             appended = _insert(db, action_id, event, data)
             ledger.settle(db, action_id)  # its calls still running are uncertain from this commit on
+            if event == "completed":
+                admitted.completed(action_id, db)
             db.execute(
                 "UPDATE jobs SET status = ?, output = ?, exit_status = ?, ended_at = ?, leftovers = ?"
                 " WHERE action_id = ?",

@@ -10,7 +10,9 @@ Events are group-committed here too: queued one by one, they wait in the thread'
 (in one statement: a statement per event was most of the supervisor's CPU per relayed event) when an event
 ends it (a checkpoint, a ``started``), when any other write comes (so everything commits in the order it
 was queued), or ``GROUP_SECONDS`` after its first event: the thread's own timed wait, so no caller ever
-flushes. After each commit ``on_commit`` is called, on this thread, with the jobs whose events it wrote.
+flushes. A write nobody waits for and whose loss a reader would take for the truth (a call's end: ``grouped``)
+waits in the group alike, applied with its events. After each commit ``on_commit`` is called, on this thread, with
+the jobs whose events it wrote.
 
 Another process holding the journal's write lock (a crew runs as our uid, a backup, an operator's
 ``sqlite3``) makes ``BEGIN IMMEDIATE`` wait ``BUSY_TIMEOUT_MS`` inside SQLite; the thread then fails the
@@ -77,6 +79,13 @@ class _Event(NamedTuple):
     at: float  # monotonic, when it was appended: its group is due GROUP_SECONDS after its first event's
 
 
+class _Grouped(NamedTuple):
+    """A write that waits in the group (``Writer.grouped``)."""
+
+    apply: Callable[[sqlite3.Connection], None]
+    at: float  # monotonic, as an event's
+
+
 class Writer:
     def __init__(
         self,
@@ -89,7 +98,7 @@ class Writer:
         self._commit_seconds = commit_seconds
         db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         self._synchronous = db.execute("PRAGMA synchronous").fetchone()[0]
-        self._queue: queue.SimpleQueue[Write | _Event | None] = queue.SimpleQueue()  # None: close
+        self._queue: queue.SimpleQueue[Write | _Event | _Grouped | None] = queue.SimpleQueue()  # None: close
         self._group = _Group()
         self._urgent = threading.Event()  # set with whatever must not wait for the group's time
         self._closed = False
@@ -128,6 +137,13 @@ class Writer:
         self._put(_Event(action_id, event, data, ends, time.monotonic()))
         return ends
 
+    def grouped(self, apply: Callable[[sqlite3.Connection], None]) -> None:
+        """Queue a write to commit with the group, as an event: no commit of its own, nobody told; before whatever
+        is queued after it. A group that fails is logged and lost, this write with it."""
+        if self._closed:
+            raise JournalError("journal is closed")
+        self._put(_Grouped(apply, time.monotonic()))
+
     def stop_waiting(self, grace: float) -> None:
         """Writes still waiting for another process's lock or for disk space ``grace`` seconds from now
         fail then: the supervisor is stopping, and a restart fences what they would have recorded."""
@@ -142,9 +158,10 @@ class Writer:
         self._put(None)
         self._thread.join()
 
-    def _put(self, item: Write | _Event | None) -> None:
+    def _put(self, item: Write | _Event | _Grouped | None) -> None:
         self._queue.put(item)
-        if not isinstance(item, _Event) or item.ends is not None:  # a plain event waits for its group's time
+        grouped = isinstance(item, _Grouped) or (isinstance(item, _Event) and item.ends is None)
+        if not grouped:  # a plain event, or a grouped write, waits for its group's time
             self._urgent.set()
 
     # The thread ------------------------------------------------------------------------------------
@@ -187,9 +204,9 @@ class Writer:
         try:
             item = self._queue.get(wait != 0, wait)
             while True:
-                if isinstance(item, _Event):
+                if isinstance(item, _Event | _Grouped):
                     self._group.add(item)
-                    if item.ends is not None:
+                    if isinstance(item, _Event) and item.ends is not None:
                         self._group.write_into(pending, item.ends)
                 else:
                     self._group.write_into(pending)  # whatever comes after an event commits with it or after it
@@ -275,22 +292,26 @@ class _Group:
 
     def __init__(self) -> None:
         self._events: list[tuple[str, str, bytes]] = []
+        self._writes: list[Callable[[sqlite3.Connection], None]] = []  # ``Writer.grouped``'s
         self.due = math.inf  # monotonic: when it is written, if nothing ends it before
 
-    def add(self, event: _Event) -> None:
-        if not self._events:
-            self.due = event.at + GROUP_SECONDS
-        self._events.append((event.action_id, event.event, event.data))
+    def add(self, item: _Event | _Grouped) -> None:
+        if not self._events and not self._writes:
+            self.due = item.at + GROUP_SECONDS
+        if isinstance(item, _Grouped):
+            self._writes.append(item.apply)
+        else:
+            self._events.append((item.action_id, item.event, item.data))
 
     def write_into(self, pending: list[Write], future: concurrent.futures.Future[None] | None = None) -> None:
         """Hand the events to the round as one write (``future``: its waiter's), and begin a new group."""
-        if not self._events:
+        if not self._events and not self._writes:
             return
-        events, self._events, self.due = self._events, [], math.inf
+        events, writes, self._events, self._writes, self.due = self._events, self._writes, [], [], math.inf
         future = future or _running()
         future.add_done_callback(_log_failed_group)
         touched = frozenset(action_id for action_id, _, _ in events)
-        pending.append(Write(functools.partial(_insert_group, events), None, True, math.inf, future, touched))
+        pending.append(Write(functools.partial(_write_group, events, writes), None, True, math.inf, future, touched))
 
 
 class _RolledBack(Exception):
@@ -344,6 +365,14 @@ def _fail(writes: list[Write], exc: JournalError) -> None:
     for write in writes:
         if not write.future.done():
             write.future.set_exception(exc)
+
+
+def _write_group(
+    group: list[tuple[str, str, bytes]], writes: list[Callable[[sqlite3.Connection], None]], db: sqlite3.Connection
+) -> None:
+    _insert_group(group, db)
+    for write in writes:
+        write(db)
 
 
 def _insert_group(group: list[tuple[str, str, bytes]], db: sqlite3.Connection) -> None:

@@ -16,7 +16,9 @@ its Start gave. The effect ledger: ``effect:KIND:NAME`` (the next entry's ``Effe
 ``Recorded``, each appended as ``recorded ID`` to the file ``input["acks"]`` names, if it does), ``task:INDEX[:N]``
 (a ``TaskDone``, its raw output N characters longer, waited for alike), ``end:ID:STATUS[:TYPE:MESSAGE]`` (an
 ``EffectEnded`` with 3 prompt and 2 completion tokens), ``entry:ID:KIND:NAME`` (an ``EffectStarted`` with that id,
-not waited for: crew code writing its own). Another operation's closed input carries the script in its ``inputs``.
+not waited for: crew code writing its own), ``flood:N:SIZE`` (``TaskDone`` for tasks 0 to N-1, each raw output SIZE
+characters longer, none waited for: crew code that does not wait for its answers). Another operation's closed input
+carries the script in its ``inputs``.
 """
 
 from __future__ import annotations
@@ -104,6 +106,13 @@ def recorded(entry: int, start: Start) -> None:
             file.write(f"recorded {entry}\n")
 
 
+def task_done(index: int, longer: int) -> None:
+    LEDGER[0] += 1
+    output = {"description": f"task {index}", "agent": "scripted", "raw": f"done {index}" + "x" * longer}
+    output |= {"pydantic": None, "json_dict": None, "output_format": "raw"}
+    send(TaskDone(LEDGER[0], index, output, "fingerprint"))
+
+
 def ledger(step: str, start: Start) -> None:
     what, _, rest = step.partition(":")
     fields = rest.split(":")
@@ -112,11 +121,11 @@ def ledger(step: str, start: Start) -> None:
         send(EffectStarted(LEDGER[0], fields[0], fields[1], DIGEST))
         recorded(LEDGER[0], start)
     elif what == "task":
-        LEDGER[0] += 1
-        index, raw = int(fields[0]), f"done {fields[0]}" + "x" * int(fields[1] if len(fields) > 1 else 0)
-        output = {"description": f"task {index}", "agent": "scripted", "raw": raw, "pydantic": None}
-        send(TaskDone(LEDGER[0], index, {**output, "json_dict": None, "output_format": "raw"}, "fingerprint"))
+        task_done(int(fields[0]), int(fields[1] if len(fields) > 1 else 0))
         recorded(LEDGER[0], start)
+    elif what == "flood":
+        for index in range(int(fields[0])):
+            task_done(index, int(fields[1]))
     elif what == "end":
         error = (fields[2], fields[3]) if len(fields) > 2 else ("", "")
         send(EffectEnded(int(fields[0]), fields[1], *error, 3, 2))
@@ -125,7 +134,7 @@ def ledger(step: str, start: Start) -> None:
 
 
 def play(step: str, start: Start) -> None:
-    if step.partition(":")[0] in ("effect", "task", "end", "entry"):
+    if step.partition(":")[0] in ("effect", "task", "end", "entry", "flood"):
         ledger(step, start)
     elif step == "building":
         send(Building())

@@ -4,6 +4,8 @@ tasks it skips) is tests/system/resume's, with a crew whose every task has an ef
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from protocol import MAX_RESUMED_BYTES
 from supervisor.testing import Server
 from tests.conftest import start_body, start_server, stop_server, wait_until
 
@@ -118,3 +121,69 @@ def test_after_a_restart_a_crew_no_longer_served_is_404_and_a_full_journal_507(t
         full = resume(client, "kept-crew", "kept-crew-r1")
         assert full.status_code == 507 and "retained runs" in full.json()["detail"], full.text
         assert client.get("/jobs/kept-crew").json()["resumed_by"] is None
+
+
+def archive(client: httpx.Client, action_id: str) -> None:
+    answer = client.delete(f"/jobs/{action_id}", headers={"X-AIP-Archive-Confirmation": action_id})
+    assert answer.status_code == 200, answer.text
+
+
+def test_a_job_stays_resumed_once_its_resume_is_archived(resumable: Server) -> None:
+    with resumable.client() as client:
+        assert start(client, "boom", "boom-3").status_code == 502
+        assert resume(client, "boom-3", "boom-3-r1").status_code == 502
+        archive(client, "boom-3-r1")
+        assert client.get("/jobs/boom-3").json()["resumed_by"] is None  # the link went with the resume's record
+        again = resume(client, "boom-3", "boom-3-r2")  # it would run again all the first resume completed
+        assert again.status_code == 409, again.text
+        assert "already resumed, by a job since archived" in again.json()["detail"]
+        assert client.get("/jobs/boom-3-r2").status_code == 404
+
+
+def test_a_repeated_resume_is_answered_its_job_once_the_job_it_continued_is_archived(resumable: Server) -> None:
+    with resumable.client() as client:
+        assert start(client, "boom", "boom-4").status_code == 502
+        first = resume(client, "boom-4", "boom-4-r1")
+        assert first.status_code == 502
+        archive(client, "boom-4")
+        repeat = resume(client, "boom-4", "boom-4-r1")
+        assert repeat.status_code == 502, repeat.text
+        assert repeat.json()["event_count"] == first.json()["event_count"]
+        other = resume(client, "boom-4", "boom-4-r1", key="another-key")
+        assert other.status_code == 409 and "different request material" in other.json()["detail"]
+        assert resume(client, "boom-4", "boom-4-r2").status_code == 404  # a new resume needs the job it continues
+
+
+def by_hand(state: Path, *statements: str) -> None:
+    """Change a stopped supervisor's journal, as an operator's ``sqlite3`` would."""
+    with contextlib.closing(sqlite3.connect(state / "journal.db")) as db, db:
+        for statement in statements:
+            db.execute(statement)
+
+
+def test_a_run_whose_input_was_not_kept_or_whose_tasks_would_not_fit_is_refused(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    first = start_server(state)
+    with first.client() as client:
+        for action in ("old-version", "huge-tasks"):
+            assert start(client, "boom", action).status_code == 502
+    stop_server(first)
+    # As a supervisor before this version admitted it: no input kept. And tasks past what a Start carries.
+    task = "'{\"raw\": \"' || printf('%.*c', 1000000, 'x') || '\"}'"
+    by_hand(
+        state,
+        "DELETE FROM inputs WHERE action_id = 'old-version'",
+        *(f"INSERT INTO tasks_done VALUES ('huge-tasks', {n}, 'fp', {task})" for n in range(4)),
+    )
+    second = start_server(state)
+    try:
+        with second.client() as client:
+            unkept = resume(client, "old-version", "old-version-r1")
+            assert unkept.status_code == 409, unkept.text
+            assert "input was not kept (admitted before this version)" in unkept.json()["detail"]
+            huge = resume(client, "huge-tasks", "huge-tasks-r1")
+            assert huge.status_code == 409, huge.text
+            assert f"more than a resume's start carries ({MAX_RESUMED_BYTES})" in huge.json()["detail"]
+            assert client.get("/jobs/huge-tasks").json()["resumed_by"] is None
+    finally:
+        stop_server(second)

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from supervisor.models import StartRequest
-from tests.supervisor.jobs.harness import DEADLINE, TOKEN, Core, core, in_loop
+from tests.supervisor.jobs.harness import DEADLINE, TOKEN, Core, core, identity, in_loop
 
 
 def ledger(it: Core, action_id: str = "job") -> list[tuple[int, str, str, str]]:
@@ -101,8 +101,8 @@ async def test_a_call_is_durable_before_its_worker_hears_so_and_uncertain_once_i
 @in_loop
 async def test_a_tasks_output_is_kept_masked_for_a_resume(tmp_path: Path) -> None:
     async with core(tmp_path) as it:
-        await it.start(["started", "task:0", "task:1", "complete"])
-        assert (await it.settled())[0] == "completed"
+        await it.start(["started", "task:0", "task:1", "fail"])
+        assert (await it.settled())[0] == "failed"
         # The row as a resume reads it (another module's read).
         done = rows(it, "SELECT task_index, fingerprint, output FROM tasks_done WHERE action_id = 'job' ORDER BY 1")
     assert [(index, fingerprint) for index, fingerprint, _ in done] == [(0, "fingerprint"), (1, "fingerprint")]
@@ -190,3 +190,56 @@ async def test_an_archived_record_takes_its_ledger_with_it(tmp_path: Path) -> No
         assert rows(it, "SELECT (SELECT count(*) FROM effects) + (SELECT count(*) FROM tasks_done)") == [(0,)]
         async with it.http() as client:
             assert (await client.get("/jobs/job/effects")).status_code == 404
+
+
+@in_loop
+async def test_task_outputs_past_what_a_resume_carries_are_a_protocol_fault(tmp_path: Path) -> None:
+    # Each under MAX_EVENT_BYTES; twelve fit MAX_RESUMED_BYTES (3 MiB), the thirteenth would not.
+    async with core(tmp_path) as it:
+        await it.start(["started", *(f"task:{index}:250000" for index in range(13)), "hang"])
+        event, data = await it.settled()
+        assert event == "failed" and data["reason"] == "protocol_error", data
+        assert "completed task 12: the job's task outputs would take over" in data["message"]
+        assert it.journal.reader.tasks_completed("job") == 12
+
+
+def commits(it: Core) -> float:
+    """The journal's commits so far."""
+    counted = it.sup.metrics.registry.get_sample_value("crew_supervisor_journal_commit_seconds_count")
+    assert counted is not None
+    return counted
+
+
+@in_loop
+async def test_a_worker_that_does_not_wait_for_its_tasks_answers_is_held_back_by_their_commits(tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    async with core(tmp_path) as it:
+        await it.start(["started", "await-go", "flood:600:2000", "hang"], go=str(go))
+        await it.running()
+        before = commits(it)
+        # Another process holds the journal's write lock a while: whatever the relay took meanwhile would queue in
+        # the writer, and commit together once it is free (before: every task sent by then in one commit).
+        with contextlib.closing(sqlite3.connect(it.journal.path, isolation_level=None)) as db:
+            db.execute("BEGIN IMMEDIATE")
+            go.touch()
+            async with asyncio.timeout(DEADLINE):
+                while "pipe_write" not in Path(f"/proc/{identity(it)[0]}/wchan").read_text():  # its pipe is full
+                    await asyncio.sleep(0.005)
+            db.execute("ROLLBACK")
+        async with asyncio.timeout(DEADLINE):
+            while it.journal.reader.tasks_completed("job") < 600:
+                await asyncio.sleep(0.005)
+        # The relay took each task only once the one before it had committed: one commit each, at least.
+        assert commits(it) - before >= 600
+        await it.cancel()
+
+
+@in_loop
+async def test_a_completed_run_keeps_its_tasks_count_but_not_what_only_a_resume_reads(tmp_path: Path) -> None:
+    async with core(tmp_path) as it:
+        await it.start(["started", "task:0", "task:1", "complete"])
+        assert (await it.settled())[0] == "completed"
+        done = rows(it, "SELECT task_index, fingerprint, output FROM tasks_done WHERE action_id = 'job' ORDER BY 1")
+        assert done == [(0, "fingerprint", b""), (1, "fingerprint", b"")]  # its output holds them
+        assert rows(it, "SELECT count(*) FROM inputs") == [(0,)]
+        assert it.journal.reader.tasks_completed("job") == 2

@@ -34,7 +34,7 @@ def journal_of_two(path: Path) -> None:
     journal.append("a", "started", {})
     journal.append("a", "chunk", {})
     journal.ledger.start("a", Entry(1, "tool", "search", "d1")).wait()
-    journal.ledger.end("a", Ending(1, "finished", None, None, 0, 0)).wait()
+    journal.ledger.end("a", Ending(1, "finished", None, None, 0, 0))  # committed with the next write
     journal.ledger.task_done("a", 0, "fingerprint", b"{}").wait()
     journal.ledger.start("a", Entry(3, "llm", "model", "d3")).wait()
     journal.finish("a", "completed", {}, streams=Streams("out", "", 3, 0)).wait()
@@ -45,7 +45,7 @@ def journal_of_two(path: Path) -> None:
 def rows(path: Path, action_id: str, prefix: str = "") -> dict[str, list[tuple[Any, ...]]]:
     with contextlib.closing(sqlite3.connect(path)) as db:
         return {
-            table: db.execute(f"SELECT * FROM {prefix}{table} WHERE action_id = ? ORDER BY 2", (action_id,)).fetchall()
+            table: sorted(db.execute(f"SELECT * FROM {prefix}{table} WHERE action_id = ?", (action_id,)), key=str)
             for table in MIRRORED
         }
 

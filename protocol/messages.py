@@ -22,8 +22,6 @@ MAX_NAME_CHARS = 200  # of a thread's name in a ``Stacks``: the crew names its t
 # frame, beside its input (at most 1 MiB, as admission bounds it) and the rest of the message (64 KiB).
 MAX_RESUMED_BYTES = MAX_FRAME_BYTES - 1024 * 1024 - 64 * 1024
 THREAD_BYTES = 64  # what a thread costs of MAX_STACK_BYTES beside its name and stack: its id, its keys
-# A resume's completed outputs in all, in its Start: room left for the input (1 MiB at most) and the rest.
-MAX_RESUMED_BYTES = MAX_FRAME_BYTES - 1024 * 1024 - 64 * 1024
 
 
 class Layer(enum.StrEnum):

@@ -3,8 +3,8 @@ text written out; ``--json`` the API's answer. Against a real supervisor running
 
 from __future__ import annotations
 
+import datetime
 import io
-import time
 from typing import Any
 
 import orjson
@@ -14,25 +14,34 @@ from supervisor.console import effects
 from tests.conftest import Server, start_body
 from tests.supervisor.console.test_cli import cli
 
-NOW = time.time()
+
+def noon() -> float:
+    """Today's noon, read as the test runs: a start today shows as its time alone (one word of the row). A time
+    taken at import was yesterday's, two words (its day, its time), for a run that crossed midnight."""
+    return datetime.datetime.combine(datetime.date.today(), datetime.time(12)).timestamp()
 
 
 def entry(id: int, kind: str, status: str, **more: Any) -> dict[str, Any]:
-    ended = None if status in ("running", "uncertain") else NOW - 1
+    now = noon()
+    ended = None if status in ("running", "uncertain") else now - 1
     return {"id": id, "kind": kind, "name": "record_effect" if kind == "tool" else "gpt-4o", "status": status,
-            "started_at": NOW - 3, "ended_at": ended, "args_digest": "0" * 64, "error_type": None,
+            "started_at": now - 3, "ended_at": ended, "args_digest": "0" * 64, "error_type": None,
             "error_message": None, "prompt_tokens": 0, "completion_tokens": 0, **more}  # fmt: skip
 
 
-LEDGER = {
-    "action_id": "job-1",
-    "tasks_completed": 1,
-    "effects": [
-        entry(1, "llm", "finished", prompt_tokens=1200, completion_tokens=34),
-        entry(2, "tool", "failed", error_type="RuntimeError", error_message="no \x1b[31mred\x1b[0m [bold]here[/bold]"),
-        entry(3, "tool", "uncertain"),
-    ],
-}
+HOSTILE_ERROR = "no \x1b[31mred\x1b[0m [bold]here[/bold]"
+
+
+def ledger() -> dict[str, Any]:
+    return {
+        "action_id": "job-1",
+        "tasks_completed": 1,
+        "effects": [
+            entry(1, "llm", "finished", prompt_tokens=1200, completion_tokens=34),
+            entry(2, "tool", "failed", error_type="RuntimeError", error_message=HOSTILE_ERROR),
+            entry(3, "tool", "uncertain"),
+        ],
+    }
 
 
 def rendered(answer: dict[str, Any], terminal: bool = False) -> str:
@@ -44,7 +53,7 @@ def rendered(answer: dict[str, Any], terminal: bool = False) -> str:
 
 
 def test_each_call_is_a_row_with_how_it_ended_and_the_uncertain_ones_stand_out() -> None:
-    text = rendered(LEDGER)
+    text = rendered(ledger())
     lines = text.splitlines()
     assert lines[0].split() == ["id", "kind", "name", "status", "started", "took", "tokens", "/", "error"]
     assert lines[1].split()[:4] == ["1", "llm", "gpt-4o", "finished"] and "1,200 + 34" in lines[1]
@@ -53,7 +62,7 @@ def test_each_call_is_a_row_with_how_it_ended_and_the_uncertain_ones_stand_out()
     assert lines[3].split()[:4] == ["3", "tool", "record_effect", "uncertain"] and lines[3].split()[5] == "-"
     assert "job-1: 3 calls (1 finished, 1 failed, 1 uncertain), 1 task(s) completed" in text
     assert "1 uncertain: cut off when the job ended; each may or may not have had its effect" in text
-    coloured = rendered(LEDGER, terminal=True)
+    coloured = rendered(ledger(), terminal=True)
     assert "\x1b[1;30;43muncertain" in coloured  # black on yellow, bold: it stands out
     assert "\x1b[31mred" not in coloured  # the error's own escape never reaches the terminal
 

@@ -179,6 +179,13 @@ def provider_tour(client: httpx.Client, provider: Provider) -> None:
         f"the provider saw its connection closed {1000 * (call.hung_up - cancelled):.0f} ms after the cancel "  # type: ignore[operator]
         "(an in-process sidecar's thread would keep it open until the provider answered)"
     )
+    # What the host reconciles before any new run: the call was out when the cancel came (docs/reconcile-and-resume.md).
+    calls = [
+        f"{e['kind']} {e['name']}: {e['status']}" for e in client.get("/jobs/tour-llm-cancel/effects").json()["effects"]
+    ]
+    print(
+        f"its effect ledger: {'; '.join(calls)} (crew-supervisor effects tour-llm-cancel; reconcile what is uncertain)"
+    )
 
 
 def job_events(client: httpx.Client, action: str) -> list[Event]:

@@ -35,6 +35,7 @@ def test_the_tour_runs_streams_and_cancels_with_proof_and_leaves_nothing(tmp_pat
     assert re.search(r"the provider answered 2 call\(s\), streamed: \[True, True\]", out), out
     assert "status: cancelled; stop_confirmed=True" in out
     assert re.search(r"the provider saw its connection closed \d+ ms after the cancel", out), out
+    assert re.search(r"its effect ledger: llm [^:;]+: uncertain \(", out), out  # the call the cancel cut off
     assert "done: the supervisor and the provider stopped, and " in out and "is removed (--keep keeps it)" in out
     assert list(tmp_path.iterdir()) == []
 

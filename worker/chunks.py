@@ -106,7 +106,7 @@ class Coalescer:
         held = self._held
         assert held is not None
         text = self._texts[0] if len(self._texts) == 1 else "".join(self._texts)
-        cut = self._beginnings.start(text)
+        cut = self._beginnings.outside(text, self._beginnings.start(text))
         if cut == len(text):
             self.flush()
             return
@@ -180,6 +180,18 @@ class Beginnings:
                 return at
             found = self._firsts.search(text, at + 1)
         return end
+
+    def outside(self, text: str, cut: int) -> int:
+        """``cut``, or earlier: never inside a whole secret of ``text`` (a secret's own end may begin another one, or
+        itself: cut there, its whole would be in no event)."""
+        moved = True
+        while moved:
+            moved = False
+            for secret in self._sorted:
+                at = text.find(secret, max(cut - len(secret) + 1, 0))
+                if at != -1 and at < cut:
+                    cut, moved = at, True
+        return cut
 
 
 def _with(chunk: Chunk, content: str) -> Chunk:

@@ -16,8 +16,9 @@ from protocol import Chunk
 from tests.worker.test_coalescer import coalescer, contents, spend, text, tool
 from worker.chunks import FIRST_WINDOW, Beginnings
 
-KEY = "sk-4fQ9zX"  # beside one that begins as it does, and one that repeats its own beginning
-SECRETS = (KEY, "sk-4fQ-other1", "aaXaaXaaY")
+KEY = "sk-4fQ9zX"  # beside one that begins as it does, one that repeats its own beginning, and one whose end begins KEY
+ENDS_AS_KEY_BEGINS = "pw-9zXs"
+SECRETS = (KEY, "sk-4fQ-other1", "aaXaaXaaY", ENDS_AS_KEY_BEGINS)
 LEAST = 6  # the shortest part of a secret that would give it away (supervisor/redaction.py's MIN_FRAGMENT_CHARS)
 PARTS = {secret[i:j] for secret in SECRETS for i in range(len(secret)) for j in range(i + LEAST, len(secret))}
 
@@ -54,6 +55,7 @@ def assert_whole(sent: list[Chunk], streamed: str) -> None:
         (f"key {KEY} ok", 3, 4 + len(KEY)),  # cut anywhere from the space before it to the one after
         ("say aaXaaXaaXaaY.", 4, 16),  # it starts at its own second beginning
         (f"{KEY}{KEY}", 4, len(KEY) + 5),  # one right after the other
+        (f"key {ENDS_AS_KEY_BEGINS} ok", 3, 6 + len(ENDS_AS_KEY_BEGINS)),  # whole, its last character may begin KEY
     ],
 )
 @pytest.mark.parametrize("joined", [False, True], ids=["a chunk an event", "coalescing"])

@@ -12,6 +12,7 @@ import pytest
 
 from supervisor.chaos import disk as disk_module
 from supervisor.chaos.disk import FILLER, DiskUnavailable, SmallDisk
+from tests.helpers.small_disk import mounted
 
 MiB = 1 << 20
 HOLD = "import sys, time; f = open(sys.argv[1], 'rb'); print('held', flush=True); time.sleep(float(sys.argv[2]))"
@@ -19,12 +20,7 @@ HOLD = "import sys, time; f = open(sys.argv[1], 'rb'); print('held', flush=True)
 
 @pytest.fixture
 def disk(tmp_path: Path) -> Iterator[SmallDisk]:
-    try:
-        small = SmallDisk.mount(tmp_path / "disk", 16)
-    except DiskUnavailable as exc:
-        pytest.skip(f"no small filesystem to fill: {exc}")
-    with small:
-        yield small
+    yield from mounted(tmp_path / "disk", 16)
 
 
 def held(disk: SmallDisk, seconds: float) -> subprocess.Popen[str]:

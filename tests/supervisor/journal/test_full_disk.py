@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from supervisor.chaos.checks import all_events
-from supervisor.chaos.disk import DiskUnavailable, SmallDisk
+from supervisor.chaos.disk import SmallDisk
 from supervisor.journal.statefiles import prepare_directory
 from supervisor.journal.store import Journal
 from tests.conftest import ROOT, start_body, start_server, wait_until
+from tests.helpers.small_disk import mounted
 
 KEY = {"Idempotency-Key": "key-1"}
 MiB = 1 << 20
@@ -26,12 +27,7 @@ CHUNKS = 30  # of 200,000 characters each: 6 MB of events, more than the disk ha
 
 @pytest.fixture
 def disk(tmp_path: Path) -> Iterator[SmallDisk]:
-    try:
-        small = SmallDisk.mount(tmp_path / "disk", 48)
-    except DiskUnavailable as exc:
-        pytest.skip(f"no small filesystem to fill: {exc}")
-    with small:
-        yield small
+    yield from mounted(tmp_path / "disk", 48)
 
 
 def test_a_full_disk_refuses_admission_and_loses_no_admitted_job(disk: SmallDisk) -> None:

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.chaos.disk import DiskUnavailable, SmallDisk
+from supervisor.chaos.disk import SmallDisk
 from tests.conftest import Server, gone, start_body, start_hostile_server, stop_server, wait_until
 from tests.crews.hostile import UNNAMED_FILE_MIB
+from tests.helpers.small_disk import mounted
 
 MiB = 1 << 20
 DISK_MB = 4  # each file the crews hold is 3 MiB: under it, as RLIMIT_FSIZE requires; two are over it
@@ -24,12 +25,7 @@ KEY = {"Idempotency-Key": "disk"}
 @pytest.fixture(scope="module")
 def small_disk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SmallDisk]:
     """The supervisor's state on a tmpfs of its own: its free space says what the job's files took, and gave back."""
-    try:
-        small = SmallDisk.mount(tmp_path_factory.mktemp("disk") / "tmpfs", 96)
-    except DiskUnavailable as exc:
-        pytest.skip(f"no small filesystem to measure: {exc}")
-    with small:
-        yield small
+    yield from mounted(tmp_path_factory.mktemp("disk") / "tmpfs", 96)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 from protocol.frames import MAX_FRAME_BYTES, FrameError, FrameReader, encode
 
 # Bump on any change a peer could misread; a mismatched worker is rejected at hello.
-PROTOCOL_VERSION = 10
+PROTOCOL_VERSION = 11
 # A worker's ``Stacks``, all threads' together: a stack is read by a person, and a deep one is cut at its outer end.
 MAX_STACK_BYTES = 256 * 1024
 STACK_CUT = "(outer calls cut)\n"  # begins a stack cut to its innermost calls (``innermost``)
@@ -78,6 +78,9 @@ class Start(Message):
     # crew it builds now has another, and otherwise runs only the tasks after them. None: not a resume.
     resumed: list[dict[str, Any]] | None = None
     fingerprint: str = ""
+    # The job's trace (docs/tracing.md): the W3C ``traceparent`` of the supervisor's span the worker's spans belong
+    # beneath (``SpanStarted``). Empty: the job is not traced, and the worker opens no span.
+    trace: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,6 +243,34 @@ class TaskDone(Message):
 
 
 @dataclasses.dataclass(frozen=True)
+class SpanStarted(Message):
+    """A span of the job's trace begins in the worker (sent only when its ``Start`` named a trace). ``id``: 16
+    lowercase hex digits, new in this job; ``parent``: an id this job's worker started before, or empty for the
+    supervisor's span ``Start.trace`` names. ``name`` is a ``SpanName``, ``start_ns`` the wall clock
+    (``time.time_ns``), ``attributes`` within ``SPAN_ATTRIBUTES``. The supervisor exports it; one still open when the
+    job ends, it ends then, as cut off."""
+
+    kind: ClassVar[str] = "span_started"
+    id: str
+    parent: str
+    name: str
+    start_ns: int
+    attributes: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class SpanEnded(Message):
+    """The span ``id`` ends: ``attributes`` add to its own (an LLM call's tokens, a call's status); ``error`` is the
+    type of the exception its work raised (empty: none; MAX_SPAN_VALUE_CHARS)."""
+
+    kind: ClassVar[str] = "span_ended"
+    id: str
+    end_ns: int
+    attributes: dict[str, Any]
+    error: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class OverBudget(Message):
     """The worker holds back an LLM call: the job's ``limit`` (``max_tokens`` or ``max_llm_calls``) is spent. It
     waits to be stopped; no call of the job starts after this."""
@@ -305,7 +336,8 @@ _KINDS: dict[str, type[Message]] = {
     cls.kind: cls
     for cls in (
         *(Start, Stop, DumpStacks, Recorded, Hello, Registry, Built, Building, Started, Chunk, Spent, OverBudget),
-        *(EffectStarted, EffectEnded, TaskDone, Stacks, Completed, Failed, Fork, Forked, Refused),
+        *(EffectStarted, EffectEnded, TaskDone, SpanStarted, SpanEnded, Stacks, Completed, Failed),
+        *(Fork, Forked, Refused),
     )
 }
 _FIELDS = {kind: typing.get_type_hints(cls) for kind, cls in _KINDS.items()}

@@ -39,6 +39,35 @@ class EffectStatus(enum.StrEnum):
     UNCERTAIN = "uncertain"
 
 
+class SpanName(enum.StrEnum):
+    """The spans a worker opens in its job's trace (``SpanStarted``), only when its ``Start`` names one (``trace``):
+    all beneath the supervisor's span that ``Start.trace`` names (docs/tracing.md)."""
+
+    WORKER_START = "worker.start"  # the Start taken -> the crew built and Started said
+    KICKOFF = "kickoff"  # the operation on the crew (a run's kickoff, a train, a test, ...)
+    TASK = "task"  # one task of the crew
+    LLM_CALL = "llm.call"  # one LLM call, as the effect ledger counts it
+    TOOL_CALL = "tool.call"  # one tool call, as the effect ledger counts it
+
+
+# What a worker's span may carry: these keys only, each a value of its type (a string within MAX_SPAN_VALUE_CHARS,
+# the job's secrets masked by the supervisor). The supervisor adds the job's action id, crew and operation to each.
+SPAN_ATTRIBUTES: dict[str, type] = {
+    "gen_ai.operation.name": str,  # "chat" (an LLM call) or "execute_tool" (a tool call): OpenTelemetry's GenAI names
+    "gen_ai.request.model": str,
+    "gen_ai.usage.input_tokens": int,
+    "gen_ai.usage.output_tokens": int,
+    "gen_ai.tool.name": str,
+    "crew_supervisor.effect.id": int,  # the call's entry in the job's effect ledger (GET /jobs/{id}/effects)
+    "crew_supervisor.effect.status": str,  # EffectStatus: how the call ended
+    "crew_supervisor.task.index": int,  # from 0, in the crew's order
+    "crew_supervisor.task.name": str,
+    "crew_supervisor.agent.role": str,
+}
+MAX_SPAN_VALUE_CHARS = 200  # of a string a worker's span carries, and of its error type
+MAX_SPANS = 10_000  # a job's worker spans the supervisor exports; the ones past it are dropped and counted
+
+
 MAX_EFFECT_NAME_CHARS = 200  # of a tool's name or an LLM's model, as the ledger keeps it
 MAX_EFFECT_ERROR_CHARS = 1000  # of a failed call's error message, as the ledger keeps it
 

@@ -7,6 +7,7 @@ No HTTP here: the app answers each kind of ``Refused`` with its status.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,7 @@ from supervisor.escaping import ident
 from supervisor.jobs.crew_disk import CrewDisk
 from supervisor.jobs.lifecycle import Lifecycle
 from supervisor.jobs.retention import Retention
+from supervisor.jobs.tracing import JobTrace, Tracing
 from supervisor.journal.errors import JournalBusy, JournalError
 from supervisor.journal.records import Job, TaskRecord
 from supervisor.journal.store import Journal
@@ -89,7 +91,7 @@ class JournalUnavailable(Refused):
 
 
 # The admitted job, its input, its timeout, and for a resume the tasks its earlier job completed.
-Launch = Callable[[Job, dict[str, Any], int, list[TaskRecord] | None], None]
+Launch = Callable[[Job, dict[str, Any], int, list[TaskRecord] | None, JobTrace], None]
 SERVED_NAMED = 20  # crews an unknown crew's 404 names; it counts the rest
 QUOTE = "\\x27"  # ' as ``ident`` writes a character out, which ``typed_id`` reads back
 
@@ -114,8 +116,10 @@ class Admission:
         lifecycle: Callable[[], Lifecycle],
         crew_disk: CrewDisk,
         retention: Retention,
+        tracing: Tracing,
     ) -> None:
         self.settings = settings
+        self.tracing = tracing  # each new job's trace begins here
         self.retention = retention  # archives what is past its window when the journal is full
         self.crew_disk = crew_disk  # each crew's places, as last measured
         self.journal = journal
@@ -130,14 +134,22 @@ class Admission:
         """Return once the admissions under way are durable and launched (or refused)."""
         await asyncio.gather(*self._admitting.values())
 
-    async def admit(self, body: StartRequest, key: str | None, legacy: bool, resumed_from: str | None = None) -> Job:
+    async def admit(
+        self,
+        body: StartRequest,
+        key: str | None,
+        legacy: bool,
+        resumed_from: str | None = None,
+        traceparent: str | None = None,
+    ) -> Job:
         """The reference's order (413, 400, 403, 428/400, 422, 404, 409, 507 (the journal, then the crew's disk),
-        then 503 for a journal locked
-        by another process); an exact repeat returns its job even if its operation was disabled since.
-        ``resumed_from``: a resume of that job (``body`` carries its crew and input), checked with the 409s.
-        A start of an action id being admitted waits for that admission, then is checked against it.
+        then 503 for a journal locked by another process); an exact repeat returns its job even if its operation was
+        disabled since. ``resumed_from``: a resume of that job (``body`` carries its crew and input), checked with
+        the 409s. A start of an action id being admitted waits for that admission, then is checked against it. A new
+        job's trace begins with this call, in the trace of ``traceparent`` (the caller's W3C trace context) if given.
         While the supervisor drains, an exact repeat still returns its job (idempotency: the client observes
         the job it started, streamed or waited on until it ends); anything else that would start is a 503."""
+        began_ns = time.time_ns()
         if body.crew_id in self.crews:  # before the loop below: nothing may wait between it and ``_admitting``
             await self.crew_disk.refresh(body.crew_id)
             await self.retention.make_room(self._journal_full)
@@ -178,7 +190,8 @@ class Admission:
             self._resuming[resumed_from] = job.action_id
         # Shielded: a client that goes away must not leave a durable record that nothing launched.
         resumed = (resumed_from, tasks) if resumed_from is not None and tasks is not None else None
-        task = asyncio.ensure_future(self._admit(job, operation_input, body.timeout_ms, resumed, under_way))
+        trace = self.tracing.begin(job.action_id, job.crew_id, job.operation, traceparent, began_ns)
+        task = asyncio.ensure_future(self._admit(job, operation_input, body.timeout_ms, resumed, under_way, trace))
         await asyncio.shield(task)
         return job
 
@@ -246,6 +259,7 @@ class Admission:
         timeout_ms: int,
         resumed: tuple[str, list[TaskRecord]] | None,
         under_way: asyncio.Future[None],
+        trace: JobTrace,
     ) -> None:
         """Durable, then launched. A run's input is kept with it (a resume runs it again); a resume's link and the
         tasks it continues from commit with it."""
@@ -264,4 +278,5 @@ class Admission:
             if resumed is not None:
                 del self._resuming[resumed[0]]
             under_way.set_result(None)
-        self.launch(job, operation_input, timeout_ms, copied)
+        trace.admitted()
+        self.launch(job, operation_input, timeout_ms, copied, trace)

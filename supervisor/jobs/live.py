@@ -11,6 +11,7 @@ from typing import Any
 
 from protocol import Reason, Spent
 from supervisor.jobs.phases import StopReason, check_move
+from supervisor.jobs.tracing import NO_TRACE, JobTrace
 from supervisor.journal.records import TaskRecord
 from supervisor.processes.limits import Breach
 from supervisor.processes.process import WorkerProcess
@@ -118,6 +119,7 @@ class LiveJob:
     resumed: list[TaskRecord] | None = None  # the runner, at launch: a resume's tasks its earlier job completed
     budget: Budget = Budget()  # the runner, as it launches the job: the supervisor's, or its crew's own if lower
     timed: Callable[[str, float], None] | None = None  # the runner: told each step of its time as it ends
+    trace: JobTrace = NO_TRACE  # admission, as it admits the job: its trace (supervisor/jobs/tracing.py)
     event_count: int = 0  # the recorder, as it records an event
     last_event_at: float | None = None  # the recorder; wall clock
     phase: Phase = Phase.QUEUED  # move() alone, which the runner calls
@@ -149,6 +151,7 @@ class LiveJob:
         now = time.monotonic()
         if self.timed is not None:
             self.timed(step, now - self.lapped)
+        self.trace.lap(step)
         self.lapped = now
 
     def ask_stop(self, reason: StopReason, said: str | None = None, breach: Breach | None = None) -> bool:
@@ -157,6 +160,7 @@ class LiveJob:
         if self.stop is not None or self.phase in (Phase.SETTLING, Phase.SETTLED):
             return False
         self.stop, self.cancel_reason, self.breach = reason, said, breach
+        self.trace.stop_asked(reason, said)
         self.stopped.set()
         return True
 

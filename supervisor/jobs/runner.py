@@ -31,6 +31,7 @@ from supervisor.jobs.recorder import Recorder
 from supervisor.jobs.relay import Relay
 from supervisor.jobs.sandbox import Sandbox
 from supervisor.jobs.slots import Slots
+from supervisor.jobs.tracing import JobTrace
 from supervisor.journal.records import Job, TaskRecord
 from supervisor.metrics import Metrics
 from supervisor.processes.launcher import Launcher, LaunchError
@@ -76,14 +77,15 @@ class Runner:
         self.slots = Slots(settings.max_concurrency, settings.crew_max_concurrency)  # taken in turn between crews
         self._grace = settings.stop_grace_ms / 1000
 
-    def launch(self, job: Job, input: dict[str, Any], timeout_ms: int, resumed: list[TaskRecord] | None) -> None:
+    def launch(
+        self, job: Job, input: dict[str, Any], timeout_ms: int, resumed: list[TaskRecord] | None, trace: JobTrace
+    ) -> None:
         """Schedule an admitted (already durable) job; ``resumed``: the tasks its earlier job completed (a resume)."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         budget = self.budget.within(self.budgets.get(job.crew_id, Budget()))
-        deadline = now + timeout_ms / 1000
-        given = (job.action_id, job.crew_id, job.operation, input, timeout_ms, now, deadline)
-        live = LiveJob(*given, resumed=resumed, budget=budget, timed=self.metrics.job_step)
+        given = (job.action_id, job.crew_id, job.operation, input, timeout_ms, now, now + timeout_ms / 1000)
+        live = LiveJob(*given, resumed=resumed, budget=budget, timed=self.metrics.job_step, trace=trace)
         self.live[job.action_id] = live
         if (now_in := self.lifecycle()).queue_closed:  # admitted as the queue closed: it ends as the others did
             live.ask_stop(StopReason.STOP if now_in.stopping else StopReason.DRAIN)

@@ -34,7 +34,8 @@ from supervisor.jobs.resumes import Resumes
 from supervisor.jobs.retention import Archives, Retention
 from supervisor.jobs.runner import Runner
 from supervisor.jobs.sandbox import Sandbox
-from supervisor.journal.records import Job, TaskRecord
+from supervisor.jobs.tracing import Tracing
+from supervisor.journal.records import Job
 from supervisor.journal.store import Journal
 from supervisor.metrics import Metrics
 from supervisor.models import BulkCancelRequest, StartRequest
@@ -92,7 +93,9 @@ class Supervisor(Reads, Archives, Resumes):
         self.slots.check(self.crews)  # each crew's own bound: the crews are known here, the fork server described them
         self.relay = self.runner.relay
         self.retention = Retention(settings, journal, live)
-        self.admission = Admission(settings, journal, self.crews, self._launch, now_in, crew_disk, self.retention)
+        self.tracing = Tracing()  # off: supervisor/jobs/tracing.py
+        given = (self._launch, now_in, crew_disk, self.retention, self.tracing)
+        self.admission = Admission(settings, journal, self.crews, *given)
         self.housekeeping = Housekeeping(limits, reaper, metrics, live=lambda: bool(live))
         _observe(metrics, live, journal, launcher, lambda: self.slots.queued(self.crews))
 
@@ -159,13 +162,13 @@ class Supervisor(Reads, Archives, Resumes):
             sup._become(Lifecycle.OPEN)
             yield sup
 
-    def _launch(self, job: Job, input: dict[str, Any], timeout_ms: int, resumed: list[TaskRecord] | None) -> None:
-        self.runner.launch(job, input, timeout_ms, resumed)
+    def _launch(self, job: Job, *given: Any) -> None:  # Runner.launch's input, timeout, resumed tasks, trace
+        self.runner.launch(job, *given)
         self.housekeeping.poke()  # a live job is sampled and its orphans reaped
 
-    async def admit(self, body: StartRequest, key: str | None, legacy: bool) -> Job:
+    async def admit(self, body: StartRequest, key: str | None, legacy: bool, traceparent: str | None = None) -> Job:
         """Admission's answer (``Admission.admit``): the job, durable and launched; or a ``Refused``."""
-        return await self.admission.admit(body, key, legacy)
+        return await self.admission.admit(body, key, legacy, traceparent=traceparent)
 
     async def cancel(self, action_id: str, reason: str | None) -> None:
         """Return once the job is terminal (``Runner.cancel``)."""

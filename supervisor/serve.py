@@ -32,6 +32,7 @@ from supervisor.http.connections import Bounds, budget, guarded_protocol
 from supervisor.jobs.environment import worker_env
 from supervisor.jobs.sandbox import check_places
 from supervisor.jobs.supervisor import Supervisor
+from supervisor.jobs.tracing import TracingError
 from supervisor.journal.errors import JournalError
 from supervisor.journal.statefiles import WORKER_PLACES, check_state_files, prepare_directory, prepare_places
 from supervisor.processes import reach
@@ -137,7 +138,7 @@ class _DrainingServer(uvicorn.Server):
                     launcher = functools.partial(_launcher, self.settings)
                     opening = Supervisor.open(self.settings, self.journal, launcher, fenced=self._bind)
                     self._sup = await stack.enter_async_context(opening)
-                except (JournalError, LaunchError, OSError, listener.ListenError) as exc:
+                except (JournalError, LaunchError, OSError, listener.ListenError, TracingError) as exc:
                     self.unready = str(exc)
                     return
                 except ConfigError as exc:  # what the workers found (WORKER_SANDBOX=enforce on a kernel without)

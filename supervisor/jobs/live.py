@@ -154,6 +154,12 @@ class LiveJob:
         self.trace.lap(step)
         self.lapped = now
 
+    def gone(self, evidence: Mapping[str, Any]) -> None:
+        """Its worker is gone, its exit read or its kill confirmed (``evidence``: its ``exit_status``, and a kill's):
+        the "exit" step ends, and its trace's ``worker`` span."""
+        self.lap("exit")
+        self.trace.exited(evidence)
+
     def ask_stop(self, reason: StopReason, said: str | None = None, breach: Breach | None = None) -> bool:
         """Whether this reason stops the job: the first asked does, unless its outcome is already decided. What a
         canceller ``said`` (CANCEL) and the ``breach`` (LIMIT) are kept with the reason that won."""

@@ -21,6 +21,8 @@ from protocol import (
     OverBudget,
     Reason,
     Recorded,
+    SpanEnded,
+    SpanStarted,
     Spent,
     Stacks,
     Start,
@@ -87,7 +89,8 @@ class Relay:
         given = (job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms, env, cwd, *limits)
         done = job.resumed or None
         resumed = ([task.output for task in done], done[0].fingerprint) if done else (None, "")
-        worker.send(Start(*given, writable, holding(env, job.secrets), *resumed))
+        trace = job.trace.worker_started(worker.pid, job.secrets)  # its worker's spans go beneath; "": not traced
+        worker.send(Start(*given, writable, holding(env, job.secrets), *resumed, trace))
 
     async def end(
         self, job: LiveJob, worker: WorkerProcess, result: Completed | Failed | Outcome | None, grace: float
@@ -99,7 +102,7 @@ class Relay:
             return await self._conclude(job, worker, result)
         if result is None:
             result = interrupted(job, (await self._stop(job, worker, grace)).as_dict())
-        job.lap("exit")  # the worker is gone: killed, or read dead
+        job.gone(result.data)  # killed, or read dead
         return result
 
     async def run(self, job: LiveJob, worker: WorkerProcess) -> Completed | Failed | Outcome:
@@ -139,6 +142,8 @@ class Relay:
                 fault = await self.recorder.record(job, "chunk", message.data)
             elif isinstance(message, EffectStarted | EffectEnded | TaskDone):
                 fault = await ledger.take(message)
+            elif isinstance(message, SpanStarted | SpanEnded):
+                fault = job.trace.take(message)
             elif isinstance(message, Spent):
                 self._spend(job, message)
                 continue
@@ -165,7 +170,7 @@ class Relay:
         proof: dict[str, Any] = {"exit_status": status}
         if status is None:  # slow to leave: killed, which is its exit
             proof = (await worker.kill()).as_dict()
-        job.lap("exit")  # its own end: the kernel's teardown of its address space, most of it
+        job.gone(proof)  # its own end: the kernel's teardown of its address space, most of it
         left = await self._leftovers(job, worker) if status is not None else None
         if left is not None:
             proof = left.evidence.as_dict()
@@ -238,7 +243,8 @@ class Relay:
             answer = await worker.ask(DumpStacks(), Stacks, stacks.BEFORE_KILL_SECONDS)
             if answer is not None:
                 job.stack = {**stacks.kept(job, answer), "before": str(job.stop)}
-        return await worker.kill(0 if job.stop is StopReason.LIMIT else grace)
+        with job.trace.killing() as killed:
+            return killed(await worker.kill(0 if job.stop is StopReason.LIMIT else grace))
 
     async def _ended(self, job: LiveJob, worker: WorkerProcess) -> Outcome:
         """The event pipe closed before a result: the worker died, or it closed the pipe and runs on."""

@@ -65,11 +65,8 @@ class Runner:
         self.crew_disk = crew_disk  # each crew's places as its jobs measure them, for admission
         self.budget = Budget(settings.worker_max_tokens, settings.worker_max_llm_calls)
         self.budgets = budgets  # each crew's own LLM budget, as its registry entry asks (Registry.budgets)
-        self.launcher = launcher
-        self.limits = limits
-        self.sandbox = sandbox
-        self.recorder = recorder
-        self.metrics = metrics
+        self.launcher, self.limits, self.sandbox = launcher, limits, sandbox
+        self.recorder, self.metrics = recorder, metrics
         self.relay = Relay(settings, limits, recorder, metrics)
         self.state = state
         self.live = live
@@ -144,15 +141,16 @@ class Runner:
     async def _run(self, job: LiveJob) -> None:
         timer = asyncio.get_running_loop().call_at(job.deadline, job.ask_stop, StopReason.TIMEOUT)
         try:
-            try:
-                outcome = await self._queue(job)
-            except Exception:
-                log.exception("job failed inside the supervisor", extra={"action_id": job.action_id})
-                failed = "the supervisor failed while running the job"
-                outcome = failure(Reason.SUPERVISOR_ERROR, failed, job.worker is not None)
-            finally:
-                timer.cancel()
-            await self._settle(job, outcome)
+            with job.trace.current():  # its log lines carry its trace's ids
+                try:
+                    outcome = await self._queue(job)
+                except Exception:
+                    log.exception("job failed inside the supervisor", extra={"action_id": job.action_id})
+                    failed = "the supervisor failed while running the job"
+                    outcome = failure(Reason.SUPERVISOR_ERROR, failed, job.worker is not None)
+                finally:
+                    timer.cancel()
+                await self._settle(job, outcome)
         finally:
             # Live until its terminal event has committed: a follower that finds it gone reads that event. Its
             # waiters are released even if the loop closing cancelled this task: a restart fences the job then.
@@ -242,6 +240,7 @@ class Runner:
         evidence = outcome.data if outcome.event != Status.COMPLETED else {}  # completed data is the output itself
         log.info("job finished", extra=_finished(job, outcome.event, evidence))
         job.move(Phase.SETTLED)
+        job.trace.end(outcome.event, evidence, job.spent.prompt_tokens, job.spent.completion_tokens)
         self.metrics.finished.labels(job.operation, outcome.event).inc()
         if "signal" in evidence:  # the supervisor killed the worker: say why
             self.metrics.kills.labels(evidence.get("reason") or outcome.event).inc()

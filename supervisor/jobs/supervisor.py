@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import os
 import secrets
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
@@ -63,6 +64,7 @@ class Supervisor(Reads, Archives, Resumes):
         state: Path,
         metrics: Metrics,
         live: dict[str, LiveJob],
+        tracing: Tracing,
     ) -> None:
         self.settings = settings
         # Each crew's own LLM budget that holds (what its registry entry asks, read as counts), for /health.
@@ -93,7 +95,7 @@ class Supervisor(Reads, Archives, Resumes):
         self.slots.check(self.crews)  # each crew's own bound: the crews are known here, the fork server described them
         self.relay = self.runner.relay
         self.retention = Retention(settings, journal, live)
-        self.tracing = Tracing()  # off: supervisor/jobs/tracing.py
+        self.tracing = tracing  # each job's trace begins at admission (supervisor/jobs/tracing.py)
         given = (self._launch, now_in, crew_disk, self.retention, self.tracing)
         self.admission = Admission(settings, journal, self.crews, *given)
         self.housekeeping = Housekeeping(limits, reaper, metrics, live=lambda: bool(live))
@@ -112,38 +114,23 @@ class Supervisor(Reads, Archives, Resumes):
         supervisor's job cgroups hold, open the journal, fence what it says a dead supervisor left running, call
         ``fenced`` (nothing of the past runs now and no child of ours yet: ``serve`` binds its port there), then
         describe the crews, start the launcher and housekeeping. On the way out ``stop`` (if nobody has yet), then
-        the launcher, the limits' cgroups, the journal, whose close commits what is queued, and last the lock."""
+        the launcher, the limits' cgroups, the journal, whose close commits what is queued, the lock, and last the
+        tracer, whose spans all ended with their jobs (``TracingError`` first of all: nothing is touched)."""
         state = journal_path.parent
-        loop = asyncio.get_running_loop()
         live: dict[str, LiveJob] = {}
         metrics = Metrics()
-
-        def committed(action_ids: frozenset[str]) -> None:  # on the journal's writer thread
-            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is left to wake
-                loop.call_soon_threadsafe(functools.partial(wake_followers, live, action_ids))
-
-        async with contextlib.AsyncExitStack() as stack:  # closed in reverse: the lock last
+        tracing = Tracing.from_environ(os.environ)
+        async with contextlib.AsyncExitStack() as stack:  # closed in reverse: the lock, then the tracer, last
+            stack.push_async_callback(asyncio.to_thread, tracing.close)  # bounded: CLOSE_SECONDS
             claim = Claim(journal_path)
             stack.callback(claim.release)
             killed = await asyncio.to_thread(kill_left_in_cgroups, claim.before)  # even if the journal cannot open
             limits = Limits(settings)
             stack.callback(limits.stop)
             claim.hold(limits.cgroup_bases())
-            journal = Journal(
-                journal_path,
-                settings.stream_checkpoint_events,
-                settings.max_state_bytes,
-                on_commit=committed,
-                commit_seconds=metrics.commit_latency.observe,
-                locked=claim.fd,
-            )
+            journal = _journal(settings, journal_path, claim, metrics, live)
             stack.callback(journal.close)
-            for what, backup in (
-                ("imported the reference", journal.imported_from),
-                ("upgraded the", journal.upgraded_from),
-            ):
-                if backup is not None:
-                    log.warning("%s journal at %s; the original is kept at %s", what, journal_path, backup)
+            _said_where_the_journal_came_from(journal)
             await fence_restored(journal, killed)
             limits.remove_stale()
             remove_stale_partials(settings.training_dir)  # nothing runs yet: no such file is anyone's
@@ -154,7 +141,7 @@ class Supervisor(Reads, Archives, Resumes):
             registry = await launcher.describe(worker_env(settings, state, ""), str(state / "scratch"))
             sandbox = Sandbox(settings, registry.sandbox)
             sandbox.check()
-            sup = cls(settings, journal, launcher, limits, sandbox, reaper, registry, state, metrics, live)
+            sup = cls(settings, journal, launcher, limits, sandbox, reaper, registry, state, metrics, live, tracing)
             stack.push_async_callback(sup.stop)
             launcher.start()
             sup.housekeeping.start()
@@ -250,6 +237,32 @@ class Supervisor(Reads, Archives, Resumes):
         reason = "jobs_finished" if not pending else "skipped" if skip.is_set() else "grace_expired"
         duration_ms = round((loop.time() - began) * 1000, 1)
         log.warning("drain ended", extra={"reason": reason, "duration_ms": duration_ms, "running": len(self.live)})
+
+
+def _journal(settings: Settings, path: Path, claim: Claim, metrics: Metrics, live: dict[str, LiveJob]) -> Journal:
+    """The journal, opened on the serving loop under the claim's lock: each commit wakes the followers of the jobs it
+    holds events of."""
+    loop = asyncio.get_running_loop()
+
+    def committed(action_ids: frozenset[str]) -> None:  # on the journal's writer thread
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is left to wake
+            loop.call_soon_threadsafe(functools.partial(wake_followers, live, action_ids))
+
+    return Journal(
+        path,
+        settings.stream_checkpoint_events,
+        settings.max_state_bytes,
+        on_commit=committed,
+        commit_seconds=metrics.commit_latency.observe,
+        locked=claim.fd,
+    )
+
+
+def _said_where_the_journal_came_from(journal: Journal) -> None:
+    """A reference journal imported, or an older schema upgraded, at this open: where its original is kept."""
+    for what, backup in (("imported the reference", journal.imported_from), ("upgraded the", journal.upgraded_from)):
+        if backup is not None:
+            log.warning("%s journal at %s; the original is kept at %s", what, journal.path, backup)
 
 
 def _observe(

@@ -35,6 +35,8 @@ FIELDS = (
     "traceback",  # a crew's exception, as its worker wrote it (LOG_CREW_TRACEBACKS)
     "descendants_killed",  # what a job's worker left running when it exited: how many, killed
     "leftovers",  # and each of them: pid, command (secrets masked), how it left
+    "trace_id",  # the trace of the job the line is about, when it is traced (TraceFields)
+    "span_id",  # that job's root span
 )
 
 
@@ -76,10 +78,29 @@ def _value(value: object) -> str:
 _NEEDS_QUOTES = re.compile(r'[\s="\\]')
 
 
+class TraceFields(logging.Filter):
+    """A line said within a traced job (``JobTrace.current``) carries its trace's ``trace_id`` and ``span_id``,
+    from the current OpenTelemetry span; any other line, neither."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from opentelemetry import trace  # here: only serve's logs are configured, and every command imports this
+
+        self._trace = trace
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        context = self._trace.get_current_span().get_span_context()
+        if context.is_valid:
+            record.trace_id = self._trace.format_trace_id(context.trace_id)
+            record.span_id = self._trace.format_span_id(context.span_id)
+        return True
+
+
 def configure(level: str, style: str) -> None:
     """The root handler serves uvicorn's loggers too (uvicorn is started with log_config=None)."""
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if style == "json" else TextFormatter())
+    handler.addFilter(TraceFields())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -21,6 +21,9 @@ from supervisor.jobs.sandbox import hidden, workers_writable
 from supervisor.processes.limits import rlimits as worker_rlimits
 
 ALWAYS_PASSED = ("PATH", "PYTHONPATH")  # what finds the interpreter's tools and the crews' code
+# The supervisor's tracing (supervisor/jobs/tracing.py): the exporter's endpoint and headers (which may hold a vendor's
+# key) are the supervisor's alone; a worker sends its spans as frames. Its OTEL_SDK_DISABLED is protocol.QUIET_CREWAI's.
+TRACING_PREFIX = "OTEL_"
 MAX_FILE_BYTES = 64 * 1024
 # What can be a file's name: no separator, no leading dot (``..``, a hidden file), nothing a shell would mangle.
 SAFE_CREW_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,200}")
@@ -40,8 +43,9 @@ def job_env(
     tokens: Collection[str] = (),
 ) -> dict[str, str]:
     """What the job's code finds in ``os.environ``: the supervisor's environment without any ``AIP_CREWAI_*``
-    variable (settings, the tokens and their files among them) or a variable holding one of ``tokens``, filtered
-    by ``WORKER_ENV`` when set; then ``crew_vars`` (its crew's file); then the worker's places.
+    variable (settings, the tokens and their files among them), any ``OTEL_*`` one (the supervisor's tracing), or
+    a variable holding one of ``tokens``, filtered by ``WORKER_ENV`` when set (which cannot name those back); then
+    ``crew_vars`` (its crew's file, which cannot set them either); then the worker's places.
 
     Each crew gets its own CrewAI storage, so a replay finds that crew's latest kickoff, and its own HOME, so
     crews share no file CrewAI keeps there (its ``secret.key``, caches). ``tmpdir`` is the job's own (in its
@@ -53,7 +57,7 @@ def job_env(
     env = {
         name: value
         for name, value in os.environ.items()
-        if not name.startswith(SETTINGS_PREFIX)
+        if not name.startswith((SETTINGS_PREFIX, TRACING_PREFIX))
         and value not in tokens  # a token exported under another name too
         and (not allowed or _named(name, allowed))
     }
@@ -150,7 +154,7 @@ def parse_crew_env(path: str, data: bytes) -> dict[str, str]:
         where = f"{path}, line {number}"
         if not equals or not NAME.fullmatch(name):  # the line is not quoted: it may hold a key
             raise CrewEnvError(f"{where}: not NAME=VALUE (a name of letters, digits and _)")
-        if name.startswith(SETTINGS_PREFIX) or name in PLACES:
+        if name.startswith((SETTINGS_PREFIX, TRACING_PREFIX)) or name in PLACES:
             raise CrewEnvError(f"{where}: {name} is the supervisor's to set")
         if name in found:
             raise CrewEnvError(f"{where}: {name} is set twice")

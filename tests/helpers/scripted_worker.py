@@ -17,8 +17,10 @@ its Start gave. The effect ledger: ``effect:KIND:NAME`` (the next entry's ``Effe
 (a ``TaskDone``, its raw output N characters longer, waited for alike), ``end:ID:STATUS[:TYPE:MESSAGE]`` (an
 ``EffectEnded`` with 3 prompt and 2 completion tokens), ``entry:ID:KIND:NAME`` (an ``EffectStarted`` with that id,
 not waited for: crew code writing its own), ``flood:N:SIZE`` (``TaskDone`` for tasks 0 to N-1, each raw output SIZE
-characters longer, none waited for: crew code that does not wait for its answers). Another operation's closed input
-carries the script in its ``inputs``.
+characters longer, none waited for: crew code that does not wait for its answers). Its trace: ``span:ID:PARENT:NAME``
+(a ``SpanStarted`` now, with the attributes ``input["span_attributes"]`` holds, if it does), ``span-end:ID[:ERROR]``
+(its ``SpanEnded``), ``trace`` (its ``Start.trace`` written to the file ``input["trace"]`` names). Another operation's
+closed input carries the script in its ``inputs``.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ from protocol import (
     OverBudget,
     Reason,
     Recorded,
+    SpanEnded,
+    SpanStarted,
     Spent,
     Stacks,
     Start,
@@ -133,9 +137,22 @@ def ledger(step: str, start: Start) -> None:
         send(EffectStarted(int(fields[0]), fields[1], fields[2], DIGEST))
 
 
+def spans(step: str, start: Start) -> None:
+    what, _, rest = step.partition(":")
+    fields = rest.split(":")
+    if what == "span":
+        send(SpanStarted(fields[0], fields[1], fields[2], time.time_ns(), start.input.get("span_attributes") or {}))
+    elif what == "span-end":
+        send(SpanEnded(fields[0], time.time_ns(), {}, fields[1] if len(fields) > 1 else ""))
+    else:
+        Path(start.input["trace"]).write_text(start.trace)
+
+
 def play(step: str, start: Start) -> None:
     if step.partition(":")[0] in ("effect", "task", "end", "entry", "flood"):
         ledger(step, start)
+    elif step.partition(":")[0] in ("span", "span-end", "trace"):
+        spans(step, start)
     elif step == "building":
         send(Building())
     elif step == "started":

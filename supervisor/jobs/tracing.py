@@ -274,6 +274,7 @@ class Tracing:
         operation: str,
         traceparent: str | None,
         began_ns: int,
+        *,
         tracestate: str | None = None,
         link: tuple[str, str] | None = None,
     ) -> JobTrace:

@@ -1,6 +1,6 @@
 """A real OTLP/HTTP trace receiver on loopback: what a collector would take, decoded with opentelemetry-proto.
 
-``with OtlpReceiver() as receiver:`` listens on 127.0.0.1 (a free port, ``receiver.endpoint`` for
+``with OtlpReceiver() as receiver:`` listens on 127.0.0.1 (a free port, or ``port``; ``receiver.endpoint`` for
 ``OTEL_EXPORTER_OTLP_ENDPOINT``), answers each ``POST /v1/traces`` as a collector does, and keeps every span it was
 sent (``receiver.spans``), each as a ``ReceivedSpan``. ``receiver.wait_for(check)`` waits, with a deadline, until
 ``check(spans)`` is true of what arrived.
@@ -43,7 +43,7 @@ class ReceivedSpan:
 
 
 class OtlpReceiver:
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.spans: list[ReceivedSpan] = []
         self.requests: list[dict[str, str]] = []  # each request's headers, in arrival order
         self._changed = threading.Condition()
@@ -74,7 +74,7 @@ class OtlpReceiver:
             def log_message(self, format: str, *args: Any) -> None:  # quiet: a test reads the spans
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="otlp-receiver", daemon=True)
 

@@ -1,0 +1,206 @@
+"""One trace per job, end to end: a real supervisor (its fork server, real workers, real CrewAI) exporting over
+OTLP/HTTP to a real receiver (tests/helpers/otlp_receiver.py), as ``OTEL_EXPORTER_OTLP_ENDPOINT`` asks. A job's
+spans make one tree beneath its root; a caller's ``traceparent`` makes the root its child; a cancel inside a hanging
+LLM call exports its stop, its kill and what it cut off; a worker killed from outside ends its trace too; the job's
+log lines carry its trace's id; its crew sees no ``OTEL_*`` variable; and with no endpoint nothing leaves."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from supervisor.testing import Server
+from tests.conftest import start_body, start_server, stop_server, wait_until
+from tests.helpers.otlp_receiver import OtlpReceiver, ReceivedSpan
+from worker.provider import URL_ENV, Provider
+
+KEY = {"Idempotency-Key": "key"}
+VENDOR_KEY = "vendor-" + secrets.token_hex(16)  # what an exporter's headers may hold: never a job's
+STEPS = ("admission", "queue", "launch", "worker_start", "job", "exit", "cleanup", "journal", "worker")
+SDK_DEFAULT_PORT = 4318  # where the SDK would send with no endpoint named: a leak would land here
+# supervisor.testing starts every supervisor with CrewAI's switches off (protocol.QUIET_CREWAI), as the image does:
+# OTEL_SDK_DISABLED=true among them would turn the supervisor's own tracing off. (Its jobs never see it: OTEL_* stay
+# out of their environment, and a worker sets QUIET_CREWAI's for itself.)
+SDK_ON = {"OTEL_SDK_DISABLED": "false"}
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[OtlpReceiver]:
+    with OtlpReceiver() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def traced(receiver: OtlpReceiver, provider: Provider, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A supervisor tracing to ``receiver``, its batches sent every 50 ms, its crews' provider the module's."""
+    env = {
+        **SDK_ON,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+        "OTEL_BSP_SCHEDULE_DELAY": "50",
+        "OTEL_EXPORTER_OTLP_HEADERS": f"authorization=Bearer {VENDOR_KEY}",
+        URL_ENV: provider.url,
+    }
+    server = start_server(tmp_path_factory.mktemp("traced") / "state", env=env)
+    yield server
+    stop_server(server)
+
+
+def job_trace(receiver: OtlpReceiver, action_id: str) -> tuple[ReceivedSpan, dict[str, list[ReceivedSpan]]]:
+    """The job's root, once exported (its spans all ended before it), and every other span of its trace by name."""
+
+    def root_came(spans: list[ReceivedSpan]) -> bool:
+        return any(_is_root(span, action_id) for span in spans)
+
+    spans = receiver.wait_for(root_came, timeout=60)
+    (root,) = [span for span in spans if _is_root(span, action_id)]
+    named: dict[str, list[ReceivedSpan]] = {}
+    for span in receiver.trace(root.trace_id):
+        if span is not root:
+            named.setdefault(span.name, []).append(span)
+    return root, named
+
+
+def _is_root(span: ReceivedSpan, action_id: str) -> bool:
+    attributes = span.attributes
+    return attributes.get("crew_supervisor.action_id") == action_id and "crew_supervisor.outcome" in attributes
+
+
+def begin(client: httpx.Client, body: dict[str, Any]) -> int:
+    """Start a job without waiting for its end; its worker's pid once it has started."""
+    with client.stream("POST", "/jobs/stream", json=body, headers=KEY) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("event: started"):
+                break
+    events = client.get(f"/jobs/{body['action_id']}/events").json()["events"]
+    return int(next(event["data"]["pid"] for event in events if event["event"] == "started"))
+
+
+def test_a_job_is_one_trace_beneath_its_root(traced: Server, receiver: OtlpReceiver) -> None:
+    with traced.client() as client:
+        answer = client.post("/jobs", json=start_body("demo", "tree"), headers=KEY)
+        assert answer.status_code == 200, answer.text
+    root, spans = job_trace(receiver, "tree")
+    assert root.parent_id == "" and root.status == "UNSET"
+    assert root.attributes["crew_supervisor.outcome"] == "completed"
+    assert root.resource["service.name"] == "crew-supervisor" and root.resource["process.pid"] == traced.pid
+    assert all(len(spans[step]) == 1 and spans[step][0].parent_id == root.span_id for step in STEPS), spans.keys()
+    job = {"crew_supervisor.action_id": "tree", "crew_supervisor.crew_id": "demo", "crew_supervisor.operation": "run"}
+    assert all(job.items() <= span.attributes.items() for named in spans.values() for span in named)
+    (worker,) = spans["worker"]
+    assert worker.attributes["process.exit.code"] == 0 and [name for name, _ in worker.events] == ["exit"]
+    assert not {"stop", "kill"} & spans.keys()
+    assert any(VENDOR_KEY in value for request in receiver.requests for value in request.values())  # its headers
+
+
+def test_a_caller_s_traceparent_makes_the_job_its_child(traced: Server, receiver: OtlpReceiver) -> None:
+    caller_trace, caller_span = secrets.token_hex(16), secrets.token_hex(8)
+    headers = {**KEY, "traceparent": f"00-{caller_trace}-{caller_span}-01", "tracestate": "vendor=opaque"}
+    with traced.client() as client:
+        answer = client.post("/jobs", json=start_body("demo", "child"), headers=headers)
+        assert answer.status_code == 200, answer.text
+    root, _ = job_trace(receiver, "child")
+    assert (root.trace_id, root.parent_id) == (caller_trace, caller_span)
+
+
+def test_a_cancel_inside_a_hanging_llm_call_exports_its_stop_its_kill_and_what_it_cut_off(
+    traced: Server, receiver: OtlpReceiver, provider: Provider
+) -> None:
+    before = len(provider.calls)
+    with traced.client() as client:
+        begin(client, start_body("llm-hang", "hung"))
+        provider.wait(lambda calls: len(calls) > before, 60)  # the provider holds the call: it never answers
+        said = f"runaway call; my key is {VENDOR_KEY}"
+        answer = client.post("/jobs/hung/cancel", json={"crew_id": "llm-hang", "action_id": "hung", "reason": said})
+        assert answer.status_code == 200 and answer.json()["status"] == "cancelled", answer.text
+    root, spans = job_trace(receiver, "hung")
+    assert root.attributes["crew_supervisor.outcome"] == "cancelled" and root.status == "UNSET"
+    (stop,), (kill,), (worker,) = spans["stop"], spans["kill"], spans["worker"]
+    assert stop.parent_id == root.span_id and stop.attributes["crew_supervisor.stop_reason"] == "cancel"
+    assert kill.parent_id == stop.span_id and kill.attributes["crew_supervisor.stop_confirmed"] is True
+    assert kill.attributes["crew_supervisor.signal"] == "SIGKILL"
+    assert worker.attributes["crew_supervisor.exit_signal"] == "SIGKILL"
+    assert all(VENDOR_KEY not in repr(span) and "runaway" not in repr(span) for span in receiver.trace(root.trace_id))
+
+
+def test_a_worker_killed_from_outside_ends_its_trace(traced: Server, receiver: OtlpReceiver) -> None:
+    with traced.client() as client:
+        pid = begin(client, start_body("demo-slow", "crashed", input={"seconds": 120}))
+        os.kill(pid, signal.SIGKILL)
+        assert wait_until(lambda: client.get("/jobs/crashed").json()["status"] == "failed", timeout=60)
+    root, spans = job_trace(receiver, "crashed")
+    assert root.status == "ERROR" and root.attributes["crew_supervisor.reason"] == "worker_killed"
+    assert root.attributes["crew_supervisor.uncertain_outcome"] is True
+    (worker,) = spans["worker"]
+    assert worker.attributes["process.pid"] == pid and worker.attributes["crew_supervisor.exit_signal"] == "SIGKILL"
+    assert "stop" not in spans  # nobody asked for it
+
+
+def test_a_traced_job_s_log_lines_carry_its_trace_s_ids(traced: Server, receiver: OtlpReceiver) -> None:
+    with traced.client() as client:
+        assert client.post("/jobs", json=start_body("demo", "logged"), headers=KEY).status_code == 200
+    root, _ = job_trace(receiver, "logged")
+    lines = [line for line in _log(traced) if line.get("action_id") == "logged"]
+    (finished,) = [line for line in lines if line["event"] == "job finished"]
+    assert (finished["trace_id"], finished["span_id"]) == (root.trace_id, root.span_id)
+    assert all(line["trace_id"] == root.trace_id for line in lines if "trace_id" in line)
+
+
+def test_a_job_s_crew_sees_no_otel_variable(traced: Server) -> None:
+    with traced.client() as client:
+        answer = client.post("/jobs", json=start_body("environ", "environ"), headers=KEY)
+        assert answer.status_code == 200, answer.text
+        output = client.get("/jobs/environ/output").json()
+    (line,) = [line for line in output["stdout"]["text"].splitlines() if line.startswith("environ ")]
+    names = set(line.split()[1:])
+    # Only the one a worker sets for itself, CrewAI's telemetry off; none of the supervisor's own.
+    assert "PATH" in names and {name for name in names if name.startswith("OTEL_")} == {"OTEL_SDK_DISABLED"}
+    assert VENDOR_KEY not in json.dumps(output)
+
+
+def test_without_an_endpoint_nothing_leaves(tmp_path: Path) -> None:
+    """Its service named, the exporter told (OTLP, a key in its headers): still nothing is sent, not even to where
+    the SDK would send by default, and no log line of a job names a trace."""
+    with _listening_at_the_sdk_default() as receiver:
+        env = {
+            **SDK_ON,
+            "OTEL_SERVICE_NAME": "untraced",
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_HEADERS": f"authorization=Bearer {VENDOR_KEY}",
+            "OTEL_BSP_SCHEDULE_DELAY": "50",
+        }
+        server = start_server(tmp_path / "state", env=env)
+        with server.client() as client:
+            assert client.post("/jobs", json=start_body("demo", "quiet"), headers=KEY).status_code == 200
+        stop_server(server)  # its tracer, had it one, flushed at close
+        assert receiver.spans == [] and receiver.requests == []
+    lines = [line for line in _log(server) if line.get("action_id") == "quiet"]
+    assert lines and not any("trace_id" in line or "span_id" in line for line in lines)
+
+
+@contextlib.contextmanager
+def _listening_at_the_sdk_default() -> Iterator[OtlpReceiver]:
+    try:
+        receiver = OtlpReceiver(SDK_DEFAULT_PORT)
+    except OSError as exc:  # another process holds it: what would leak there is not ours to read
+        pytest.skip(f"127.0.0.1:{SDK_DEFAULT_PORT} is taken ({exc.strerror})")
+    with receiver:
+        yield receiver
+
+
+def _log(server: Server) -> list[dict[str, Any]]:
+    """The supervisor's JSON log lines (its log file also holds what its children wrote there)."""
+    lines = []
+    for line in server.log.read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            if isinstance(document := json.loads(line), dict) and "event" in document:
+                lines.append(document)
+    return lines

@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -184,6 +185,28 @@ def test_without_an_endpoint_nothing_leaves(tmp_path: Path) -> None:
         assert receiver.spans == [] and receiver.requests == []
     lines = [line for line in _log(server) if line.get("action_id") == "quiet"]
     assert lines and not any("trace_id" in line or "span_id" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("asked", "said"),
+    [
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, "OTLP protocol 'http/json' is not one the supervisor exports"),
+        ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER=zipkin: the supervisor exports over otlp alone"),
+    ],
+)
+def test_what_it_cannot_export_with_refuses_the_start_in_one_line(
+    tmp_path: Path, asked: dict[str, str], said: str
+) -> None:
+    env = {**SDK_ON, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", **asked}
+    server = start_server(tmp_path / "state", env=env, wait=False)
+    try:
+        returncode = server.process.wait(120)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        raise AssertionError("a supervisor asked for an OTLP protocol it has not did not exit") from None
+    assert returncode == 1
+    last = server.log_tail().strip().splitlines()[-1]
+    assert last.startswith(f"crew-supervisor: {said}"), last
 
 
 @contextlib.contextmanager

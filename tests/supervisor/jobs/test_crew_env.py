@@ -1,4 +1,5 @@
-"""A crew's environment file, parsed: NAME=VALUE lines, comments, values as written; a bad line named, never quoted."""
+"""A crew's environment file, parsed: NAME=VALUE lines, comments, values as written; a bad line named, never quoted.
+And what of the supervisor's own environment a job never gets: its tracing's ``OTEL_*``, whatever WORKER_ENV says."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.jobs.environment import MAX_FILE_BYTES, CrewEnvError, parse_crew_env, read_crew_env
+from supervisor.jobs.environment import MAX_FILE_BYTES, CrewEnvError, job_env, parse_crew_env, read_crew_env
+from tests.supervisor.jobs.harness import settings
 
 
 def test_lines_comments_and_values_as_written() -> None:
@@ -27,6 +29,7 @@ def test_lines_comments_and_values_as_written() -> None:
         (b"A=1\nnot a line sk-hidden\n", "f, line 2: not NAME=VALUE"),
         (b"1A=sk-hidden\n", "f, line 1: not NAME=VALUE"),
         (b"TMPDIR=/tmp\n", "f, line 1: TMPDIR is the supervisor's to set"),
+        (b"OTEL_EXPORTER_OTLP_HEADERS=key=sk-hidden\n", "f, line 1: OTEL_EXPORTER_OTLP_HEADERS is the supervisor's"),
         (b"A=\xff\n", "f: not UTF-8"),
         (b"A=sk-hidden\0\n", "f, line 1: A's value holds a NUL byte"),
     ],
@@ -62,3 +65,15 @@ def test_reading_a_small_file_takes_well_under_a_millisecond(tmp_path: Path) -> 
     for _ in range(runs):
         read_crew_env(str(tmp_path), "crew")
     assert (time.perf_counter() - began) / runs < 0.001
+
+
+@pytest.mark.parametrize("worker_env", ["", "OTEL_*,KEPT", "OTEL_EXPORTER_OTLP_HEADERS,KEPT"])
+def test_no_otel_variable_reaches_a_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, worker_env: str) -> None:
+    """The exporter's endpoint and headers (a vendor's key, say) are the supervisor's: a job's worker sends its spans
+    as frames. Not even WORKER_ENV can name one back."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=sk-hidden")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "sidecar")
+    monkeypatch.setenv("KEPT", "1")
+    env = job_env(settings(tmp_path / "journal.db", worker_env=worker_env), tmp_path, "crew", tmp_path / "tmp")
+    assert env["KEPT"] == "1" and not [name for name in env if name.startswith("OTEL_")]

@@ -203,16 +203,19 @@ class Traced(JobTrace):
                 _cut(self.root, time.time_ns())
 
     def _cut_off(self) -> None:
-        """Every span of the job still open ends now, as cut off; the root is left to its caller."""
+        """The job's end, now: its stop span ends with it, every other span still open ends as cut off; the root is
+        left to its caller."""
         self.ended = True
         self.lapped = now = max(time.time_ns(), self.lapped)
         if self.spans is not None:
             self.spans.cut_off(now)
             if self.spans.dropped:
                 self.root.set_attribute("crew_supervisor.spans_dropped", self.spans.dropped)
-        for span in (self.admission, self.worker, self.stop):
+        for span in (self.admission, self.worker):
             if span is not None:
                 _cut(span, now)
+        if self.stop is not None:
+            self.stop.end(now)
         self.admission = self.worker = self.stop = None
 
 

@@ -302,7 +302,8 @@ def test_a_cancel_exports_its_stop_and_kill_and_cuts_off_what_the_worker_had_ope
     spans = exported(receiver, tracing, trace, 7)
     (root,), (stop,), (kill,), (worker,) = spans["root"], spans["stop"], spans["kill"], spans["worker"]
     assert stop.parent_id == root.span_id and stop.attributes["crew_supervisor.stop_reason"] == "cancel"
-    assert kill.parent_id == stop.span_id and stop.end_ns >= kill.end_ns
+    assert stop.status == "UNSET" and stop.end_ns == root.end_ns  # it lasts until the job's end
+    assert kill.parent_id == stop.span_id and stop.end_ns >= kill.end_ns and kill.status == "UNSET"
     expected = {"crew_supervisor.signal": "SIGKILL", "crew_supervisor.descendants_killed": 2}
     assert kill.attributes.items() >= {**expected, "crew_supervisor.stop_confirmed": True}.items()
     assert worker.attributes["crew_supervisor.exit_signal"] == "SIGKILL"

@@ -42,8 +42,8 @@ from protocol import (
     Message,
     TaskDone,
 )
+from worker import masking
 
-REDACTED = "[redacted]"  # as the supervisor masks (supervisor/redaction.py): a secret cut in two would pass it
 TASK_FIELDS = ("description", "agent", "raw", "pydantic", "json_dict", "output_format")
 Arguments = Callable[[tuple[Any, ...], dict[str, Any]], Any]  # what a call's digest is of, from its arguments
 _active: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("ledger_active", default=frozenset())
@@ -86,9 +86,7 @@ class _Ledger:
         return True
 
     def masked(self, text: str) -> str:
-        for secret in self.secrets:
-            text = text.replace(secret, REDACTED)
-        return text
+        return masking.masked(text, self.secrets)
 
     def size(self, data: Any) -> int:
         """The bytes of ``data`` (a decoded JSON value) as the supervisor stores it: compact JSON of it masked, each
@@ -121,8 +119,7 @@ def open_ledger(send: Callable[[Message], None], secrets: tuple[str, ...] = ()) 
     """From now on every tool and LLM call of the job is in the ledger. Once the job's crew is built: the classes
     of its tools and models are imported by then."""
     global _ledger
-    # Longest first, as the supervisor masks: a secret that holds another is replaced whole.
-    _ledger = _Ledger(send, tuple(sorted({secret for secret in secrets if secret}, key=len, reverse=True)))
+    _ledger = _Ledger(send, masking.ordered(secrets))
     wrap_classes()
 
 

@@ -73,9 +73,21 @@ class Tracing:
         """Off unless an OTLP endpoint is named; ``TracingError`` for a protocol that cannot be had."""
         return cls()
 
-    def begin(self, action_id: str, crew_id: str, operation: str, traceparent: str | None, began_ns: int) -> JobTrace:
+    def begin(
+        self,
+        action_id: str,
+        crew_id: str,
+        operation: str,
+        traceparent: str | None,
+        began_ns: int,
+        *,
+        tracestate: str | None = None,
+        link: tuple[str, str] | None = None,
+    ) -> JobTrace:
         """A new job's trace, its root span begun at ``began_ns`` (the request's arrival at admission), a child of
-        the caller's span when ``traceparent`` names one."""
+        the caller's span when ``traceparent`` names one (``tracestate``: the caller's, carried with it; both the
+        raw headers, a malformed one ignored). ``link``: the trace id and root span id of the job a resume
+        continues, which the root links to."""
         return NO_TRACE
 
     def close(self) -> None:

@@ -32,21 +32,7 @@ class Metrics:
         self.finished = Counter(
             f"{PREFIX}_jobs_finished", "Jobs that reached their terminal event.", ["operation", "outcome"], registry=r
         )
-        # Per crew: its label takes only the crews this supervisor serves (admission refuses any other before any
-        # metric is touched), so the series are bounded by the registry, not by what clients send.
-        self.crew_finished = Counter(
-            f"{PREFIX}_crew_jobs_finished",
-            "Jobs of each crew that reached their terminal event.",
-            ["crew", "operation", "outcome"],
-            registry=r,
-        )
-        self.crew_job_seconds = Histogram(
-            f"{PREFIX}_crew_job_seconds",
-            "Each crew's jobs, from admission to their terminal event.",
-            ["crew", "outcome"],
-            buckets=JOB_BUCKETS,
-            registry=r,
-        )
+        self.crew_finished, self.crew_job_seconds = _by_crew(r)
         self.worker_starts = Counter(f"{PREFIX}_worker_starts", "Workers launched.", ["launcher"], registry=r)
         self.kills = Counter(f"{PREFIX}_kills", "Workers killed by the supervisor.", ["reason"], registry=r)
         self.llm_tokens = Counter(
@@ -128,6 +114,26 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _by_crew(registry: CollectorRegistry) -> tuple[Counter, Histogram]:
+    """Each crew's finished jobs and their durations. The crew label takes only the crews this supervisor serves
+    (admission refuses any other before any metric is touched): the series are bounded by the registry of crews,
+    not by what clients send."""
+    finished = Counter(
+        f"{PREFIX}_crew_jobs_finished",
+        "Jobs of each crew that reached their terminal event.",
+        ["crew", "operation", "outcome"],
+        registry=registry,
+    )
+    seconds = Histogram(
+        f"{PREFIX}_crew_job_seconds",
+        "Each crew's jobs, from admission to their terminal event.",
+        ["crew", "outcome"],
+        buckets=JOB_BUCKETS,
+        registry=registry,
+    )
+    return finished, seconds
 
 
 class _QueuedByCrew(Collector):

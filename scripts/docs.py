@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SETTINGS_PAGE = ROOT / "docs" / "settings.md"
 REFRESH = ".venv/bin/python scripts/docs.py settings"
 UNITS = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20))
-NAME = re.compile(r"(\w*_\w*\*?)")  # a word with an underscore is a name: a setting, an operation, a reason
+# A word with an underscore is a name (a setting, an operation, a reason), and so is a placeholder: {trace_id}.
+NAME = re.compile(r"(\{\w+\}|\w*_\w*\*?)")
 MARKDOWN = re.compile(r"([\\`*_|\[\]])")  # what would turn the rest of a help text into markup
 
 

@@ -82,6 +82,7 @@ class Settings:
     stray_processes: str
     cgroups: str
     console: bool
+    trace_ui_url: str
     worker_env: tuple[str, ...]
     crew_env_dir: str
     worker_sandbox: str

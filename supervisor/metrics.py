@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
@@ -14,12 +15,13 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from supervisor.scopes import needs
-from supervisor.vocabulary import Role
+from supervisor.vocabulary import Role, Status
 
 PREFIX = "crew_supervisor"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 # Fine enough for a median of steps a few milliseconds long: 0.25 ms to ~50 s, each bucket 1.25x the one below.
 STEP_BUCKETS = tuple(round(0.00025 * 1.25**i, 6) for i in range(56))
+JOB_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)  # a job's timeout is 1 h at most
 
 
 class Metrics:
@@ -30,6 +32,7 @@ class Metrics:
         self.finished = Counter(
             f"{PREFIX}_jobs_finished", "Jobs that reached their terminal event.", ["operation", "outcome"], registry=r
         )
+        self.crew_finished, self.crew_job_seconds = _by_crew(r)
         self.worker_starts = Counter(f"{PREFIX}_worker_starts", "Workers launched.", ["launcher"], registry=r)
         self.kills = Counter(f"{PREFIX}_kills", "Workers killed by the supervisor.", ["reason"], registry=r)
         self.llm_tokens = Counter(
@@ -94,11 +97,43 @@ class Metrics:
         self.forkserver_restarts.set_function(restarts)
         self.idle_workers.set_function(idle_workers)
 
+    def job_finished(
+        self, crew: str, operation: str, outcome: str, evidence: Mapping[str, Any], seconds: float
+    ) -> None:
+        """A job's terminal event committed, ``seconds`` after its admission; ``evidence``: a failed or cancelled
+        job's (a kill's says its signal). A kill is counted by its failure's reason (ours: a bounded vocabulary), a
+        cancel's as ``cancelled``: its ``reason`` is what the canceller said, free text no label may hold."""
+        self.finished.labels(operation, outcome).inc()
+        self.crew_finished.labels(crew, operation, outcome).inc()
+        self.crew_job_seconds.labels(crew, outcome).observe(seconds)
+        if "signal" in evidence:  # the supervisor killed the worker: say why
+            self.kills.labels(outcome if outcome == Status.CANCELLED else evidence.get("reason") or outcome).inc()
+
     def job_step(self, step: str, seconds: float) -> None:
         self.job_steps.labels(step).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _by_crew(registry: CollectorRegistry) -> tuple[Counter, Histogram]:
+    """Each crew's finished jobs and their durations. The crew label takes only the crews this supervisor serves
+    (admission refuses any other before any metric is touched): the series are bounded by the registry of crews,
+    not by what clients send."""
+    finished = Counter(
+        f"{PREFIX}_crew_jobs_finished",
+        "Jobs of each crew that reached their terminal event.",
+        ["crew", "operation", "outcome"],
+        registry=registry,
+    )
+    seconds = Histogram(
+        f"{PREFIX}_crew_job_seconds",
+        "Each crew's jobs, from admission to their terminal event.",
+        ["crew", "outcome"],
+        buckets=JOB_BUCKETS,
+        registry=registry,
+    )
+    return finished, seconds
 
 
 class _QueuedByCrew(Collector):

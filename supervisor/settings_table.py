@@ -6,12 +6,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import urllib.parse
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from protocol import Operation
 
 MAX_WORKERS = 1024  # MAX_CONCURRENCY's highest
+TRACE_ID = "{trace_id}"  # where TRACE_UI_URL takes a job's trace id
+JAEGER_TRACE_URL = "http://localhost:16686/trace/{trace_id}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +108,21 @@ def _crew_bounds(raw: str) -> tuple[tuple[str, int], ...]:
             raise ValueError(f"{crew!r} is named twice")
         bounds[crew] = int(count)
     return tuple(bounds.items())
+
+
+@_accepting("an http:// or https:// URL holding {trace_id} (empty: none)")
+def _trace_url(raw: str) -> str:
+    """A URL template: the trace id goes where ``{trace_id}`` is. Printable ASCII only: the CLI prints it, the console
+    makes a link of it."""
+    template = raw.strip()
+    if not template:
+        return ""
+    parts = urllib.parse.urlsplit(template.replace(TRACE_ID, "0" * 32))
+    if TRACE_ID not in template or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"must be an http:// or https:// URL holding {TRACE_ID} (Jaeger's: {JAEGER_TRACE_URL})")
+    if not re.fullmatch(r"[\x21-\x7e]+", template):
+        raise ValueError("must be printable ASCII, without spaces (percent-encode the rest)")
+    return template
 
 
 def _or_auto(parser: Parser) -> Parser:
@@ -411,6 +429,13 @@ SPEC: dict[str, Setting] = {
         "serve the operator console (a browser page) under /console; the page is public, every call it makes needs"
         " the bearer token",
         "see [The console](operating.md#the-console-in-a-browser)",
+    ),
+    "TRACE_UI_URL": Setting(
+        _trace_url,
+        "",
+        "a trace UI's page for one trace, {trace_id} where the id goes (Jaeger's: http://localhost:16686/trace/"
+        "{trace_id}): a traced job's record gives it as trace_url, the console links to it; empty: none",
+        "the traces themselves go where the standard `OTEL_EXPORTER_OTLP_ENDPOINT` says; see [Tracing](tracing.md)",
     ),
     "WORKER_ENV": Setting(
         _names,

@@ -200,6 +200,9 @@ def job_panel(job: dict[str, Any], now: float | None = None) -> Table:
     for name, said in (("resumed_from", "resumes"), ("resumed_by", "resumed by")):  # absent from an older server
         if job.get(name) is not None:
             table.add_row(Text(said, style="bold"), id_text(job[name]))
+    for name, said in (("trace_id", "trace"), ("trace_url", "trace url")):  # a traced job's; its page in a trace UI
+        if job.get(name) is not None:
+            table.add_row(Text(said, style="bold"), Text(visible(job[name]), overflow="fold"))  # whole, to paste
     if job["status"] != Status.COMPLETED:  # a completed event's data is the output, shown below
         for name, value in (job.get("terminal") or {}).items():
             if name != "status" and not (name == "exit_status" and value == job.get("exit_status")):  # shown below

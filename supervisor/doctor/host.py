@@ -1,13 +1,17 @@
-"""Which kernel limits hold a job here: a pids and a memory cgroup per job, or sampling; the rlimits."""
+"""Which kernel limits hold a job here: a pids and a memory cgroup per job, or sampling; the rlimits; and where
+the jobs' traces would go."""
 
 from __future__ import annotations
 
 import resource
+import urllib.parse
+from collections.abc import Mapping
 
 from supervisor import listener
 from supervisor.config import PREFIX, Settings
 from supervisor.doctor.findings import Finding, live_doctor, ok, problem, warning
 from supervisor.jobs.sandbox import Sandbox
+from supervisor.jobs.tracing import Tracing, TracingError
 from supervisor.processes.limits import CPU_BACKSTOP_SECONDS, Limits
 
 MiB = 1024 * 1024
@@ -125,6 +129,36 @@ def llm_budget(settings: Settings) -> Finding:
     ]
     detail = "per job: " + ", ".join(limits) + "; a crew's registry entry may ask for less"
     return ok("llm budget", detail)
+
+
+def tracing(environ: Mapping[str, str]) -> Finding:
+    """Where ``serve`` would send the jobs' traces, as the ``OTEL_*`` variables say (``Tracing.from_environ``: its
+    exporter made, then closed at once; nothing is sent): off, or the exporter and the endpoint's host, never the
+    rest of its URL nor the exporter's headers (either may hold a vendor's key)."""
+    try:
+        tracer = Tracing.from_environ(environ)
+    except TracingError as exc:
+        return problem(
+            "tracing", str(exc), "fix that OTEL_* variable, or unset OTEL_EXPORTER_OTLP_ENDPOINT (no traces)"
+        )
+    tracer.close()
+    if tracer.exporter is None:
+        detail = "off: no job is traced (no OTEL_EXPORTER_OTLP_ENDPOINT, or OTEL_SDK_DISABLED or OTEL_TRACES_EXPORTER)"
+        return ok("tracing", detail)
+    endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+    return ok("tracing", f"each job traced, sent over {tracer.exporter} to {_host(endpoint)}")
+
+
+def _host(endpoint: str) -> str:
+    """An endpoint's host and port alone (gRPC's may come without a scheme)."""
+    parts = urllib.parse.urlsplit(endpoint if "//" in endpoint else f"//{endpoint}")
+    host = parts.hostname or "?"
+    try:
+        port = parts.port
+    except ValueError:  # not a number: said as no port
+        port = None
+    host = f"[{host}]" if ":" in host else host
+    return f"{host}:{port}" if port is not None else host
 
 
 def _rlimit(name: str, kind: int, value: int, setting: str) -> str:

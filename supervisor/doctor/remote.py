@@ -32,7 +32,8 @@ def check(target: Target) -> list[Finding]:
         return [problem("api", detail, "give the supervisor's own URL, not a proxy's or another service's")]
     found = [ok("api", f"{target.url} answers: instance {health.get('instance')}, launcher {health.get('launcher')}")]
     try:
-        return [*found, _status(health), _journal(health), _crews(health), _sandbox(health), _capacity(health)]
+        checked = [_status(health), _journal(health), _crews(health), _sandbox(health), _capacity(health)]
+        return [*found, *checked, *_tracing(health)]
     except (AttributeError, KeyError, TypeError, ValueError) as exc:  # a field of another shape: one line, no traceback
         detail = f"{target.url}/health answered, but not with a crew-supervisor's health ({visible(exc)})"
         return [problem("api", detail, "give the supervisor's own URL, not a proxy's or another service's")]
@@ -83,6 +84,18 @@ def _capacity(health: Mapping[str, Any]) -> Finding:
     if limit and retained >= NEAR_FULL * limit:
         return warning("capacity", f"{detail}: near full", fix)
     return ok("capacity", detail)
+
+
+def _tracing(health: Mapping[str, Any]) -> list[Finding]:
+    """Whether its jobs are traced, and where a job's record links to (no line from a supervisor older than
+    traces, whose ``/health`` says nothing of them)."""
+    tracing = health.get("tracing")
+    if not isinstance(tracing, dict):
+        return []
+    exporter, page = tracing.get("exporter"), tracing.get("trace_ui_url")
+    detail = f"each job traced, sent over {exporter}" if exporter else "off: no job is traced"
+    linked = f"; a job's record links to {page}" if page else f"; no trace UI ({PREFIX}TRACE_UI_URL)"
+    return [ok("tracing", detail + (linked if exporter else ""))]
 
 
 def _count(fields: Mapping[str, Any], name: str, required: bool = False) -> int:

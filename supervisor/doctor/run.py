@@ -8,6 +8,7 @@ and the crews are built in a throw-away directory.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -83,7 +84,7 @@ def _deployment(flags: Mapping[str, str | None]) -> list[Finding]:
     found += files.state(settings) + files.token_and_training(settings)
     runtime = workers.runtime(settings)  # a worker that cannot start could only say "No module named ..."
     found += runtime if any(f.status == PROBLEM for f in runtime) else runtime + workers.crews(settings)
-    found += workers.telemetry()
+    found += [*workers.telemetry(), host.tracing(os.environ)]
     return [
         *found,
         host.listen(settings),

@@ -42,7 +42,9 @@ OFF = {
 
 
 def telemetry(environ: Mapping[str, str] = os.environ) -> list[Finding]:
-    """Each switch as a worker sees it: the operator's value if set, else the supervisor's."""
+    """Each switch as a worker sees it: the operator's value if set, else the supervisor's. No ``OTEL_*`` variable
+    reaches a worker (they set the supervisor's own tracing: ``jobs/environment.py``), so its ``OTEL_SDK_DISABLED``
+    is always the supervisor's, whatever the operator set for the supervisor."""
     found = [
         problem(
             "telemetry",
@@ -50,7 +52,7 @@ def telemetry(environ: Mapping[str, str] = os.environ) -> list[Finding]:
             f"unset {name} (the supervisor then sets {name}={QUIET_CREWAI[name]}) or set it to {QUIET_CREWAI[name]}",
         )
         for name in QUIET_CREWAI
-        if environ.get(name, QUIET_CREWAI[name]).lower() not in OFF[name]
+        if not name.startswith("OTEL_") and environ.get(name, QUIET_CREWAI[name]).lower() not in OFF[name]
     ]
     return found or [ok("telemetry", f"off in the workers: {', '.join(QUIET_CREWAI)}")]
 

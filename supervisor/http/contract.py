@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Header, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from supervisor.escaping import json_line
@@ -36,6 +36,9 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
 LastEventId = Annotated[str | None, Header(alias="Last-Event-ID")]
+TraceParent = Annotated[str | None, Header(alias="traceparent", description="W3C: the job's trace joins the caller's")]
+TraceState = Annotated[str | None, Header(alias="tracestate", description="W3C: the caller's vendors' trace state")]
+TRACE_HEADERS = ("traceparent", "tracestate")  # the W3C trace context a start may carry
 
 ADMISSION_ERRORS = errors(400, 403, 404, 409, 413, 422, 428, 503, 507)
 STREAM_ERRORS = {**ADMISSION_ERRORS, **errors(416)}  # a Last-Event-ID beyond the job's events
@@ -46,6 +49,19 @@ class EventStream(StreamingResponse):
     media_type = "text/event-stream"
 
 
+def caller_trace(
+    request: Request,
+    traceparent: TraceParent = None,
+    tracestate: TraceState = None,
+) -> tuple[str | None, str | None]:
+    """The caller's W3C trace context for a new job's trace (``Tracing.begin``): never refused, a malformed one is
+    ignored. The parameters put the headers in the schema; their values are read here whole, a header's lines joined
+    as HTTP joins them (two ``tracestate`` lines are one list; two ``traceparent`` lines, one malformed value)."""
+    parent, state = (",".join(request.headers.getlist(name)) or None for name in TRACE_HEADERS)
+    return parent, state
+
+
+CallerTrace = Annotated[tuple[str | None, str | None], Depends(caller_trace)]
 router = APIRouter(route_class=StrictJSONRoute)
 
 
@@ -60,19 +76,26 @@ async def health(sup: Sup) -> dict[str, Any]:
 
 @router.post("/jobs", responses=START_ERRORS)
 @router.post("/runs", responses=START_ERRORS)
-async def post_job(sup: Sup, request: Request, body: StartRequest, key: IdempotencyKey = None) -> Response:
-    return await start_blocking(sup, body, key, legacy=request.url.path == "/runs")
+async def post_job(
+    sup: Sup, request: Request, body: StartRequest, caller: CallerTrace, key: IdempotencyKey = None
+) -> Response:
+    return await start_blocking(sup, body, key, request.url.path == "/runs", caller)
 
 
 @router.post("/jobs/stream", response_class=EventStream, responses=STREAM_ERRORS)
 @router.post("/runs/stream", response_class=EventStream, responses=STREAM_ERRORS)
 async def post_job_stream(
-    sup: Sup, request: Request, body: StartRequest, key: IdempotencyKey = None, last_id: LastEventId = None
+    sup: Sup,
+    request: Request,
+    body: StartRequest,
+    caller: CallerTrace,
+    key: IdempotencyKey = None,
+    last_id: LastEventId = None,
 ) -> Response:
     """The legacy ``/runs`` routes start only ``run``. A malformed Last-Event-ID is refused before anything
     is admitted; one beyond the job's events (416) can only be known once the job is."""
     resume_after = last_event_id(last_id)
-    job = await sup.admit(body, key, legacy=request.url.path == "/runs/stream")
+    job = await sup.admit(body, key, request.url.path == "/runs/stream", *caller)
     cursor = 0 if resume_after is None else resume_after + 1
     check_cursor(cursor, job.event_count)
     return stream(sup, job.action_id, cursor)
@@ -87,6 +110,7 @@ async def resume(
     action_id: str,
     request: Request,
     body: ResumeRequest,
+    caller: CallerTrace,
     key: IdempotencyKey = None,
     last_id: LastEventId = None,
 ) -> Response:
@@ -97,7 +121,7 @@ async def resume(
     streamed = "text/event-stream" in request.headers.get("accept", "")
     resume_after = last_event_id(last_id) if streamed else None
     checked(action_id)  # whether the job is there is the facade's to say: a repeat is answered its job regardless
-    job = await sup.resume(action_id, body, key)
+    job = await sup.resume(action_id, body, key, *caller)
     if not streamed:
         return await answer(sup, job, body.timeout_ms)
     cursor = 0 if resume_after is None else resume_after + 1
@@ -173,10 +197,12 @@ def archiving() -> Iterator[None]:
         raise HTTPException(507, f"archive could not be made durable: {exc}") from None
 
 
-async def start_blocking(sup: Supervisor, body: StartRequest, key: str | None, legacy: bool) -> Response:
+async def start_blocking(
+    sup: Supervisor, body: StartRequest, key: str | None, legacy: bool, caller: tuple[str | None, str | None]
+) -> Response:
     """Wait for the job up to its own timeout: 200 output, 409 cancelled, 502 failed (a job that reached its
     own timeout too: the wait lasts until its kill is confirmed), 504 wait expired (the job continues)."""
-    return await answer(sup, await sup.admit(body, key, legacy), body.timeout_ms)
+    return await answer(sup, await sup.admit(body, key, legacy, *caller), body.timeout_ms)
 
 
 async def answer(sup: Supervisor, job: Job, timeout_ms: int) -> Response:
@@ -234,6 +260,7 @@ def view(sup: Supervisor, job: Job, with_output: bool = True) -> dict[str, Any]:
         "ended_at": job.ended_at,
         "llm_spent": sup.spent_of(job.action_id, job.status) or kept,
         **sup.links(job.action_id),  # a resume's: the job it continues, and the job that continues it
+        **sup.trace_of(job.action_id),  # a traced job's trace id, and its page in the trace UI (TRACE_UI_URL)
     }
 
 

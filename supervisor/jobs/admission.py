@@ -141,14 +141,14 @@ class Admission:
         legacy: bool,
         resumed_from: str | None = None,
         traceparent: str | None = None,
+        tracestate: str | None = None,
     ) -> Job:
         """The reference's order (413, 400, 403, 428/400, 422, 404, 409, 507 (the journal, then the crew's disk),
         then 503 for a journal locked by another process); an exact repeat returns its job even if its operation was
         disabled since. ``resumed_from``: a resume of that job (``body`` carries its crew and input), checked with
-        the 409s. A start of an action id being admitted waits for that admission, then is checked against it. A new
-        job's trace begins with this call, in the trace of ``traceparent`` (the caller's W3C trace context) if given.
-        While the supervisor drains, an exact repeat still returns its job (idempotency: the client observes
-        the job it started, streamed or waited on until it ends); anything else that would start is a 503."""
+        the 409s. A start of an action id being admitted waits for that admission, then is checked against it. While
+        the supervisor drains, an exact repeat still returns its job (idempotency: the client observes the job it
+        started, streamed or waited on until it ends); anything else that would start is a 503 (trace: ``_begin``)."""
         began_ns = time.time_ns()
         if body.crew_id in self.crews:  # before the loop below: nothing may wait between it and ``_admitting``
             await self.crew_disk.refresh(body.crew_id)
@@ -188,12 +188,21 @@ class Admission:
         self._admitting[job.action_id] = under_way
         if resumed_from is not None:
             self._resuming[resumed_from] = job.action_id
-        # Shielded: a client that goes away must not leave a durable record that nothing launched.
         resumed = (resumed_from, tasks) if resumed_from is not None and tasks is not None else None
-        trace = self.tracing.begin(job.action_id, job.crew_id, job.operation, traceparent, began_ns)
+        trace = self._begin(job, resumed_from, traceparent, tracestate, began_ns)
         task = asyncio.ensure_future(self._admit(job, operation_input, body.timeout_ms, resumed, under_way, trace))
-        await asyncio.shield(task)
+        await asyncio.shield(task)  # a client that goes away must not leave a durable record that nothing launched
         return job
+
+    def _begin(
+        self, job: Job, resumed_from: str | None, traceparent: str | None, tracestate: str | None, began_ns: int
+    ) -> JobTrace:
+        """The new job's trace, begun at ``began_ns`` (when ``admit`` was called), in the caller's W3C trace context
+        if its request carried one (``traceparent``, ``tracestate``: the headers as they came, a malformed one
+        ignored, never refused); a resume's linked to the trace of the job it continues, if that job was traced."""
+        link = self.journal.reader.trace(resumed_from) if resumed_from is not None else None
+        given = (job.action_id, job.crew_id, job.operation, traceparent, began_ns)
+        return self.tracing.begin(*given, tracestate=tracestate, link=link)
 
     def _resumable(self, old_id: str) -> list[TaskRecord]:
         """The tasks the job ``old_id`` completed, if a new job may continue it (each refusal says why)."""
@@ -262,13 +271,14 @@ class Admission:
         trace: JobTrace,
     ) -> None:
         """Durable, then launched. A run's input is kept with it (a resume runs it again); a resume's link and the
-        tasks it continues from commit with it."""
+        tasks it continues from, and a traced job's trace ids, commit with it."""
         kept = orjson.dumps(operation_input) if job.operation == Operation.RUN else None
         link = (resumed[0], len(resumed[1])) if resumed is not None else None
+        traced = (trace.trace_id, trace.span_id) if trace.trace_id and trace.span_id else None  # NO_TRACE: none
         try:
             # The start fence: durable before any worker exists. A resume's worker is given the tasks its record
             # holds (a retention's archive of the job it continues may have taken them meanwhile: then none).
-            copied = await self.journal.admit(job, kept, link)
+            copied = await self.journal.admit(job, kept, link, traced)
         except JournalBusy:
             raise JournalUnavailable("the journal is locked by another process; try again shortly") from None
         except JournalError as exc:

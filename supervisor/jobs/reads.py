@@ -16,11 +16,13 @@ from supervisor.jobs.relay import Relay
 from supervisor.jobs.retention import Retention
 from supervisor.jobs.sandbox import Sandbox
 from supervisor.jobs.slots import Slots
+from supervisor.jobs.tracing import Tracing
 from supervisor.jobs.workers import LAST_LINE_CHARS, workers
 from supervisor.journal.reader import Reader
 from supervisor.journal.records import EffectRecord, Event, Job, StoredEvent, Streams
 from supervisor.processes.launcher import Launcher
 from supervisor.processes.limits import Limits
+from supervisor.settings_table import TRACE_ID
 from supervisor.vocabulary import Phase, Status
 
 CONTROL_OPERATIONS = ("status", "events", "cancel")
@@ -41,6 +43,7 @@ class Reads:
     sandbox: Sandbox
     slots: Slots
     retention: Retention
+    tracing: Tracing
 
     lifecycle: Lifecycle
 
@@ -75,10 +78,19 @@ class Reads:
                 "crews": self.budgets,
             },
             "retention": self.retention.health(),
+            "tracing": {"exporter": self.tracing.exporter, "trace_ui_url": settings.trace_ui_url or None},
         }
 
     def job(self, action_id: str) -> Job | None:
         return self.reader.get(action_id)
+
+    def trace_of(self, action_id: str) -> dict[str, str | None]:
+        """A job's trace, as its view gives it: its id (None: not traced), and its page in the trace UI
+        (``TRACE_UI_URL``, the id in place of ``{trace_id}``; None without one)."""
+        trace = self.reader.trace(action_id)
+        url = self.settings.trace_ui_url
+        trace_id = trace[0] if trace is not None else None
+        return {"trace_id": trace_id, "trace_url": url.replace(TRACE_ID, trace_id) if trace_id and url else None}
 
     def quarantined(self, action_id: str) -> str | None:
         """What was wrong with the record of ``action_id`` if it was quarantined (``journal/quarantine.py``)."""

@@ -241,9 +241,8 @@ class Runner:
         log.info("job finished", extra=_finished(job, outcome.event, evidence))
         job.move(Phase.SETTLED)
         job.trace.end(outcome.event, evidence, job.spent.prompt_tokens, job.spent.completion_tokens)
-        self.metrics.finished.labels(job.operation, outcome.event).inc()
-        if "signal" in evidence:  # the supervisor killed the worker: say why
-            self.metrics.kills.labels(evidence.get("reason") or outcome.event).inc()
+        seconds = asyncio.get_running_loop().time() - job.admitted
+        self.metrics.job_finished(job.crew_id, job.operation, outcome.event, evidence, seconds)
 
 
 def _job_env(

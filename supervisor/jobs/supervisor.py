@@ -3,7 +3,7 @@ relay, settle), which writes through the recorder (events into the journal, foll
 housekeeping tick samples and reaps. ``open`` brings them up on the serving loop and down again; ``stop``
 (drain, then every job ended, then the services) is the one way down, whoever asks first. The one facade HTTP
 talks to: its commands here, its reads in ``reads.py``, its archives in ``retention.py``,
-its resumes in ``resumes.py``."""
+its starts and resumes in ``resumes.py``."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ from supervisor.jobs.tracing import Tracing
 from supervisor.journal.records import Job
 from supervisor.journal.store import Journal
 from supervisor.metrics import Metrics
-from supervisor.models import BulkCancelRequest, StartRequest
+from supervisor.models import BulkCancelRequest
 from supervisor.processes.launcher import Launcher
 from supervisor.processes.limits import Limits
 from supervisor.processes.reaper import Reaper
@@ -152,10 +152,6 @@ class Supervisor(Reads, Archives, Resumes):
     def _launch(self, job: Job, *given: Any) -> None:  # Runner.launch's input, timeout, resumed tasks, trace
         self.runner.launch(job, *given)
         self.housekeeping.poke()  # a live job is sampled and its orphans reaped
-
-    async def admit(self, body: StartRequest, key: str | None, legacy: bool, traceparent: str | None = None) -> Job:
-        """Admission's answer (``Admission.admit``): the job, durable and launched; or a ``Refused``."""
-        return await self.admission.admit(body, key, legacy, traceparent=traceparent)
 
     async def cancel(self, action_id: str, reason: str | None) -> None:
         """Return once the job is terminal (``Runner.cancel``)."""

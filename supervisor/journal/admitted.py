@@ -1,6 +1,6 @@
-"""An admission's write (``Journal.admit``): the job's record, a ``run``'s input (what a resume runs with again) and,
-for a resume, its link to the job it continues with that job's completed tasks, all in one commit; what only a resume
-reads goes once a run completed (``completed``)."""
+"""An admission's write (``Journal.admit``): the job's record, a ``run``'s input (what a resume runs with again), a
+traced job's trace ids and, for a resume, its link to the job it continues with that job's completed tasks, all in one
+commit; what only a resume reads goes once a run completed (``completed``)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,18 @@ import time
 
 import orjson
 
-from supervisor.journal.records import Job, TaskRecord
+from supervisor.journal.records import Job, Resumed, TaskRecord, TraceIds
 
 
 def insert(
-    job: Job, input: bytes | None, resumed: tuple[str, int] | None, db: sqlite3.Connection
+    job: Job, input: bytes | None, resumed: Resumed | None, trace: TraceIds | None, db: sqlite3.Connection
 ) -> list[TaskRecord] | None:
     """``input``: the run's input as compact JSON (None: not a run). ``resumed``: the job this one continues and how
     many of its tasks it completed (contiguous from 0): they become this job's first ones (``tasks_done``), so that
     this job's record holds every task its output will, and a resume of this job in turn continues from all of them,
-    even once that job is archived. Returns the tasks copied (None: no resume): what its worker is given, so that
-    its record and its ``Start`` agree even if the job it continues was archived meanwhile."""
+    even once that job is archived. ``trace``: a traced job's trace and root span ids (None: not traced). Returns the
+    tasks copied (None: no resume): what its worker is given, so that its record and its ``Start`` agree even if the
+    job it continues was archived meanwhile."""
     db.execute(
         "INSERT INTO jobs (action_id, crew_id, operation, request_hash, status, event_count, admitted_at)"
         " VALUES (?, ?, ?, ?, 'running', 0, ?)",
@@ -27,6 +28,8 @@ def insert(
     )
     if input is not None:
         db.execute("INSERT INTO inputs (action_id, input) VALUES (?, ?)", (job.action_id, input))
+    if trace is not None:
+        db.execute("INSERT INTO traces (action_id, trace_id, span_id) VALUES (?, ?, ?)", (job.action_id, *trace))
     if resumed is None:
         return None
     resumed_from, tasks = resumed

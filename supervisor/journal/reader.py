@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from supervisor.journal.ledger import LedgerReads
-from supervisor.journal.records import Event, Job, StoredEvent, Streams, TaskRecord
+from supervisor.journal.records import Event, Job, StoredEvent, Streams, TaskRecord, TraceIds
 from supervisor.journal.schema import INCONSISTENT
 
 _JOB_COLUMNS = (
@@ -62,7 +62,18 @@ class ResumeReads:
         return self._db.execute("SELECT 1 FROM resumed WHERE action_id = ?", (action_id,)).fetchone() is not None
 
 
-class Reader(ResumeReads, LedgerReads):
+class TraceReads:
+    """A traced job's trace, as its admission wrote it: what its view links to, and a resume's trace links to."""
+
+    _db: sqlite3.Connection
+
+    def trace(self, action_id: str) -> TraceIds | None:
+        """The job's trace id and its root span's id; None for a job not traced (or admitted before traces)."""
+        row = self._db.execute("SELECT trace_id, span_id FROM traces WHERE action_id = ?", (action_id,)).fetchone()
+        return (row[0], row[1]) if row else None
+
+
+class Reader(ResumeReads, LedgerReads, TraceReads):
     def __init__(self, path: Path, *, immutable: bool = False) -> None:
         """``immutable``: for a file nothing writes (the doctor's look at a journal no supervisor has open, which
         a read-only connection in WAL mode would leave ``-wal`` and ``-shm`` files beside)."""

@@ -110,3 +110,7 @@ class TaskRecord:
     index: int
     fingerprint: str
     output: dict[str, Any]
+
+
+Resumed = tuple[str, int]  # a resume's admission: the job it continues, and how many of that job's tasks it completed
+TraceIds = tuple[str, str]  # a traced job's trace id (32 lowercase hex digits) and its root span's id (16)

@@ -94,6 +94,13 @@ CREATE TABLE IF NOT EXISTS resumes (
 CREATE TABLE IF NOT EXISTS resumed (
     action_id TEXT PRIMARY KEY
 );
+-- A traced job's trace (supervisor/jobs/tracing.py): its trace id and its root span's id, written with its admission
+-- when an OTLP endpoint is set (none for a job not traced): what its view links to, and a resume's trace to.
+CREATE TABLE IF NOT EXISTS traces (
+    action_id TEXT PRIMARY KEY,
+    trace_id TEXT NOT NULL,
+    span_id TEXT NOT NULL
+);
 -- Records found inconsistent at open (supervisor/journal/quarantine.py): what was wrong with each, and when. The
 -- action id stays taken: admission refuses it, and restart fencing kills what its job left, at every start.
 CREATE TABLE IF NOT EXISTS quarantine (
@@ -113,9 +120,10 @@ CREATE TABLE IF NOT EXISTS quarantined_tasks_done AS SELECT * FROM tasks_done WH
 CREATE TABLE IF NOT EXISTS quarantined_resumes AS SELECT * FROM resumes WHERE 0;
 CREATE TABLE IF NOT EXISTS quarantined_inputs AS SELECT * FROM inputs WHERE 0;
 CREATE TABLE IF NOT EXISTS quarantined_resumed AS SELECT * FROM resumed WHERE 0;
+CREATE TABLE IF NOT EXISTS quarantined_traces AS SELECT * FROM traces WHERE 0;
 """
 # Every table that holds a record's rows, by its action id.
-MIRRORED = ("jobs", "events", "outputs", "stacks", "effects", "tasks_done", "resumes", "inputs", "resumed")
+MIRRORED = ("jobs", "events", "outputs", "stacks", "effects", "tasks_done", "resumes", "inputs", "resumed", "traces")
 
 
 # Per job: events numbered 0..event_count-1, at most one terminal event, it comes last, and the

@@ -26,7 +26,7 @@ from supervisor.journal import admitted, ledger, migrate
 from supervisor.journal.errors import JournalError
 from supervisor.journal.quarantine import quarantine
 from supervisor.journal.reader import Reader
-from supervisor.journal.records import Event, Job, Streams, TaskRecord
+from supervisor.journal.records import Event, Job, Resumed, Streams, TaskRecord, TraceIds
 from supervisor.journal.schema import SCHEMA, SCHEMA_VERSION
 from supervisor.journal.statefiles import lock, prepare_file, restrict
 from supervisor.journal.writer import Writer, Written
@@ -132,11 +132,11 @@ class Journal:
     # ``JournalBusy``; every other write waits until it commits, since what it records has happened.
 
     def admit(
-        self, job: Job, input: bytes | None = None, resumed: tuple[str, int] | None = None
+        self, job: Job, input: bytes | None = None, resumed: Resumed | None = None, trace: TraceIds | None = None
     ) -> Written[list[TaskRecord] | None]:
-        """The start fence: durable before any worker exists (``admitted.insert``: a run's input, a resume's link and
-        the tasks it copied)."""
-        return self._write(functools.partial(admitted.insert, job, input, resumed), patience=REFUSE_AFTER_SECONDS)
+        """The start fence: durable before any worker exists (``admitted.insert``: all an admission writes, at once)."""
+        insert = functools.partial(admitted.insert, job, input, resumed, trace)
+        return self._write(insert, patience=REFUSE_AFTER_SECONDS)
 
     def set_worker(self, action_id: str, pid: int, start_time: float, pgid: int, boundary: bytes) -> Written[None]:
         """Committed before the worker gets its job, so a restarted supervisor can find and fence it, and
@@ -251,7 +251,7 @@ def _archive(named: str, db: sqlite3.Connection) -> list[str]:
         (named,),
     ).fetchall()
     removed = [row[0] for row in rows]
-    for table in ("events", "outputs", "stacks", "effects", "tasks_done"):
+    for table in ("events", "outputs", "stacks", "effects", "tasks_done", "traces"):
         db.execute(
             f"DELETE FROM {table} WHERE action_id IN (SELECT value FROM json_each(?))",
             (orjson.dumps(removed).decode(),),

@@ -147,3 +147,30 @@ def test_a_bad_crew_max_concurrency_is_refused_in_one_line(raw: str, said: str) 
         load({}, {**BASE, "AIP_CREWAI_CREW_MAX_CONCURRENCY": raw})
     message = str(refused.value)
     assert "AIP_CREWAI_CREW_MAX_CONCURRENCY" in message and said in message and "\n" not in message
+
+
+def test_a_trace_ui_url_is_a_template_of_an_http_page() -> None:
+    assert load({}, BASE).trace_ui_url == ""  # none: a job's view says no trace_url
+    jaeger = " http://localhost:16686/trace/{trace_id} "
+    assert load({}, {**BASE, "AIP_CREWAI_TRACE_UI_URL": jaeger}).trace_ui_url == jaeger.strip()
+    tempo = "https://grafana.example/explore?left=%7B%22queries%22:%5B%7B%22query%22:%22{trace_id}%22%7D%5D%7D"
+    assert load({}, {**BASE, "AIP_CREWAI_TRACE_UI_URL": tempo}).trace_ui_url == tempo
+
+
+@pytest.mark.parametrize(
+    ("raw", "said"),
+    [
+        ("http://localhost:16686/trace/", "must be an http:// or https:// URL holding {trace_id}"),
+        ("localhost:16686/trace/{trace_id}", "must be an http:// or https:// URL holding {trace_id}"),
+        ("javascript:alert(1)//{trace_id}", "must be an http:// or https:// URL holding {trace_id}"),
+        ("ftp://traces/{trace_id}", "must be an http:// or https:// URL holding {trace_id}"),
+        ("http:///trace/{trace_id}", "must be an http:// or https:// URL holding {trace_id}"),
+        ("http://traces/a b/{trace_id}", "must be printable ASCII, without spaces"),
+        ("http://traces/\x1b[2J/{trace_id}", "must be printable ASCII, without spaces"),
+    ],
+)
+def test_a_bad_trace_ui_url_is_refused_at_start_in_one_line(raw: str, said: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load({}, {**BASE, "AIP_CREWAI_TRACE_UI_URL": raw})
+    message = str(refused.value)
+    assert message.startswith("AIP_CREWAI_TRACE_UI_URL=") and said in message and "\n" not in message

@@ -200,6 +200,7 @@ function renderRecord(job) {
     ["worker exit", job.exit_status ? exitText(job.exit_status) : null],
     // What the worker left running when it exited (an MCP server, an interpreter): killed, each named.
     ...(job.leftovers?.processes ?? []).map((p) => ["left running", `${p.pid} (${p.left}, killed): ${p.command}`]),
+    ["trace", job.trace_id == null ? null : traceLink(job.trace_id, job.trace_url)],
   ];
   const list = $("job-record");
   list.replaceChildren();
@@ -208,7 +209,7 @@ function renderRecord(job) {
     const dt = document.createElement("dt");
     dt.textContent = name;
     const dd = document.createElement("dd");
-    dd.textContent = value;
+    dd.append(value); // text, or an element (the trace's link)
     if (name === "status") dd.className = `status-${value}`;
     list.append(dt, dd);
   }
@@ -295,6 +296,25 @@ function renderOutput(output) {
     dd.textContent = Number(usage[key]).toLocaleString();
     list.append(dt, dd);
   }
+}
+
+// A traced job's trace id: a link to its page in the trace UI (TRACE_UI_URL) when the server gives one, opened in a
+// tab of its own that cannot reach back into this one; only an http(s) page, whatever the server says.
+function traceLink(id, url) {
+  let page = null;
+  try {
+    page = url == null ? null : new URL(url);
+  } catch {
+    // not a URL: the id alone
+  }
+  if (page === null || !["http:", "https:"].includes(page.protocol)) return String(id);
+  const a = document.createElement("a");
+  a.href = page.href;
+  a.target = "_blank";
+  a.rel = "noopener noreferrer";
+  a.textContent = id;
+  a.title = "this job's trace in the trace UI";
+  return a;
 }
 
 function paragraph(text) {

@@ -168,3 +168,18 @@ def test_top_says_what_each_queued_job_waits_for(width: int) -> None:
     assert rendered(views.top_view([running], NOW, width), width) == rendered(
         views.workers_table([running], NOW, width), width
     )
+
+
+def test_show_gives_a_traced_jobs_trace_and_its_page_whole() -> None:
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    url = (
+        f"https://grafana.example/explore?orgId=1&left=%7B%22datasource%22:%22tempo%22,%22query%22:%22{trace_id}%22%7D"
+    )
+    traced = {**job("t", "demo", "run", "completed"), "trace_id": trace_id, "trace_url": url}
+    lines = rendered(views.job_panel(traced), 80)
+    assert ["trace", trace_id] in [line.split() for line in lines]
+    at = next(i for i, line in enumerate(lines) if line.startswith("trace url"))
+    folded = "".join(line[len("trace url") :].strip() for line in lines[at : at + 3])
+    assert folded.startswith(url)  # folded at the width, never cut: it pastes back whole
+    untraced = [line.split()[0] for line in rendered(views.job_panel(job("u", "demo", "run", "completed")), 80)]
+    assert "trace" not in untraced  # a job not traced (or a server older than traces) says nothing of it

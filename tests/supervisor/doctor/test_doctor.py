@@ -122,7 +122,7 @@ def test_a_good_deployment_is_ready(deployment: Deployment) -> None:
     checks = [f["check"] for f in found]
     assert checks == [
         "names", "settings", "state", "journal", "token", "registry", "warm-up", "containment", "sandbox",
-        "telemetry",
+        "telemetry", "tracing",
         "listen", "cgroups", "rlimits", "llm budget", "disk",
     ]  # fmt: skip
     assert [name for name in documented_checks() if name in checks] == checks  # docs/operating.md's table, in order
@@ -132,6 +132,8 @@ def test_a_good_deployment_is_ready(deployment: Deployment) -> None:
     sandbox = next(f for f in found if f["check"] == "sandbox")
     if landlock.abi() >= SCOPED_SINCE:  # this machine's kernel: every layer
         assert sandbox["status"] == "ok" and sandbox["detail"].startswith("seccomp, filesystem, processes, signals")
+    tracing = next(f for f in found if f["check"] == "tracing")
+    assert tracing["status"] == "ok" and tracing["detail"].startswith("off: no job is traced"), tracing
     budget = next(f for f in found if f["check"] == "llm budget")
     assert budget["detail"].startswith("per job: tokens unbounded (AIP_CREWAI_WORKER_MAX_TOKENS=0)")
     registry = next(f for f in found if f["check"] == "registry")
@@ -383,3 +385,33 @@ def test_another_distribution_of_one_of_our_names_is_reported(deployment: Deploy
     assert answer.code == 1, answer.out + answer.err
     [line] = answer.lines("problem")
     assert "names       the distribution supervisor 4.2.5 also installs supervisor; fix: install" in line
+
+
+def test_the_tracing_line_names_the_exporter_and_the_endpoints_host_and_nothing_a_key_could_be_in(
+    deployment: Deployment,
+) -> None:
+    """With the supervisor's tracing on (OTEL_SDK_DISABLED=false too: never a worker's, so no telemetry problem), the
+    line says the exporter and the endpoint's host, never its credentials, path or query, nor the headers; an
+    exporter protocol ``serve`` would refuse is a problem in one line."""
+    deployment.env.update(
+        OTEL_EXPORTER_OTLP_ENDPOINT="http://someone:url-secret@collector.example:4318/tenant/url-path?key=url-query",
+        OTEL_EXPORTER_OTLP_HEADERS="authorization=Bearer header-secret",
+        OTEL_SDK_DISABLED="false",
+    )
+    answer = doctor(deployment, "--json")
+    assert answer.code == 0, answer.out + answer.err
+    found = {f["check"]: f for f in findings(answer)}
+    assert found["telemetry"]["status"] == "ok", found["telemetry"]
+    assert found["tracing"] == {
+        "check": "tracing",
+        "status": "ok",
+        "detail": "each job traced, sent over otlp/http to collector.example:4318",
+        "fix": "",
+    }
+    assert not re.search("secret|url-path|url-query|someone", answer.out + answer.err)
+
+    deployment.env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "carrier-pigeon"
+    refused = doctor(deployment)
+    assert refused.code == 1, refused.out + refused.err
+    [line] = refused.lines("problem")
+    assert line.split()[1] == "tracing" and "carrier-pigeon" in line and "secret" not in line, line

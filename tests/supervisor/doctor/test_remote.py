@@ -18,7 +18,7 @@ from supervisor.testing import free_port
 from tests.conftest import start_body, start_server, wait_until
 from tests.supervisor.doctor.test_doctor import Deployment, deployment_in, doctor, findings
 
-CHECKS = ["api", "status", "journal", "crews", "sandbox", "capacity"]
+CHECKS = ["api", "status", "journal", "crews", "sandbox", "capacity", "tracing"]
 
 
 @pytest.fixture
@@ -51,6 +51,7 @@ def test_a_serving_supervisor_is_ready_and_the_local_doctor_points_at_url(deploy
         crews = client.get("/health").json()["crews"]
     assert found["crews"]["detail"].startswith(f"{len(crews)} served ({', '.join(crews)})")
     assert found["capacity"]["detail"].startswith("0 of ")
+    assert found["tracing"]["detail"] == "off: no job is traced"  # no OTLP endpoint where it serves
 
     text = doctor(deployment, "--url", url)
     assert text.code == 0 and text.out.splitlines()[-1].startswith("doctor: serving"), text.out

@@ -27,10 +27,10 @@ from supervisor.processes.containment import Boundary
 
 
 def journal_of_two(path: Path) -> None:
-    """``a`` completed with its worker's output and its ledger (a call finished, one uncertain, a task), ``b``
-    running."""
+    """``a`` completed with its worker's output, its ledger (a call finished, one uncertain, a task) and its trace,
+    ``b`` running."""
     journal = Journal(path, checkpoint_events=1)
-    journal.admit(Job("a", "demo", "run", "hash-a", "running", 0)).wait()
+    journal.admit(Job("a", "demo", "run", "hash-a", "running", 0), None, None, ("ab" * 16, "cd" * 8)).wait()
     journal.append("a", "started", {})
     journal.append("a", "chunk", {})
     journal.ledger.start("a", Entry(1, "tool", "search", "d1")).wait()

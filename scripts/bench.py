@@ -1,12 +1,13 @@
 """Benchmarks: start, cancel, throughput, events, journal cost and memory, warm and cold, offline crews and
-crews on CrewAI's own LLM class, in one run.
+crews on CrewAI's own LLM class, tracing off and on, in one run.
 
     scripts/bench [--quick] [--json bench.json] [--plot docs/bench-latency.png] [--keep]
 
 Starts real supervisors on loopback (registry ``bench_crews:registry``, temporary state, fork server and
 spawn launchers side by side) and a loopback OpenAI-compatible provider in a process of its own (for the
-crews on CrewAI's own ``LLM``: the openai SDK over HTTP), drives them over HTTP with httpx, runs the same
-crews in this process (the in-process reference), prints a table and writes every figure to JSON. Each
+crews on CrewAI's own ``LLM``: the openai SDK over HTTP) and an OTLP/HTTP receiver in this process (for the
+supervisor that traces), drives them over HTTP with httpx, runs the same crews in this process (the in-process
+reference), prints a table and writes every figure to JSON. Each
 supervisor and the provider are stopped at the end, whatever happened. ``--quick`` takes few samples; the
 full run takes a few minutes. Figures are measured, never asserted: the targets are printed beside them.
 """
@@ -47,6 +48,7 @@ from bench_harness import (
 from bench_measure import (
     api_throughput,
     api_wave,
+    blocking_in_turn,
     cancel_replay,
     cancel_run,
     cancel_stubborn,
@@ -66,6 +68,7 @@ from bench_steps import batch_steps, read_steps
 from protocol import QUIET_CREWAI
 from supervisor.console.sse import StreamError
 from supervisor.testing import Server
+from tests.helpers.otlp_receiver import OtlpReceiver, ReceivedSpan
 from worker import lifecycle
 from worker.provider import URL_ENV
 
@@ -89,37 +92,45 @@ class Plan:
     journal: int
     llm_jobs: int  # a two-agent crew on CrewAI's own LLM, blocking, one at a time; as many kickoffs here
     wave: int  # jobs at once, each one 1.5 s provider call (bench_crews.slow_llm); as many threads here
+    traced: int  # blocking jobs of each kind (offline, CrewAI's LLM) with tracing off, and as many on, in turn
     warmup: int = 2
     overlap_cold: bool = False  # quick: the cold job runs beside the warm phases (both noisier, ~10 s saved)
 
 
 QUICK = Plan(
     start_warm=10, cold=1, cancel_run=4, cancel_replay=3, cancel_stubborn=3, jobs_c1=8, jobs_c4=8, inproc=8,
-    flood_chunks=2000, flood_runs=1, relay_chunks=20_000, relay_runs=1, journal=3, llm_jobs=8, wave=16, warmup=1,
-    overlap_cold=True,
+    flood_chunks=2000, flood_runs=1, relay_chunks=20_000, relay_runs=1, journal=3, llm_jobs=8, wave=16, traced=4,
+    warmup=1, overlap_cold=True,
 )  # fmt: skip
 FULL = Plan(
     start_warm=100, cold=5, cancel_run=100, cancel_replay=100, cancel_stubborn=100, jobs_c1=40, jobs_c4=80,
     inproc=40, flood_chunks=20_000, flood_runs=3, relay_chunks=50_000, relay_runs=3, journal=30, llm_jobs=40,
-    wave=64, warmup=3,
+    wave=64, traced=30, warmup=3,
 )  # fmt: skip
 
 
 JOB_CPU_PARTS = ("worker", "supervisor", "forkserver")
+# The jobs timed with tracing off and on (the figures' prefix, the crew): the blocking ones measure_warm times.
+TRACED_JOBS = (("job", "fast"), ("llm_job", "llm"))
+SPANS_SECONDS = 30.0  # for the traced supervisor's last spans to arrive once it stopped (its close exports them)
+ACTION = "crew_supervisor.action_id"  # on every span of a job's trace
 
 
-def boot(plan: Plan, root: Path, markers: Path, supervisors: list[Server]) -> list[Server]:
+def boot(plan: Plan, root: Path, markers: Path, otlp: str, supervisors: list[Server]) -> list[Server]:
     """Every supervisor at once (their CrewAI imports overlap), and crewai here for the in-process ceiling.
-    ``wide`` admits the whole wave at once."""
+    ``wide`` admits the whole wave at once; ``traced`` exports each job's trace to ``otlp``."""
     for size in JOURNAL_SIZES[1:]:
         populate(root / f"journal-{size}", size)
     wide = {"AIP_CREWAI_MAX_CONCURRENCY": str(plan.wave)}
+    # The supervisor's own tracing needs OTEL_SDK_DISABLED false: testing.start sets it true, for CrewAI's sake.
+    traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp, "OTEL_SDK_DISABLED": "false"}
     for name, launcher, settings in (
         [
             ("warm", "forkserver", {}),
             ("cold", "spawn", {}),
             ("wide", "forkserver", wide),
             ("unboxed", "forkserver", {"AIP_CREWAI_WORKER_SANDBOX": "off"}),  # what the sandbox costs a start
+            ("traced", "forkserver", traced),  # what tracing costs a job, beside warm (no endpoint)
         ]
         + [(f"journal-{size}", "forkserver", {}) for size in JOURNAL_SIZES[1:]]
     ):
@@ -211,6 +222,45 @@ def measure_warm(plan: Plan, warm: Server, unboxed: Server, markers: Path, out: 
     out.put("forkserver_pss_mb", forkserver["pss"], 1)
 
 
+def measure_tracing(plan: Plan, untraced: Server, traced: Server, receiver: OtlpReceiver, out: Results) -> None:
+    """The same blocking jobs one at a time, in turn on a supervisor with no OTLP endpoint and on one exporting each
+    job's trace to ``receiver``: latency and CPU per job of each; then the traced one stopped (its close exports
+    what its batch still holds) and every traced job's spans counted as they arrived."""
+    meters = (CpuMeter(untraced), CpuMeter(traced))
+    traced_actions: dict[str, list[str]] = {}
+    with untraced.client() as off, traced.client() as on:
+        for prefix, crew in TRACED_JOBS:
+            say(f"tracing off and on: {plan.traced} blocking {crew} jobs each, one at a time, in turn")
+            blocking_in_turn([off, on], crew, plan.warmup)
+            before = [meter.read() for meter in meters]
+            measured = blocking_in_turn([off, on], crew, plan.traced)
+            for side, meter, start, jobs in zip(("untraced", "traced"), meters, before, measured, strict=True):
+                out.latencies(f"{prefix}_{side}", [seconds for _, seconds in jobs])
+                cpu = meter.per(start, len(jobs), 1e3)
+                out.cpu(f"{prefix}_{side}_cpu", "ms", cpu, len(jobs), ("supervisor", "worker"))
+            traced_actions[prefix] = [action for action, _ in measured[1]]
+    traced.stop()  # and a quieter machine for what follows
+    for prefix, actions in traced_actions.items():
+        spans = arrived(receiver, actions)
+        out.put(f"{prefix}_traced_spans_per_job", len(spans) / len(actions), len(actions))
+
+
+def arrived(receiver: OtlpReceiver, actions: list[str]) -> list[ReceivedSpan]:
+    """The spans the receiver took of these jobs, once each job's root and its worker's kickoff are there (the
+    worker's spans came through the supervisor); BenchError if they do not come."""
+    wanted = set(actions)
+
+    def every_trace(spans: list[ReceivedSpan]) -> bool:
+        seen = {(span.attributes.get(ACTION), span.name) for span in spans}
+        return all((action, name) in seen for action in wanted for name in ("job", "kickoff"))
+
+    try:
+        spans = receiver.wait_for(every_trace, SPANS_SECONDS)
+    except AssertionError as exc:
+        raise BenchError(f"tracing on, but not every traced job's spans arrived: {exc}") from None
+    return [span for span in spans if span.attributes.get(ACTION) in wanted]
+
+
 def measure_wave(plan: Plan, wide: Server, out: Results) -> None:
     say(f"{plan.wave} jobs at once, each one 1.5 s provider call, through the API (MAX_CONCURRENCY={plan.wave})")
     api_throughput(wide, plan.warmup, 1, "llm-slow")
@@ -275,15 +325,16 @@ def measure_cold(plan: Plan, cold: Server, out: Results) -> None:
     out.put("worker_pss_cold_mb", median_of(memories, "pss"), len(memories))
 
 
-def run(plan: Plan, root: Path, supervisors: list[Server]) -> Results:
+def run(plan: Plan, root: Path, receiver: OtlpReceiver, supervisors: list[Server]) -> Results:
     markers = root / "markers"
     markers.mkdir()
-    warm, cold, wide, unboxed, *filled = boot(plan, root, markers, supervisors)
+    warm, cold, wide, unboxed, traced, *filled = boot(plan, root, markers, receiver.endpoint, supervisors)
     out = Results()
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         beside = pool.submit(measure_cold, plan, cold, out) if plan.overlap_cold else None
         measure_journal(plan, [warm, *filled], out)
         measure_warm(plan, warm, unboxed, markers, out)
+        measure_tracing(plan, warm, traced, receiver, out)
         measure_wave(plan, wide, out)
         if beside is None:
             measure_cold(plan, cold, out)
@@ -297,6 +348,8 @@ def run(plan: Plan, root: Path, supervisors: list[Server]) -> Results:
     out.median_difference("sandbox_start_cost_ms", "start_warm", "start_unsandboxed")
     out.median_ratio("job_blocking_over_inproc", "job_blocking", "inproc_kickoff")
     out.median_ratio("llm_job_blocking_over_inproc", "llm_job_blocking", "inproc_llm_kickoff")
+    for prefix, _ in TRACED_JOBS:
+        out.median_ratio(f"{prefix}_traced_over_untraced", f"{prefix}_traced", f"{prefix}_untraced")
     out.ratio("llm_job_cpu_worker_over_inproc", "llm_job_cpu_worker_ms", "inproc_llm_cpu_ms")
     out.ratio("llm_wave_over_inproc", "llm_wave_seconds", "inproc_wave_seconds")
     out.median_ratio("journal_last_over_first", f"journal_{JOURNAL_SIZES[-1]}", f"journal_{JOURNAL_SIZES[0]}")
@@ -355,6 +408,9 @@ def main() -> int:
     # SIGTERM ends the bench through the finally below, so its supervisors are stopped too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     began, loadavg = time.monotonic(), os.getloadavg()
+    # Tracing only where the bench turns it on: an OTLP endpoint in the caller's shell would trace every supervisor.
+    for name in [name for name in os.environ if name.startswith("OTEL_")]:
+        del os.environ[name]
     root = Path(tempfile.mkdtemp(prefix="crew-bench-"))
     provider, url = start_provider(root / "provider.log")
     # Before crewai is imported here: telemetry off, and its files under the temporary directory. The provider's
@@ -365,13 +421,15 @@ def main() -> int:
     (root / "home").mkdir()
     supervisors: list[Server] = []
     try:
-        try:
-            results = run(plan, root, supervisors)
-        finally:
-            for sup in supervisors:
-                sup.stop()
-            provider.terminate()
-            provider.wait(30)
+        # Stopped after the supervisors: the traced one exports what it still holds as it stops.
+        with OtlpReceiver() as receiver:
+            try:
+                results = run(plan, root, receiver, supervisors)
+            finally:
+                for sup in supervisors:
+                    sup.stop()
+                provider.terminate()
+                provider.wait(30)
         report(args, results, meta(plan, began, loadavg))  # before the cleanup: matplotlib caches in HOME
     except (BenchError, StreamError) as exc:  # a stream that is not this server's events, too
         print(f"bench: {exc}", file=sys.stderr)

@@ -56,8 +56,8 @@ def start_supervisor(
     name: str, root: Path, launcher: str, markers: Path, settings: dict[str, str] | None = None
 ) -> Server:
     """A supervisor on the bench registry, its state in ``root / name``, its log in ``root / f"{name}.log"``;
-    not waited for (start several, then ``wait_ready``). ``settings`` (``AIP_CREWAI_*`` variables) override
-    the bench's defaults, e.g. a wider MAX_CONCURRENCY."""
+    not waited for (start several, then ``wait_ready``). ``settings`` (environment variables: ``AIP_CREWAI_*``,
+    ``OTEL_*``) override the bench's defaults, e.g. a wider MAX_CONCURRENCY."""
     return testing.start(
         root / name,
         "bench_crews:registry",

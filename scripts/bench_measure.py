@@ -191,6 +191,19 @@ def api_throughput(sup: Server, jobs: int, concurrency: int, crew: str = "fast")
     return JobRun(len(latencies), elapsed, latencies, outputs)
 
 
+def blocking_in_turn(clients: list[httpx.Client], crew: str, samples: int) -> list[list[tuple[str, float]]]:
+    """``crew``'s jobs through blocking POST /jobs, one at a time, on each client's supervisor in turn (so that what
+    the machine does meanwhile falls on each alike). Per client, each job's action id and latency in seconds."""
+    measured: list[list[tuple[str, float]]] = [[] for _ in clients]
+    for _ in range(samples):
+        for client, jobs in zip(clients, measured, strict=True):
+            action = new_id("turn")
+            began = time.perf_counter()
+            post_job(client, start_body(crew, action))  # 200 only when completed
+            jobs.append((action, time.perf_counter() - began))
+    return measured
+
+
 def llm_builds(outputs: list[dict[str, Any]]) -> list[tuple[float, float]]:
     """What building each job's LLM took in its worker, (wall, CPU) ms, as ``bench_crews.timed_llm`` said."""
     import bench_crews

@@ -20,6 +20,7 @@ LATENCIES: dict[str, tuple[int, ...]] = {
     "inproc_kickoff": (50,),
     "llm_job_blocking": (50,),
     "inproc_llm_kickoff": (50,),
+    **{f"{kind}_{side}": (50, 95) for kind in ("job", "llm_job") for side in ("untraced", "traced")},
     **{f"journal_{size}": (50,) for size in JOURNAL_SIZES},
 }
 # Every figure, in table order; units in the names. A name in LATENCIES stands for its percentiles.
@@ -62,6 +63,22 @@ ORDER = [
     "llm_build_worker_cpu_ms",
     "inproc_llm_build_ms",
     "inproc_llm_build_cpu_ms",
+    # Tracing off and on, side by side: the same blocking jobs in turn, one supervisor with no OTLP endpoint and
+    # one exporting to a loopback receiver (how many spans of each job arrived there).
+    *(
+        figure
+        for kind in ("job", "llm_job")
+        for figure in (
+            f"{kind}_untraced",
+            f"{kind}_traced",
+            f"{kind}_traced_over_untraced",
+            f"{kind}_untraced_cpu_supervisor_ms",
+            f"{kind}_traced_cpu_supervisor_ms",
+            f"{kind}_untraced_cpu_worker_ms",
+            f"{kind}_traced_cpu_worker_ms",
+            f"{kind}_traced_spans_per_job",
+        )
+    ),
     "llm_wave_jobs",
     "llm_wave_incomplete",
     "llm_wave_first_seconds",

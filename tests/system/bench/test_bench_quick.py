@@ -70,6 +70,10 @@ def test_quick_bench_reports_every_figure(tmp_path: Path) -> None:
     assert figures["flood_chunks"] == figures["inproc_stream_chunks"] == plan["flood_chunks"] * plan["flood_runs"]
     assert counts["jobs_per_s_c4"] == plan["jobs_c4"]
     assert figures["llm_wave_jobs"] == plan["wave"] and counts["llm_job_blocking_p50_ms"] == plan["llm_jobs"]
+    # Tracing off and on: as many jobs each side, and every traced job's spans arrived at the loopback receiver.
+    for kind in ("job", "llm_job"):
+        assert counts[f"{kind}_untraced_p50_ms"] == counts[f"{kind}_traced_p50_ms"] == plan["traced"]
+        assert counts[f"{kind}_traced_spans_per_job"] == plan["traced"]
     assert len(report["targets"]) == len(TARGETS)
     assert {t["figure"] for t in report["targets"]} <= set(figures)
     assert report["meta"]["quick"] is True

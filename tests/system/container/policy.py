@@ -30,6 +30,9 @@ STOP_SECONDS = 10
 WHEELHOUSE_ARGS = ("SOURCE_REVISION", "CREWAI_VERSION")
 # A build of container/Dockerfile written out (docs, scripts, the Dockerfile's own header), with its continuations.
 BUILD_COMMAND = re.compile(r"\b(?:docker|podman) build\b(?:[^\n]*\\\n)*[^\n]*")
+# The OTLP exporter's variables (docs/tracing.md) a compose file may set for the sidecar, and may not write out.
+OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+OTLP_HEADERS = ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS")
 
 
 # --- Dockerfile --------------------------------------------------------------------------------------------------
@@ -289,52 +292,112 @@ def _stop_seconds(environment: dict[str, Any]) -> float:
     return (DEFAULT_DRAIN_SECONDS if drain is None else float(drain)) + STOP_SECONDS
 
 
-def compose_problems(path: Path) -> list[str]:
-    document = yaml.safe_load(path.read_text())
-    problems = []
+def compose_document(*paths: Path) -> tuple[dict[str, Any], list[str]]:
+    """The files merged as compose merges them (each later file's mappings into the earlier's, key by key, a later
+    scalar winning), and the problems of the merge: a list set again by a later file is one, since compose
+    appends some lists and replaces others, so no check here could say which one the engine would run."""
+    document: dict[str, Any] = {}
+    problems: list[str] = []
+    for path in paths:
+        document = _merged(document, yaml.safe_load(path.read_text()) or {}, path.name, problems)
+    return document, problems
+
+
+def _merged(base: dict[str, Any], later: dict[str, Any], where: str, problems: list[str]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in later.items():
+        earlier = merged.get(key)
+        if isinstance(earlier, dict) and isinstance(value, dict):
+            merged[key] = _merged(earlier, value, f"{where}: {key}", problems)
+            continue
+        if key in merged and (isinstance(earlier, list) or isinstance(value, list)):
+            problems.append(f"{where}: {key} set again by a later file (append or replace? keep it in one file)")
+        merged[key] = value
+    return merged
+
+
+def _environment(service: dict[str, Any]) -> dict[str, Any]:
+    environment = service.get("environment") or {}
+    if isinstance(environment, list):
+        environment = dict(entry.partition("=")[::2] for entry in environment)
+    return dict(environment)
+
+
+def _is_sidecar(service: dict[str, Any]) -> bool:
+    """A service running crew-supervisor: its image, or a setting of ours in its environment."""
+    return "crew-supervisor" in str(service.get("image", "")) or any(
+        name.startswith("AIP_CREWAI_") for name in _environment(service)
+    )
+
+
+def compose_problems(*paths: Path) -> list[str]:
+    """The compose files, merged in order (a base and its overrides): every service hardened, the sidecar's own
+    rules for each service running crew-supervisor."""
+    document, problems = compose_document(*paths)
     for name, service in (document.get("services") or {}).items():
-        where = f"service {name}"
-        if service.get("read_only") is not True:
-            problems.append(f"{where}: read_only must be true")
-        if "ALL" not in (service.get("cap_drop") or []) or service.get("cap_add"):
-            problems.append(f"{where}: cap_drop must be [ALL], no cap_add")
-        if "no-new-privileges:true" not in (service.get("security_opt") or []):
-            problems.append(f"{where}: security_opt no-new-privileges:true missing")
-        if not any(str(entry).split(":")[0] == "/tmp" for entry in service.get("tmpfs") or []):
-            problems.append(f"{where}: tmpfs /tmp missing")
-        if not service.get("pids_limit") or not service.get("mem_limit"):
-            problems.append(f"{where}: pids_limit and mem_limit required")
-        if service.get("privileged") or service.get("network_mode") == "host" or service.get("pid") == "host":
-            problems.append(f"{where}: privileged or host namespaces")
-        if str(service.get("user", "0")).split(":")[0] in ("0", "root", ""):
-            problems.append(f"{where}: user must be a non-root uid")
-        if service.get("restart") in (None, "no"):
-            problems.append(f"{where}: restart policy missing")
-        for port in service.get("ports") or []:
-            host_ip = port.get("host_ip") if isinstance(port, dict) else str(port).rsplit(":", 2)[0]
-            if not str(host_ip).startswith("127."):
-                problems.append(f"{where}: port {port} is published beyond loopback")
-        environment = service.get("environment") or {}
-        if isinstance(environment, list):
-            environment = dict(entry.partition("=")[::2] for entry in environment)
-        if (needed := _stop_seconds(environment)) > _seconds(service.get("stop_grace_period", "10s")):
-            problems.append(f"{where}: stop_grace_period below {needed:g}s (the drain plus {STOP_SECONDS} s)")
-        if environment.get("AIP_CREWAI_BEARER_TOKEN"):
-            problems.append(f"{where}: the bearer token is written into the compose file")
-        if not str(environment.get("AIP_CREWAI_BEARER_TOKEN_FILE", "")).startswith("/run/secrets/"):
-            problems.append(f"{where}: AIP_CREWAI_BEARER_TOKEN_FILE must name a secret under /run/secrets/")
-        if not service.get("secrets"):
-            problems.append(f"{where}: the token must come as a secret")
-        mounts = [
-            str(volume) if not isinstance(volume, dict) else f"{volume.get('source')}:{volume.get('target')}"
-            for volume in service.get("volumes") or []
-        ]
-        state = [mount for mount in mounts if mount.split(":")[1:2] == [VOLUME]]
-        if not state or state[0].split(":")[0] not in (document.get("volumes") or {}):
-            problems.append(f"{where}: {VOLUME} must be a named volume")
-        if any("docker.sock" in mount for mount in mounts):
-            problems.append(f"{where}: the container engine's socket is mounted")
+        problems += _service_problems(f"service {name}", service)
+        if _is_sidecar(service):
+            problems += _sidecar_problems(f"service {name}", service, document)
     for name, secret in (document.get("secrets") or {}).items():
         if "file" not in secret:
             problems.append(f"secret {name} must come from a file")
+    return problems
+
+
+def _service_problems(where: str, service: dict[str, Any]) -> list[str]:
+    """What every service of ours keeps, the sidecar and what runs beside it alike."""
+    problems = []
+    if service.get("read_only") is not True:
+        problems.append(f"{where}: read_only must be true")
+    if "ALL" not in (service.get("cap_drop") or []) or service.get("cap_add"):
+        problems.append(f"{where}: cap_drop must be [ALL], no cap_add")
+    if "no-new-privileges:true" not in (service.get("security_opt") or []):
+        problems.append(f"{where}: security_opt no-new-privileges:true missing")
+    if not any(str(entry).split(":")[0] == "/tmp" for entry in service.get("tmpfs") or []):
+        problems.append(f"{where}: tmpfs /tmp missing")
+    if not service.get("pids_limit") or not service.get("mem_limit"):
+        problems.append(f"{where}: pids_limit and mem_limit required")
+    if service.get("privileged") or service.get("network_mode") == "host" or service.get("pid") == "host":
+        problems.append(f"{where}: privileged or host namespaces")
+    if str(service.get("user", "0")).split(":")[0] in ("0", "root", ""):
+        problems.append(f"{where}: user must be a non-root uid")
+    if service.get("restart") in (None, "no"):
+        problems.append(f"{where}: restart policy missing")
+    for port in service.get("ports") or []:
+        host_ip = port.get("host_ip") if isinstance(port, dict) else str(port).rsplit(":", 2)[0]
+        if not str(host_ip).startswith("127."):
+            problems.append(f"{where}: port {port} is published beyond loopback")
+    if any("docker.sock" in mount for mount in _mounts(service)):
+        problems.append(f"{where}: the container engine's socket is mounted")
+    for name, value in _environment(service).items():
+        # An exporter's headers often hold a vendor's key: from the engine's environment (${...}), never written.
+        if name in OTLP_HEADERS and value and not str(value).startswith("${"):
+            problems.append(f"{where}: {name} is written into the compose file (it may hold a key)")
+    return problems
+
+
+def _mounts(service: dict[str, Any]) -> list[str]:
+    return [
+        str(volume) if not isinstance(volume, dict) else f"{volume.get('source')}:{volume.get('target')}"
+        for volume in service.get("volumes") or []
+    ]
+
+
+def _sidecar_problems(where: str, service: dict[str, Any], document: dict[str, Any]) -> list[str]:
+    problems = []
+    environment = _environment(service)
+    if (needed := _stop_seconds(environment)) > _seconds(service.get("stop_grace_period", "10s")):
+        problems.append(f"{where}: stop_grace_period below {needed:g}s (the drain plus {STOP_SECONDS} s)")
+    if environment.get("AIP_CREWAI_BEARER_TOKEN"):
+        problems.append(f"{where}: the bearer token is written into the compose file")
+    if not str(environment.get("AIP_CREWAI_BEARER_TOKEN_FILE", "")).startswith("/run/secrets/"):
+        problems.append(f"{where}: AIP_CREWAI_BEARER_TOKEN_FILE must name a secret under /run/secrets/")
+    if not service.get("secrets"):
+        problems.append(f"{where}: the token must come as a secret")
+    state = [mount for mount in _mounts(service) if mount.split(":")[1:2] == [VOLUME]]
+    if not state or state[0].split(":")[0] not in (document.get("volumes") or {}):
+        problems.append(f"{where}: {VOLUME} must be a named volume")
+    # The image sets OTEL_SDK_DISABLED=true (CrewAI's telemetry off): an endpoint beside it would export nothing.
+    if any(environment.get(name) for name in OTLP_ENDPOINTS) and str(environment.get("OTEL_SDK_DISABLED")) != "false":
+        problems.append(f'{where}: an OTLP endpoint needs OTEL_SDK_DISABLED: "false" (the image sets it true)')
     return problems

@@ -20,6 +20,7 @@ import yaml
 from tests.system.container.policy import (
     build_command_problems,
     build_commands,
+    compose_document,
     compose_problems,
     dockerfile_problems,
     kubernetes_problems,
@@ -30,6 +31,7 @@ CONTAINER = ROOT / "container"
 DOCKERFILE = CONTAINER / "Dockerfile"
 README = ROOT / "docs" / "container.md"  # the page that writes the build out for people
 COMPOSE = CONTAINER / "compose.yaml"
+TRACING = CONTAINER / "tracing" / "compose.yaml"  # an override of COMPOSE: Jaeger beside the sidecar
 KUBERNETES = CONTAINER / "kubernetes"
 BIN = Path(sys.executable).parent  # the linters are test dependencies, installed beside this Python
 
@@ -231,6 +233,64 @@ def test_compose_policy_catches(case: str, tmp_path: Path) -> None:
     path.write_text(mutate(COMPOSE.read_text(), old, new))
     problems = compose_problems(path)
     assert any(expected in problem for problem in problems), problems
+
+
+def test_shipped_tracing_recipe_passes_policy() -> None:
+    """Merged over the base file, as the recipe's command runs it: the sidecar keeps every rule, Jaeger the
+    hardening every service keeps."""
+    assert compose_problems(COMPOSE, TRACING) == []
+
+
+def test_tracing_recipe_addresses_agree() -> None:
+    """The sidecar exports to the Jaeger service's OTLP/HTTP port, its trace links open the UI the recipe
+    publishes on loopback, and the base file's settings are still there beside the override's."""
+    document, _ = compose_document(COMPOSE, TRACING)
+    sidecar, jaeger = document["services"]["crew-supervisor"], document["services"]["jaeger"]
+    environment = sidecar["environment"]
+    assert environment["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318"
+    assert environment["AIP_CREWAI_BEARER_TOKEN_FILE"] == "/run/secrets/crew-supervisor-token"
+    link = environment["AIP_CREWAI_TRACE_UI_URL"]
+    assert "{trace_id}" in link
+    assert link.startswith("http://localhost:16686/") and "127.0.0.1:16686:16686" in jaeger["ports"]
+
+
+def tracing_override(tmp_path: Path, old: str, new: str) -> Path:
+    path = tmp_path / "compose.tracing.yaml"
+    path.write_text(mutate(TRACING.read_text(), old, new))
+    return path
+
+
+TRACING_BREAKAGES = {
+    "UI beyond loopback": ('"127.0.0.1:16686:16686"', '"16686:16686"', "service jaeger: port 16686:16686"),
+    "jaeger writable": ("read_only: true  # it keeps", "read_only: false  # it keeps", "jaeger: read_only"),
+    "jaeger as root": ('user: "10001:10001"', 'user: "0:0"', "service jaeger: user must be a non-root uid"),
+    "jaeger capabilities": ("cap_drop: [ALL]", "cap_drop: []", "service jaeger: cap_drop must be [ALL]"),
+    "jaeger unbounded": ("    pids_limit: 256\n", "", "service jaeger: pids_limit and mem_limit"),
+    "tracing silently off": ('OTEL_SDK_DISABLED: "false"', 'OTEL_SDK_DISABLED: "true"', "needs OTEL_SDK_DISABLED"),
+    "exporter headers written": (
+        "      OTEL_SERVICE_NAME:",
+        '      OTEL_EXPORTER_OTLP_HEADERS: "x-honeycomb-team=hc-key"\n      OTEL_SERVICE_NAME:',
+        "OTEL_EXPORTER_OTLP_HEADERS is written into the compose file",
+    ),
+    "a list set again": (
+        "    depends_on: [jaeger]\n",
+        '    depends_on: [jaeger]\n    ports: ["127.0.0.1:8091:8090"]\n',
+        "services: crew-supervisor: ports set again by a later file",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", TRACING_BREAKAGES)
+def test_tracing_recipe_policy_catches(case: str, tmp_path: Path) -> None:
+    old, new, expected = TRACING_BREAKAGES[case]
+    problems = compose_problems(COMPOSE, tracing_override(tmp_path, old, new))
+    assert any(expected in problem for problem in problems), problems
+
+
+def test_headers_from_the_engines_environment_pass(tmp_path: Path) -> None:
+    """A key the engine fills in from its own environment is not written in the file."""
+    header = '      OTEL_EXPORTER_OTLP_HEADERS: "${OTLP_HEADERS}"\n      OTEL_SERVICE_NAME:'
+    assert compose_problems(COMPOSE, tracing_override(tmp_path, "      OTEL_SERVICE_NAME:", header)) == []
 
 
 def test_shipped_manifests_pass_kubernetes_validate_and_policy() -> None:

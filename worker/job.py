@@ -25,10 +25,11 @@ from protocol import (
     Operation,
     Reason,
     Registry,
+    SpanName,
     Start,
     Started,
 )
-from worker import landlock, ledger, lifecycle, places, registry, resume, spending, warmup
+from worker import landlock, ledger, lifecycle, places, registry, resume, spending, tracing, warmup
 from worker.operations import HANDLERS, OperationError, OutputTooLarge, Work, bounded
 
 MAX_CHECK_ERROR_CHARS = 1000  # one line of the doctor's report, not a traceback
@@ -63,9 +64,12 @@ def run(
         elif crews is not None:
             # Not asyncio.run: its teardown would wait on threads CrewAI may leave blocked.
             start = control.start()
+            if start.trace:  # not traced: nothing opened, nothing paid
+                tracing.open_trace(out.send, secrets_of(start))
             try:
                 enter(start, launched, domain)
             except OSError as exc:  # never run a crew outside the sandbox it was given
+                tracing.started(type(exc).__name__)
                 out.send(failed(type(exc).__name__, Reason.SANDBOX_FAILED, f"the job's sandbox: {exc}", False))
                 return
             control.watch()  # in the job's domain
@@ -129,45 +133,19 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
 
     ``error_type`` is what the reference sidecar reports (the exception's class name); ``reason`` is ours.
     """
-    operation = HANDLERS.get(start.operation)
-    if start.crew_id not in crews or operation is None:
-        what, reason = (
-            ("crew", Reason.UNKNOWN_CREW) if start.crew_id not in crews else ("operation", Reason.UNKNOWN_OPERATION)
-        )
-        out.send(failed(reason, reason, f"this worker has no such {what}", False))
+    work = prepare(start, crews, out)
+    if isinstance(work, Failed):
+        tracing.started(work.error_type)
+        out.send(work)
         return
-    entry = crews[start.crew_id]
-    secrets = secrets_of(start)  # before the crew's code runs, which may change its environment
-    out.send(Building())  # the crew's code runs from here on: what only a worker finds before it is said by now
-    try:
-        crew = registry.build(start.crew_id, entry)
-    except registry.NotAFactory as exc:  # our own words, with the fix the doctor gives too
-        out.send(failed(type(exc).__name__, Reason.CREW_FACTORY_FAILED, f"{exc}; fix: {exc.fix}", False))
-        return
-    except Exception as exc:  # a broken factory is the registry's fault, reported by class
-        message = f"the crew factory raised {type(exc).__name__}"
-        _for_the_operator(exc)
-        out.send(failed(type(exc).__name__, Reason.CREW_FACTORY_FAILED, message, False))
-        return
-    fingerprint = resume.fingerprint(crew) if start.operation == Operation.RUN else ""
-    if (refused := resumed(start, crew, fingerprint)) is not None:
-        out.send(refused)
-        return
-    spending.report(out.send, start.max_tokens, start.max_llm_calls)
-    ledger.open_ledger(out.send, secrets)
-    restored = len(start.resumed or ())
-    if start.operation == Operation.RUN:
-        ledger.follow_tasks(crew, fingerprint, start.resumed or [], lifecycle.settings.max_event_bytes)
-    # As the job starts, not before the factory: a process CPU limit makes the kernel count the process's CPU clock
-    # by ticks (its timer running), and a factory timing itself with process_time() read 0 ms of 2 (the bench's).
-    lifecycle.bound_cpu()
     out.send(Started())
+    tracing.started()
     # Work that may have had effects leaves its outcome uncertain; a read-only query has none.
     effects = start.operation not in READ_ONLY_OPERATIONS
-    fresh = functools.partial(_fresh, start.crew_id, entry)
-    work = Work(crew, start.input, out.send, fresh, start.job_id, secrets, restored)
     try:
-        output = bounded(await operation(work))
+        with tracing.span(SpanName.KICKOFF):
+            output = await HANDLERS[start.operation](work)
+        output = bounded(output)
     except OutputTooLarge as exc:
         out.send(failed("RegistryError", Reason.OUTPUT_TOO_LARGE, str(exc), effects))
     except OperationError as exc:  # our own words (or CrewAI's configuration text), refused before any work
@@ -177,6 +155,40 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
         out.send(failed(type(exc).__name__, Reason.OPERATION_FAILED, "CrewAI operation failed", effects))
     else:
         out.send(Completed(output=output))
+
+
+def prepare(start: Start, crews: dict[str, Any], out: lifecycle.FrameWriter) -> Work | Failed:
+    """The job's crew built, its calls, tasks and spans followed, its CPU bounded: the operation's ``Work``; or,
+    nothing of it run, why the job fails before it starts."""
+    if start.crew_id not in crews or start.operation not in HANDLERS:
+        what, reason = (
+            ("crew", Reason.UNKNOWN_CREW) if start.crew_id not in crews else ("operation", Reason.UNKNOWN_OPERATION)
+        )
+        return failed(reason, reason, f"this worker has no such {what}", False)
+    entry = crews[start.crew_id]
+    secrets = secrets_of(start)  # before the crew's code runs, which may change its environment
+    out.send(Building())  # the crew's code runs from here on: what only a worker finds before it is said by now
+    try:
+        crew = registry.build(start.crew_id, entry)
+    except registry.NotAFactory as exc:  # our own words, with the fix the doctor gives too
+        return failed(type(exc).__name__, Reason.CREW_FACTORY_FAILED, f"{exc}; fix: {exc.fix}", False)
+    except Exception as exc:  # a broken factory is the registry's fault, reported by class
+        _for_the_operator(exc)
+        message = f"the crew factory raised {type(exc).__name__}"
+        return failed(type(exc).__name__, Reason.CREW_FACTORY_FAILED, message, False)
+    fingerprint = resume.fingerprint(crew) if start.operation == Operation.RUN else ""
+    if (refused := resumed(start, crew, fingerprint)) is not None:
+        return refused
+    spending.report(out.send, start.max_tokens, start.max_llm_calls)
+    ledger.open_ledger(out.send, secrets)
+    tracing.follow(crew)
+    if start.operation == Operation.RUN:
+        ledger.follow_tasks(crew, fingerprint, start.resumed or [], lifecycle.settings.max_event_bytes)
+    # As the job starts, not before the factory: a process CPU limit makes the kernel count the process's CPU clock
+    # by ticks (its timer running), and a factory timing itself with process_time() read 0 ms of 2 (the bench's).
+    lifecycle.bound_cpu()
+    fresh = functools.partial(_fresh, start.crew_id, entry)
+    return Work(crew, start.input, out.send, fresh, start.job_id, secrets, len(start.resumed or ()))
 
 
 def resumed(start: Start, crew: Any, fingerprint: str) -> Failed | None:
@@ -199,9 +211,10 @@ def resumed(start: Start, crew: Any, fingerprint: str) -> Failed | None:
 
 
 def _fresh(crew_id: str, entry: Any) -> Any:
-    """Another crew for the job (``batch_run``'s), its classes in the ledger."""
+    """Another crew for the job (``batch_run``'s), its classes in the ledger, its tasks traced."""
     crew = registry.build(crew_id, entry)
     ledger.wrap_classes()
+    tracing.follow(crew)
     return crew
 
 

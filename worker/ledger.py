@@ -13,7 +13,9 @@ its LLM hooks never see a call that raised. So the ledger wraps, once the job's 
   booked: its tokens, and a call the budget holds back).
 Classes are wrapped again when the job builds another crew (``batch_run``): a factory may define its own.
 A call made inside a call of the same object (an override calling ``super()``, a model retrying itself) is the one
-call. ``id``s count from 1 per job, taken and sent under one lock so they reach the supervisor in order.
+call. ``id``s count from 1 per job, taken and sent under one lock so they reach the supervisor in order. In a traced
+job each call is a span too, opened once the supervisor holds its entry and ended before its end is said
+(``tracing.call``).
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ from protocol import (
     Message,
     TaskDone,
 )
+from worker import masking, tracing
 
-REDACTED = "[redacted]"  # as the supervisor masks (supervisor/redaction.py): a secret cut in two would pass it
 TASK_FIELDS = ("description", "agent", "raw", "pydantic", "json_dict", "output_format")
 Arguments = Callable[[tuple[Any, ...], dict[str, Any]], Any]  # what a call's digest is of, from its arguments
 _active: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("ledger_active", default=frozenset())
@@ -86,9 +88,7 @@ class _Ledger:
         return True
 
     def masked(self, text: str) -> str:
-        for secret in self.secrets:
-            text = text.replace(secret, REDACTED)
-        return text
+        return masking.masked(text, self.secrets)
 
     def size(self, data: Any) -> int:
         """The bytes of ``data`` (a decoded JSON value) as the supervisor stores it: compact JSON of it masked, each
@@ -121,8 +121,7 @@ def open_ledger(send: Callable[[Message], None], secrets: tuple[str, ...] = ()) 
     """From now on every tool and LLM call of the job is in the ledger. Once the job's crew is built: the classes
     of its tools and models are imported by then."""
     global _ledger
-    # Longest first, as the supervisor masks: a secret that holds another is replaced whole.
-    _ledger = _Ledger(send, tuple(sorted({secret for secret in secrets if secret}, key=len, reverse=True)))
+    _ledger = _Ledger(send, masking.ordered(secrets))
     wrap_classes()
 
 
@@ -152,7 +151,7 @@ def unwrapped_call(llm: Any, messages: Any) -> None:
     Nothing if this thread's call is in the ledger already (an override calling a wrapped ``super().call``)."""
     ledger = _ledger
     if ledger is not None and _call.get() is None:
-        ledger.enter(_started(ledger, Effect.LLM, llm, messages))
+        ledger.enter(_started(Effect.LLM, _name(ledger, Effect.LLM, llm), messages))
 
 
 def recorded(entry: int) -> bool:
@@ -177,6 +176,7 @@ def held(limit: str) -> None:
         prompt, completion = _usage.get() or (0, 0)
         message = f"held back: the job's {limit} is spent"
         ledger.send(EffectEnded(entry, EffectStatus.FAILED, "OverBudget", message, prompt, completion))
+        tracing.held("OverBudget", [prompt, completion])
 
 
 def digest(arguments: Any) -> str:
@@ -226,8 +226,9 @@ def _entry(method: Callable[..., Any], effect: Effect, arguments: Arguments) -> 
         ledger, active = _ledger, _active.get()
         if ledger is None or id(self) in active:
             return method(self, *args, **kwargs)
-        entry = ledger.enter(_started(ledger, effect, self, arguments(args, kwargs)))
-        with _running(ledger, entry, effect, active | {id(self)}):
+        name = _name(ledger, effect, self)
+        entry = ledger.enter(_started(effect, name, arguments(args, kwargs)))
+        with _running(ledger, entry, effect, active | {id(self)}) as usage, tracing.call(effect, name, entry, usage):
             return method(self, *args, **kwargs)
 
     call.ledger = True  # type: ignore[attr-defined]
@@ -240,9 +241,10 @@ def _async_entry(method: Callable[..., Any], effect: Effect, arguments: Argument
         ledger, active = _ledger, _active.get()
         if ledger is None or id(self) in active:
             return await method(self, *args, **kwargs)
+        name = _name(ledger, effect, self)
         # The wait in a thread: the loop runs other tasks' calls meanwhile.
-        entry = await asyncio.to_thread(ledger.enter, _started(ledger, effect, self, arguments(args, kwargs)))
-        with _running(ledger, entry, effect, active | {id(self)}):
+        entry = await asyncio.to_thread(ledger.enter, _started(effect, name, arguments(args, kwargs)))
+        with _running(ledger, entry, effect, active | {id(self)}) as usage, tracing.call(effect, name, entry, usage):
             return await method(self, *args, **kwargs)
 
     call.ledger = True  # type: ignore[attr-defined]
@@ -250,27 +252,33 @@ def _async_entry(method: Callable[..., Any], effect: Effect, arguments: Argument
 
 
 @contextlib.contextmanager
-def _running(ledger: _Ledger, entry: int, effect: Effect, active: frozenset[int]) -> Iterator[None]:
-    """The call ``entry`` under way: its ``EffectEnded`` when it returns or raises, with what it booked."""
+def _running(ledger: _Ledger, entry: int, effect: Effect, active: frozenset[int]) -> Iterator[list[int] | None]:
+    """The call ``entry`` under way: its ``EffectEnded`` when it returns or raises, with what it booked (a model's
+    call: the usage yielded, as ``booked`` adds to it)."""
     llm = effect == Effect.LLM
-    marks = _active.set(active), _usage.set([0, 0] if llm else None), _call.set(entry if llm else None)
+    usage = [0, 0] if llm else None
+    marks = _active.set(active), _usage.set(usage), _call.set(entry if llm else None)
     try:
-        yield
+        yield usage
     except BaseException as exc:
-        ledger.end(entry, exc, _usage.get())
+        ledger.end(entry, exc, usage)
         raise
     else:
-        ledger.end(entry, None, _usage.get())
+        ledger.end(entry, None, usage)
     finally:
         _call.reset(marks[2])
         _usage.reset(marks[1])
         _active.reset(marks[0])
 
 
-def _started(ledger: _Ledger, effect: Effect, owner: Any, arguments: Any) -> Callable[[int], Message]:
-    """The call's entry, all but its id: built before the id is taken. The name masked, then cut (a secret cut in
-    two would pass the mask)."""
-    name = ledger.masked(str(getattr(owner, "model" if effect == Effect.LLM else "name", "")))[:MAX_EFFECT_NAME_CHARS]
+def _name(ledger: _Ledger, effect: Effect, owner: Any) -> str:
+    """A call's model or tool, as its entry and its span name it: masked, then cut (a secret cut in two would pass
+    the mask)."""
+    return ledger.masked(str(getattr(owner, "model" if effect == Effect.LLM else "name", "")))[:MAX_EFFECT_NAME_CHARS]
+
+
+def _started(effect: Effect, name: str, arguments: Any) -> Callable[[int], Message]:
+    """The call's entry, all but its id: built before the id is taken."""
     summary = digest(arguments)
     return lambda entry: EffectStarted(entry, effect, name, summary)
 

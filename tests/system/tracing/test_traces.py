@@ -1,7 +1,8 @@
 """One trace per job, end to end: a real supervisor (its fork server, real workers, real CrewAI) exporting over
 OTLP/HTTP to a real receiver (tests/helpers/otlp_receiver.py), as ``OTEL_EXPORTER_OTLP_ENDPOINT`` asks. A job's
-spans make one tree beneath its root; a caller's ``traceparent`` makes the root its child; a cancel inside a hanging
-LLM call exports its stop, its kill and what it cut off; a worker killed from outside ends its trace too; the job's
+spans make one tree beneath its root, its worker's (its start, its kickoff, each task, LLM call and tool call) beneath
+its ``worker`` span; a caller's ``traceparent`` makes the root its child; a cancel inside a hanging LLM call exports
+its stop, its kill and the call it cut off; a worker killed from outside ends its trace too; the job's
 log lines carry its trace's id; its crew sees no ``OTEL_*`` variable; and with no endpoint nothing leaves."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 
 from supervisor.testing import Server
 from tests.conftest import start_body, start_server, stop_server, wait_until
+from tests.crews.effects import TOOL
 from tests.helpers.otlp_receiver import OtlpReceiver, ReceivedSpan
 from worker.provider import URL_ENV, Provider
 
@@ -41,10 +43,13 @@ def receiver() -> Iterator[OtlpReceiver]:
 
 
 @pytest.fixture(scope="module")
-def traced(receiver: OtlpReceiver, provider: Provider, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def traced(
+    receiver: OtlpReceiver, provider: Provider, evidence: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
     """A supervisor tracing to ``receiver``, its batches sent every 50 ms, its crews' provider the module's."""
     env = {
         **SDK_ON,
+        "CREW_TEST_EVIDENCE_DIR": str(evidence),  # where the ``effects`` crew's tool writes
         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
         "OTEL_BSP_SCHEDULE_DELAY": "50",
         "OTEL_EXPORTER_OTLP_HEADERS": f"authorization=Bearer {VENDOR_KEY}",
@@ -100,6 +105,40 @@ def test_a_job_is_one_trace_beneath_its_root(traced: Server, receiver: OtlpRecei
     assert worker.attributes["process.exit.code"] == 0 and [name for name, _ in worker.events] == ["exit"]
     assert not {"stop", "kill"} & spans.keys()
     assert any(VENDOR_KEY in value for request in receiver.requests for value in request.values())  # its headers
+    # The worker's: its start and its kickoff beneath its span, the crew's two tasks beneath the kickoff, in order,
+    # and each task's LLM calls beneath it, with what they booked, which the root adds up.
+    (start,), (kickoff,) = spans["worker.start"], spans["kickoff"]
+    assert start.parent_id == kickoff.parent_id == worker.span_id
+    tasks = sorted(spans["task"], key=lambda span: span.attributes["crew_supervisor.task.index"])
+    assert [task.attributes["crew_supervisor.agent.role"] for task in tasks] == ["Researcher", "Writer"]
+    assert all(task.parent_id == kickoff.span_id and task.status == "UNSET" for task in tasks)
+    calls = spans["llm.call"]
+    assert {call.parent_id for call in calls} == {task.span_id for task in tasks}
+    chat = {"gen_ai.operation.name": "chat", "gen_ai.request.model": "offline-demo"}
+    chat |= {"crew_supervisor.effect.status": "finished"}
+    assert all(call.attributes.items() >= chat.items() for call in calls)
+    for kind in ("input", "output"):
+        tokens = f"gen_ai.usage.{kind}_tokens"
+        assert root.attributes[tokens] == sum(call.attributes[tokens] for call in calls) > 0
+    assert all(worker.start_ns <= span.start_ns <= span.end_ns <= worker.end_ns for span in [start, kickoff, *tasks])
+
+
+def test_a_tool_call_is_a_span_one_that_raised_an_error(traced: Server, receiver: OtlpReceiver) -> None:
+    body = start_body("effects", "tools", input={"marker": "tools", "fail_in_step": 2})
+    with traced.client() as client:
+        answer = client.post("/jobs", json=body, headers=KEY)
+        assert answer.status_code == 200, answer.text
+    _, spans = job_trace(receiver, "tools")
+    tasks = {task.span_id: task.attributes["crew_supervisor.task.index"] for task in spans["task"]}
+    tools = spans["tool.call"]
+    assert all(tool.parent_id in tasks for tool in tools)
+    tool = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": TOOL}
+    assert all(span.attributes.items() >= tool.items() for span in tools)
+    failed = [span for span in tools if span.status == "ERROR"]
+    assert failed and all(tasks[span.parent_id] == 1 for span in failed)  # step 2's tool raised (CrewAI retried it)
+    assert all(span.attributes["error.type"] == "RuntimeError" for span in failed)
+    assert all(span.attributes["crew_supervisor.effect.status"] == "failed" for span in failed)
+    assert {tasks[span.parent_id] for span in tools if span.status == "UNSET"} == {0, 2, 3}  # step 2's never did
 
 
 def test_a_caller_s_traceparent_makes_the_job_its_child(traced: Server, receiver: OtlpReceiver) -> None:
@@ -130,6 +169,12 @@ def test_a_cancel_inside_a_hanging_llm_call_exports_its_stop_its_kill_and_what_i
     assert kill.attributes["crew_supervisor.signal"] == "SIGKILL"
     assert worker.attributes["crew_supervisor.exit_signal"] == "SIGKILL"
     assert all(VENDOR_KEY not in repr(span) and "runaway" not in repr(span) for span in receiver.trace(root.trace_id))
+    # What the kill interrupted: the call the provider held, its task and the kickoff, ended as cut off at the exit.
+    (call,), (task,), (kickoff,) = spans["llm.call"], spans["task"], spans["kickoff"]
+    assert call.parent_id == task.span_id and task.parent_id == kickoff.span_id
+    assert call.attributes["gen_ai.request.model"] == "hang" and "crew_supervisor.effect.status" not in call.attributes
+    for cut in (call, task, kickoff):
+        assert cut.status == "ERROR" and cut.attributes["error.type"] == "cut_off" and cut.end_ns == worker.end_ns
 
 
 def test_a_worker_killed_from_outside_ends_its_trace(traced: Server, receiver: OtlpReceiver) -> None:
@@ -143,6 +188,9 @@ def test_a_worker_killed_from_outside_ends_its_trace(traced: Server, receiver: O
     (worker,) = spans["worker"]
     assert worker.attributes["process.pid"] == pid and worker.attributes["crew_supervisor.exit_signal"] == "SIGKILL"
     assert "stop" not in spans  # nobody asked for it
+    (kickoff,) = spans["kickoff"]  # the run it was in when it died, cut off there
+    assert kickoff.status == "ERROR" and kickoff.attributes["error.type"] == "cut_off"
+    assert kickoff.end_ns == worker.end_ns
 
 
 def test_a_traced_job_s_log_lines_carry_its_trace_s_ids(traced: Server, receiver: OtlpReceiver) -> None:

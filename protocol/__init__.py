@@ -5,6 +5,7 @@ Pure Python plus orjson; imports nothing else from this project.
 
 from protocol.environment import (
     CONTROL_FD,
+    CREWAI_SWITCHES,
     EVENT_FD,
     HOME,
     MAX_EVENT_BYTES,
@@ -95,6 +96,7 @@ from protocol.vocabulary import (
 __all__ = [
     "BEFORE_CREW_REASONS",
     "CONTROL_FD",
+    "CREWAI_SWITCHES",
     "EVENT_FD",
     "HOME",
     "LANDLOCK_ABI",

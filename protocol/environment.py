@@ -49,13 +49,19 @@ STORAGE_DIR = "CREWAI_STORAGE_DIR"
 TMPDIR = "TMPDIR"
 PLACES = (HOME, STORAGE_DIR, TMPDIR)
 
-# CrewAI calls home (and stalls ~20 s offline) unless these are set before it is imported.
-QUIET_CREWAI = {
+# CrewAI calls home (and stalls ~20 s offline) unless these are set before it is imported. Its own switches pass
+# from the supervisor's environment to a job's (an operator's value wins: the doctor checks it still means off).
+CREWAI_SWITCHES = {
     "CREWAI_DISABLE_TELEMETRY": "true",
-    "OTEL_SDK_DISABLED": "true",
     "CREWAI_TRACING_ENABLED": "false",
     "CREWAI_DISABLE_VERSION_CHECK": "true",
 }
+# What every worker sets for itself before CrewAI is imported (worker.lifecycle.prepare_environment), where its
+# environment has none: CrewAI's switches and the OpenTelemetry SDK off, which CrewAI also reads as off. No OTEL_*
+# variable reaches a worker (they are the supervisor's own tracing: supervisor/jobs/environment.py), so that one is
+# always true there, and the supervisor, which never imports CrewAI, needs none of it: set on the supervisor,
+# OTEL_SDK_DISABLED=true turns its tracing off.
+QUIET_CREWAI = {**CREWAI_SWITCHES, "OTEL_SDK_DISABLED": "true"}
 
 
 class BadSetting(ValueError):

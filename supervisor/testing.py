@@ -226,12 +226,12 @@ def start(
     runs on (and its workers: the supervisor launches them with its own); ``token`` is its bearer token
     (default: a fresh one; a restart that must keep its clients passes theirs); ``user``, a uid and gid it runs as,
     with no other group (started by root: as a container runs it, one uid for it and its workers). The
-    environment is this process's, CrewAI's telemetry off, then the server's own, then ``settings``
+    environment is this process's, CrewAI's switches off, then the server's own, then ``settings``
     (``max_concurrency=8``), then ``env`` (none of this process's tokens). With ``wait`` it returns once ready.
     """
     # Here, not at the top: the console script imports this module (through chaos) and must start
     # without the protocol package, so that ``doctor`` can report one another distribution shadows.
-    from protocol import QUIET_CREWAI
+    from protocol import CREWAI_SWITCHES
 
     port = port or free_port()
     token = token or secrets.token_urlsafe(16)
@@ -239,7 +239,7 @@ def start(
     python_path = dict.fromkeys([str(SOURCE), *map(str, path), *os.environ.get("PYTHONPATH", "").split(os.pathsep)])
     full_env = {
         **without_tokens(os.environ),
-        **QUIET_CREWAI,
+        **CREWAI_SWITCHES,  # as the image: not OTEL_SDK_DISABLED, so an OTLP endpoint in env is enough to trace
         "PYTHONPATH": os.pathsep.join(filter(None, python_path)),
         f"{PREFIX}REGISTRY": registry,
         f"{PREFIX}HOST": "127.0.0.1",

@@ -7,8 +7,8 @@ PTRACE_ATTACH and pidfd_getfd gave (``ok`` or the errno's name), and the worker'
 names, umask, dumpability and HOME. For the separate worker user (``test_worker_user.py``) also: its uids, gids,
 groups and capability sets, what signal 0 to each pid in ``signals`` gave, what reading each path in ``reads``
 gave (a directory is listed), and what writing a file in its working directory, HOME and CrewAI storage gave.
-Given ``environ`` (``test_crew_env.py``): its os.environ (each value's digest) and the names in its initial
-environment block.
+Given ``environ`` (``test_crew_env.py``): its os.environ (each value's digest), the names in its initial
+environment block, and the environment CrewAI was imported in.
 Given ``neighbours`` (names to pids, ``test_seccomp.py``): what changing each one's limits, nice value, scheduling,
 affinity and I/O priority gave, the same calls on the worker itself, SysV IPC and POSIX shared memory.
 """
@@ -197,15 +197,24 @@ def plant(text: str) -> str:
 
 def environment() -> dict[str, Any]:
     """The job's os.environ, each value as its SHA-256 (a key would be masked in the job's output: a digest says which
-    it was), and the names in its process's initial environment block (/proc/self/environ: what it was started or
-    forked with, whatever os.environ says now)."""
+    it was), the names in its process's initial environment block (/proc/self/environ: what it was started or
+    forked with, whatever os.environ says now), and the environment CrewAI was imported in (``IMPORTED_IN``)."""
     with open("/proc/self/environ", "rb") as block:
         initial = sorted(item.split(b"=", 1)[0].decode() for item in block.read().split(b"\0") if item)
-    return {"environ": {name: digest(value) for name, value in os.environ.items()}, "initial": initial}
+    return {
+        "environ": {name: digest(value) for name, value in os.environ.items()},
+        "initial": initial,
+        "imported_in": IMPORTED_IN,
+    }
 
 
 def digest(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()
+
+
+# The environment this module, and CrewAI with it, was imported in (each value's digest): the fork server's, which
+# imports the registry once for every worker it forks, or a spawned worker's own.
+IMPORTED_IN = {name: digest(value) for name, value in os.environ.items()}
 
 
 class ProbeCrew(Crew):

@@ -35,7 +35,6 @@ def receiver() -> Iterator[OtlpReceiver]:
 def traced(receiver: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     env = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
-        "OTEL_SDK_DISABLED": "false",  # the suite's supervisors get CrewAI's switches, this one among them
         "OTEL_BSP_SCHEDULE_DELAY": "100",  # ms: a job's spans exported soon after it ends
         "AIP_CREWAI_TRACE_UI_URL": TRACE_UI,
     }

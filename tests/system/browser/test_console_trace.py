@@ -21,7 +21,6 @@ def test_a_traced_jobs_page_links_its_trace_in_a_tab_of_its_own(tmp_path: Path, 
         env = {
             **CONSOLE,
             "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
-            "OTEL_SDK_DISABLED": "false",  # the suite's supervisors get CrewAI's switches, this one among them
             "AIP_CREWAI_TRACE_UI_URL": TRACE_UI,
         }
         server = start_server(tmp_path / "state", registry=DEMO, env=env)

@@ -2,12 +2,14 @@
 OTLP/HTTP to a real receiver (tests/helpers/otlp_receiver.py), as ``OTEL_EXPORTER_OTLP_ENDPOINT`` asks. A job's
 spans make one tree beneath its root, its worker's (its start, its kickoff, each task, LLM call and tool call) beneath
 its ``worker`` span; a caller's ``traceparent`` makes the root its child; a cancel inside a hanging LLM call exports
-its stop, its kill and the call it cut off; a worker killed from outside ends its trace too; the job's
-log lines carry its trace's id; its crew sees no ``OTEL_*`` variable; and with no endpoint nothing leaves."""
+its stop, its kill and the call it cut off; a worker killed from outside ends its trace too; the job's log lines carry
+its trace's id; an endpoint alone turns it on, while every worker (forked or spawned) runs CrewAI with the
+OpenTelemetry SDK off and none of the supervisor's ``OTEL_*`` variables; and with no endpoint nothing leaves."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -20,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from protocol import QUIET_CREWAI
 from supervisor.testing import Server
 from tests.conftest import start_body, start_server, stop_server, wait_until
 from tests.crews.effects import TOOL
@@ -30,10 +33,6 @@ KEY = {"Idempotency-Key": "key"}
 VENDOR_KEY = "vendor-" + secrets.token_hex(16)  # what an exporter's headers may hold: never a job's
 STEPS = ("admission", "queue", "launch", "worker_start", "job", "exit", "cleanup", "journal", "worker")
 SDK_DEFAULT_PORT = 4318  # where the SDK would send with no endpoint named: a leak would land here
-# supervisor.testing starts every supervisor with CrewAI's switches off (protocol.QUIET_CREWAI), as the image does:
-# OTEL_SDK_DISABLED=true among them would turn the supervisor's own tracing off. (Its jobs never see it: OTEL_* stay
-# out of their environment, and a worker sets QUIET_CREWAI's for itself.)
-SDK_ON = {"OTEL_SDK_DISABLED": "false"}
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +47,6 @@ def traced(
 ) -> Iterator[Server]:
     """A supervisor tracing to ``receiver``, its batches sent every 50 ms, its crews' provider the module's."""
     env = {
-        **SDK_ON,
         "CREW_TEST_EVIDENCE_DIR": str(evidence),  # where the ``effects`` crew's tool writes
         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
         "OTEL_BSP_SCHEDULE_DELAY": "50",
@@ -203,16 +201,37 @@ def test_a_traced_job_s_log_lines_carry_its_trace_s_ids(traced: Server, receiver
     assert all(line["trace_id"] == root.trace_id for line in lines if "trace_id" in line)
 
 
-def test_a_job_s_crew_sees_no_otel_variable(traced: Server) -> None:
-    with traced.client() as client:
-        answer = client.post("/jobs", json=start_body("environ", "environ"), headers=KEY)
+@pytest.mark.parametrize("launcher", ["forkserver", "spawn"])
+def test_an_endpoint_alone_traces_while_every_worker_runs_with_the_sdk_off_and_no_otel_variable_of_its_own(
+    launcher: str, receiver: OtlpReceiver, tmp_path: Path
+) -> None:
+    """The supervisor's environment holds an endpoint and no OTEL_SDK_DISABLED: it traces. CrewAI is imported (in
+    the fork server, once for every worker it forks, or in a spawned worker) and a job's code runs with the SDK and
+    CrewAI's switches off, and with none of the supervisor's ``OTEL_*`` variables, nor were its workers launched
+    with any."""
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+        "OTEL_BSP_SCHEDULE_DELAY": "50",
+        "OTEL_EXPORTER_OTLP_HEADERS": f"authorization=Bearer {VENDOR_KEY}",
+        "OTEL_SERVICE_NAME": f"sidecar-{launcher}",
+        "AIP_CREWAI_LAUNCHER": launcher,
+    }
+    server = start_server(tmp_path / "state", env=env)
+    assert "OTEL_SDK_DISABLED" not in _launched_with(server.pid)
+    action_id = f"environ-{launcher}"
+    with server.client() as client:
+        body = {"crew_id": "prober", "action_id": action_id, "input": {"environ": True}}
+        answer = client.post("/jobs", json=body, headers=KEY)
         assert answer.status_code == 200, answer.text
-        output = client.get("/jobs/environ/output").json()
-    (line,) = [line for line in output["stdout"]["text"].splitlines() if line.startswith("environ ")]
-    names = set(line.split()[1:])
-    # Only the one a worker sets for itself, CrewAI's telemetry off; none of the supervisor's own.
-    assert "PATH" in names and {name for name in names if name.startswith("OTEL_")} == {"OTEL_SDK_DISABLED"}
-    assert VENDOR_KEY not in json.dumps(output)
+    found = json.loads(answer.json()["raw"])
+    quiet = {name: _digest(value) for name, value in QUIET_CREWAI.items()}
+    for seen in (found["imported_in"], found["environ"]):  # CrewAI's at its import, the job's code's
+        assert {name: seen.get(name) for name in quiet} == quiet
+        assert {name for name in seen if name.startswith("OTEL_")} == {"OTEL_SDK_DISABLED"}
+    assert not {name for name in found["initial"] if name.startswith("OTEL_")}  # launched (or forked) with none
+    assert VENDOR_KEY not in answer.text
+    root, _ = job_trace(receiver, action_id)
+    assert root.resource["service.name"] == f"sidecar-{launcher}"
 
 
 def test_without_an_endpoint_nothing_leaves(tmp_path: Path) -> None:
@@ -220,7 +239,6 @@ def test_without_an_endpoint_nothing_leaves(tmp_path: Path) -> None:
     the SDK would send by default, and no log line of a job names a trace."""
     with _listening_at_the_sdk_default() as receiver:
         env = {
-            **SDK_ON,
             "OTEL_SERVICE_NAME": "untraced",
             "OTEL_TRACES_EXPORTER": "otlp",
             "OTEL_EXPORTER_OTLP_HEADERS": f"authorization=Bearer {VENDOR_KEY}",
@@ -245,7 +263,7 @@ def test_without_an_endpoint_nothing_leaves(tmp_path: Path) -> None:
 def test_what_it_cannot_export_with_refuses_the_start_in_one_line(
     tmp_path: Path, asked: dict[str, str], said: str
 ) -> None:
-    env = {**SDK_ON, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", **asked}
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", **asked}
     server = start_server(tmp_path / "state", env=env, wait=False)
     try:
         returncode = server.process.wait(120)
@@ -265,6 +283,16 @@ def _listening_at_the_sdk_default() -> Iterator[OtlpReceiver]:
         pytest.skip(f"127.0.0.1:{SDK_DEFAULT_PORT} is taken ({exc.strerror})")
     with receiver:
         yield receiver
+
+
+def _launched_with(pid: int) -> set[str]:
+    """The names in a process's initial environment block (the suite's supervisors are its children)."""
+    return {item.split(b"=", 1)[0].decode() for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if item}
+
+
+def _digest(value: str) -> str:
+    """As the prober crew says a value (tests/crews/prober.py)."""
+    return hashlib.sha256(value.encode()).hexdigest()
 
 
 def _log(server: Server) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from dockerfile_parse import DockerfileParser
 
-from protocol import QUIET_CREWAI
+from protocol import CREWAI_SWITCHES
 
 VOLUME = "/var/lib/crew-supervisor"
 PINNED = re.compile(r"^[^\s@$]+@sha256:[0-9a-f]{64}$")
@@ -33,6 +33,7 @@ BUILD_COMMAND = re.compile(r"\b(?:docker|podman) build\b(?:[^\n]*\\\n)*[^\n]*")
 # The OTLP exporter's variables (docs/tracing.md) a compose file may set for the sidecar, and may not write out.
 OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 OTLP_HEADERS = ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+SDK_OFF = "OTEL_SDK_DISABLED"  # the supervisor's tracing off, whatever endpoint is set
 
 
 # --- Dockerfile --------------------------------------------------------------------------------------------------
@@ -126,9 +127,11 @@ def dockerfile_problems(path: Path) -> list[str]:
             labels.update(_pairs(item["value"]))
         elif item["instruction"] == "VOLUME":
             volumes += _exec_form(item["value"]) or item["value"].split()
-    for name, wanted in QUIET_CREWAI.items():
+    for name, wanted in CREWAI_SWITCHES.items():
         if env.get(name) != wanted:
             problems.append(f"ENV {name}={wanted} missing (CrewAI telemetry must be off)")
+    if SDK_OFF in env:  # the workers set it for themselves; the supervisor's would silence its tracing
+        problems.append(f"ENV {SDK_OFF} set: an OTLP endpoint alone must turn the supervisor's tracing on")
     if VOLUME not in volumes:
         problems.append(f"no VOLUME {VOLUME}")
     for name in DURABLE:
@@ -397,7 +400,6 @@ def _sidecar_problems(where: str, service: dict[str, Any], document: dict[str, A
     state = [mount for mount in _mounts(service) if mount.split(":")[1:2] == [VOLUME]]
     if not state or state[0].split(":")[0] not in (document.get("volumes") or {}):
         problems.append(f"{where}: {VOLUME} must be a named volume")
-    # The image sets OTEL_SDK_DISABLED=true (CrewAI's telemetry off): an endpoint beside it would export nothing.
-    if any(environment.get(name) for name in OTLP_ENDPOINTS) and str(environment.get("OTEL_SDK_DISABLED")) != "false":
-        problems.append(f'{where}: an OTLP endpoint needs OTEL_SDK_DISABLED: "false" (the image sets it true)')
+    if any(environment.get(name) for name in OTLP_ENDPOINTS) and str(environment.get(SDK_OFF)).lower() == "true":
+        problems.append(f"{where}: {SDK_OFF} true beside an OTLP endpoint: the supervisor would export nothing")
     return problems

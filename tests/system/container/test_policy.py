@@ -108,6 +108,11 @@ DOCKERFILE_BREAKAGES = {
     "COPY .env": ("COPY container/prepare.py", "COPY .env /etc/app.env\nCOPY container/prepare.py", "secret"),
     "pip from index": (" --no-index \\\n", " \\\n", "pip install without --no-index"),
     "telemetry on": ("CREWAI_DISABLE_TELEMETRY=true", "CREWAI_DISABLE_TELEMETRY=false", "telemetry must be off"),
+    "tracing silenced": (
+        "CREWAI_DISABLE_TELEMETRY=true \\\n",
+        "CREWAI_DISABLE_TELEMETRY=true \\\n    OTEL_SDK_DISABLED=true \\\n",
+        "ENV OTEL_SDK_DISABLED set",
+    ),
     "journal off volume": ("STATE_FILE=/var/lib/crew-supervisor/", "STATE_FILE=/srv/", "STATE_FILE must be under"),
     "loopback": ("AIP_CREWAI_HOST=0.0.0.0", "AIP_CREWAI_HOST=127.0.0.1", "AIP_CREWAI_HOST=0.0.0.0 missing"),
     "no label": (' \\\n      io.crewai.version="${CREWAI_VERSION}"', "", "LABEL io.crewai.version missing"),
@@ -266,7 +271,11 @@ TRACING_BREAKAGES = {
     "jaeger as root": ('user: "10001:10001"', 'user: "0:0"', "service jaeger: user must be a non-root uid"),
     "jaeger capabilities": ("cap_drop: [ALL]", "cap_drop: []", "service jaeger: cap_drop must be [ALL]"),
     "jaeger unbounded": ("    pids_limit: 256\n", "", "service jaeger: pids_limit and mem_limit"),
-    "tracing silently off": ('OTEL_SDK_DISABLED: "false"', 'OTEL_SDK_DISABLED: "true"', "needs OTEL_SDK_DISABLED"),
+    "tracing silently off": (
+        "      OTEL_SERVICE_NAME:",
+        '      OTEL_SDK_DISABLED: "true"\n      OTEL_SERVICE_NAME:',
+        "OTEL_SDK_DISABLED true beside an OTLP endpoint",
+    ),
     "exporter headers written": (
         "      OTEL_SERVICE_NAME:",
         '      OTEL_EXPORTER_OTLP_HEADERS: "x-honeycomb-team=hc-key"\n      OTEL_SERVICE_NAME:',

@@ -11,7 +11,7 @@ from supervisor import listener
 from supervisor.config import PREFIX, Settings
 from supervisor.doctor.findings import Finding, live_doctor, ok, problem, warning
 from supervisor.jobs.sandbox import Sandbox
-from supervisor.jobs.tracing import Tracing, TracingError
+from supervisor.jobs.tracing import Tracing, TracingError, sdk_disabled
 from supervisor.processes.limits import CPU_BACKSTOP_SECONDS, Limits
 
 MiB = 1024 * 1024
@@ -142,11 +142,18 @@ def tracing(environ: Mapping[str, str]) -> Finding:
             "tracing", str(exc), "fix that OTEL_* variable, or unset OTEL_EXPORTER_OTLP_ENDPOINT (no traces)"
         )
     tracer.close()
-    if tracer.exporter is None:
-        detail = "off: no job is traced (no OTEL_EXPORTER_OTLP_ENDPOINT, or OTEL_SDK_DISABLED or OTEL_TRACES_EXPORTER)"
-        return ok("tracing", detail)
     endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
-    return ok("tracing", f"each job traced, sent over {tracer.exporter} to {_host(endpoint)}")
+    if tracer.exporter is not None:
+        return ok("tracing", f"each job traced, sent over {tracer.exporter} to {_host(endpoint)}")
+    if endpoint.strip() and sdk_disabled(environ):  # CrewAI's docs say to set it: here it is the supervisor's
+        return warning(
+            "tracing",
+            f"off: OTEL_SDK_DISABLED=true turns the supervisor's tracing off, though an endpoint ({_host(endpoint)})"
+            " is set",
+            "unset OTEL_SDK_DISABLED (every worker sets it true for itself, CrewAI's telemetry off), or the endpoint",
+        )
+    detail = "off: no job is traced (no OTEL_EXPORTER_OTLP_ENDPOINT, or OTEL_SDK_DISABLED or OTEL_TRACES_EXPORTER)"
+    return ok("tracing", detail)
 
 
 def _host(endpoint: str) -> str:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from protocol import NOT_A_FACTORY, QUIET_CREWAI, Built, Registry, factory_fix
+from protocol import CREWAI_SWITCHES, NOT_A_FACTORY, QUIET_CREWAI, Built, Registry, factory_fix
 from supervisor.config import PREFIX, ConfigError, Settings
 from supervisor.doctor import crewenv, host
 from supervisor.doctor.findings import Finding, ok, problem, warning
@@ -30,29 +30,28 @@ from supervisor.processes.process import WorkerProcess
 from supervisor.processes.reaper import Reaper
 
 BUILD_SECONDS = 180.0  # importing CrewAI alone takes 5-7 s here, far longer on a loaded machine
-# What CrewAI 1.15 reads as "off" for each switch the supervisor sets (protocol.QUIET_CREWAI): telemetry
-# and the OpenTelemetry SDK take the usual yes-words; tracing is off only at an explicit "false" or "0"
-# (else a prompt or the user's stored consent decides); the version check is skipped only at "true" or "1".
+# What CrewAI 1.15 reads as "off" for each of its switches (protocol.CREWAI_SWITCHES): telemetry takes the usual
+# yes-words; tracing is off only at an explicit "false" or "0" (else a prompt or the user's stored consent decides);
+# the version check is skipped only at "true" or "1".
 OFF = {
     "CREWAI_DISABLE_TELEMETRY": ("true", "1", "yes", "on"),
-    "OTEL_SDK_DISABLED": ("true", "1", "yes", "on"),
     "CREWAI_TRACING_ENABLED": ("false", "0"),
     "CREWAI_DISABLE_VERSION_CHECK": ("true", "1"),
 }
 
 
 def telemetry(environ: Mapping[str, str] = os.environ) -> list[Finding]:
-    """Each switch as a worker sees it: the operator's value if set, else the supervisor's. No ``OTEL_*`` variable
-    reaches a worker (they set the supervisor's own tracing: ``jobs/environment.py``), so its ``OTEL_SDK_DISABLED``
-    is always the supervisor's, whatever the operator set for the supervisor."""
+    """Each of CrewAI's switches as a worker sees it: the operator's value if set, else the one the worker sets.
+    ``OTEL_SDK_DISABLED`` is not the operator's to get wrong: no ``OTEL_*`` variable reaches a worker (they set the
+    supervisor's own tracing: ``jobs/environment.py``), so every worker sets it true for itself."""
     found = [
         problem(
             "telemetry",
             f"{name}={environ[name]!r} in the environment turns CrewAI's network calls on in every worker",
-            f"unset {name} (the supervisor then sets {name}={QUIET_CREWAI[name]}) or set it to {QUIET_CREWAI[name]}",
+            f"unset {name} (the worker then sets {name}={wanted}) or set it to {wanted}",
         )
-        for name in QUIET_CREWAI
-        if not name.startswith("OTEL_") and environ.get(name, QUIET_CREWAI[name]).lower() not in OFF[name]
+        for name, wanted in CREWAI_SWITCHES.items()
+        if environ.get(name, wanted).lower() not in OFF[name]
     ]
     return found or [ok("telemetry", f"off in the workers: {', '.join(QUIET_CREWAI)}")]
 

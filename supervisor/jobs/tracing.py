@@ -255,9 +255,8 @@ class Tracing:
         certificates, ``OTEL_BSP_*``, the sampler) from the process's environment, which ``serve`` passes."""
         traces_endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
         endpoint = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
-        disabled = environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
         exporters = {name.strip().lower() for name in environ.get("OTEL_TRACES_EXPORTER", "").split(",")} - {""}
-        if not (traces_endpoint or endpoint) or disabled or exporters == {"none"}:
+        if not (traces_endpoint or endpoint) or sdk_disabled(environ) or exporters == {"none"}:
             return cls()
         if exporters - {"otlp"}:
             named = ",".join(sorted(exporters))
@@ -307,6 +306,11 @@ class Tracing:
         closing = threading.Thread(target=self.provider.shutdown, name="tracing-close", daemon=True)
         closing.start()
         closing.join(CLOSE_SECONDS)
+
+
+def sdk_disabled(environ: Mapping[str, str]) -> bool:
+    """``OTEL_SDK_DISABLED`` as the SDK reads it: "true", in any case, turns the supervisor's tracing off."""
+    return environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
 
 
 def _exporter(environ: Mapping[str, str], traces_endpoint: str, endpoint: str) -> tuple[SpanExporter, str]:

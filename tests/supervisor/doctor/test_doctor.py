@@ -390,13 +390,12 @@ def test_another_distribution_of_one_of_our_names_is_reported(deployment: Deploy
 def test_the_tracing_line_names_the_exporter_and_the_endpoints_host_and_nothing_a_key_could_be_in(
     deployment: Deployment,
 ) -> None:
-    """With the supervisor's tracing on (OTEL_SDK_DISABLED=false too: never a worker's, so no telemetry problem), the
-    line says the exporter and the endpoint's host, never its credentials, path or query, nor the headers; an
-    exporter protocol ``serve`` would refuse is a problem in one line."""
+    """With the supervisor's tracing on (an endpoint alone; OTEL_SDK_DISABLED unset, as the workers set it for
+    themselves), the line says the exporter and the endpoint's host, never its credentials, path or query, nor the
+    headers; an exporter protocol ``serve`` would refuse is a problem in one line."""
     deployment.env.update(
         OTEL_EXPORTER_OTLP_ENDPOINT="http://someone:url-secret@collector.example:4318/tenant/url-path?key=url-query",
         OTEL_EXPORTER_OTLP_HEADERS="authorization=Bearer header-secret",
-        OTEL_SDK_DISABLED="false",
     )
     answer = doctor(deployment, "--json")
     assert answer.code == 0, answer.out + answer.err
@@ -415,3 +414,17 @@ def test_the_tracing_line_names_the_exporter_and_the_endpoints_host_and_nothing_
     assert refused.code == 1, refused.out + refused.err
     [line] = refused.lines("problem")
     assert line.split()[1] == "tracing" and "carrier-pigeon" in line and "secret" not in line, line
+
+
+def test_an_endpoint_beside_otel_sdk_disabled_true_is_a_warning(deployment: Deployment) -> None:
+    """CrewAI's docs name OTEL_SDK_DISABLED=true as a switch of its telemetry: on the supervisor it silences the
+    traces an endpoint asks for, which the doctor says (no telemetry problem: the workers set it for themselves)."""
+    deployment.env.update(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="http://collector.example:4318/v1/traces")
+    deployment.env.update(OTEL_SDK_DISABLED="True")
+    answer = doctor(deployment, "--json")
+    assert answer.code == 0, answer.out + answer.err
+    found = {f["check"]: f for f in findings(answer)}
+    assert found["telemetry"]["status"] == "ok", found["telemetry"]
+    tracing = found["tracing"]
+    assert tracing["status"] == "warning" and "collector.example:4318" in tracing["detail"], tracing
+    assert tracing["fix"].startswith("unset OTEL_SDK_DISABLED"), tracing

@@ -65,7 +65,7 @@ from bench_report import figure_names, latency_figures, median_of, percentile, p
 from bench_results import Results
 from bench_steps import batch_steps, read_steps
 
-from protocol import QUIET_CREWAI
+from protocol import CREWAI_SWITCHES, QUIET_CREWAI
 from supervisor.console.sse import StreamError
 from supervisor.testing import Server
 from tests.helpers.otlp_receiver import OtlpReceiver, ReceivedSpan
@@ -122,8 +122,7 @@ def boot(plan: Plan, root: Path, markers: Path, otlp: str, supervisors: list[Ser
     for size in JOURNAL_SIZES[1:]:
         populate(root / f"journal-{size}", size)
     wide = {"AIP_CREWAI_MAX_CONCURRENCY": str(plan.wave)}
-    # The supervisor's own tracing needs OTEL_SDK_DISABLED false: testing.start sets it true, for CrewAI's sake.
-    traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp, "OTEL_SDK_DISABLED": "false"}
+    traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp}
     for name, launcher, settings in (
         [
             ("warm", "forkserver", {}),
@@ -137,6 +136,9 @@ def boot(plan: Plan, root: Path, markers: Path, otlp: str, supervisors: list[Ser
         # Listed at once: stopped whatever happens.
         supervisors.append(start_supervisor(name, root, launcher, markers, settings))
     say("importing crewai here too (the in-process ceiling) while the supervisors start")
+    # As a worker imports it: the OpenTelemetry SDK off too. Only now, every supervisor started: inherited, it would
+    # turn the traced one's tracing off.
+    os.environ.update(QUIET_CREWAI)
     import bench_crews  # noqa: F401 - the import is the point: crewai, once, with telemetry off
 
     wait_ready(supervisors)
@@ -413,9 +415,10 @@ def main() -> int:
         del os.environ[name]
     root = Path(tempfile.mkdtemp(prefix="crew-bench-"))
     provider, url = start_provider(root / "provider.log")
-    # Before crewai is imported here: telemetry off, and its files under the temporary directory. The provider's
-    # URL reaches the supervisors' workers through their environment, as the in-process crews' through this one.
-    os.environ.update(QUIET_CREWAI, HOME=str(root / "home"), CREWAI_STORAGE_DIR=str(root / "inproc-storage"))
+    # Before crewai is imported here (``boot``): CrewAI's switches off, and its files under the temporary directory.
+    # The provider's URL reaches the supervisors' workers through their environment, as the in-process crews' through
+    # this one.
+    os.environ.update(CREWAI_SWITCHES, HOME=str(root / "home"), CREWAI_STORAGE_DIR=str(root / "inproc-storage"))
     os.environ[URL_ENV] = url
     lifecycle.quiet_crewai_logs()  # as a worker does: the in-process crews pay no warning a call a worker does not
     (root / "home").mkdir()

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from protocol import MAX_SPAN_VALUE_CHARS, Reason, SpanEnded, SpanStarted
+from protocol import MAX_OPEN_SPANS, MAX_SPAN_VALUE_CHARS, MAX_SPANS, Reason, SpanEnded, SpanStarted
 from supervisor import logs
 from supervisor.jobs import worker_spans
 from supervisor.jobs.phases import StopReason
@@ -462,6 +462,25 @@ def test_past_max_spans_spans_are_dropped_and_counted(receiver: OtlpReceiver, mo
     assert spans["root"][0].attributes["crew_supervisor.spans_dropped"] == 2
 
 
+def test_past_max_open_spans_spans_are_dropped_and_counted(receiver: OtlpReceiver) -> None:
+    """A worker that keeps spans open holds the supervisor's memory: past the bound, one begun is dropped, and so
+    is any span beneath it, whose end is then nothing to end; one ended makes room again."""
+    tracing = tracing_to(receiver)
+    trace = worker_trace(tracing)
+    held = [f"{n + 1:016x}" for n in range(MAX_OPEN_SPANS + 10)]
+    assert all(trace.take(started(id, "task")) is None for id in held)  # the last 10 dropped
+    assert trace.take(started(LLM, "llm.call", held[-1])) is None  # beneath one dropped: dropped too, no fault
+    assert trace.take(ended(LLM)) is None and trace.take(ended(held[-1])) is None
+    assert trace.take(started(TOOL, "tool.call", "e" * 16)) is None  # a parent never started, once one was dropped
+    assert trace.take(ended(held[0])) is None
+    assert trace.take(started(KICKOFF, "kickoff")) is None  # room for one again
+    trace.end("completed", {})
+    spans = exported(receiver, tracing, trace, 3 + MAX_OPEN_SPANS + 1)  # root, admission, worker, and the worker's
+    assert len(spans["task"]) == MAX_OPEN_SPANS and len(spans["kickoff"]) == 1
+    assert not {"llm.call", "tool.call"} & spans.keys()
+    assert spans["root"][0].attributes["crew_supervisor.spans_dropped"] == 10 + 2
+
+
 # Through the job core -----------------------------------------------------------------------------------------------
 
 
@@ -492,6 +511,27 @@ async def test_a_job_through_the_core_is_one_trace_its_worker_s_spans_beneath(
     assert given.read_text().startswith(f"00-{root.trace_id}-{worker.span_id}-")
     assert kickoff.parent_id == worker.span_id and task.parent_id == kickoff.span_id
     assert any(SECRET in request.get("authorization", "") for request in tracing_on.requests)  # the SDK's own
+
+
+@in_loop
+async def test_a_worker_flooding_its_trace_exports_its_bound_and_its_job_completes(
+    tmp_path: Path, tracing_on: OtlpReceiver
+) -> None:
+    """Spans past MAX_SPANS, or with MAX_OPEN_SPANS open, are dropped and counted on the root: the shared export
+    queue holds what one job may send beside other jobs' spans, which all reach the receiver."""
+    async with core(tmp_path) as it:
+        await it.start(["started", "complete"], "core-quiet")
+        await it.start(["started", f"span-flood:{MAX_SPANS + 2000}", "complete"], "core-flood")
+        await it.start(["started", f"span-hold:{MAX_OPEN_SPANS + 100}", "complete"], "core-hold")
+        for action_id in ("core-quiet", "core-flood", "core-hold"):
+            assert (await it.settled(action_id))[0] == "completed"
+    steps = ("admission", "queue", "launch", "worker_start", "job", "exit", "cleanup", "journal", "worker")
+    assert set(by_name(mine(tracing_on, "core-quiet"), 10)) == {"root", *steps}
+    flood = by_name(mine(tracing_on, "core-flood"), 10 + MAX_SPANS)
+    assert len(flood["task"]) == MAX_SPANS and flood["root"][0].attributes["crew_supervisor.spans_dropped"] == 2000
+    hold = by_name(mine(tracing_on, "core-hold"), 10 + MAX_OPEN_SPANS)
+    assert len(hold["task"]) == MAX_OPEN_SPANS and hold["root"][0].attributes["crew_supervisor.spans_dropped"] == 100
+    assert all(span.attributes["error.type"] == "cut_off" for span in hold["task"])  # never ended: cut off
 
 
 @in_loop

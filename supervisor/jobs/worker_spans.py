@@ -28,7 +28,7 @@ from protocol import (
     SpanName,
     SpanStarted,
 )
-from supervisor.redaction import redact
+from supervisor.redaction import REDACTED, redact
 
 SPAN_ID = re.compile(r"[0-9a-f]{16}")
 NAMES = frozenset(SpanName)
@@ -46,6 +46,7 @@ class WorkerSpans:
         every span of the job carries; ``secrets``: masked in each string a span carries."""
         self.tracer, self.parent, self.job, self.floor = tracer, parent, dict(job), floor
         self.secrets = tuple(secrets)
+        self.reach = _reach(self.secrets)
         self.started: dict[str, SpanContext] = {}  # every span taken, by the worker's id (parents of later ones)
         self.open: dict[str, tuple[Span, int]] = {}  # those not ended yet, with their start (ns)
         self.dropped = 0  # spans past MAX_SPANS or MAX_OPEN_SPANS, and those beneath them
@@ -125,8 +126,18 @@ class WorkerSpans:
         return taken
 
     def _text(self, text: str) -> str:
-        """A worker's string as exported: its secrets masked (one it cut at its end too), then cut."""
-        return redact(text, self.secrets, cut_end=True)[:MAX_SPAN_VALUE_CHARS]
+        """A worker's string as exported: cut to what can reach the export (a frame's string may be near a MiB),
+        its secrets masked (one cut at its end too: the worker's cut, or ours), then cut."""
+        return redact(text[: self.reach], self.secrets, cut_end=True)[:MAX_SPAN_VALUE_CHARS]
+
+
+def _reach(secrets: tuple[str, ...]) -> int:
+    """How much of a string can reach its first MAX_SPAN_VALUE_CHARS once masked: each marker there may stand for a
+    secret longer than itself (at most one marker per its length of them), and a secret begun within must be there
+    whole to be masked whole."""
+    longest = max(map(len, secrets), default=0)
+    shrink = max(longest - len(REDACTED), 0)  # the most one marker gives back
+    return MAX_SPAN_VALUE_CHARS + MAX_SPAN_VALUE_CHARS // len(REDACTED) * shrink + longest
 
 
 def _fault(message: str) -> Fault:

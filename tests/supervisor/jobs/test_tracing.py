@@ -28,6 +28,7 @@ from supervisor.jobs import worker_spans
 from supervisor.jobs.phases import StopReason
 from supervisor.jobs.tracing import CLOSE_SECONDS, NO_TRACE, Traced, Tracing, TracingError
 from supervisor.processes.process import StopEvidence
+from supervisor.redaction import redact
 from tests.helpers.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.supervisor.jobs.harness import core, in_loop
 
@@ -479,6 +480,25 @@ def test_past_max_open_spans_spans_are_dropped_and_counted(receiver: OtlpReceive
     assert len(spans["task"]) == MAX_OPEN_SPANS and len(spans["kickoff"]) == 1
     assert not {"llm.call", "tool.call"} & spans.keys()
     assert spans["root"][0].attributes["crew_supervisor.spans_dropped"] == 10 + 2
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "x" * 195 + SECRET + "y" * (1 << 20),  # across the cut, in a string as long as a frame allows
+        SECRET * 100,  # each marker shorter than what it masks: the cut string reaches far into the worker's
+        "z" * 150 + SECRET * 30 + SECRET[:12],
+    ],
+)
+def test_a_worker_s_string_is_masked_as_a_whole_before_it_is_cut(receiver: OtlpReceiver, text: str) -> None:
+    tracing = tracing_to(receiver)
+    trace = worker_trace(tracing, (SECRET, "short-secret"))
+    assert trace.take(started(TASK, "task", **{"crew_supervisor.task.name": text})) is None
+    trace.end("completed", {})
+    (task,) = exported(receiver, tracing, trace, 4)["task"]
+    name = task.attributes["crew_supervisor.task.name"]
+    assert name == redact(text, (SECRET, "short-secret"), cut_end=True)[:MAX_SPAN_VALUE_CHARS]
+    assert len(name) == MAX_SPAN_VALUE_CHARS and SECRET[:6] not in name
 
 
 # Through the job core -----------------------------------------------------------------------------------------------

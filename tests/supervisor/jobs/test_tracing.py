@@ -6,6 +6,7 @@ scripted one that sends span frames."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import json
@@ -356,6 +357,68 @@ def test_the_root_is_current_within_the_job_and_its_log_lines_carry_its_ids(rece
     # Left without its end (the supervisor failed settling it): the trace ends all the same, its root cut off.
     (root,) = exported(receiver, tracing, trace, 2)["job"]  # no outcome: it never had one
     assert root.status == "ERROR" and root.attributes["error.type"] == "cut_off"
+
+
+def test_the_sdk_s_lines_said_within_a_job_carry_no_trace_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The export queue full (two spans), its exporter retrying a refused export: the SDK says "Queue full" at the
+    end of a job's span, within the job, and the line is the supervisor's, not the job's."""
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "2")
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "1")
+    tracing = Tracing.from_environ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"})  # nothing listens there
+    with serving_logs() as said:
+        trace = traced(tracing)
+        with trace.current():
+            for _ in range(20):
+                trace.lap("queue")  # the queue holds two, the exporter takes one and waits to retry it
+            logging.getLogger("crew_supervisor.tests.tracing").warning("the job's own")
+        trace.end("completed", {})
+        tracing.close()
+    lines = [json.loads(line) for line in said.getvalue().splitlines()]
+    (own,) = [line for line in lines if line["event"] == "the job's own"]
+    assert own["trace_id"] == trace.trace_id
+    sdk = [line for line in lines if line["logger"].startswith("opentelemetry.")]
+    assert any(line["event"].startswith("Queue full") for line in sdk), lines
+    assert not any("trace_id" in line or "span_id" in line for line in sdk), sdk
+
+
+def test_the_sdk_s_lines_of_one_kind_come_once_a_minute(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the SDK says an export failure, for each batch while the collector is down: its loggers' records pass
+    the supervisor's handler once a minute each kind, the next saying how many were held back."""
+    exporter = logging.getLogger("opentelemetry.exporter.otlp.proto.http.trace_exporter")
+    with serving_logs() as said:
+        for attempt in range(100):
+            exporter.error("Failed to export %s batch code: %s, reason: %s", "spans", 503, f"attempt {attempt}")
+        exporter.warning("Transient error %s encountered while exporting %s batch, retrying in %.2fs.", "x", "y", 1)
+        logging.getLogger("crew_supervisor.tests.tracing").warning("ours, each time")
+        logging.getLogger("crew_supervisor.tests.tracing").warning("ours, each time")
+    lines = [json.loads(line) for line in said.getvalue().splitlines()]
+    assert [line["event"][:24] for line in lines] == [
+        "Failed to export spans b",
+        "Transient error x encoun",
+        "ours, each time",
+        "ours, each time",
+    ]
+    held = logs.SdkLines(every=0.05)  # a shorter minute
+    record = logging.LogRecord("opentelemetry.sdk._shared_internal", logging.WARNING, "", 0, "Queue full", (), None)
+    assert held.filter(record) and not held.filter(record) and not held.filter(record)
+    time.sleep(0.06)
+    assert held.filter(record) and record.held_back == 2
+
+
+@contextlib.contextmanager
+def serving_logs() -> Iterator[io.StringIO]:
+    """What the supervisor's log handler (``logs.handler``) writes, in JSON, while within."""
+    said = io.StringIO()
+    handler = logs.handler("json", said)
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        yield said
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
 
 
 def test_close_gives_up_on_an_endpoint_that_never_answers_within_its_bound() -> None:

@@ -65,7 +65,12 @@ SPAN_ATTRIBUTES: dict[str, type] = {
     "crew_supervisor.agent.role": str,
 }
 MAX_SPAN_VALUE_CHARS = 200  # of a string a worker's span carries, and of its error type
-MAX_SPANS = 10_000  # a job's worker spans the supervisor exports; the ones past it are dropped and counted
+# A job's worker spans the supervisor exports, and those open at once; past either a span is dropped and counted. All
+# jobs share the supervisor's export queue (OTEL_BSP_MAX_QUEUE_SIZE, 2048 by default): a job's worker must not fill it
+# with the spans of other jobs still in it. A large run (20 tasks of 20 calls each: 420 spans) fits in MAX_SPANS; and a
+# crew nests a few deep (kickoff, task, call, a call within a tool), a few tasks at once when they run asynchronously.
+MAX_SPANS = 1_000
+MAX_OPEN_SPANS = 64
 
 
 MAX_EFFECT_NAME_CHARS = 200  # of a tool's name or an LLM's model, as the ledger keeps it

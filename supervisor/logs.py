@@ -2,13 +2,18 @@
 
 The supervisor's own exceptions are reduced to their class. A crew's exception is logged whole, from its worker's
 stderr, redacted as that is, unless ``LOG_CREW_TRACEBACKS`` is off: provider text may carry governed content.
+
+The OpenTelemetry SDK's own lines (``SdkLines``) come as often as what they report, and from wherever it is: one of
+each kind a minute is logged, and none carries a job's trace ids.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
+from typing import IO
 
 import orjson
 
@@ -37,7 +42,11 @@ FIELDS = (
     "leftovers",  # and each of them: pid, command (secrets masked), how it left
     "trace_id",  # the trace of the job the line is about, when it is traced (TraceFields)
     "span_id",  # that job's root span
+    "held_back",  # lines like this one of the OpenTelemetry SDK's not logged since the last (SdkLines)
 )
+SDK_LOGGERS = "opentelemetry."  # the OpenTelemetry SDK's and its exporters' loggers
+SDK_LINE_SECONDS = 60.0  # one line of each kind of theirs, at most, in this long
+SDK_KINDS = 256  # kinds of line remembered (a message its SDK wrote with its values in: unbounded)
 
 
 class JsonFormatter(logging.Formatter):
@@ -78,9 +87,42 @@ def _value(value: object) -> str:
 _NEEDS_QUOTES = re.compile(r'[\s="\\]')
 
 
+class SdkLines(logging.Filter):
+    """The OpenTelemetry SDK's own lines, which come as often as what they report: a full export queue (at each span
+    ended while it is full, in that span's job), a failed export (each batch, for as long as the collector is down).
+    Of each kind (logger, level, message before its values) one is logged every ``every`` seconds; the next one
+    logged says how many were not (``held_back``)."""
+
+    def __init__(self, every: float = SDK_LINE_SECONDS) -> None:
+        super().__init__()
+        self.every = every
+        self._last: dict[tuple[str, int, str], float] = {}  # when a line of each kind was last logged
+        self._held: dict[tuple[str, int, str], int] = {}
+        self._lock = threading.Lock()  # the SDK says them from its export thread too
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(SDK_LOGGERS):
+            return True
+        kind = (record.name, record.levelno, str(record.msg))
+        now = time.monotonic()
+        with self._lock:
+            last = self._last.get(kind)
+            if last is not None and now - last < self.every:
+                self._held[kind] = self._held.get(kind, 0) + 1
+                return False
+            if len(self._last) >= SDK_KINDS:
+                self._last.clear()
+                self._held.clear()
+            self._last[kind] = now
+            if held := self._held.pop(kind, 0):
+                record.held_back = held
+        return True
+
+
 class TraceFields(logging.Filter):
     """A line said within a traced job (``JobTrace.current``) carries its trace's ``trace_id`` and ``span_id``,
-    from the current OpenTelemetry span; any other line, neither."""
+    from the current OpenTelemetry span; any other line, neither. Nor does the SDK's own: it says a line where it
+    is (its export queue full at a job's span's end), not about that job."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -89,6 +131,8 @@ class TraceFields(logging.Filter):
         self._trace = trace
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith(SDK_LOGGERS):
+            return True
         context = self._trace.get_current_span().get_span_context()
         if context.is_valid:
             record.trace_id = self._trace.format_trace_id(context.trace_id)
@@ -96,13 +140,19 @@ class TraceFields(logging.Filter):
         return True
 
 
+def handler(style: str, stream: IO[str] | None = None) -> logging.Handler:
+    """The supervisor's log handler: to ``stream`` (stderr by default), in ``style`` ("json" or "text")."""
+    made = logging.StreamHandler(stream)
+    made.setFormatter(JsonFormatter() if style == "json" else TextFormatter())
+    made.addFilter(SdkLines())
+    made.addFilter(TraceFields())
+    return made
+
+
 def configure(level: str, style: str) -> None:
     """The root handler serves uvicorn's loggers too (uvicorn is started with log_config=None)."""
-    handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if style == "json" else TextFormatter())
-    handler.addFilter(TraceFields())
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [handler(style)]
     root.setLevel(level.upper())
     for name in ("uvicorn", "uvicorn.error"):
         logging.getLogger(name).handlers.clear()

@@ -128,10 +128,13 @@ class _Trace:
         return masking.masked(str(value), self.secrets)[:MAX_SPAN_VALUE_CHARS]
 
     def task_attributes(self, task: Any, agent: Any) -> dict[str, Any]:
-        """A task's index in its crew (none for a task of no crew of the job: a test's evaluation), its name (or its
-        description as the crew wrote it, before the inputs went in) and its agent's role (likewise)."""
-        name = getattr(task, "name", None) or getattr(task, "_original_description", None) or task.description
-        attributes: dict[str, Any] = {"crew_supervisor.task.name": self.text(name)}
+        """A task's index in its crew (none for a task of no crew of the job: a test's evaluation), its name if the
+        crew gave it one, and its agent's role (as the crew wrote it, before the inputs went in). Never its
+        description, which is its prompt: a task without a name is told by its index."""
+        attributes: dict[str, Any] = {}
+        name = getattr(task, "name", None)
+        if name:
+            attributes["crew_supervisor.task.name"] = self.text(name)
         index = self._index(task, agent)
         if index is not None:
             attributes["crew_supervisor.task.index"] = index

@@ -2,8 +2,10 @@
 it becomes a span of the job's trace. An id is 16 lowercase hex digits, new in the job; a parent is empty (the job's
 ``worker`` span) or an id the job started; a name a ``SpanName``; attributes only ``SPAN_ATTRIBUTES``' keys, each of
 its type, a string masked with the job's secrets and cut at ``MAX_SPAN_VALUE_CHARS``; an end only for a span open;
-times clamped between the ``worker`` span's start and now. A frame that breaks a rule is the job's protocol fault;
-past ``MAX_SPANS`` a span is dropped and counted. The exported spans get ids of the supervisor's own."""
+times clamped between the ``worker`` span's start and now. A frame that breaks a rule is the job's protocol fault.
+Past ``MAX_SPANS`` spans, or with ``MAX_OPEN_SPANS`` open, a span is dropped and counted, not faulted: a crew busier
+than those bounds is no broken worker, and its job must not fail for its trace. The exported spans get ids of the
+supervisor's own."""
 
 from __future__ import annotations
 
@@ -16,8 +18,17 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanContext, Status, StatusCode
 
-from protocol import MAX_SPAN_VALUE_CHARS, MAX_SPANS, SPAN_ATTRIBUTES, Reason, SpanEnded, SpanName, SpanStarted
-from supervisor.redaction import redact
+from protocol import (
+    MAX_OPEN_SPANS,
+    MAX_SPAN_VALUE_CHARS,
+    MAX_SPANS,
+    SPAN_ATTRIBUTES,
+    Reason,
+    SpanEnded,
+    SpanName,
+    SpanStarted,
+)
+from supervisor.redaction import REDACTED, redact
 
 SPAN_ID = re.compile(r"[0-9a-f]{16}")
 NAMES = frozenset(SpanName)
@@ -35,9 +46,10 @@ class WorkerSpans:
         every span of the job carries; ``secrets``: masked in each string a span carries."""
         self.tracer, self.parent, self.job, self.floor = tracer, parent, dict(job), floor
         self.secrets = tuple(secrets)
+        self.reach = _reach(self.secrets)
         self.started: dict[str, SpanContext] = {}  # every span taken, by the worker's id (parents of later ones)
         self.open: dict[str, tuple[Span, int]] = {}  # those not ended yet, with their start (ns)
-        self.dropped = 0  # spans past MAX_SPANS
+        self.dropped = 0  # spans past MAX_SPANS or MAX_OPEN_SPANS, and those beneath them
 
     def take(self, message: SpanStarted | SpanEnded) -> Fault | None:
         """One frame of the worker's spans: a span begun or ended, or the fault it is."""
@@ -61,7 +73,7 @@ class WorkerSpans:
         attributes = self._attributes(message.attributes)
         if isinstance(attributes, tuple):
             return attributes
-        if len(self.started) >= MAX_SPANS:  # its id is not kept: a later span beneath it is dropped alike
+        if self._dropping(message.parent):  # its id is not kept: a later span beneath it is dropped alike
             self.dropped += 1
             return None
         if message.id in self.started:
@@ -76,6 +88,13 @@ class WorkerSpans:
         self.started[message.id] = span.get_span_context()
         self.open[message.id] = (span, began)
         return None
+
+    def _dropping(self, parent: str) -> bool:
+        """Whether a span begun now is dropped: past a bound, or beneath one dropped (once one is, a parent this
+        job never started cannot be told from a dropped one's id, which is not kept: unbounded)."""
+        if len(self.started) >= MAX_SPANS or len(self.open) >= MAX_OPEN_SPANS:
+            return True
+        return bool(parent and self.dropped and parent not in self.started)
 
     def _end(self, message: SpanEnded) -> Fault | None:
         attributes = self._attributes(message.attributes)
@@ -107,8 +126,18 @@ class WorkerSpans:
         return taken
 
     def _text(self, text: str) -> str:
-        """A worker's string as exported: its secrets masked (one it cut at its end too), then cut."""
-        return redact(text, self.secrets, cut_end=True)[:MAX_SPAN_VALUE_CHARS]
+        """A worker's string as exported: cut to what can reach the export (a frame's string may be near a MiB),
+        its secrets masked (one cut at its end too: the worker's cut, or ours), then cut."""
+        return redact(text[: self.reach], self.secrets, cut_end=True)[:MAX_SPAN_VALUE_CHARS]
+
+
+def _reach(secrets: tuple[str, ...]) -> int:
+    """How much of a string can reach its first MAX_SPAN_VALUE_CHARS once masked: each marker there may stand for a
+    secret longer than itself (at most one marker per its length of them), and a secret begun within must be there
+    whole to be masked whole."""
+    longest = max(map(len, secrets), default=0)
+    shrink = max(longest - len(REDACTED), 0)  # the most one marker gives back
+    return MAX_SPAN_VALUE_CHARS + MAX_SPAN_VALUE_CHARS // len(REDACTED) * shrink + longest
 
 
 def _fault(message: str) -> Fault:

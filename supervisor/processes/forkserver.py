@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import logging
 import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
 
 import psutil
 
@@ -136,7 +138,7 @@ class ForkServerLauncher:
         if self._stopping:
             return
         if self._replacing is None or self._replacing.done():
-            self._replacing = asyncio.get_running_loop().create_task(self._restart())
+            self._replacing = _detached(self._restart(), "forkserver-restart")
 
     async def _take(self) -> WorkerProcess | None:
         """The oldest idle worker still waiting, out of the pool for good. Asked of the kernel, not only
@@ -151,7 +153,7 @@ class ForkServerLauncher:
     def _refill(self) -> None:
         """Fork up to ``prefork`` idle workers, off the hot path: a task, one fork at a time."""
         if self.prefork and not self._stopping and (self._filling is None or self._filling.done()):
-            self._filling = asyncio.get_running_loop().create_task(self._fill(), name="prefork")
+            self._filling = _detached(self._fill(), "prefork")
 
     async def _fill(self) -> None:
         while not self._stopping and self.idle_workers < self.prefork:
@@ -356,6 +358,14 @@ class _ForkServer:
         if self._exited is None:  # stopped twice (a restart cancelled by close): one watch
             self._exited = self.reaper.watch(self.pid)
         await _wait_or_kill(self._exited, self.pid)
+
+
+def _detached(work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+    """A task of the launcher's own, in a context of its own: asked for from a job's spawn (a refill, a restart),
+    it is no part of that job, and outlives it. A task copies its starter's context, where the job's trace is
+    current: its lines (a fork that failed, a restart) would carry the job's trace id, and so would the readers
+    it registers (a new fork server's socket), for the rest of the supervisor's life."""
+    return asyncio.get_running_loop().create_task(work, name=name, context=contextvars.Context())
 
 
 def _waiting(worker: WorkerProcess) -> bool:

@@ -19,7 +19,8 @@ its Start gave. The effect ledger: ``effect:KIND:NAME`` (the next entry's ``Effe
 not waited for: crew code writing its own), ``flood:N:SIZE`` (``TaskDone`` for tasks 0 to N-1, each raw output SIZE
 characters longer, none waited for: crew code that does not wait for its answers). Its trace: ``span:ID:PARENT:NAME``
 (a ``SpanStarted`` now, with the attributes ``input["span_attributes"]`` holds, if it does), ``span-end:ID[:ERROR]``
-(its ``SpanEnded``), ``trace`` (its ``Start.trace`` written to the file ``input["trace"]`` names). Another operation's
+(its ``SpanEnded``), ``span-flood:N`` (N spans begun and ended at once), ``span-hold:N`` (N spans begun, never
+ended), ``trace`` (its ``Start.trace`` written to the file ``input["trace"]`` names). Another operation's
 closed input carries the script in its ``inputs``.
 """
 
@@ -137,6 +138,9 @@ def ledger(step: str, start: Start) -> None:
         send(EffectStarted(int(fields[0]), fields[1], fields[2], DIGEST))
 
 
+SPANS = [0]  # the id of the last span span-flood or span-hold began
+
+
 def spans(step: str, start: Start) -> None:
     what, _, rest = step.partition(":")
     fields = rest.split(":")
@@ -144,6 +148,13 @@ def spans(step: str, start: Start) -> None:
         send(SpanStarted(fields[0], fields[1], fields[2], time.time_ns(), start.input.get("span_attributes") or {}))
     elif what == "span-end":
         send(SpanEnded(fields[0], time.time_ns(), {}, fields[1] if len(fields) > 1 else ""))
+    elif what in ("span-flood", "span-hold"):  # ids of their own: 1, 2, 3, ... in hex, past the scripts' letters
+        for _ in range(int(fields[0])):
+            SPANS[0] += 1
+            id = f"{SPANS[0]:016x}"
+            send(SpanStarted(id, "", "task", time.time_ns(), {}))
+            if what == "span-flood":
+                send(SpanEnded(id, time.time_ns(), {}, ""))
     else:
         Path(start.input["trace"]).write_text(start.trace)
 
@@ -151,7 +162,7 @@ def spans(step: str, start: Start) -> None:
 def play(step: str, start: Start) -> None:
     if step.partition(":")[0] in ("effect", "task", "end", "entry", "flood"):
         ledger(step, start)
-    elif step.partition(":")[0] in ("span", "span-end", "trace"):
+    elif step.partition(":")[0] in ("span", "span-end", "span-flood", "span-hold", "trace"):
         spans(step, start)
     elif step == "building":
         send(Building())

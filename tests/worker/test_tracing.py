@@ -8,6 +8,7 @@ import asyncio
 import contextvars
 import re
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from supervisor.processes.launcher import SpawnLauncher
 from supervisor.processes.process import WorkerProcess
 from supervisor.processes.reaper import Reaper
 from tests.conftest import worker_env
-from tests.crews import effects
+from tests.crews import effects, shapes
 from tests.crews.effects import STEPS
 from tests.helpers.ledger import answered_to_the_end, next_answered
 from worker import tracing
@@ -223,8 +224,29 @@ def test_async_tasks_each_have_their_span_beneath_the_kickoff(tmp_path: Path) ->
     assert all(tree.parent(task) == kickoff for task in tasks)
     by_task = {task.id: [s for s in tree.named(SpanName.LLM_CALL) if s.parent == task.id] for task in tasks}
     assert all(len(llms) == 1 for llms in by_task.values())  # each task's model call beneath its own task
-    # The description as the crew wrote it, not as the inputs filled it in.
-    assert tasks[0].attributes["crew_supervisor.task.name"] in {"Scout north of {topic}.", "Scout south of {topic}."}
+    assert not any("crew_supervisor.task.name" in task.attributes for task in tasks)  # none named
+
+
+def test_a_task_without_a_name_exports_neither_its_description_nor_the_inputs(tmp_path: Path) -> None:
+    """``shape-context``'s tasks have no name: their descriptions are their prompts (as written, and as the inputs
+    fill them in), and no span says a word of them, nor of the inputs."""
+    topic = "quokka-" + uuid.uuid4().hex[:8]
+    messages = job(tmp_path, "shape-context", {"topic": topic})
+    assert isinstance(messages[-1], Completed), messages[-1]
+    tree = Tree(messages)
+    assert [task.attributes["crew_supervisor.task.index"] for task in tree.named(SpanName.TASK)] == [0, 1, 2]
+    crew = shapes.shape_context()
+    roles = [agent.role for agent in crew.agents]  # which do go out: "Researcher" says no word of its task's
+    descriptions = [task.description for task in crew.tasks]
+    words = {topic, *descriptions, *(text.replace("{topic}", topic) for text in descriptions)}
+    words |= {word for text in descriptions for word in text.split() if len(word) > 3}
+    words = {word for word in words if not any(word in role for role in roles)}
+    said = [
+        str(value)
+        for frame in spans(messages)
+        for value in [*frame.attributes.values(), getattr(frame, "name", ""), getattr(frame, "error", "")]
+    ]
+    assert not [(word, value) for value in said for word in words if word in value]
 
 
 @pytest.mark.parametrize("operation", ["batch_run", "train", "test"])
@@ -412,7 +434,8 @@ def test_a_span_whose_work_raises_ends_with_its_type_and_the_exception_goes_on(s
 
 def test_a_task_s_strings_are_masked_then_cut(sent: list[Message]) -> None:
     agent = Agent(role="s3cret " + "r" * 300, goal="g", backstory="b", llm=OfflineLLM(model="offline"))
-    task = Task(description="x" * (MAX_SPAN_VALUE_CHARS - 3) + "s3cret and more", expected_output="e", agent=agent)
+    name = "x" * (MAX_SPAN_VALUE_CHARS - 3) + "s3cret and more"
+    task = Task(name=name, description="d", expected_output="e", agent=agent)
     attributes = tracing._trace.task_attributes(task, agent)  # type: ignore[union-attr]
     assert attributes == {
         "crew_supervisor.task.name": "x" * (MAX_SPAN_VALUE_CHARS - 3) + "[re",

@@ -6,6 +6,7 @@ scripted one that sends span frames."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import json
@@ -22,12 +23,13 @@ from typing import Any
 
 import pytest
 
-from protocol import MAX_SPAN_VALUE_CHARS, Reason, SpanEnded, SpanStarted
+from protocol import MAX_OPEN_SPANS, MAX_SPAN_VALUE_CHARS, MAX_SPANS, Reason, SpanEnded, SpanStarted
 from supervisor import logs
 from supervisor.jobs import worker_spans
 from supervisor.jobs.phases import StopReason
 from supervisor.jobs.tracing import CLOSE_SECONDS, NO_TRACE, Traced, Tracing, TracingError
 from supervisor.processes.process import StopEvidence
+from supervisor.redaction import redact
 from tests.helpers.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.supervisor.jobs.harness import core, in_loop
 
@@ -357,6 +359,68 @@ def test_the_root_is_current_within_the_job_and_its_log_lines_carry_its_ids(rece
     assert root.status == "ERROR" and root.attributes["error.type"] == "cut_off"
 
 
+def test_the_sdk_s_lines_said_within_a_job_carry_no_trace_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The export queue full (two spans), its exporter retrying a refused export: the SDK says "Queue full" at the
+    end of a job's span, within the job, and the line is the supervisor's, not the job's."""
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "2")
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "1")
+    tracing = Tracing.from_environ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"})  # nothing listens there
+    with serving_logs() as said:
+        trace = traced(tracing)
+        with trace.current():
+            for _ in range(20):
+                trace.lap("queue")  # the queue holds two, the exporter takes one and waits to retry it
+            logging.getLogger("crew_supervisor.tests.tracing").warning("the job's own")
+        trace.end("completed", {})
+        tracing.close()
+    lines = [json.loads(line) for line in said.getvalue().splitlines()]
+    (own,) = [line for line in lines if line["event"] == "the job's own"]
+    assert own["trace_id"] == trace.trace_id
+    sdk = [line for line in lines if line["logger"].startswith("opentelemetry.")]
+    assert any(line["event"].startswith("Queue full") for line in sdk), lines
+    assert not any("trace_id" in line or "span_id" in line for line in sdk), sdk
+
+
+def test_the_sdk_s_lines_of_one_kind_come_once_a_minute(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the SDK says an export failure, for each batch while the collector is down: its loggers' records pass
+    the supervisor's handler once a minute each kind, the next saying how many were held back."""
+    exporter = logging.getLogger("opentelemetry.exporter.otlp.proto.http.trace_exporter")
+    with serving_logs() as said:
+        for attempt in range(100):
+            exporter.error("Failed to export %s batch code: %s, reason: %s", "spans", 503, f"attempt {attempt}")
+        exporter.warning("Transient error %s encountered while exporting %s batch, retrying in %.2fs.", "x", "y", 1)
+        logging.getLogger("crew_supervisor.tests.tracing").warning("ours, each time")
+        logging.getLogger("crew_supervisor.tests.tracing").warning("ours, each time")
+    lines = [json.loads(line) for line in said.getvalue().splitlines()]
+    assert [line["event"][:24] for line in lines] == [
+        "Failed to export spans b",
+        "Transient error x encoun",
+        "ours, each time",
+        "ours, each time",
+    ]
+    held = logs.SdkLines(every=0.05)  # a shorter minute
+    record = logging.LogRecord("opentelemetry.sdk._shared_internal", logging.WARNING, "", 0, "Queue full", (), None)
+    assert held.filter(record) and not held.filter(record) and not held.filter(record)
+    time.sleep(0.06)
+    assert held.filter(record) and record.held_back == 2
+
+
+@contextlib.contextmanager
+def serving_logs() -> Iterator[io.StringIO]:
+    """What the supervisor's log handler (``logs.handler``) writes, in JSON, while within."""
+    said = io.StringIO()
+    handler = logs.handler("json", said)
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        yield said
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+
+
 def test_close_gives_up_on_an_endpoint_that_never_answers_within_its_bound() -> None:
     with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts connections (the backlog), answers none
         port = silent.getsockname()[1]
@@ -462,6 +526,44 @@ def test_past_max_spans_spans_are_dropped_and_counted(receiver: OtlpReceiver, mo
     assert spans["root"][0].attributes["crew_supervisor.spans_dropped"] == 2
 
 
+def test_past_max_open_spans_spans_are_dropped_and_counted(receiver: OtlpReceiver) -> None:
+    """A worker that keeps spans open holds the supervisor's memory: past the bound, one begun is dropped, and so
+    is any span beneath it, whose end is then nothing to end; one ended makes room again."""
+    tracing = tracing_to(receiver)
+    trace = worker_trace(tracing)
+    held = [f"{n + 1:016x}" for n in range(MAX_OPEN_SPANS + 10)]
+    assert all(trace.take(started(id, "task")) is None for id in held)  # the last 10 dropped
+    assert trace.take(started(LLM, "llm.call", held[-1])) is None  # beneath one dropped: dropped too, no fault
+    assert trace.take(ended(LLM)) is None and trace.take(ended(held[-1])) is None
+    assert trace.take(started(TOOL, "tool.call", "e" * 16)) is None  # a parent never started, once one was dropped
+    assert trace.take(ended(held[0])) is None
+    assert trace.take(started(KICKOFF, "kickoff")) is None  # room for one again
+    trace.end("completed", {})
+    spans = exported(receiver, tracing, trace, 3 + MAX_OPEN_SPANS + 1)  # root, admission, worker, and the worker's
+    assert len(spans["task"]) == MAX_OPEN_SPANS and len(spans["kickoff"]) == 1
+    assert not {"llm.call", "tool.call"} & spans.keys()
+    assert spans["root"][0].attributes["crew_supervisor.spans_dropped"] == 10 + 2
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "x" * 195 + SECRET + "y" * (1 << 20),  # across the cut, in a string as long as a frame allows
+        SECRET * 100,  # each marker shorter than what it masks: the cut string reaches far into the worker's
+        "z" * 150 + SECRET * 30 + SECRET[:12],
+    ],
+)
+def test_a_worker_s_string_is_masked_as_a_whole_before_it_is_cut(receiver: OtlpReceiver, text: str) -> None:
+    tracing = tracing_to(receiver)
+    trace = worker_trace(tracing, (SECRET, "short-secret"))
+    assert trace.take(started(TASK, "task", **{"crew_supervisor.task.name": text})) is None
+    trace.end("completed", {})
+    (task,) = exported(receiver, tracing, trace, 4)["task"]
+    name = task.attributes["crew_supervisor.task.name"]
+    assert name == redact(text, (SECRET, "short-secret"), cut_end=True)[:MAX_SPAN_VALUE_CHARS]
+    assert len(name) == MAX_SPAN_VALUE_CHARS and SECRET[:6] not in name
+
+
 # Through the job core -----------------------------------------------------------------------------------------------
 
 
@@ -492,6 +594,27 @@ async def test_a_job_through_the_core_is_one_trace_its_worker_s_spans_beneath(
     assert given.read_text().startswith(f"00-{root.trace_id}-{worker.span_id}-")
     assert kickoff.parent_id == worker.span_id and task.parent_id == kickoff.span_id
     assert any(SECRET in request.get("authorization", "") for request in tracing_on.requests)  # the SDK's own
+
+
+@in_loop
+async def test_a_worker_flooding_its_trace_exports_its_bound_and_its_job_completes(
+    tmp_path: Path, tracing_on: OtlpReceiver
+) -> None:
+    """Spans past MAX_SPANS, or with MAX_OPEN_SPANS open, are dropped and counted on the root: the shared export
+    queue holds what one job may send beside other jobs' spans, which all reach the receiver."""
+    async with core(tmp_path) as it:
+        await it.start(["started", "complete"], "core-quiet")
+        await it.start(["started", f"span-flood:{MAX_SPANS + 2000}", "complete"], "core-flood")
+        await it.start(["started", f"span-hold:{MAX_OPEN_SPANS + 100}", "complete"], "core-hold")
+        for action_id in ("core-quiet", "core-flood", "core-hold"):
+            assert (await it.settled(action_id))[0] == "completed"
+    steps = ("admission", "queue", "launch", "worker_start", "job", "exit", "cleanup", "journal", "worker")
+    assert set(by_name(mine(tracing_on, "core-quiet"), 10)) == {"root", *steps}
+    flood = by_name(mine(tracing_on, "core-flood"), 10 + MAX_SPANS)
+    assert len(flood["task"]) == MAX_SPANS and flood["root"][0].attributes["crew_supervisor.spans_dropped"] == 2000
+    hold = by_name(mine(tracing_on, "core-hold"), 10 + MAX_OPEN_SPANS)
+    assert len(hold["task"]) == MAX_OPEN_SPANS and hold["root"][0].attributes["crew_supervisor.spans_dropped"] == 100
+    assert all(span.attributes["error.type"] == "cut_off" for span in hold["task"])  # never ended: cut off
 
 
 @in_loop

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import signal
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ import httpx
 import psutil
 
 from tests.conftest import Server, gone, gone_for_good, ours, sse_events, start_body, start_server, wait_until
+from tests.helpers.otlp_receiver import OtlpReceiver
 
 KEY = {"Idempotency-Key": "key-1"}
 
@@ -81,26 +83,36 @@ def supervisor_tracebacks(lines: list[str]) -> list[str]:
 
 def test_a_fork_server_that_breaks_at_a_restart_is_logged_and_jobs_start_cold(tmp_path: Path) -> None:
     """Its replacement's first word is no frame: the restart fails in one logged line, the supervisor serves on and
-    a job starts cold and completes."""
+    a job starts cold and completes. That job's start asks for a replacement again, which fails alike: that line is
+    the fork server's, not the job's, and carries no trace id though the job is traced (the restart ran in the
+    context of the job that asked for it)."""
     garble = tmp_path / "garble"
     env = {**GARBLED, "GARBLE_FORKSERVER": str(garble), "AIP_CREWAI_PREFORK": "0"}  # no idle worker to take
-    server = start_server(tmp_path / "state", env=env)
-    try:
-        with server.client(timeout=300) as client:  # a cold worker imports CrewAI before it starts
-            first = fork_server_of(server)
-            garble.touch()
-            first.send_signal(signal.SIGKILL)
-            assert gone_for_good(first)
-            failed = "fork server did not restart: " + NO_REGISTRY
-            assert wait_until(lambda: failed in server.log.read_text(), timeout=120), server.log_tail()
-            response = client.post("/jobs", json=start_body("demo", "cold"), headers=KEY)
-            assert response.status_code == 200, response.text
-            assert client.get("/jobs/cold").json()["status"] == "completed"
-            assert 'crew_supervisor_worker_starts_total{launcher="spawn"} 1.0' in client.get("/metrics").text
-            assert client.get("/health").json()["forkserver"]["restarts"] == 0
-        assert not supervisor_tracebacks(server.log.read_text().splitlines())
-    finally:
-        server.stop()
+    with OtlpReceiver() as receiver:
+        traced = {"OTEL_SDK_DISABLED": "false", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint}  # see test_traces
+        server = start_server(tmp_path / "state", env={**env, **traced})
+        try:
+            with server.client(timeout=300) as client:  # a cold worker imports CrewAI before it starts
+                first = fork_server_of(server)
+                garble.touch()
+                first.send_signal(signal.SIGKILL)
+                assert gone_for_good(first)
+                failed = "fork server did not restart: " + NO_REGISTRY
+                assert wait_until(lambda: failed in server.log.read_text(), timeout=120), server.log_tail()
+                response = client.post("/jobs", json=start_body("demo", "cold"), headers=KEY)
+                assert response.status_code == 200, response.text
+                assert client.get("/jobs/cold").json()["status"] == "completed"
+                assert 'crew_supervisor_worker_starts_total{launcher="spawn"} 1.0' in client.get("/metrics").text
+                assert client.get("/health").json()["forkserver"]["restarts"] == 0
+                assert wait_until(lambda: server.log.read_text().count(failed) == 2, timeout=120), server.log_tail()
+            assert not supervisor_tracebacks(server.log.read_text().splitlines())
+        finally:
+            server.stop()
+    said = [json.loads(line) for line in server.log.read_text().splitlines() if line.startswith("{")]
+    (finished,) = [line for line in said if line["event"] == "job finished"]
+    assert finished["trace_id"]  # the job's own line: traced
+    restarts = [line for line in said if line["event"].startswith("fork server did not restart")]
+    assert len(restarts) == 2 and not any("trace_id" in line for line in restarts), restarts
 
 
 def idle_workers(server: Server) -> list[psutil.Process]:

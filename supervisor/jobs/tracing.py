@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import os
+import re
 import signal
 import threading
 import time
@@ -38,6 +39,7 @@ SERVICE_NAME = "crew-supervisor"  # unless OTEL_SERVICE_NAME or OTEL_RESOURCE_AT
 CLOSE_SECONDS = 5.0  # what is still queued at close gets this long to be exported
 PROPAGATOR = TraceContextTextMapPropagator()
 Killed = Callable[[StopEvidence], StopEvidence]
+TRACE_ID, SPAN_ID = re.compile("[0-9a-f]{32}"), re.compile("[0-9a-f]{16}")
 
 
 class TracingError(Exception):
@@ -287,16 +289,12 @@ class Tracing:
         leaves out is not traced."""
         if self.tracer is None:
             return NO_TRACE
+        job = _attributes(action_id, crew_id, operation)
+        linked = _context(*link) if link is not None else None  # a row changed by hand: no link
+        links = [Link(linked)] if linked is not None else []
         carrier = {name: value for name, value in (("traceparent", traceparent), ("tracestate", tracestate)) if value}
-        job = {
-            "crew_supervisor.action_id": action_id,
-            "crew_supervisor.crew_id": crew_id,
-            "crew_supervisor.operation": str(operation),
-        }
-        links = [_link(*link)] if link is not None else []
-        root = self.tracer.start_span(
-            "job", PROPAGATOR.extract(carrier, Context()), attributes=job, links=links, start_time=began_ns
-        )
+        caller = PROPAGATOR.extract(carrier, Context())
+        root = self.tracer.start_span("job", caller, attributes=job, links=links, start_time=began_ns)
         return Traced(self.tracer, root, job, began_ns) if root.is_recording() else NO_TRACE
 
     def close(self) -> None:
@@ -356,7 +354,20 @@ def _version() -> str:
         return ""
 
 
-def _link(trace_id: str, span_id: str) -> Link:
-    """A link to another job's root (a resume's to the job it continues), by its ids as the journal keeps them."""
-    context = SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=TraceFlags(1))
-    return Link(context)
+def _attributes(action_id: str, crew_id: str, operation: str) -> dict[str, str]:
+    """What every span of a job carries."""
+    return {
+        "crew_supervisor.action_id": action_id,
+        "crew_supervisor.crew_id": crew_id,
+        "crew_supervisor.operation": str(operation),
+    }
+
+
+def _context(trace_id: object, span_id: object) -> SpanContext | None:
+    """A job's root (sampled: only a job sampled has its ids journaled) by its ids as the journal keeps them; None
+    for ids that are not (a journal changed by hand): what reads them (a resume's link) goes on without."""
+    if not (isinstance(trace_id, str) and TRACE_ID.fullmatch(trace_id) and int(trace_id, 16)):
+        return None
+    if not (isinstance(span_id, str) and SPAN_ID.fullmatch(span_id) and int(span_id, 16)):
+        return None
+    return SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=TraceFlags(1))

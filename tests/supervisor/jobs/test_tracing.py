@@ -6,6 +6,8 @@ scripted one that sends span frames."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import io
 import itertools
 import json
@@ -13,6 +15,7 @@ import logging
 import os
 import re
 import socket
+import sqlite3
 import sys
 import time
 import uuid
@@ -27,9 +30,10 @@ from supervisor import logs
 from supervisor.jobs import worker_spans
 from supervisor.jobs.phases import StopReason
 from supervisor.jobs.tracing import CLOSE_SECONDS, NO_TRACE, Traced, Tracing, TracingError
+from supervisor.models import ResumeRequest
 from supervisor.processes.process import StopEvidence
 from tests.helpers.otlp_receiver import OtlpReceiver, ReceivedSpan
-from tests.supervisor.jobs.harness import core, in_loop
+from tests.supervisor.jobs.harness import DEADLINE, Core, core, in_loop
 
 KICKOFF, TASK, LLM, TOOL = "a" * 16, "b" * 16, "c" * 16, "d" * 16
 SECRET = "sk-very-secret-0123456789"
@@ -268,6 +272,10 @@ def test_a_malformed_traceparent_is_ignored(receiver: OtlpReceiver, traceparent:
     assert root.parent_id == "" and re.fullmatch("[0-9a-f]{32}", root.trace_id) and root.trace_id != "0" * 32
 
 
+CALLER_SPAN = "00f067aa0ba902b7"
+CALLER = f"00-4bf92f3577b34da6a3ce929d0e0e4736-{CALLER_SPAN}-01"
+
+
 def test_a_caller_that_does_not_sample_its_trace_leaves_the_job_untraced(receiver: OtlpReceiver) -> None:
     tracing = tracing_to(receiver)
     trace = tracing.begin("unsampled", "crew", "run", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00", 1)
@@ -284,6 +292,27 @@ def test_a_resume_s_root_links_to_the_job_it_continues(receiver: OtlpReceiver) -
     trace.end("completed", {})
     (root,) = exported(receiver, tracing, trace, 2)["root"]
     assert root.links == (old,) and root.parent_id == ""
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
+        ("changed by hand", CALLER_SPAN),
+        ("4bf92f3577b34da6a3ce929d0e0e4736", "0" * 16),  # W3C's invalid id
+        ("4BF92F3577B34DA6A3CE929D0E0E4736", CALLER_SPAN),
+        (b"4bf92f3577b34da6a3ce929d0e0e4736", CALLER_SPAN),  # SQLite keeps what it is given: a blob
+        (7, 8),
+    ],
+)
+def test_a_resume_s_root_is_not_linked_through_ids_the_journal_holds_malformed(
+    receiver: OtlpReceiver, ids: tuple[Any, Any]
+) -> None:
+    tracing = tracing_to(receiver)
+    trace = traced(tracing, link=ids)
+    trace.admitted()
+    trace.end("completed", {})
+    (root,) = exported(receiver, tracing, trace, 2)["root"]
+    assert root.links == ()
 
 
 def test_a_cancel_exports_its_stop_and_kill_and_cuts_off_what_the_worker_had_open(receiver: OtlpReceiver) -> None:
@@ -520,6 +549,48 @@ async def test_a_cancelled_job_s_trace_has_its_stop_its_kill_and_the_span_it_cut
     assert kill.attributes["crew_supervisor.stop_confirmed"] is True
     assert kickoff.status == "ERROR" and kickoff.attributes["error.type"] == "cut_off"
     assert all(SECRET not in repr(span) for span in mine(tracing_on, "core-cancel"))
+
+
+def changed_by_hand(it: Core, statement: str) -> None:
+    """The supervisor's journal changed behind its back, as an operator's ``sqlite3`` could."""
+    with contextlib.closing(sqlite3.connect(it.journal.reader.path)) as db, db:
+        db.execute(statement)
+
+
+@in_loop
+async def test_a_resume_whose_old_trace_ids_are_malformed_runs_unlinked(
+    tmp_path: Path, tracing_on: OtlpReceiver
+) -> None:
+    async with core(tmp_path) as it:
+        await it.start(["started", "fail"], "core-malformed")
+        assert (await it.settled("core-malformed"))[0] == "failed"
+        changed_by_hand(it, "UPDATE traces SET trace_id = 'changed by hand' WHERE action_id = 'core-malformed'")
+        resumed = await it.sup.resume("core-malformed", ResumeRequest(action_id="core-malformed-r1"), "key")
+        assert (await it.settled("core-malformed-r1"))[0] == "failed"  # its script fails again
+        again = await it.sup.resume("core-malformed", ResumeRequest(action_id="core-malformed-r1"), "key")  # a repeat
+        assert again.action_id == resumed.action_id == "core-malformed-r1"
+    (root,) = by_name(mine(tracing_on, "core-malformed-r1"), len(mine(tracing_on, "core-malformed-r1")))["root"]
+    assert root.links == ()
+
+
+@in_loop
+async def test_a_resume_whose_old_trace_cannot_be_read_leaves_nothing_waiting_on_it(
+    tmp_path: Path, tracing_on: OtlpReceiver
+) -> None:
+    """Its trace cannot begin (its link is read from the journal): refused, and neither a retry nor the drain
+    waits for an admission that never was."""
+    async with core(tmp_path) as it:
+        await it.start(["started", "fail"], "core-unread")
+        assert (await it.settled("core-unread"))[0] == "failed"
+        changed_by_hand(it, "ALTER TABLE traces RENAME TO traces_aside")
+        for _ in range(2):
+            async with asyncio.timeout(DEADLINE):
+                with pytest.raises(sqlite3.OperationalError, match="no such table: traces"):
+                    await it.sup.resume("core-unread", ResumeRequest(action_id="core-unread-r1"), "key")
+        async with asyncio.timeout(DEADLINE):
+            await it.sup.admission.under_way()  # what a drain waits for first
+        changed_by_hand(it, "ALTER TABLE traces_aside RENAME TO traces")
+    assert mine(tracing_on, "core-unread-r1") == []
 
 
 @in_loop

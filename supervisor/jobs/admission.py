@@ -281,8 +281,10 @@ class Admission:
             # holds (a retention's archive of the job it continues may have taken them meanwhile: then none).
             copied = await self.journal.admit(job, kept, link, traced)
         except JournalBusy:
+            trace.refused("journal_unavailable")
             raise JournalUnavailable("the journal is locked by another process; try again shortly") from None
         except JournalError as exc:
+            trace.refused("journal_full")
             raise JournalFull(f"admission could not be made durable: {exc}") from None
         finally:
             del self._admitting[job.action_id]

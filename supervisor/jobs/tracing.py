@@ -39,6 +39,7 @@ SERVICE_NAME = "crew-supervisor"  # unless OTEL_SERVICE_NAME or OTEL_RESOURCE_AT
 CLOSE_SECONDS = 5.0  # what is still queued at close gets this long to be exported
 PROPAGATOR = TraceContextTextMapPropagator()
 Killed = Callable[[StopEvidence], StopEvidence]
+REFUSED = "refused"  # the outcome of a job whose start was refused once its trace had begun (JobTrace.refused)
 TRACE_ID, SPAN_ID = re.compile("[0-9a-f]{32}"), re.compile("[0-9a-f]{16}")
 
 
@@ -54,6 +55,10 @@ class JobTrace:
 
     def admitted(self) -> None:
         """The job is durable: its admission span ends."""
+
+    def refused(self, reason: str) -> None:
+        """The start was refused after the trace began (the journal could not make it durable): the admission span
+        and the root end, both an error, the root's outcome ``refused`` with ``reason``."""
 
     def lap(self, step: str) -> None:
         """A step of the job's time ended now (``LiveJob.lap``: queue, launch, worker_start, job, exit, cleanup,
@@ -123,6 +128,20 @@ class Traced(JobTrace):
             self.lapped = time.time_ns()
             self.admission.end(self.lapped)
             self.admission = None
+
+    def refused(self, reason: str) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        now = max(time.time_ns(), self.lapped)
+        error = Status(StatusCode.ERROR, reason)
+        if self.admission is not None:
+            self.admission.set_status(error)
+            self.admission.end(now)
+            self.admission = None
+        self.root.set_attributes({"crew_supervisor.outcome": REFUSED, "crew_supervisor.reason": reason})
+        self.root.set_status(error)
+        self.root.end(now)
 
     def lap(self, step: str) -> None:
         if not self.ended:

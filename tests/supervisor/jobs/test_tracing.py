@@ -28,12 +28,14 @@ import pytest
 from protocol import MAX_SPAN_VALUE_CHARS, Reason, SpanEnded, SpanStarted
 from supervisor import logs
 from supervisor.jobs import worker_spans
+from supervisor.jobs.admission import JournalUnavailable
 from supervisor.jobs.phases import StopReason
 from supervisor.jobs.tracing import CLOSE_SECONDS, NO_TRACE, Traced, Tracing, TracingError
 from supervisor.models import ResumeRequest
 from supervisor.processes.process import StopEvidence
 from tests.helpers.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.supervisor.jobs.harness import DEADLINE, Core, core, in_loop
+from tests.system.security.test_journal_lock import held_lock
 
 KICKOFF, TASK, LLM, TOOL = "a" * 16, "b" * 16, "c" * 16, "d" * 16
 SECRET = "sk-very-secret-0123456789"
@@ -107,6 +109,7 @@ def test_tracing_is_off_without_an_endpoint_or_when_turned_off(environ: dict[str
     assert tracing.exporter is None
     trace = tracing.begin("job-1", "crew", "run", None, time.time_ns())
     assert trace is NO_TRACE and trace.trace_id is None
+    trace.refused("journal_full")
     assert trace.worker_started(1, ()) == ""  # Start.trace empty: the worker opens no span
     assert trace.take(started(KICKOFF, "kickoff")) is None  # a span frame of a job not traced: ignored
     evidence = StopEvidence(True, 1, 1, "SIGKILL", -9, 0, 1.0)
@@ -313,6 +316,21 @@ def test_a_resume_s_root_is_not_linked_through_ids_the_journal_holds_malformed(
     trace.end("completed", {})
     (root,) = exported(receiver, tracing, trace, 2)["root"]
     assert root.links == ()
+
+
+def test_a_start_refused_once_its_trace_began_ends_its_root_and_admission_as_errors(receiver: OtlpReceiver) -> None:
+    tracing = tracing_to(receiver)
+    trace = traced(tracing)
+    trace.refused("journal_unavailable")
+    trace.refused("journal_full")  # once ended, nothing more of it
+    trace.end("completed", {})
+    spans = exported(receiver, tracing, trace, 2)
+    (root,), (admission,) = spans["root"], spans["admission"]
+    assert root.attributes["crew_supervisor.outcome"] == "refused"
+    assert root.attributes["crew_supervisor.reason"] == "journal_unavailable"
+    assert root.status == admission.status == "ERROR" and root.status_message == "journal_unavailable"
+    assert admission.parent_id == root.span_id and "crew_supervisor.outcome" not in admission.attributes
+    assert root.end_ns == admission.end_ns
 
 
 def test_a_cancel_exports_its_stop_and_kill_and_cuts_off_what_the_worker_had_open(receiver: OtlpReceiver) -> None:
@@ -549,6 +567,21 @@ async def test_a_cancelled_job_s_trace_has_its_stop_its_kill_and_the_span_it_cut
     assert kill.attributes["crew_supervisor.stop_confirmed"] is True
     assert kickoff.status == "ERROR" and kickoff.attributes["error.type"] == "cut_off"
     assert all(SECRET not in repr(span) for span in mine(tracing_on, "core-cancel"))
+
+
+@in_loop
+async def test_a_start_the_locked_journal_refuses_ends_its_trace_as_refused(
+    tmp_path: Path, tracing_on: OtlpReceiver
+) -> None:
+    async with core(tmp_path) as it:
+        with held_lock(it.journal.reader.path), pytest.raises(JournalUnavailable):  # a 503, its trace begun
+            await it.start(["started", "complete"], "core-refused")
+        assert it.journal.reader.get("core-refused") is None
+    spans = by_name(mine(tracing_on, "core-refused"), 2)  # exported as the supervisor closed
+    (root,), (admission,) = spans["root"], spans["admission"]
+    assert root.attributes["crew_supervisor.outcome"] == "refused" and root.status == "ERROR"
+    assert root.attributes["crew_supervisor.reason"] == "journal_unavailable"
+    assert admission.status == "ERROR" and admission.parent_id == root.span_id
 
 
 def changed_by_hand(it: Core, statement: str) -> None:

@@ -40,6 +40,15 @@ CLOSE_SECONDS = 5.0  # what is still queued at close gets this long to be export
 PROPAGATOR = TraceContextTextMapPropagator()
 Killed = Callable[[StopEvidence], StopEvidence]
 REFUSED = "refused"  # the outcome of a job whose start was refused once its trace had begun (JobTrace.refused)
+# A caller's W3C headers, checked before the propagator reads them. Version 00 of a traceparent is 55 characters:
+# a later version may be longer, never this long. A tracestate's own bounds are W3C's (32 members; what a vendor must
+# pass on, 512 characters), each member ``key=value`` in its grammar.
+MAX_TRACEPARENT_CHARS = 512
+MAX_TRACESTATE_CHARS = 512
+MAX_TRACESTATE_MEMBERS = 32
+_KEY = r"(?:[a-z][_0-9a-z*/-]{0,255}|[a-z0-9][_0-9a-z*/-]{0,240}@[a-z][_0-9a-z*/-]{0,13})"
+_VALUE = r"[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+TRACESTATE_MEMBER = re.compile(f"{_KEY}={_VALUE}")
 TRACE_ID, SPAN_ID = re.compile("[0-9a-f]{32}"), re.compile("[0-9a-f]{16}")
 
 
@@ -311,8 +320,7 @@ class Tracing:
         job = _attributes(action_id, crew_id, operation)
         linked = _context(*link) if link is not None else None  # a row changed by hand: no link
         links = [Link(linked)] if linked is not None else []
-        carrier = {name: value for name, value in (("traceparent", traceparent), ("tracestate", tracestate)) if value}
-        caller = PROPAGATOR.extract(carrier, Context())
+        caller = PROPAGATOR.extract(_carrier(traceparent, tracestate), Context())
         root = self.tracer.start_span("job", caller, attributes=job, links=links, start_time=began_ns)
         return Traced(self.tracer, root, job, began_ns) if root.is_recording() else NO_TRACE
 
@@ -390,3 +398,23 @@ def _context(trace_id: object, span_id: object) -> SpanContext | None:
     if not (isinstance(span_id, str) and SPAN_ID.fullmatch(span_id) and int(span_id, 16)):
         return None
     return SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=TraceFlags(1))
+
+
+def _carrier(traceparent: str | None, tracestate: str | None) -> dict[str, str]:
+    """The caller's headers the propagator may read. One W3C would have discarded is left out here, before the
+    propagator sees it: the SDK logs a malformed tracestate member whole, and a caller's text in a log line could
+    forge its fields. A tracestate goes only with a traceparent (alone, the propagator reads none)."""
+    if not traceparent or len(traceparent) > MAX_TRACEPARENT_CHARS:
+        return {}
+    if not tracestate or not _w3c_tracestate(tracestate):
+        return {"traceparent": traceparent}
+    return {"traceparent": traceparent, "tracestate": tracestate}
+
+
+def _w3c_tracestate(tracestate: str) -> bool:
+    """Within W3C's bounds, each member ``key=value`` in its grammar (empty members, and blanks around one, are
+    allowed: HTTP joins two header lines with a comma)."""
+    if len(tracestate) > MAX_TRACESTATE_CHARS:
+        return False
+    members = [member for member in (part.strip(" \t") for part in tracestate.split(",")) if member]
+    return len(members) <= MAX_TRACESTATE_MEMBERS and all(TRACESTATE_MEMBER.fullmatch(member) for member in members)

@@ -277,6 +277,52 @@ def test_a_malformed_traceparent_is_ignored(receiver: OtlpReceiver, traceparent:
 
 CALLER_SPAN = "00f067aa0ba902b7"
 CALLER = f"00-4bf92f3577b34da6a3ce929d0e0e4736-{CALLER_SPAN}-01"
+FORGING = "Z action_id=victim outcome=completed"  # a text log line would show it as two fields of its own
+
+
+def sdk_said(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What the OpenTelemetry API and SDK logged: a caller's header, in a warning, would be quoted there."""
+    return [record.getMessage() for record in caplog.records if record.name.startswith("opentelemetry")]
+
+
+@pytest.mark.parametrize(
+    ("tracestate", "kept"),
+    [
+        ("congo=t61rcWkgMzE,rojo=00f067aa0ba902b7", True),
+        ("a=1,, b=two words\t,\tt3n@vendor=x", True),  # empty members and blanks: two header lines joined
+        (FORGING, False),
+        ("a=1,Z action_id=victim", False),  # one member breaks the grammar: the whole header goes
+        ("a=1,b=has=equals", False),
+        (",".join(f"k{n}=v" for n in range(33)), False),  # W3C's 32 members at most
+        (",".join(f"k{n}={'v' * 200}" for n in range(3)), False),  # W3C's 512 characters at most
+    ],
+)
+def test_a_tracestate_is_kept_only_within_w3c_s_grammar_and_bounds_and_never_logged(
+    receiver: OtlpReceiver, caplog: pytest.LogCaptureFixture, tracestate: str, kept: bool
+) -> None:
+    caplog.set_level(logging.DEBUG, "opentelemetry")
+    tracing = tracing_to(receiver)
+    trace = traced(tracing, CALLER, tracestate=tracestate)
+    state = trace.root.get_span_context().trace_state  # the caller's, which its child carries on
+    assert state.to_header() == (",".join(part.strip(" \t") for part in tracestate.split(",") if part) if kept else "")
+    assert sdk_said(caplog) == []
+    trace.admitted()
+    trace.end("completed", {})
+    (root,) = exported(receiver, tracing, trace, 2)["root"]
+    assert root.parent_id == CALLER_SPAN  # the traceparent stands without its state
+
+
+def test_a_traceparent_too_long_to_be_one_is_ignored_unread(
+    receiver: OtlpReceiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, "opentelemetry")
+    tracing = tracing_to(receiver)
+    trace = traced(tracing, f"01-{CALLER[3:]}-" + "f" * 600, tracestate="a=1")  # a later version may carry more
+    assert sdk_said(caplog) == []
+    trace.admitted()
+    trace.end("completed", {})
+    (root,) = exported(receiver, tracing, trace, 2)["root"]
+    assert root.parent_id == ""
 
 
 def test_a_caller_that_does_not_sample_its_trace_leaves_the_job_untraced(receiver: OtlpReceiver) -> None:

@@ -27,6 +27,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from protocol import SpanEnded, SpanStarted
 from supervisor.jobs.phases import StopReason
 from supervisor.jobs.worker_spans import CUT_OFF, WorkerSpans
+from supervisor.journal.records import Job
 from supervisor.processes.process import StopEvidence
 from supervisor.vocabulary import Status as JobStatus
 
@@ -324,6 +325,20 @@ class Tracing:
         root = self.tracer.start_span("job", caller, attributes=job, links=links, start_time=began_ns)
         return Traced(self.tracer, root, job, began_ns) if root.is_recording() else NO_TRACE
 
+    def fenced(self, job: Job, ids: tuple[str, str], reason: str, began_ns: int) -> None:
+        """A job a dead supervisor left running, failed by restart fencing (``fencing.py``): its root never ended,
+        so a ``fenced`` span, a child of it (``ids``: its trace and root span id, as the journal keeps them), says
+        the outcome in its trace, an error. Nothing for ids the journal holds malformed."""
+        if self.tracer is None or (root := _context(*ids)) is None:
+            return
+        attributes = _attributes(job.action_id, job.crew_id, job.operation)
+        attributes |= {"crew_supervisor.outcome": str(JobStatus.FAILED), "crew_supervisor.reason": str(reason)}
+        attributes["crew_supervisor.uncertain_outcome"] = True  # its worker's end was never seen
+        within = trace.set_span_in_context(trace.NonRecordingSpan(root))
+        span = self.tracer.start_span("fenced", within, attributes=attributes, start_time=began_ns)
+        span.set_status(Status(StatusCode.ERROR, reason))
+        span.end()
+
     def close(self) -> None:
         """What is still queued exported, within CLOSE_SECONDS, then the exporter shut down. Blocks: called in a
         thread (the SDK's flush ignores its own timeout, so it is waited for here, in a thread of its own)."""
@@ -392,7 +407,7 @@ def _attributes(action_id: str, crew_id: str, operation: str) -> dict[str, str]:
 
 def _context(trace_id: object, span_id: object) -> SpanContext | None:
     """A job's root (sampled: only a job sampled has its ids journaled) by its ids as the journal keeps them; None
-    for ids that are not (a journal changed by hand): what reads them (a resume's link) goes on without."""
+    for ids that are not (a journal changed by hand): what reads them (a resume's link, a fence) goes on without."""
     if not (isinstance(trace_id, str) and TRACE_ID.fullmatch(trace_id) and int(trace_id, 16)):
         return None
     if not (isinstance(span_id, str) and SPAN_ID.fullmatch(span_id) and int(span_id, 16)):

@@ -31,6 +31,7 @@ from supervisor.jobs import worker_spans
 from supervisor.jobs.admission import JournalUnavailable
 from supervisor.jobs.phases import StopReason
 from supervisor.jobs.tracing import CLOSE_SECONDS, NO_TRACE, Traced, Tracing, TracingError
+from supervisor.journal.records import Job
 from supervisor.models import ResumeRequest
 from supervisor.processes.process import StopEvidence
 from tests.helpers.otlp_receiver import OtlpReceiver, ReceivedSpan
@@ -377,6 +378,32 @@ def test_a_start_refused_once_its_trace_began_ends_its_root_and_admission_as_err
     assert root.status == admission.status == "ERROR" and root.status_message == "journal_unavailable"
     assert admission.parent_id == root.span_id and "crew_supervisor.outcome" not in admission.attributes
     assert root.end_ns == admission.end_ns
+
+
+def test_a_fenced_job_s_outcome_is_a_span_beneath_its_journaled_root(receiver: OtlpReceiver) -> None:
+    tracing = tracing_to(receiver)
+    job = Job(f"job-{uuid.uuid4().hex}", "crew", "run", "", "running", 3)
+    unreadable = Job(f"job-{uuid.uuid4().hex}", "crew", "run", "", "running", 3)
+    root = (uuid.uuid4().hex, uuid.uuid4().hex[:16])
+    began = time.time_ns()
+    tracing.fenced(job, root, Reason.SUPERVISOR_RESTARTED, began)
+    tracing.fenced(unreadable, ("changed by hand", root[1]), Reason.SUPERVISOR_RESTARTED, began)  # nothing
+    Tracing().fenced(job, root, Reason.SUPERVISOR_RESTARTED, began)  # not tracing: nothing
+    tracing.close()
+    receiver.wait_for(lambda spans: mine(receiver, job.action_id) != [], timeout=30)
+    (fenced,) = mine(receiver, job.action_id)
+    assert (fenced.name, fenced.trace_id, fenced.parent_id) == ("fenced", *root)
+    assert fenced.status == "ERROR" and fenced.status_message == "supervisor_restarted"
+    assert fenced.attributes == {
+        "crew_supervisor.action_id": job.action_id,
+        "crew_supervisor.crew_id": "crew",
+        "crew_supervisor.operation": "run",
+        "crew_supervisor.outcome": "failed",
+        "crew_supervisor.reason": "supervisor_restarted",
+        "crew_supervisor.uncertain_outcome": True,
+    }
+    assert began <= fenced.start_ns <= fenced.end_ns
+    assert mine(receiver, unreadable.action_id) == []
 
 
 def test_a_cancel_exports_its_stop_and_kill_and_cuts_off_what_the_worker_had_open(receiver: OtlpReceiver) -> None:

@@ -66,7 +66,7 @@ MUTANTS = (
         "fencing-skipped",
         "no orphan outlives a restart, and an interrupted job is fenced",
         "supervisor/jobs/supervisor.py",
-        "            await fence_restored(journal, killed)\n",
+        "            await fence_restored(journal, killed, tracing)\n",
         "            await asyncio.sleep(0)\n",
         ("tests/supervisor/processes/test_fencing.py::test_an_orphan_that_survived_a_crash_is_killed_at_restart",),
     ),

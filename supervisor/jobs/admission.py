@@ -184,12 +184,13 @@ class Admission:
         tasks = self._resumable(resumed_from) if resumed_from is not None else None
         self._check_room(body.crew_id)
         job = Job(body.action_id, body.crew_id, body.operation, digest, Status.RUNNING, 0)
+        trace = self._begin(job, resumed_from, traceparent, tracestate, began_ns)  # reads the journal: may raise
+        # Nothing may raise from here to the task that clears these (its finally): else later starts wait forever.
         under_way = asyncio.get_running_loop().create_future()
         self._admitting[job.action_id] = under_way
         if resumed_from is not None:
             self._resuming[resumed_from] = job.action_id
         resumed = (resumed_from, tasks) if resumed_from is not None and tasks is not None else None
-        trace = self._begin(job, resumed_from, traceparent, tracestate, began_ns)
         task = asyncio.ensure_future(self._admit(job, operation_input, body.timeout_ms, resumed, under_way, trace))
         await asyncio.shield(task)  # a client that goes away must not leave a durable record that nothing launched
         return job
@@ -280,8 +281,10 @@ class Admission:
             # holds (a retention's archive of the job it continues may have taken them meanwhile: then none).
             copied = await self.journal.admit(job, kept, link, traced)
         except JournalBusy:
+            trace.refused("journal_unavailable")
             raise JournalUnavailable("the journal is locked by another process; try again shortly") from None
         except JournalError as exc:
+            trace.refused("journal_full")
             raise JournalFull(f"admission could not be made durable: {exc}") from None
         finally:
             del self._admitting[job.action_id]

@@ -3,7 +3,8 @@ uncertain, and everything of it still alive is killed first. First what the dead
 (found through the lock file's record, ``claim.py``: even when the journal then cannot be opened), then, with the
 journal open, each job's worker (same pid and start time), every member of its cgroups and group, every
 descendant a sample saw (``containment.kill_remains``), even long after the worker itself died. What the job of a
-quarantined record left (``supervisor/journal/quarantine.py``) is killed too, and its record left as it was kept."""
+quarantined record left (``supervisor/journal/quarantine.py``) is killed too, and its record left as it was kept. A
+fenced job that was traced gets a ``fenced`` span in its trace, whose root died with the supervisor."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import psutil
 from protocol import Reason
 from supervisor.jobs.claim import Holder
 from supervisor.jobs.outcomes import failure
+from supervisor.jobs.tracing import Tracing
 from supervisor.journal.records import Job
 from supervisor.journal.store import Journal
 from supervisor.processes.containment import Boundary, kill_remains, running
@@ -45,12 +47,14 @@ def kill_left_in_cgroups(holders: Iterable[Holder]) -> Killed:
     return killed
 
 
-async def fence_restored(journal: Journal, killed_before: Killed) -> list[str]:
+async def fence_restored(journal: Journal, killed_before: Killed, tracing: Tracing) -> list[str]:
     """The action ids fenced (a quarantined record's is not: it gets no terminal event). What
-    ``kill_left_in_cgroups`` took from a job's cgroups counts as its own."""
+    ``kill_left_in_cgroups`` took from a job's cgroups counts as its own. Each traced one's outcome goes to its
+    trace through ``tracing`` (``Tracing.fenced``)."""
     await _fence_quarantined(journal)
     fenced = []
     for job in journal.reader.running():
+        began_ns = time.time_ns()
         cgroups = Boundary.decode(job.boundary).cgroups
         earlier = [process for path in cgroups for process in killed_before.get(path, ())]
         killed = {process.pid: process for process in [*earlier, *await asyncio.to_thread(_kill_remains, job)]}
@@ -63,6 +67,8 @@ async def fence_restored(journal: Journal, killed_before: Killed) -> list[str]:
             log.warning("killed what a dead supervisor's job left", extra={"action_id": job.action_id, **evidence})
         outcome = failure(Reason.SUPERVISOR_RESTARTED, RESTART_MESSAGE, True, **evidence)
         await journal.finish(job.action_id, outcome.event, outcome.data)
+        if (ids := journal.reader.trace(job.action_id)) is not None:
+            tracing.fenced(job, ids, Reason.SUPERVISOR_RESTARTED, began_ns)
         fenced.append(job.action_id)
     if fenced:
         log.warning("fenced %d job(s) left running by a previous supervisor", len(fenced))

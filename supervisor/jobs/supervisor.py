@@ -131,7 +131,7 @@ class Supervisor(Reads, Archives, Resumes):
             journal = _journal(settings, journal_path, claim, metrics, live)
             stack.callback(journal.close)
             _said_where_the_journal_came_from(journal)
-            await fence_restored(journal, killed)
+            await fence_restored(journal, killed, tracing)
             limits.remove_stale()
             remove_stale_partials(settings.training_dir)  # nothing runs yet: no such file is anyone's
             fenced()

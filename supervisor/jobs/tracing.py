@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import os
+import re
 import signal
 import threading
 import time
@@ -26,6 +27,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from protocol import SpanEnded, SpanStarted
 from supervisor.jobs.phases import StopReason
 from supervisor.jobs.worker_spans import CUT_OFF, WorkerSpans
+from supervisor.journal.records import Job
 from supervisor.processes.process import StopEvidence
 from supervisor.vocabulary import Status as JobStatus
 
@@ -38,6 +40,17 @@ SERVICE_NAME = "crew-supervisor"  # unless OTEL_SERVICE_NAME or OTEL_RESOURCE_AT
 CLOSE_SECONDS = 5.0  # what is still queued at close gets this long to be exported
 PROPAGATOR = TraceContextTextMapPropagator()
 Killed = Callable[[StopEvidence], StopEvidence]
+REFUSED = "refused"  # the outcome of a job whose start was refused once its trace had begun (JobTrace.refused)
+# A caller's W3C headers, checked before the propagator reads them. Version 00 of a traceparent is 55 characters:
+# a later version may be longer, never this long. A tracestate's own bounds are W3C's (32 members; what a vendor must
+# pass on, 512 characters), each member ``key=value`` in its grammar.
+MAX_TRACEPARENT_CHARS = 512
+MAX_TRACESTATE_CHARS = 512
+MAX_TRACESTATE_MEMBERS = 32
+_KEY = r"(?:[a-z][_0-9a-z*/-]{0,255}|[a-z0-9][_0-9a-z*/-]{0,240}@[a-z][_0-9a-z*/-]{0,13})"
+_VALUE = r"[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+TRACESTATE_MEMBER = re.compile(f"{_KEY}={_VALUE}")
+TRACE_ID, SPAN_ID = re.compile("[0-9a-f]{32}"), re.compile("[0-9a-f]{16}")
 
 
 class TracingError(Exception):
@@ -52,6 +65,10 @@ class JobTrace:
 
     def admitted(self) -> None:
         """The job is durable: its admission span ends."""
+
+    def refused(self, reason: str) -> None:
+        """The start was refused after the trace began (the journal could not make it durable): the admission span
+        and the root end, both an error, the root's outcome ``refused`` with ``reason``."""
 
     def lap(self, step: str) -> None:
         """A step of the job's time ended now (``LiveJob.lap``: queue, launch, worker_start, job, exit, cleanup,
@@ -121,6 +138,20 @@ class Traced(JobTrace):
             self.lapped = time.time_ns()
             self.admission.end(self.lapped)
             self.admission = None
+
+    def refused(self, reason: str) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        now = max(time.time_ns(), self.lapped)
+        error = Status(StatusCode.ERROR, reason)
+        if self.admission is not None:
+            self.admission.set_status(error)
+            self.admission.end(now)
+            self.admission = None
+        self.root.set_attributes({"crew_supervisor.outcome": REFUSED, "crew_supervisor.reason": reason})
+        self.root.set_status(error)
+        self.root.end(now)
 
     def lap(self, step: str) -> None:
         if not self.ended:
@@ -286,17 +317,26 @@ class Tracing:
         leaves out is not traced."""
         if self.tracer is None:
             return NO_TRACE
-        carrier = {name: value for name, value in (("traceparent", traceparent), ("tracestate", tracestate)) if value}
-        job = {
-            "crew_supervisor.action_id": action_id,
-            "crew_supervisor.crew_id": crew_id,
-            "crew_supervisor.operation": str(operation),
-        }
-        links = [_link(*link)] if link is not None else []
-        root = self.tracer.start_span(
-            "job", PROPAGATOR.extract(carrier, Context()), attributes=job, links=links, start_time=began_ns
-        )
+        job = _attributes(action_id, crew_id, operation)
+        linked = _context(*link) if link is not None else None  # a row changed by hand: no link
+        links = [Link(linked)] if linked is not None else []
+        caller = PROPAGATOR.extract(_carrier(traceparent, tracestate), Context())
+        root = self.tracer.start_span("job", caller, attributes=job, links=links, start_time=began_ns)
         return Traced(self.tracer, root, job, began_ns) if root.is_recording() else NO_TRACE
+
+    def fenced(self, job: Job, ids: tuple[str, str], reason: str, began_ns: int) -> None:
+        """A job a dead supervisor left running, failed by restart fencing (``fencing.py``): its root never ended,
+        so a ``fenced`` span, a child of it (``ids``: its trace and root span id, as the journal keeps them), says
+        the outcome in its trace, an error. Nothing for ids the journal holds malformed."""
+        if self.tracer is None or (root := _context(*ids)) is None:
+            return
+        attributes = _attributes(job.action_id, job.crew_id, job.operation)
+        attributes |= {"crew_supervisor.outcome": str(JobStatus.FAILED), "crew_supervisor.reason": str(reason)}
+        attributes["crew_supervisor.uncertain_outcome"] = True  # its worker's end was never seen
+        within = trace.set_span_in_context(trace.NonRecordingSpan(root))
+        span = self.tracer.start_span("fenced", within, attributes=attributes, start_time=began_ns)
+        span.set_status(Status(StatusCode.ERROR, reason))
+        span.end()
 
     def close(self) -> None:
         """What is still queued exported, within CLOSE_SECONDS, then the exporter shut down. Blocks: called in a
@@ -360,7 +400,40 @@ def _version() -> str:
         return ""
 
 
-def _link(trace_id: str, span_id: str) -> Link:
-    """A link to another job's root (a resume's to the job it continues), by its ids as the journal keeps them."""
-    context = SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=TraceFlags(1))
-    return Link(context)
+def _attributes(action_id: str, crew_id: str, operation: str) -> dict[str, str]:
+    """What every span of a job carries."""
+    return {
+        "crew_supervisor.action_id": action_id,
+        "crew_supervisor.crew_id": crew_id,
+        "crew_supervisor.operation": str(operation),
+    }
+
+
+def _context(trace_id: object, span_id: object) -> SpanContext | None:
+    """A job's root (sampled: only a job sampled has its ids journaled) by its ids as the journal keeps them; None
+    for ids that are not (a journal changed by hand): what reads them (a resume's link, a fence) goes on without."""
+    if not (isinstance(trace_id, str) and TRACE_ID.fullmatch(trace_id) and int(trace_id, 16)):
+        return None
+    if not (isinstance(span_id, str) and SPAN_ID.fullmatch(span_id) and int(span_id, 16)):
+        return None
+    return SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=TraceFlags(1))
+
+
+def _carrier(traceparent: str | None, tracestate: str | None) -> dict[str, str]:
+    """The caller's headers the propagator may read. One W3C would have discarded is left out here, before the
+    propagator sees it: the SDK logs a malformed tracestate member whole, and a caller's text in a log line could
+    forge its fields. A tracestate goes only with a traceparent (alone, the propagator reads none)."""
+    if not traceparent or len(traceparent) > MAX_TRACEPARENT_CHARS:
+        return {}
+    if not tracestate or not _w3c_tracestate(tracestate):
+        return {"traceparent": traceparent}
+    return {"traceparent": traceparent, "tracestate": tracestate}
+
+
+def _w3c_tracestate(tracestate: str) -> bool:
+    """Within W3C's bounds, each member ``key=value`` in its grammar (empty members, and blanks around one, are
+    allowed: HTTP joins two header lines with a comma)."""
+    if len(tracestate) > MAX_TRACESTATE_CHARS:
+        return False
+    members = [member for member in (part.strip(" \t") for part in tracestate.split(",")) if member]
+    return len(members) <= MAX_TRACESTATE_MEMBERS and all(TRACESTATE_MEMBER.fullmatch(member) for member in members)

@@ -6,6 +6,7 @@ scripted one that sends span frames."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import itertools
@@ -14,6 +15,7 @@ import logging
 import os
 import re
 import socket
+import sqlite3
 import sys
 import time
 import uuid
@@ -26,12 +28,16 @@ import pytest
 from protocol import MAX_OPEN_SPANS, MAX_SPAN_VALUE_CHARS, MAX_SPANS, Reason, SpanEnded, SpanStarted
 from supervisor import logs
 from supervisor.jobs import worker_spans
+from supervisor.jobs.admission import JournalUnavailable
 from supervisor.jobs.phases import StopReason
 from supervisor.jobs.tracing import CLOSE_SECONDS, NO_TRACE, Traced, Tracing, TracingError
+from supervisor.journal.records import Job
+from supervisor.models import ResumeRequest
 from supervisor.processes.process import StopEvidence
 from supervisor.redaction import redact
 from tests.helpers.otlp_receiver import OtlpReceiver, ReceivedSpan
-from tests.supervisor.jobs.harness import core, in_loop
+from tests.supervisor.jobs.harness import DEADLINE, Core, core, in_loop
+from tests.system.security.test_journal_lock import held_lock
 
 KICKOFF, TASK, LLM, TOOL = "a" * 16, "b" * 16, "c" * 16, "d" * 16
 SECRET = "sk-very-secret-0123456789"
@@ -105,6 +111,7 @@ def test_tracing_is_off_without_an_endpoint_or_when_turned_off(environ: dict[str
     assert tracing.exporter is None
     trace = tracing.begin("job-1", "crew", "run", None, time.time_ns())
     assert trace is NO_TRACE and trace.trace_id is None
+    trace.refused("journal_full")
     assert trace.worker_started(1, ()) == ""  # Start.trace empty: the worker opens no span
     assert trace.take(started(KICKOFF, "kickoff")) is None  # a span frame of a job not traced: ignored
     evidence = StopEvidence(True, 1, 1, "SIGKILL", -9, 0, 1.0)
@@ -270,6 +277,56 @@ def test_a_malformed_traceparent_is_ignored(receiver: OtlpReceiver, traceparent:
     assert root.parent_id == "" and re.fullmatch("[0-9a-f]{32}", root.trace_id) and root.trace_id != "0" * 32
 
 
+CALLER_SPAN = "00f067aa0ba902b7"
+CALLER = f"00-4bf92f3577b34da6a3ce929d0e0e4736-{CALLER_SPAN}-01"
+FORGING = "Z action_id=victim outcome=completed"  # a text log line would show it as two fields of its own
+
+
+def sdk_said(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What the OpenTelemetry API and SDK logged: a caller's header, in a warning, would be quoted there."""
+    return [record.getMessage() for record in caplog.records if record.name.startswith("opentelemetry")]
+
+
+@pytest.mark.parametrize(
+    ("tracestate", "kept"),
+    [
+        ("congo=t61rcWkgMzE,rojo=00f067aa0ba902b7", True),
+        ("a=1,, b=two words\t,\tt3n@vendor=x", True),  # empty members and blanks: two header lines joined
+        (FORGING, False),
+        ("a=1,Z action_id=victim", False),  # one member breaks the grammar: the whole header goes
+        ("a=1,b=has=equals", False),
+        (",".join(f"k{n}=v" for n in range(33)), False),  # W3C's 32 members at most
+        (",".join(f"k{n}={'v' * 200}" for n in range(3)), False),  # W3C's 512 characters at most
+    ],
+)
+def test_a_tracestate_is_kept_only_within_w3c_s_grammar_and_bounds_and_never_logged(
+    receiver: OtlpReceiver, caplog: pytest.LogCaptureFixture, tracestate: str, kept: bool
+) -> None:
+    caplog.set_level(logging.DEBUG, "opentelemetry")
+    tracing = tracing_to(receiver)
+    trace = traced(tracing, CALLER, tracestate=tracestate)
+    state = trace.root.get_span_context().trace_state  # the caller's, which its child carries on
+    assert state.to_header() == (",".join(part.strip(" \t") for part in tracestate.split(",") if part) if kept else "")
+    assert sdk_said(caplog) == []
+    trace.admitted()
+    trace.end("completed", {})
+    (root,) = exported(receiver, tracing, trace, 2)["root"]
+    assert root.parent_id == CALLER_SPAN  # the traceparent stands without its state
+
+
+def test_a_traceparent_too_long_to_be_one_is_ignored_unread(
+    receiver: OtlpReceiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, "opentelemetry")
+    tracing = tracing_to(receiver)
+    trace = traced(tracing, f"01-{CALLER[3:]}-" + "f" * 600, tracestate="a=1")  # a later version may carry more
+    assert sdk_said(caplog) == []
+    trace.admitted()
+    trace.end("completed", {})
+    (root,) = exported(receiver, tracing, trace, 2)["root"]
+    assert root.parent_id == ""
+
+
 def test_a_caller_that_does_not_sample_its_trace_leaves_the_job_untraced(receiver: OtlpReceiver) -> None:
     tracing = tracing_to(receiver)
     trace = tracing.begin("unsampled", "crew", "run", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00", 1)
@@ -286,6 +343,68 @@ def test_a_resume_s_root_links_to_the_job_it_continues(receiver: OtlpReceiver) -
     trace.end("completed", {})
     (root,) = exported(receiver, tracing, trace, 2)["root"]
     assert root.links == (old,) and root.parent_id == ""
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
+        ("changed by hand", CALLER_SPAN),
+        ("4bf92f3577b34da6a3ce929d0e0e4736", "0" * 16),  # W3C's invalid id
+        ("4BF92F3577B34DA6A3CE929D0E0E4736", CALLER_SPAN),
+        (b"4bf92f3577b34da6a3ce929d0e0e4736", CALLER_SPAN),  # SQLite keeps what it is given: a blob
+        (7, 8),
+    ],
+)
+def test_a_resume_s_root_is_not_linked_through_ids_the_journal_holds_malformed(
+    receiver: OtlpReceiver, ids: tuple[Any, Any]
+) -> None:
+    tracing = tracing_to(receiver)
+    trace = traced(tracing, link=ids)
+    trace.admitted()
+    trace.end("completed", {})
+    (root,) = exported(receiver, tracing, trace, 2)["root"]
+    assert root.links == ()
+
+
+def test_a_start_refused_once_its_trace_began_ends_its_root_and_admission_as_errors(receiver: OtlpReceiver) -> None:
+    tracing = tracing_to(receiver)
+    trace = traced(tracing)
+    trace.refused("journal_unavailable")
+    trace.refused("journal_full")  # once ended, nothing more of it
+    trace.end("completed", {})
+    spans = exported(receiver, tracing, trace, 2)
+    (root,), (admission,) = spans["root"], spans["admission"]
+    assert root.attributes["crew_supervisor.outcome"] == "refused"
+    assert root.attributes["crew_supervisor.reason"] == "journal_unavailable"
+    assert root.status == admission.status == "ERROR" and root.status_message == "journal_unavailable"
+    assert admission.parent_id == root.span_id and "crew_supervisor.outcome" not in admission.attributes
+    assert root.end_ns == admission.end_ns
+
+
+def test_a_fenced_job_s_outcome_is_a_span_beneath_its_journaled_root(receiver: OtlpReceiver) -> None:
+    tracing = tracing_to(receiver)
+    job = Job(f"job-{uuid.uuid4().hex}", "crew", "run", "", "running", 3)
+    unreadable = Job(f"job-{uuid.uuid4().hex}", "crew", "run", "", "running", 3)
+    root = (uuid.uuid4().hex, uuid.uuid4().hex[:16])
+    began = time.time_ns()
+    tracing.fenced(job, root, Reason.SUPERVISOR_RESTARTED, began)
+    tracing.fenced(unreadable, ("changed by hand", root[1]), Reason.SUPERVISOR_RESTARTED, began)  # nothing
+    Tracing().fenced(job, root, Reason.SUPERVISOR_RESTARTED, began)  # not tracing: nothing
+    tracing.close()
+    receiver.wait_for(lambda spans: mine(receiver, job.action_id) != [], timeout=30)
+    (fenced,) = mine(receiver, job.action_id)
+    assert (fenced.name, fenced.trace_id, fenced.parent_id) == ("fenced", *root)
+    assert fenced.status == "ERROR" and fenced.status_message == "supervisor_restarted"
+    assert fenced.attributes == {
+        "crew_supervisor.action_id": job.action_id,
+        "crew_supervisor.crew_id": "crew",
+        "crew_supervisor.operation": "run",
+        "crew_supervisor.outcome": "failed",
+        "crew_supervisor.reason": "supervisor_restarted",
+        "crew_supervisor.uncertain_outcome": True,
+    }
+    assert began <= fenced.start_ns <= fenced.end_ns
+    assert mine(receiver, unreadable.action_id) == []
 
 
 def test_a_cancel_exports_its_stop_and_kill_and_cuts_off_what_the_worker_had_open(receiver: OtlpReceiver) -> None:
@@ -643,6 +762,63 @@ async def test_a_cancelled_job_s_trace_has_its_stop_its_kill_and_the_span_it_cut
     assert kill.attributes["crew_supervisor.stop_confirmed"] is True
     assert kickoff.status == "ERROR" and kickoff.attributes["error.type"] == "cut_off"
     assert all(SECRET not in repr(span) for span in mine(tracing_on, "core-cancel"))
+
+
+@in_loop
+async def test_a_start_the_locked_journal_refuses_ends_its_trace_as_refused(
+    tmp_path: Path, tracing_on: OtlpReceiver
+) -> None:
+    async with core(tmp_path) as it:
+        with held_lock(it.journal.reader.path), pytest.raises(JournalUnavailable):  # a 503, its trace begun
+            await it.start(["started", "complete"], "core-refused")
+        assert it.journal.reader.get("core-refused") is None
+    spans = by_name(mine(tracing_on, "core-refused"), 2)  # exported as the supervisor closed
+    (root,), (admission,) = spans["root"], spans["admission"]
+    assert root.attributes["crew_supervisor.outcome"] == "refused" and root.status == "ERROR"
+    assert root.attributes["crew_supervisor.reason"] == "journal_unavailable"
+    assert admission.status == "ERROR" and admission.parent_id == root.span_id
+
+
+def changed_by_hand(it: Core, statement: str) -> None:
+    """The supervisor's journal changed behind its back, as an operator's ``sqlite3`` could."""
+    with contextlib.closing(sqlite3.connect(it.journal.reader.path)) as db, db:
+        db.execute(statement)
+
+
+@in_loop
+async def test_a_resume_whose_old_trace_ids_are_malformed_runs_unlinked(
+    tmp_path: Path, tracing_on: OtlpReceiver
+) -> None:
+    async with core(tmp_path) as it:
+        await it.start(["started", "fail"], "core-malformed")
+        assert (await it.settled("core-malformed"))[0] == "failed"
+        changed_by_hand(it, "UPDATE traces SET trace_id = 'changed by hand' WHERE action_id = 'core-malformed'")
+        resumed = await it.sup.resume("core-malformed", ResumeRequest(action_id="core-malformed-r1"), "key")
+        assert (await it.settled("core-malformed-r1"))[0] == "failed"  # its script fails again
+        again = await it.sup.resume("core-malformed", ResumeRequest(action_id="core-malformed-r1"), "key")  # a repeat
+        assert again.action_id == resumed.action_id == "core-malformed-r1"
+    (root,) = by_name(mine(tracing_on, "core-malformed-r1"), len(mine(tracing_on, "core-malformed-r1")))["root"]
+    assert root.links == ()
+
+
+@in_loop
+async def test_a_resume_whose_old_trace_cannot_be_read_leaves_nothing_waiting_on_it(
+    tmp_path: Path, tracing_on: OtlpReceiver
+) -> None:
+    """Its trace cannot begin (its link is read from the journal): refused, and neither a retry nor the drain
+    waits for an admission that never was."""
+    async with core(tmp_path) as it:
+        await it.start(["started", "fail"], "core-unread")
+        assert (await it.settled("core-unread"))[0] == "failed"
+        changed_by_hand(it, "ALTER TABLE traces RENAME TO traces_aside")
+        for _ in range(2):
+            async with asyncio.timeout(DEADLINE):
+                with pytest.raises(sqlite3.OperationalError, match="no such table: traces"):
+                    await it.sup.resume("core-unread", ResumeRequest(action_id="core-unread-r1"), "key")
+        async with asyncio.timeout(DEADLINE):
+            await it.sup.admission.under_way()  # what a drain waits for first
+        changed_by_hand(it, "ALTER TABLE traces_aside RENAME TO traces")
+    assert mine(tracing_on, "core-unread-r1") == []
 
 
 @in_loop

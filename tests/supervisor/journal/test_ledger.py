@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from supervisor.jobs.fencing import fence_restored
+from supervisor.jobs.tracing import Tracing
 from supervisor.journal.ledger import Ending, Entry
 from supervisor.journal.records import Job, TaskRecord
 from supervisor.journal.store import Journal
@@ -58,7 +59,7 @@ def test_restart_fencing_makes_a_crashed_supervisors_running_calls_uncertain(pat
     journal.close()  # as a crash leaves it: the job running, its call running
     journal = Journal(path, checkpoint_events=1)
     try:
-        assert asyncio.run(fence_restored(journal, {})) == ["a"]
+        assert asyncio.run(fence_restored(journal, {}, Tracing())) == ["a"]
         assert statuses(journal, "a") == [(1, "failed", True), (2, "finished", True), (3, "uncertain", False)]
         job = journal.reader.get("a")
         assert job is not None and job.status == "failed"

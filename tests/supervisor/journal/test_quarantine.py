@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from supervisor.jobs.fencing import fence_restored
+from supervisor.jobs.tracing import Tracing
 from supervisor.journal.errors import JournalError
 from supervisor.journal.ledger import Ending, Entry
 from supervisor.journal.records import Job, Streams
@@ -144,7 +145,7 @@ def test_what_a_quarantined_running_job_left_is_killed_at_every_start(path: Path
         for _ in range(2):  # at every start: the second finds nothing left to kill
             journal = Journal(path, checkpoint_events=1)
             try:
-                assert asyncio.run(fence_restored(journal, {})) == []  # no terminal event given: it is not served
+                assert asyncio.run(fence_restored(journal, {}, Tracing())) == []  # no terminal event: not served
                 assert worker.wait(timeout=10) == -9
                 assert journal.reader.get("left") is None
                 assert journal.reader.quarantined("left") == "running with its worker output recorded"
@@ -168,7 +169,7 @@ def test_a_quarantined_record_with_a_malformed_worker_is_said_and_the_start_goes
     journal = Journal(path, checkpoint_events=1)
     try:
         with caplog.at_level(logging.WARNING, logger="crew_supervisor.jobs"):
-            assert asyncio.run(fence_restored(journal, {})) == []
+            assert asyncio.run(fence_restored(journal, {}, Tracing())) == []
     finally:
         journal.close()
     fencing = [record.getMessage() for record in caplog.records if record.name == "crew_supervisor.jobs"]

@@ -89,7 +89,7 @@ def test_a_fork_server_that_breaks_at_a_restart_is_logged_and_jobs_start_cold(tm
     garble = tmp_path / "garble"
     env = {**GARBLED, "GARBLE_FORKSERVER": str(garble), "AIP_CREWAI_PREFORK": "0"}  # no idle worker to take
     with OtlpReceiver() as receiver:
-        traced = {"OTEL_SDK_DISABLED": "false", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint}  # see test_traces
+        traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint}
         server = start_server(tmp_path / "state", env={**env, **traced})
         try:
             with server.client(timeout=300) as client:  # a cold worker imports CrewAI before it starts

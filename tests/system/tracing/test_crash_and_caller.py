@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import gone, start_body, start_server, wait_until
 from tests.helpers.otlp_receiver import OtlpReceiver, ReceivedSpan
-from tests.system.tracing.test_traces import KEY, SDK_ON, begin, job_trace
+from tests.system.tracing.test_traces import KEY, begin, job_trace
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def receiver() -> Iterator[OtlpReceiver]:
 
 def tracing_to(receiver: OtlpReceiver, **settings: str) -> dict[str, str]:
     """A supervisor's environment: traced to ``receiver``, its batches sent every 50 ms."""
-    return {**SDK_ON, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50", **settings}
+    return {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50", **settings}
 
 
 def span_of(receiver: OtlpReceiver, name: str, action_id: str) -> ReceivedSpan:

@@ -4,10 +4,14 @@ and ``TaskDone`` answered with ``Recorded``, as the supervisor answers once its 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
-from protocol import EffectStarted, Recorded, TaskDone
+from protocol import EffectStarted, Recorded, Start, TaskDone
+from supervisor.processes.launcher import SpawnLauncher
 from supervisor.processes.process import WorkerProcess
+from supervisor.processes.reaper import Reaper
+from tests.conftest import worker_env
 
 
 async def next_answered(worker: WorkerProcess, timeout: float = 60) -> Any:
@@ -35,3 +39,29 @@ def answering(worker: WorkerProcess) -> asyncio.Task[list[Any]]:
 
 
 _background: set[asyncio.Task[list[Any]]] = set()
+
+
+async def launch(
+    tmp: Path, crew: str, inputs: dict[str, Any], env: dict[str, str] | None = None, **start: Any
+) -> WorkerProcess:
+    """A real worker spawned in ``tmp`` (its cwd: where the ``effects`` crew writes its log), given job-1 of ``crew``;
+    ``start``: the rest of its ``Start`` (``operation`` defaults to run)."""
+    worker = await SpawnLauncher(Reaper()).spawn({**worker_env(tmp), **(env or {})}, str(tmp))
+    worker.send(Start("job-1", crew, start.pop("operation", "run"), inputs, 600_000, **start))
+    return worker
+
+
+def job(tmp: Path, crew: str, inputs: dict[str, Any], env: dict[str, str] | None = None, **start: Any) -> list[Any]:
+    """Every message of one job in a real worker (``launch``), its ledger answered; the worker exited 0."""
+
+    async def scenario() -> list[Any]:
+        worker = await launch(tmp, crew, inputs, env, **start)
+        try:
+            messages = await answered_to_the_end(worker)
+            assert await worker.wait_exit(10) == 0, worker.stderr.text()[-2000:]
+        except BaseException:
+            await worker.kill()
+            raise
+        return messages
+
+    return asyncio.run(scenario())

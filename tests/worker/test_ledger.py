@@ -25,49 +25,22 @@ from protocol import (
     Reason,
     Recorded,
     Spent,
-    Start,
     Started,
     TaskDone,
 )
-from supervisor.processes.launcher import SpawnLauncher
 from supervisor.processes.process import WorkerProcess
-from supervisor.processes.reaper import Reaper
 from supervisor.redaction import redact_data
-from tests.conftest import wait_until, worker_env
+from tests.conftest import wait_until
 from tests.crews import effects, shapes
 from tests.crews.effects import EFFECTS_LOG, TOOL
 from tests.helpers.kickoff import comparable
-from tests.helpers.ledger import answered_to_the_end, answering, next_answered
+from tests.helpers.ledger import answered_to_the_end, answering, job, launch, next_answered
 from worker import resume
 from worker.lifecycle import EXIT_PROTOCOL
 from worker.provider import URL_ENV, Provider
 
 pytestmark = pytest.mark.usefixtures("subreaper")
 TASK_FIELDS = {"description", "agent", "raw", "pydantic", "json_dict", "output_format"}
-
-
-async def launch(
-    tmp: Path, crew: str, inputs: dict[str, Any], env: dict[str, str] | None = None, **start: Any
-) -> WorkerProcess:
-    worker = await SpawnLauncher(Reaper()).spawn({**worker_env(tmp), **(env or {})}, str(tmp))  # cwd: effects.log
-    worker.send(Start("job-1", crew, start.pop("operation", "run"), inputs, 600_000, **start))
-    return worker
-
-
-def job(tmp: Path, crew: str, inputs: dict[str, Any], env: dict[str, str] | None = None, **start: Any) -> list[Any]:
-    """Every message of one job, its ledger answered; the worker exited 0."""
-
-    async def scenario() -> list[Any]:
-        worker = await launch(tmp, crew, inputs, env, **start)
-        try:
-            messages = await answered_to_the_end(worker)
-            assert await worker.wait_exit(10) == 0, worker.stderr.text()[-2000:]
-        except BaseException:
-            await worker.kill()
-            raise
-        return messages
-
-    return asyncio.run(scenario())
 
 
 def lines(tmp: Path) -> list[str]:

@@ -29,16 +29,13 @@ from protocol import (
     SpanEnded,
     SpanName,
     SpanStarted,
-    Start,
     Started,
 )
-from supervisor.processes.launcher import SpawnLauncher
 from supervisor.processes.process import WorkerProcess
-from supervisor.processes.reaper import Reaper
-from tests.conftest import worker_env
 from tests.crews import effects, shapes
 from tests.crews.effects import STEPS
-from tests.helpers.ledger import answered_to_the_end, next_answered
+from tests.helpers import ledger
+from tests.helpers.ledger import next_answered
 from worker import tracing
 from worker.demo import OfflineLLM
 from worker.provider import URL_ENV, Provider
@@ -51,27 +48,13 @@ SPAN_ID = re.compile(r"[0-9a-f]{16}")
 async def launch(
     tmp: Path, crew: str, inputs: dict[str, Any], env: dict[str, str] | None = None, **start: Any
 ) -> WorkerProcess:
-    """A real worker given its job, traced unless ``trace`` says otherwise."""
-    worker = await SpawnLauncher(Reaper()).spawn({**worker_env(tmp), **(env or {})}, str(tmp))
-    operation, trace = start.pop("operation", "run"), start.pop("trace", TRACEPARENT)
-    worker.send(Start("job-1", crew, operation, inputs, 600_000, trace=trace, **start))
-    return worker
+    """A real worker given its job (tests/helpers/ledger.py), traced unless ``trace`` says otherwise."""
+    return await ledger.launch(tmp, crew, inputs, env, **{"trace": TRACEPARENT, **start})
 
 
 def job(tmp: Path, crew: str, inputs: dict[str, Any], env: dict[str, str] | None = None, **start: Any) -> list[Any]:
-    """Every message of one job in a real worker, its ledger answered."""
-
-    async def scenario() -> list[Any]:
-        worker = await launch(tmp, crew, inputs, env, **start)
-        try:
-            messages = await answered_to_the_end(worker)
-            assert await worker.wait_exit(10) == 0, worker.stderr.text()[-2000:]
-        except BaseException:
-            await worker.kill()
-            raise
-        return messages
-
-    return asyncio.run(scenario())
+    """Every message of one job in a real worker, its ledger answered; traced unless ``trace`` says otherwise."""
+    return ledger.job(tmp, crew, inputs, env, **{"trace": TRACEPARENT, **start})
 
 
 class Tree:

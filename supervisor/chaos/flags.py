@@ -15,7 +15,9 @@ RATES = {"worker": 0.05, "forkserver": 0.02, "freeze": 0.02, "disk": 0.02}
 ALL_FAULTS = ("supervisor", *RATES)
 DESCRIPTION = """\
 Test a supervisor against faults. It starts one on loopback on a registry (the
-demo crews by default), keeps a load of concurrent clients going, injects the
+demo crews by default), runs one job of each crew to its end before any fault
+(so that what each crew does unharmed is counted however few of the load's jobs
+the machine lets finish), keeps a load of concurrent clients going, injects the
 faults of --faults from a seeded schedule, SIGKILLs and restarts the
 supervisor after each iteration and checks every invariant: each acknowledged
 job kept, none left running or started twice, each job's events contiguous

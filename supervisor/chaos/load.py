@@ -24,6 +24,7 @@ class Reachable(Protocol):
 REPEAT_SECONDS = 3.0  # a blocking repeat's wait: shorter than a slow job, so 504s and hang-ups happen too
 REFUSED_PAUSE_SECONDS = 0.1
 EFFECTS_ABOVE = 0.75  # a start rolled above this starts the effects crew: a quarter, taken from the fast jobs
+EFFECTS_STEP_SECONDS = 0.5  # each step's tool call takes a while: a kill lands in one
 JOIN_SECONDS = 60.0  # longest a client may stay in a request once the load stops (a cancel's wait included)
 # An exact repeat answers what the job is now: 200 its output, else its record with the status that answer means.
 REPEAT_STATUS = {409: "cancelled", 502: "failed", 504: "running"}
@@ -131,8 +132,9 @@ class Load:
         seconds = rng.choice([1, 2, 5]) if slow else 0
         crew = self.crews.slow if slow else self.crews.fast
         body = {"crew_id": crew, "action_id": action, "input": self.crews.input(slow, seconds)}
-        if self.crews.effects and roll > EFFECTS_ABOVE:  # each step's tool call takes a while: a kill lands in one
-            body = {"crew_id": self.crews.effects, "action_id": action, "input": {"marker": action, "seconds": 0.5}}
+        if self.crews.effects and roll > EFFECTS_ABOVE:
+            effects_input = {"marker": action, "seconds": EFFECTS_STEP_SECONDS}
+            body = {"crew_id": self.crews.effects, "action_id": action, "input": effects_input}
         self.count("starts")
         begun = time.monotonic()
         with client.stream("POST", "/jobs/stream", json=body, headers={"Idempotency-Key": action}) as response:

@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from supervisor import testing
 from supervisor.chaos import faults
+from supervisor.chaos.baseline import baseline_bodies, run_baseline
 from supervisor.chaos.checks import Findings, Seen, check_restart
 from supervisor.chaos.crews import Crews
 from supervisor.chaos.disk import DiskUnavailable, SmallDisk
@@ -111,9 +112,6 @@ def _run(
 ) -> dict[str, Any]:
     rng = random.Random(seed)
     crews = crews_of(args)
-    with target.client(timeout=30) as client:  # a deployment may not serve the effects crew: its jobs are left out
-        if crews.effects not in client.get("/health").json()["crews"]:
-            crews = dataclasses.replace(crews, effects="")
     record, findings = Record(), Findings()
     acked: dict[str, dict[str, Any]] = {}
     requests: dict[str, int] = {}
@@ -121,6 +119,13 @@ def _run(
     console = Console(stderr=True)
     where = target.url if isinstance(target, Deployment) else f"state {target.state}"
     console.print(f"chaos: seed {seed}, {args.iterations} iterations, faults {', '.join(chosen)}, {where}")
+    with target.client(timeout=30) as client:  # a deployment may not serve the effects crew: its jobs are left out
+        if crews.effects not in client.get("/health").json()["crews"]:
+            crews = dataclasses.replace(crews, effects="")
+        # Each crew once unharmed, before any fault: what it does when it ends is counted whatever the load lets end.
+        bodies = baseline_bodies(crews)
+        requests["baseline starts"] = len(bodies)
+        findings.add(run_baseline(client, bodies, acked))
     with Progress(
         TextColumn("[bold]chaos"),
         BarColumn(),

@@ -4,14 +4,18 @@ not happen, a failure nobody caused."""
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
+from typing import Any
 
+import httpx
 import psutil
 import pytest
 
 from supervisor.chaos import faults
 from supervisor.chaos import flags as flags_module
+from supervisor.chaos.baseline import baseline_bodies, run_baseline
 from supervisor.chaos.checks import Seen, job_problems, survivor
 from supervisor.chaos.crews import Crews
 from supervisor.chaos.faults import Record
@@ -176,3 +180,32 @@ def test_an_input_that_is_no_json_object_is_refused_before_anything_starts(
     with pytest.raises(SystemExit) as exited:
         cli.main(["chaos", flag, value])
     assert exited.value.code == 2 and said in capsys.readouterr().out
+
+
+def test_the_baseline_starts_each_crew_once_and_keeps_each_job_admitted() -> None:
+    """One job of each crew run to its end before the load: each admitted one (whatever its end: its record's rules
+    are the checks') is kept for them; a start refused or not answered in time is a finding of its own."""
+    bodies = baseline_bodies(Crews("research", "watch", '{"topic": "a"}', '{"seconds": {seconds}}', "effects"))
+    assert [(body["crew_id"], body["input"]) for body in bodies[:2]] == [
+        ("research", {"topic": "a"}),
+        ("watch", {"seconds": 1}),
+    ]
+    assert bodies[2]["crew_id"] == "effects" and bodies[2]["input"]["marker"] == bodies[2]["action_id"]
+    assert len({body["action_id"] for body in bodies}) == 3
+    assert [body["crew_id"] for body in baseline_bodies(Crews(effects=""))] == ["demo", "demo-slow"]
+
+    answers = {"research": 200, "watch": 502, "effects": 503}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        crew = json.loads(request.content)["crew_id"]
+        if crew == "late":
+            raise httpx.ReadTimeout("no answer", request=request)
+        return httpx.Response(answers[crew], json={"detail": "as scripted"})
+
+    acked: dict[str, dict[str, Any]] = {}
+    with httpx.Client(base_url="http://chaos", transport=httpx.MockTransport(answer)) as client:
+        problems = run_baseline(client, [*bodies, {**bodies[0], "crew_id": "late", "action_id": "x"}], acked)
+    assert list(acked) == [bodies[0]["action_id"], bodies[1]["action_id"]]  # the failed one too: the checks judge it
+    assert len(problems) == 2
+    assert problems[0].startswith(f"baseline start of {bodies[2]['action_id']} answered 503")
+    assert problems[1] == "baseline job x of late did not end in 120 s"

@@ -96,9 +96,11 @@ def test_chaos_catches_a_deployment_that_loses_its_journal(tmp_path: Path) -> No
 
 @pytest.mark.timeout(600)
 def test_chaos_counts_a_crew_that_leaves_processes_behind_as_the_crews_own(tmp_path: Path) -> None:
-    """Every job of ``family-answer`` answers and leaves four processes running (tests/helpers/family.py), as a crew
+    """Every job of ``family-answer`` that answers leaves four processes running (tests/helpers/family.py), as a crew
     that does not close its MCP stdio server or code interpreter does: its answers stand, what it left is killed and
-    named, and none of it is a violation. No supervisor kill: the load ends before the stop, so its jobs end too."""
+    named, and none of it is a violation. The load's own jobs may all end before their answer (a cancel, a worker
+    kill, the stop: a loaded machine lets none finish in a short iteration); the run's baseline, one job of each of
+    its two crews run to its end before the load, answers whatever the machine's speed."""
     report_path = tmp_path / "report.json"
     command = [sys.executable, "-m", "supervisor", "chaos", "--iterations", "1", "--seed", "4"]
     command += ["--faults", "worker,freeze", "--state", str(tmp_path / "run"), "--json", str(report_path)]
@@ -107,7 +109,8 @@ def test_chaos_counts_a_crew_that_leaves_processes_behind_as_the_crews_own(tmp_p
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=580)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     report = json.loads(report_path.read_text())
-    assert report["violations"] == [] and report["jobs_that_left_processes"] > 0, report
+    assert report["violations"] == [] and report["requests"]["baseline starts"] == 2, report
+    assert report["jobs_that_left_processes"] >= 2, report
 
 
 @pytest.mark.timeout(600)

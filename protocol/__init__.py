@@ -3,6 +3,7 @@
 Pure Python plus orjson; imports nothing else from this project.
 """
 
+from protocol.command import CREW, CWD, PARENT_PID, ExitCode, Mode, command_line
 from protocol.environment import (
     CONTROL_FD,
     CREWAI_SWITCHES,
@@ -97,7 +98,9 @@ from protocol.vocabulary import (
 __all__ = [
     "BEFORE_CREW_REASONS",
     "CONTROL_FD",
+    "CREW",
     "CREWAI_SWITCHES",
+    "CWD",
     "EVENT_FD",
     "HOME",
     "LANDLOCK_ABI",
@@ -113,6 +116,7 @@ __all__ = [
     "MAX_SPAN_VALUE_CHARS",
     "MAX_STACK_BYTES",
     "NOT_A_FACTORY",
+    "PARENT_PID",
     "PLACES",
     "PROTOCOL_VERSION",
     "QUIET_CREWAI",
@@ -141,6 +145,7 @@ __all__ = [
     "EffectEnded",
     "EffectStarted",
     "EffectStatus",
+    "ExitCode",
     "Failed",
     "Fork",
     "Forked",
@@ -152,6 +157,7 @@ __all__ = [
     "Layer",
     "Message",
     "MessageReader",
+    "Mode",
     "Operation",
     "OverBudget",
     "Reason",
@@ -172,6 +178,7 @@ __all__ = [
     "VersionMismatch",
     "WorkerSettings",
     "bounded_threads",
+    "command_line",
     "decode",
     "encode",
     "factory_fix",

@@ -19,7 +19,7 @@ CONTROL_FD = 3  # supervisor -> worker (Start, Stop); for the fork server, its s
 EVENT_FD = 4  # worker -> supervisor: every frame the worker sends
 
 # The supervisor's settings: the few a worker reads come in its environment under this prefix, and the worker
-# takes them out of its environment first (worker.lifecycle.take_settings), so no job's code sees any.
+# takes them out of its environment first (worker.tether.take_settings), so no job's code sees any.
 SETTINGS_PREFIX = "AIP_CREWAI_"
 REGISTRY = SETTINGS_PREFIX + "REGISTRY"  # module:attr, the crews the worker loads
 WORKER_NICE = SETTINGS_PREFIX + "WORKER_NICE"  # a job's worker's niceness (the fork server keeps the supervisor's)
@@ -35,7 +35,7 @@ SANDBOX_WRITABLE = SETTINGS_PREFIX + "SANDBOX_WRITABLE"
 # The job's event bounds, which the worker keeps its chunk events within (worker/chunks.py).
 MAX_EVENTS = SETTINGS_PREFIX + "MAX_EVENTS_PER_RUN"
 MAX_EVENT_BYTES = SETTINGS_PREFIX + "MAX_EVENT_BYTES"
-# The kernel limits a worker process sets on itself before any crew code runs (worker.lifecycle.confine), lowered
+# The kernel limits a worker process sets on itself before any crew code runs (worker.tether.confine), lowered
 # only: a JSON object of resource.RLIMIT_* names and values (soft and hard alike). A process may always lower its
 # own, while another's needs the same uid or CAP_SYS_RESOURCE, which a root supervisor with WORKER_USER may lack.
 RLIMITS = SETTINGS_PREFIX + "WORKER_RLIMITS"
@@ -56,7 +56,7 @@ CREWAI_SWITCHES = {
     "CREWAI_TRACING_ENABLED": "false",
     "CREWAI_DISABLE_VERSION_CHECK": "true",
 }
-# What every worker sets for itself before CrewAI is imported (worker.lifecycle.prepare_environment), where its
+# What every worker sets for itself before CrewAI is imported (worker.tether.prepare_environment), where its
 # environment has none: CrewAI's switches and the OpenTelemetry SDK off, which CrewAI also reads as off. No OTEL_*
 # variable reaches a worker (they are the supervisor's own tracing: supervisor/jobs/environment.py), so that one is
 # always true there, and the supervisor, which never imports CrewAI, needs none of it: set on the supervisor,

@@ -102,6 +102,7 @@ class Reason(enum.StrEnum):
     SUPERVISOR_ERROR = "supervisor_error"
     CREW_ENV_INVALID = "crew_env_invalid"  # its crew's file in CREW_ENV_DIR
     LAUNCH_FAILED = "launch_failed"
+    JOURNAL_ERROR = "journal_error"  # its events or its ledger could not be committed: killed
     # The supervisor's: its worker's
     WORKER_EXITED = "worker_exited"
     WORKER_CRASHED = "worker_crashed"
@@ -116,6 +117,7 @@ class Reason(enum.StrEnum):
     FRAME_TOO_LARGE = "frame_too_large"
     FRAME_TRUNCATED = "frame_truncated"
     FRAME_INVALID = "frame_invalid"
+    FRAME_PIPE_CLOSED = "frame_pipe_closed"  # it closed its event pipe and ran on: killed
     # The supervisor's: a limit the job broke
     EVENT_TOO_LARGE = "event_too_large"
     EVENT_LIMIT_EXCEEDED = "event_limit_exceeded"

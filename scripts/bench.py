@@ -69,7 +69,7 @@ from protocol import CREWAI_SWITCHES, QUIET_CREWAI
 from supervisor.console.sse import StreamError
 from supervisor.testing import Server
 from tests.helpers.otlp_receiver import OtlpReceiver, ReceivedSpan
-from worker import lifecycle
+from worker import tether
 from worker.provider import URL_ENV
 
 
@@ -420,7 +420,7 @@ def main() -> int:
     # this one.
     os.environ.update(CREWAI_SWITCHES, HOME=str(root / "home"), CREWAI_STORAGE_DIR=str(root / "inproc-storage"))
     os.environ[URL_ENV] = url
-    lifecycle.quiet_crewai_logs()  # as a worker does: the in-process crews pay no warning a call a worker does not
+    tether.quiet_crewai_logs()  # as a worker does: the in-process crews pay no warning a call a worker does not
     (root / "home").mkdir()
     supervisors: list[Server] = []
     try:

@@ -47,7 +47,7 @@ def parser() -> argparse.ArgumentParser:
     from supervisor import backup, config
     from supervisor.chaos import flags as chaos_flags
     from supervisor.console import commands as console
-    from supervisor.doctor import run as doctor
+    from supervisor.doctor import report as doctor
 
     raw = argparse.RawDescriptionHelpFormatter  # the descriptions are laid out by hand
     top = argparse.ArgumentParser(prog="crew-supervisor", description=DESCRIPTION, formatter_class=raw)
@@ -95,11 +95,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(_refuse(argv))
     from supervisor import config, logs
     from supervisor.console import commands as console
-    from supervisor.doctor import run as doctor
+    from supervisor.doctor import report as doctor
 
     args = parser().parse_args(argv)
     if args.command == "chaos":
-        from supervisor.chaos.run import run  # here: the harness (rich, psutil, the test harness) is chaos's alone
+        from supervisor.chaos.loop import run  # here: the harness (rich, psutil, the test harness) is chaos's alone
 
         sys.exit(run(args))
     if args.command == "backup":

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from protocol import SETTINGS_PREFIX, Operation
+from supervisor.enums import Role
 from supervisor.settings_table import SPEC
 from supervisor.tokens import FILE_SETTINGS, TokenFileError, in_two_roles, read_tokens, shared, token_problem
-from supervisor.vocabulary import Role
 
 PREFIX = SETTINGS_PREFIX  # the reference's settings; the worker takes its own under it too
 DEMO_REGISTRY = "worker.demo:registry"

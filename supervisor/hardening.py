@@ -21,7 +21,7 @@ PR_SET_DUMPABLE = 4
 def undumpable() -> None:
     """Not dumpable: /proc/<pid>/environ, mem, fd/ and ptrace (and so pidfd_getfd) are closed to processes
     of our uid without CAP_SYS_PTRACE, CAP_SYS_ADMIN or CAP_PERFMON: the workers (which drop every
-    capability when root, worker/lifecycle.py). The cost: no core dump of the supervisor."""
+    capability when root, worker/tether.py). The cost: no core dump of the supervisor."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")

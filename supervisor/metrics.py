@@ -14,8 +14,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from supervisor.enums import Role, Status
 from supervisor.scopes import needs
-from supervisor.vocabulary import Role, Status
 
 PREFIX = "crew_supervisor"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)

@@ -24,8 +24,8 @@ from pydantic import (
 )
 
 from protocol import Operation
+from supervisor.enums import STOPPABLE_PHASES, TERMINAL_EVENTS, literal
 from supervisor.settings_table import MAX_ARCHIVE_AGE_SECONDS
-from supervisor.vocabulary import STOPPABLE_PHASES, TERMINAL_EVENTS, literal
 
 MAX_INPUT_BYTES = 1024 * 1024
 MAX_INPUT_PROPERTIES = 512

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from starlette.routing import BaseRoute, Match
 from starlette.types import Scope
 
-from supervisor.vocabulary import ROLES, Role
+from supervisor.enums import ROLES, Role
 
 ATTRIBUTE = "needs_role"
 Endpoint = TypeVar("Endpoint", bound=Callable[..., Any])

@@ -34,7 +34,8 @@ from supervisor.jobs.sandbox import check_places
 from supervisor.jobs.supervisor import Supervisor
 from supervisor.jobs.tracing import TracingError
 from supervisor.journal.errors import JournalError
-from supervisor.journal.statefiles import WORKER_PLACES, check_state_files, prepare_directory, prepare_places
+from supervisor.journal.statefiles import check_state_files, prepare_directory, prepare_places
+from supervisor.layout import JOURNAL, WORKER_PLACES
 from supervisor.processes import reach
 from supervisor.processes.forkserver import ForkServerLauncher
 from supervisor.processes.launcher import Launcher, LaunchError, SpawnLauncher
@@ -55,7 +56,7 @@ def serve(settings: config.Settings, log_level: str) -> None:
     if max_connections < settings.max_connections:
         log.warning("MAX_CONNECTIONS lowered to %d to fit %d open files", max_connections, open_files)
     ephemeral = None if settings.state_file else Path(tempfile.mkdtemp(prefix="crew-supervisor-"))
-    journal_path = ephemeral / "journal.db" if ephemeral else Path(settings.state_file).absolute()
+    journal_path = ephemeral / JOURNAL if ephemeral else Path(settings.state_file).absolute()
     try:  # before the state is touched: workers that could not import as WORKER_USER are one line with its fix
         check_places(settings, journal_path.parent)
         reach.check(settings, worker_env(settings, journal_path.parent, ""))

@@ -35,6 +35,7 @@ import httpx
 import psutil
 
 from supervisor.config import PREFIX, SPEC
+from supervisor.layout import JOURNAL
 from supervisor.tokens import FILE_SETTINGS
 
 TOKEN_SETTINGS = frozenset(PREFIX + name for name in ("BEARER_TOKEN", *FILE_SETTINGS.values()))
@@ -43,7 +44,7 @@ SOURCE = Path(__file__).resolve().parent.parent  # holds the supervisor package 
 READY_SECONDS = 120.0
 STOP_SECONDS = 30.0
 LOG_TAIL_CHARS = 3000
-FORKED_WORKER = "crew-worker"  # a forked worker's process name (``worker.lifecycle.name_worker``)
+FORKED_WORKER = "crew-worker"  # a forked worker's process name (``worker.tether.name_worker``)
 
 
 class StartError(RuntimeError):
@@ -63,7 +64,7 @@ class Server:
     process: subprocess.Popen[bytes]
     url: str
     token: str
-    state: Path  # the state directory; the journal is ``state / "journal.db"``
+    state: Path  # the state directory; the journal is ``state / JOURNAL`` (supervisor/layout.py)
     log: Path  # its stdout and stderr
 
     @property
@@ -245,7 +246,7 @@ def start(
         f"{PREFIX}HOST": "127.0.0.1",
         f"{PREFIX}PORT": str(port),
         f"{PREFIX}BEARER_TOKEN": token,
-        f"{PREFIX}STATE_FILE": str(state / "journal.db"),
+        f"{PREFIX}STATE_FILE": str(state / JOURNAL),
         # ``stop`` must not wait out the jobs a test left running: no drain unless the caller asks for one.
         f"{PREFIX}DRAIN_SECONDS": "0",
         **{_setting(name): _value(value) for name, value in settings.items()},

@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 
 from protocol import SETTINGS_PREFIX as PREFIX
-from supervisor.vocabulary import Role
+from supervisor.enums import Role
 
 log = logging.getLogger("crew_supervisor")
 

@@ -10,28 +10,28 @@ import argparse
 import os
 import sys
 
-from protocol import CONTROL_FD, EVENT_FD
-from worker import forkserver, job, lifecycle
+from protocol import CONTROL_FD, CREW, CWD, EVENT_FD, PARENT_PID, Mode
+from worker import forkserver, job, tether
 
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m worker")
-    parser.add_argument("mode", choices=["job", "describe", "check", "forkserver"])
-    parser.add_argument("--parent-pid", type=int, required=True)
-    parser.add_argument("--cwd", help="working directory (the job's scratch directory)")
-    parser.add_argument("--crew", help="check: build this crew alone, with no warm-up rehearsed (its env file's)")
+    parser.add_argument("mode", type=Mode, choices=list(Mode))
+    parser.add_argument(PARENT_PID, type=int, required=True)
+    parser.add_argument(CWD, help="working directory (the job's scratch directory)")
+    parser.add_argument(CREW, help="check: build this crew alone, with no warm-up rehearsed (its env file's)")
     args = parser.parse_args(argv)
-    lifecycle.take_settings()
-    lifecycle.quiet_crewai_logs()
+    tether.take_settings()
+    tether.quiet_crewai_logs()
     # Before the registry is imported: no crew code runs with a capability, nor as root's uid with WORKER_IDS.
-    lifecycle.confine(lifecycle.settings.ids)
+    tether.confine(tether.settings.ids)
     # After: a uid change clears the death signal. A parent that died before it was armed is caught here.
-    lifecycle.bind_to_parent(args.parent_pid)
+    tether.bind_to_parent(args.parent_pid)
     if args.cwd:
         os.chdir(args.cwd)
-    if args.mode == "forkserver":
+    if args.mode is Mode.FORKSERVER:
         forkserver.serve(CONTROL_FD)  # at the supervisor's priority: its forks are on every start's path
-    lifecycle.lower_priority()
+    tether.lower_priority()
     job.run(EVENT_FD, CONTROL_FD, mode=args.mode, only=args.crew)
 
 

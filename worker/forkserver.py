@@ -31,13 +31,14 @@ from protocol import (
     CONTROL_FD,
     EVENT_FD,
     MAX_FRAME_BYTES,
+    ExitCode,
     Fork,
     Forked,
     MessageReader,
     Reason,
     Refused,
 )
-from worker import beside, job, lifecycle, prefault, warmup
+from worker import beside, job, prefault, tether, warmup
 
 EXIT_NOT_SINGLE_THREADED = 79
 EXIT_NOT_WARMED = 80
@@ -49,9 +50,9 @@ def serve(socket_fd: int) -> NoReturn:
     channel = socket.socket(fileno=socket_fd)
     # Before the registry's code runs here: no worker may read this process's memory or attach to it.
     # Its workers inherit the flag; each sets it back when it takes a job (job.enter).
-    lifecycle.set_dumpable(False)
-    lifecycle.prepare_environment()
-    out = lifecycle.FrameWriter(socket_fd)  # SOCK_SEQPACKET: each frame is one whole packet
+    tether.set_dumpable(False)
+    tether.prepare_environment()
+    out = tether.FrameWriter(socket_fd)  # SOCK_SEQPACKET: each frame is one whole packet
     crews = job.load(out)  # imports the registry (and crewai, here or in warm), once for every job to come
     if crews is None:
         os._exit(1)
@@ -71,7 +72,7 @@ def serve(socket_fd: int) -> NoReturn:
 
 
 def _fork_one(
-    channel: socket.socket, out: lifecycle.FrameWriter, crews: dict[str, Any], written: prefault.Runs, supervisor: int
+    channel: socket.socket, out: tether.FrameWriter, crews: dict[str, Any], written: prefault.Runs, supervisor: int
 ) -> None:
     data, fds, _, _ = socket.recv_fds(channel, MAX_FRAME_BYTES, JOB_FDS)
     if not data:
@@ -154,11 +155,11 @@ def _become_worker(
     # A process group of its own, to be killed whole; our session, so that its nice value counts against
     # the supervisor's (where the kernel groups scheduling by session, a new one would weigh as much).
     os.setpgid(0, 0)
-    lifecycle.name_worker()
-    lifecycle.lower_priority()
+    tether.name_worker()
+    tether.lower_priority()
     supervisor, middle = parents
     _await_adoption(supervisor, middle)
-    lifecycle.bind_to_parent(supervisor)
+    tether.bind_to_parent(supervisor)
     # Move the received descriptors clear of 0-4 first, so placing one never clobbers another.
     control, events, stdout, stderr = (fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in fds)
     for fd in fds:
@@ -168,7 +169,7 @@ def _become_worker(
         os.dup2(source, target)
         os.close(source)
     os.chdir(request.cwd)
-    lifecycle.adopt_environment(request.env)
+    tether.adopt_environment(request.env)
     # Before it says hello: a worker forked ahead of demand is idle now, not yet started. One forked for a job
     # waiting faults in only the pages it writes, on the CPU it would spend copying them all ahead. Its job's
     # sandbox is made ready then too (``job.domain_ahead``).
@@ -185,5 +186,5 @@ def _await_adoption(supervisor: int, middle: int) -> None:
     deadline = time.monotonic() + ADOPTION_SECONDS
     while (parent := os.getppid()) != supervisor:
         if parent != middle or time.monotonic() > deadline:
-            os._exit(lifecycle.EXIT_ORPHANED)
+            os._exit(ExitCode.ORPHANED)
         time.sleep(0.0002)

@@ -29,7 +29,7 @@ from protocol import (
     Start,
     Started,
 )
-from worker import landlock, ledger, lifecycle, places, registry, resume, spending, tracing, warmup
+from worker import landlock, ledger, places, registry, resume, spending, tether, tracing, warmup
 from worker.operations import HANDLERS, OperationError, OutputTooLarge, Work, bounded
 
 MAX_CHECK_ERROR_CHARS = 1000  # one line of the doctor's report, not a traceback
@@ -47,11 +47,11 @@ def run(
     alone, launched with its env file, the warm-up not rehearsed again); ``crews`` comes preloaded from a fork
     server, and ``domain`` (its job's sandbox) made ready ahead (``domain_ahead``)."""
     launched = dict(os.environ)  # what it was started (or forked) with, before imports add to it
-    out = lifecycle.FrameWriter(event_fd)
-    control = lifecycle.Control(control_fd, out, ledger.recorded)
+    out = tether.FrameWriter(event_fd)
+    control = tether.Control(control_fd, out, ledger.recorded)
     out.send(Hello(pid=os.getpid()))
     try:
-        lifecycle.prepare_environment()
+        tether.prepare_environment()
         if crews is None:  # cold: watched while it imports, until its Start; a forked worker reads it itself
             control.watch()
             crews = load(out)
@@ -82,9 +82,9 @@ def run(
         os._exit(0)
 
 
-def load(out: lifecycle.FrameWriter) -> dict[str, Any] | None:
+def load(out: tether.FrameWriter) -> dict[str, Any] | None:
     """The registry, or None after telling the supervisor why it cannot be loaded."""
-    spec = lifecycle.settings.registry
+    spec = tether.settings.registry
     try:
         return registry.load(spec)
     except Exception as exc:
@@ -95,11 +95,9 @@ def load(out: lifecycle.FrameWriter) -> dict[str, Any] | None:
 
 
 def describe_registry(crews: dict[str, Any], warmed: dict[str, Any] | None = None) -> Registry:
-    eval_llms = sorted(registry.eval_llms(lifecycle.settings.registry))
+    eval_llms = sorted(registry.eval_llms(tether.settings.registry))
     budgets = spending.budgets(crews)
-    return Registry(
-        sorted(crews), eval_llms, warmed or {}, budgets, contained=lifecycle.contained, sandbox=lifecycle.offered
-    )
+    return Registry(sorted(crews), eval_llms, warmed or {}, budgets, contained=tether.contained, sandbox=tether.offered)
 
 
 def rehearse_warmup(ours: list[threading.Thread]) -> dict[str, Any]:
@@ -111,7 +109,7 @@ def rehearse_warmup(ours: list[threading.Thread]) -> dict[str, Any]:
         return {"refused": " ".join(str(exc).split())[:1000]}
 
 
-def check(crews: dict[str, Any], out: lifecycle.FrameWriter) -> None:
+def check(crews: dict[str, Any], out: tether.FrameWriter) -> None:
     """Build each crew once, as a job would, in the order the description lists them: one Built each.
 
     The error's text is sent, not only its class as a job's failure has it: this is configuration,
@@ -128,7 +126,7 @@ def check(crews: dict[str, Any], out: lifecycle.FrameWriter) -> None:
         out.send(Built(crew_id=crew_id, error=error[:MAX_CHECK_ERROR_CHARS]))
 
 
-async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWriter) -> None:
+async def execute(start: Start, crews: dict[str, Any], out: tether.FrameWriter) -> None:
     """Run one job and send exactly one terminal frame. Messages stay generic: no traceback text.
 
     ``error_type`` is what the reference sidecar reports (the exception's class name); ``reason`` is ours.
@@ -157,7 +155,7 @@ async def execute(start: Start, crews: dict[str, Any], out: lifecycle.FrameWrite
         out.send(Completed(output=output))
 
 
-def prepare(start: Start, crews: dict[str, Any], out: lifecycle.FrameWriter) -> Work | Failed:
+def prepare(start: Start, crews: dict[str, Any], out: tether.FrameWriter) -> Work | Failed:
     """The job's crew built, its calls, tasks and spans followed, its CPU bounded: the operation's ``Work``; or,
     nothing of it run, why the job fails before it starts."""
     if start.crew_id not in crews or start.operation not in HANDLERS:
@@ -183,10 +181,10 @@ def prepare(start: Start, crews: dict[str, Any], out: lifecycle.FrameWriter) -> 
     ledger.open_ledger(out.send, secrets)
     tracing.follow(crew)
     if start.operation == Operation.RUN:
-        ledger.follow_tasks(crew, fingerprint, start.resumed or [], lifecycle.settings.max_event_bytes)
+        ledger.follow_tasks(crew, fingerprint, start.resumed or [], tether.settings.max_event_bytes)
     # As the job starts, not before the factory: a process CPU limit makes the kernel count the process's CPU clock
     # by ticks (its timer running), and a factory timing itself with process_time() read 0 ms of 2 (the bench's).
-    lifecycle.bound_cpu()
+    tether.bound_cpu()
     fresh = functools.partial(_fresh, start.crew_id, entry)
     return Work(crew, start.input, out.send, fresh, start.job_id, secrets, len(start.resumed or ()))
 
@@ -227,7 +225,7 @@ def secrets_of(start: Start) -> tuple[str, ...]:
 
 def domain_ahead() -> landlock.Ruleset | None:
     """The domain of the job to come, made ahead up to its places; None when jobs run unsandboxed."""
-    return lifecycle.hiding.ruleset() if lifecycle.hiding is not None else None
+    return tether.hiding.ruleset() if tether.hiding is not None else None
 
 
 def _for_the_operator(exc: BaseException) -> None:
@@ -251,29 +249,29 @@ def enter(start: Start, launched: dict[str, str], domain: landlock.Ruleset | Non
     Other jobs' workers cannot (each is in a Landlock domain of its own, where the kernel has one); the
     supervisor and the fork server stay closed to it. An idle pre-forked worker stays closed until here, so no
     running crew can tamper with the process another job will get."""
-    lifecycle.name_worker(start)
+    tether.name_worker(start)
     if start.cwd is not None:
         os.chdir(start.cwd)
     if start.env is not None and start.env != launched:
-        lifecycle.adopt_environment(start.env)
-        lifecycle.prepare_environment()
+        tether.adopt_environment(start.env)
+        tether.prepare_environment()
     if start.writable is not None:
         _confine(start.writable, domain)
     places.follow_job()
-    lifecycle.set_dumpable(True)
+    tether.set_dumpable(True)
 
 
 def _confine(writable: list[str], domain: landlock.Ruleset | None) -> None:
     """Enter the job's domain, or raise OSError: never run a crew outside the sandbox the supervisor asked for."""
-    if lifecycle.hiding is None:
+    if tether.hiding is None:
         raise OSError(errno.EINVAL, "this worker was launched without what its sandbox hides")
-    if writable == lifecycle.confined_to:  # spawned for this job: in its domain from its start, its threads too
+    if writable == tether.confined_to:  # spawned for this job: in its domain from its start, its threads too
         return
     # Landlock confines the thread that restricts itself (and those it starts after): no other may run now.
     if len(os.listdir("/proc/self/task")) > 1:
         others = ", ".join(thread.name for thread in threading.enumerate() if thread is not threading.current_thread())
         raise OSError(errno.EBUSY, f"threads run beside this one ({others or 'not Python'}): they would stay outside")
-    lifecycle.hiding.enter(writable, domain)
+    tether.hiding.enter(writable, domain)
 
 
 def failed(error_type: str, reason: str, message: str, uncertain: bool) -> Failed:

@@ -21,7 +21,7 @@ import orjson
 
 from protocol import TRAINING_DIR, Chunk, Operation, partial_name
 from protocol.frames import MAX_OUTPUT_BYTES
-from worker import lifecycle, registry, resume
+from worker import registry, resume, tether
 from worker.chunks import Coalescer
 
 Emit = Callable[[Chunk], None]
@@ -125,7 +125,7 @@ async def run(work: Work) -> dict[str, Any]:
     crew.stream = True
     result = await crew.kickoff_async(inputs=work.input)
     if hasattr(result, "__aiter__"):
-        chunks = Coalescer(work.emit, lifecycle.settings, secrets=work.secrets)
+        chunks = Coalescer(work.emit, tether.settings, secrets=work.secrets)
         try:
             async for chunk in result:
                 chunks.add(chunk_message(chunk))
@@ -251,7 +251,7 @@ def feedback_provider(feedback: str) -> Any:
 
 
 def training_target(artifact_name: str) -> Path:
-    directory = lifecycle.settings.training_dir
+    directory = tether.settings.training_dir
     if not os.path.isabs(directory) or not os.path.isdir(directory):
         raise TrainingError(f"{TRAINING_DIR} must name an existing absolute directory")
     return Path(directory) / artifact_name
@@ -283,7 +283,7 @@ async def evaluate(work: Work) -> dict[str, Any]:
 
     crew.stream = False
     name = job["eval_llm"]
-    factory = registry.eval_llms(lifecycle.settings.registry).get(name)
+    factory = registry.eval_llms(tether.settings.registry).get(name)
     eval_llm = factory() if factory is not None else name
     events: list[Any] = []
 

@@ -22,7 +22,7 @@ import signal
 import time
 from collections.abc import Callable
 
-from worker import lifecycle
+from worker import tether
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MADV_POPULATE_WRITE = 23  # linux/mman.h, Linux 5.14+
@@ -47,10 +47,10 @@ def probe(kickoff: Callable[[], object]) -> Runs:
         os.close(read)
         status = 1
         try:
-            lifecycle.bind_to_parent(parent)
+            tether.bind_to_parent(parent)
             # An undumpable process's /proc files are root's: its own page map (0400) is then unreadable to
             # any other uid. The probe holds nothing a worker will not hold too, and exits after.
-            lifecycle.set_dumpable(True)
+            tether.set_dumpable(True)
             mapped = _private_writable()
             kickoff()
             runs = _written(mapped)

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol import STORAGE_DIR, WARMUP
-from worker import lifecycle, operations, provider, tls
+from worker import operations, provider, tether, tls
 
 # The event bus's attributes quiescing needs (crewai 1.15's CrewAIEventsBus).
 BUS_ATTRIBUTES = ("flush", "_loop", "_loop_thread", "_sync_executor", "_executor_initialized", "_has_pending_events")
@@ -86,7 +86,7 @@ def warm(ours: Iterable[threading.Thread] = ()) -> Warmth:
         raise WarmupError(f"cannot import CrewAI: {type(exc).__name__}: {exc}") from None
     native = Threads(frozenset([threading.current_thread(), *ours]), Threads.now().kernel)
     sockets = _sockets()  # the supervisor's channel: any other socket left open would be every worker's
-    providers = lifecycle.settings.warmup != "offline"
+    providers = tether.settings.warmup != "offline"
     try:
         for _ in range(KICKOFFS):
             warmth = rehearse(providers)

@@ -18,7 +18,7 @@ import psutil
 
 from protocol import BEFORE_CREW_REASONS, WORKER_REASONS, Reason
 from supervisor.chaos.faults import Record
-from supervisor.vocabulary import TERMINAL_EVENTS, Status
+from supervisor.enums import TERMINAL_EVENTS, EventName, Status
 
 OUR_FAULTS = (Reason.SUPERVISOR_RESTARTED, Reason.SUPERVISOR_STOPPED)  # what a supervisor kill ends a job with
 # A failure the crew decided (a reason its worker gives once the crew's code runs: it raised, its factory did,
@@ -85,7 +85,7 @@ def job_problems(action: str, job: dict[str, Any], events: list[dict[str, Any]],
         problems.append(f"{action} does not end with exactly one terminal event: {names[-3:]}")
     elif names[-1] != job["status"]:
         problems.append(f"{action} ends with {names[-1]} but its status is {job['status']}")
-    if names.count("started") > 1:
+    if names.count(EventName.STARTED) > 1:
         problems.append(f"{action} started more than one worker")
     terminal = events[-1]["data"] if names and names[-1] == Status.FAILED else None
     if terminal is not None:

@@ -11,7 +11,7 @@ import httpx
 
 from supervisor.chaos.checks import Findings, ledger_problems
 from supervisor.chaos.crews import Crews
-from supervisor.vocabulary import Status
+from supervisor.enums import Status
 
 RESUMES_PER_RESTART = 2
 RESUME_SECONDS = 120.0  # a resumed job's remaining steps take a few seconds; past this its answer is a finding

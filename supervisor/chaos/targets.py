@@ -20,6 +20,7 @@ import psutil
 from supervisor import testing
 from supervisor.chaos.checks import Seen
 from supervisor.chaos.faults import CONFIRM_SECONDS, Record
+from supervisor.layout import JOURNAL
 from supervisor.testing import Server
 
 POLL_SECONDS = 0.2
@@ -34,7 +35,7 @@ class Local:
 
     def __init__(self, state: Path, args: argparse.Namespace, log: Path) -> None:
         self.state, self.args, self.log = state, args, log
-        self.journal = state / "journal.db"
+        self.journal = state / JOURNAL
 
     def __enter__(self) -> Local:
         self.server = self._start()

@@ -11,8 +11,8 @@ from rich.text import Text
 from supervisor.console.client import Client, OperatorError
 from supervisor.console.durations import age
 from supervisor.console.views import id_text
+from supervisor.enums import TERMINAL_EVENTS
 from supervisor.escaping import typed_id
-from supervisor.vocabulary import TERMINAL_EVENTS
 
 DESCRIPTION = """\
 Archive the ended jobs of a running supervisor that ended more than

@@ -17,8 +17,8 @@ import orjson
 from supervisor.config import PREFIX
 from supervisor.console import sse
 from supervisor.console.reconnect import GaveUp, Reconnect
+from supervisor.enums import TERMINAL_EVENTS
 from supervisor.tokens import MAX_FILE_BYTES
-from supervisor.vocabulary import TERMINAL_EVENTS
 
 DEFAULT_URL = "http://127.0.0.1:8090"
 SSE = {"Accept": "text/event-stream"}

@@ -19,9 +19,9 @@ from rich.table import Table
 from rich.text import Text
 
 from supervisor.console.durations import spoken
+from supervisor.enums import Phase, Status, WaitingFor
 from supervisor.escaping import ident, visible
 from supervisor.tracebacks import last_traceback
-from supervisor.vocabulary import Phase, Status, WaitingFor
 
 STATUS_STYLES = {
     **dict.fromkeys((Phase.QUEUED, Phase.LAUNCHING, Phase.SETTLING), "dim cyan"),

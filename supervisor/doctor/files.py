@@ -23,6 +23,7 @@ from supervisor.journal.migrate import is_reference_journal
 from supervisor.journal.reader import Reader, free_bytes, size_bytes
 from supervisor.journal.schema import SCHEMA_VERSION
 from supervisor.journal.statefiles import check_directory, check_private_files, check_state_files, locked, private_mode
+from supervisor.layout import lock_file
 
 MiB = 1024 * 1024
 NAMED_RECORDS = 5  # of the records quarantined (and of those to be), named in the finding; all are counted
@@ -85,7 +86,7 @@ def _journal(journal: Path, settings: Settings) -> Finding:
         return problem("journal", str(exc), f"chmod 600 {shlex.quote(str(journal))}*")
     if not journal.exists():
         return ok("journal", f"{journal} does not exist yet: serve makes it 0600")
-    if locked(journal.with_name(journal.name + ".lock")):
+    if locked(lock_file(journal)):
         detail = f"{journal} is in use by another supervisor: serve would refuse to start on it"
         fix = f"stop that supervisor, or give this one another {PREFIX}STATE_FILE; to check the one that serves"
         return problem("journal", detail, f"{fix}: {live_doctor(settings.host, settings.port)}")

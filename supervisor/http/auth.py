@@ -16,9 +16,9 @@ import orjson
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from supervisor.enums import Role
 from supervisor.scopes import allows, needed, refusal
 from supervisor.tokens import Credentials
-from supervisor.vocabulary import Role
 
 CHALLENGE = [(b"www-authenticate", b"Bearer")]
 JSON = (b"content-type", b"application/json")

@@ -14,6 +14,7 @@ import orjson
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from supervisor.enums import Role, Status
 from supervisor.escaping import json_line
 from supervisor.http.responses import errors
 from supervisor.http.routing import StrictJSONRoute, Sup
@@ -22,7 +23,6 @@ from supervisor.journal.errors import JournalBusy, JournalError
 from supervisor.journal.records import Job, StoredEvent
 from supervisor.models import CancelRequest, ResumeRequest, StartRequest, path_id_problem
 from supervisor.scopes import needs
-from supervisor.vocabulary import Role, Status
 
 # A JSON page of events: at most this many, and this many bytes of their data (each event's ``data`` as
 # stored, compact JSON; the first event comes even if it alone is larger, so paging never sticks). An

@@ -14,13 +14,13 @@ from typing import Annotated, Any
 import orjson
 from fastapi import APIRouter, Header, HTTPException, Query, Request
 
+from supervisor.enums import LIVE_PHASES, Role, Status, literal
 from supervisor.http.contract import archiving, find, view
 from supervisor.http.responses import errors
 from supervisor.http.routing import StrictJSONRoute, Sup
 from supervisor.jobs.stacks import Late, Unavailable
 from supervisor.models import BulkArchiveRequest, BulkCancelRequest, OperationName, path_id_problem
 from supervisor.scopes import needs
-from supervisor.vocabulary import LIVE_PHASES, Role, Status, literal
 
 DEFAULT_PAGE = 50
 MAX_PAGE = 500

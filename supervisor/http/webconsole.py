@@ -15,8 +15,8 @@ from pathlib import Path
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import RedirectResponse, Response
 
+from supervisor.enums import Role
 from supervisor.scopes import needs
-from supervisor.vocabulary import Role
 
 PATH = "/console"
 STATIC = resources.files("supervisor.http") / "static"

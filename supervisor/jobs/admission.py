@@ -15,9 +15,9 @@ import orjson
 
 from protocol import MAX_RESUMED_BYTES, Operation
 from supervisor.config import Settings
+from supervisor.enums import Lifecycle, Status
 from supervisor.escaping import ident
 from supervisor.jobs.crew_disk import CrewDisk
-from supervisor.jobs.lifecycle import Lifecycle
 from supervisor.jobs.retention import Retention
 from supervisor.jobs.tracing import JobTrace, Tracing
 from supervisor.journal.errors import JournalBusy, JournalError
@@ -25,7 +25,6 @@ from supervisor.journal.records import Job, TaskRecord
 from supervisor.journal.store import Journal
 from supervisor.models import InputError, StartRequest, input_too_large, key_problem, request_hash, validate_input
 from supervisor.settings_table import MiB
-from supervisor.vocabulary import Status
 
 
 class Refused(Exception):

@@ -26,6 +26,7 @@ import orjson
 import psutil
 
 from supervisor.journal.statefiles import lock
+from supervisor.layout import lock_file
 from supervisor.processes.cgroups import jobs_under, members_of
 
 log = logging.getLogger("crew_supervisor.jobs")
@@ -64,7 +65,7 @@ class Claim:
     """The journal's lock, taken (``JournalLocked`` if another supervisor has it), with who held it before."""
 
     def __init__(self, journal: Path) -> None:
-        self.fd = lock(journal.with_name(journal.name + ".lock"))
+        self.fd = lock(lock_file(journal))
         try:
             self.before = _read(self.fd)
         except BaseException:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from supervisor.jobs.environment import crew_places
+from supervisor.layout import crew_places
 from supervisor.processes.limits import Limits
 from supervisor.processes.places import disk_use
 

@@ -8,7 +8,6 @@ Its values are secrets: no error, log line or journal row quotes them, and a wor
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import stat
@@ -18,6 +17,7 @@ from pathlib import Path
 from protocol import HOME, PLACES, SETTINGS_PREFIX, STORAGE_DIR, TMPDIR, WorkerSettings
 from supervisor.config import Settings
 from supervisor.jobs.sandbox import hidden, workers_writable
+from supervisor.layout import TMP, crew_places
 from supervisor.processes.limits import rlimits as worker_rlimits
 
 ALWAYS_PASSED = ("PATH", "PYTHONPATH")  # what finds the interpreter's tools and the crews' code
@@ -67,12 +67,6 @@ def job_env(
     return env
 
 
-def crew_places(state: Path, crew_id: str) -> tuple[Path, Path]:
-    """A crew's HOME and CrewAI storage, named by a digest of its id (any id names a directory)."""
-    place = hashlib.sha256(crew_id.encode()).hexdigest()[:24]
-    return state / "home" / place, state / "storage" / place
-
-
 def worker_settings(settings: Settings, state: Path, writable: list[str] | None = None) -> dict[str, str]:
     """The settings the worker process reads from its environment (and then takes out of it), as the contract
     writes them: the registry, its niceness, the fork server's warm-up, the job's event bounds, its rlimits, the
@@ -101,7 +95,7 @@ def worker_env(
     """What a worker process not yet given a job (the fork server, a describing one) is launched with: a job
     environment, no crew's file (the doctor's check of one crew: ``crew_vars``, its file's), the state directory's
     ``tmp``, and the worker's settings."""
-    env = job_env(settings, state, crew_id, state / "tmp", crew_vars, settings.every_token)  # started with the tokens
+    env = job_env(settings, state, crew_id, state / TMP, crew_vars, settings.every_token)  # started with the tokens
     return {**env, **worker_settings(settings, state)}
 
 

@@ -147,7 +147,7 @@ class Ledger:
                 return
             if (exc := done.exception()) is not None:
                 text = f"ledger entry {entry} could not be made durable: {exc}"
-                self.breach(self.job, Breach("journal_error", text, {"entry": entry}))
+                self.breach(self.job, Breach(Reason.JOURNAL_ERROR, text, {"entry": entry}))
                 return
             self.answer(entry)
 

@@ -10,12 +10,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from protocol import Reason, Spent
+from supervisor.enums import Phase
 from supervisor.jobs.phases import StopReason, check_move
 from supervisor.jobs.tracing import NO_TRACE, JobTrace
 from supervisor.journal.records import TaskRecord
 from supervisor.processes.limits import Breach
 from supervisor.processes.process import WorkerProcess
-from supervisor.vocabulary import Phase
 
 log = logging.getLogger("crew_supervisor.jobs")
 MODEL_CHARS = 200  # of the model a worker names: it goes into the record and a stopped job's terminal

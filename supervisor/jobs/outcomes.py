@@ -10,6 +10,7 @@ from protocol import (
     BEFORE_CREW_REASONS,
     TERMINAL,
     WORKER_REASONS,
+    ExitCode,
     Failed,
     FrameError,
     FrameTooLarge,
@@ -20,9 +21,9 @@ from protocol import (
     UnknownMessage,
     VersionMismatch,
 )
+from supervisor.enums import Status
 from supervisor.jobs.phases import StopReason
 from supervisor.redaction import redact
-from supervisor.vocabulary import Status
 
 if TYPE_CHECKING:
     from supervisor.jobs.live import LiveJob
@@ -97,6 +98,11 @@ def worker_failure(failed: Failed, secrets: tuple[str, ...], *, crew_ran: bool, 
     return failure(Reason.PROTOCOL_ERROR, message, True, worker_reason=claimed, **proof)
 
 
+def _meaning(status: int) -> str:
+    """What a worker's own exit code says, where it is one of ours (``ExitCode``)."""
+    return f" ({ExitCode(status).name.lower().replace('_', ' ')})" if status in set(ExitCode) else ""
+
+
 def exit_failure(status: int | None, pid: int) -> Outcome:
     """A worker that left before its result: crashed, killed by someone else, or exited."""
     if status is None:
@@ -104,7 +110,7 @@ def exit_failure(status: int | None, pid: int) -> Outcome:
     if status >= 0:
         return failure(
             Reason.WORKER_EXITED,
-            f"worker exited with status {status} before a result",
+            f"worker exited with status {status}{_meaning(status)} before a result",
             True,
             exit_status=status,
             pid=pid,

@@ -1,4 +1,4 @@
-"""A live job's phases (named in ``supervisor/vocabulary.py``, for every layer), the moves between them, and why a
+"""A live job's phases (named in ``supervisor/enums.py``, for every layer), the moves between them, and why a
 job is stopped: the runner's state machine.
 
 A job moves only forward, through ``MOVES``; ``docs/architecture.md`` draws this table (``diagram()``), and a
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 
-from supervisor.vocabulary import Phase
+from supervisor.enums import Phase
 
 MOVES: dict[Phase, frozenset[Phase]] = {
     Phase.QUEUED: frozenset({Phase.LAUNCHING, Phase.SETTLING}),  # a slot; or stopped, timed out while waiting

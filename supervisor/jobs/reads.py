@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from supervisor.config import Settings
+from supervisor.enums import Lifecycle, Phase, Status
 from supervisor.jobs import stacks
-from supervisor.jobs.lifecycle import Lifecycle
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.outcomes import bounded
 from supervisor.jobs.recorder import Recorder
@@ -17,13 +17,12 @@ from supervisor.jobs.retention import Retention
 from supervisor.jobs.sandbox import Sandbox
 from supervisor.jobs.slots import Slots
 from supervisor.jobs.tracing import Tracing
-from supervisor.jobs.workers import LAST_LINE_CHARS, workers
+from supervisor.jobs.worker_view import LAST_LINE_CHARS, workers
 from supervisor.journal.reader import Reader
 from supervisor.journal.records import EffectRecord, Event, Job, StoredEvent, Streams
 from supervisor.processes.launcher import Launcher
 from supervisor.processes.limits import Limits
 from supervisor.settings_table import TRACE_ID
-from supervisor.vocabulary import Phase, Status
 
 CONTROL_OPERATIONS = ("status", "events", "cancel")
 NOTHING_CAPTURED = Streams("", "", 0, 0)
@@ -147,7 +146,7 @@ class Reads:
         return job.spent.summary() if job is not None else None
 
     async def workers(self) -> list[dict[str, Any]]:
-        """Each live job's worker as ``/workers`` shows it (``jobs/workers.py``), oldest first."""
+        """Each live job's worker as ``/workers`` shows it (``jobs/worker_view.py``), oldest first."""
         return await workers(self.live, self.limits, self.slots)
 
     def captured(self, action_id: str) -> tuple[bool, Streams]:

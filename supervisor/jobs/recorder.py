@@ -13,6 +13,7 @@ import orjson
 
 from protocol import Reason
 from supervisor.config import PREFIX, Settings
+from supervisor.enums import EventName, Status
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.outcomes import Outcome
 from supervisor.journal.errors import JournalError
@@ -22,7 +23,6 @@ from supervisor.processes.containment import Boundary
 from supervisor.processes.process import WorkerProcess
 from supervisor.redaction import mentions, redact_data
 from supervisor.tracebacks import last_traceback
-from supervisor.vocabulary import Status
 
 log = logging.getLogger("crew_supervisor.jobs")
 EVENTS_PER_READ = 256
@@ -49,7 +49,7 @@ class Recorder:
         if len(encoded) > self.settings.max_event_bytes:
             bound = self.settings.max_event_bytes
             return Reason.EVENT_TOO_LARGE, f"an event of {len(encoded)} bytes exceeds {PREFIX}MAX_EVENT_BYTES ({bound})"
-        started = name == "started"  # committed at once, not awaited: start latency is what clients feel first
+        started = name == EventName.STARTED  # committed at once, not awaited: start latency is what clients feel first
         group = self.journal.append(job.action_id, name, data, encoded, commit=started)
         job.event_count += 1
         job.last_event_at = time.time()
@@ -57,7 +57,7 @@ class Recorder:
             try:
                 await group
             except JournalError as exc:
-                return "journal_error", str(exc)
+                return Reason.JOURNAL_ERROR, str(exc)
         return None
 
     async def record_worker(self, job: LiveJob, worker: WorkerProcess, boundary: Boundary) -> None:

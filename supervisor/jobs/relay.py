@@ -30,6 +30,7 @@ from protocol import (
     TaskDone,
 )
 from supervisor.config import PREFIX, Settings
+from supervisor.enums import EventName, Phase, Status
 from supervisor.jobs import stacks
 from supervisor.jobs.ledger import Ledger
 from supervisor.jobs.live import LiveJob
@@ -48,7 +49,6 @@ from supervisor.metrics import Metrics
 from supervisor.processes.limits import Breach, Limits
 from supervisor.processes.process import StopEvidence, WorkerProcess
 from supervisor.redaction import holding, redact
-from supervisor.vocabulary import Phase, Status
 
 log = logging.getLogger("crew_supervisor.jobs")
 EXIT_WAIT_SECONDS = 2.0  # after its terminal frame a worker leaves at once; past this it is killed
@@ -137,9 +137,9 @@ class Relay:
                 self.limits.begin(worker)
                 self.metrics.start_latency.observe(asyncio.get_running_loop().time() - job.admitted)
                 started = {"status": Status.RUNNING, "operation": job.operation, "pid": worker.pid}
-                fault = await self.recorder.record(job, "started", started)
+                fault = await self.recorder.record(job, EventName.STARTED, started)
             elif isinstance(message, Chunk):
-                fault = await self.recorder.record(job, "chunk", message.data)
+                fault = await self.recorder.record(job, EventName.CHUNK, message.data)
             elif isinstance(message, EffectStarted | EffectEnded | TaskDone):
                 fault = await ledger.take(message)
             elif isinstance(message, SpanStarted | SpanEnded):
@@ -260,7 +260,7 @@ class Relay:
                 return outcome
             outcome.data["descendants_killed"] = left.evidence.descendants_killed
             return dataclasses.replace(outcome, leftovers=left.record)
-        return await self._fault(worker, "frame_pipe_closed", "the worker closed its event pipe and kept running")
+        return await self._fault(worker, Reason.FRAME_PIPE_CLOSED, "the worker closed its event pipe and kept running")
 
     async def _fault(self, worker: WorkerProcess, reason: str, message: str) -> Outcome:
         evidence = await worker.kill()

@@ -20,10 +20,10 @@ from typing import Any, TypeVar
 
 from protocol import HOME, READ_ONLY_OPERATIONS, STORAGE_DIR, Operation, Reason
 from supervisor.config import Settings
+from supervisor.enums import Lifecycle, Phase, Status
 from supervisor.jobs.crew_disk import CrewDisk
-from supervisor.jobs.environment import CrewEnvError, crew_places, job_env, read_crew_env, worker_settings
+from supervisor.jobs.environment import CrewEnvError, job_env, read_crew_env, worker_settings
 from supervisor.jobs.leftovers import remove_partial
-from supervisor.jobs.lifecycle import Lifecycle
 from supervisor.jobs.live import Budget, LiveJob
 from supervisor.jobs.outcomes import Outcome, failure, interrupted
 from supervisor.jobs.phases import StopReason
@@ -33,13 +33,13 @@ from supervisor.jobs.sandbox import Sandbox
 from supervisor.jobs.slots import Slots
 from supervisor.jobs.tracing import JobTrace
 from supervisor.journal.records import Job, TaskRecord
+from supervisor.layout import JOB_SCRATCH_PREFIX, SCRATCH, crew_places, job_tmp
 from supervisor.metrics import Metrics
 from supervisor.processes.launcher import Launcher, LaunchError
 from supervisor.processes.limits import Limits
 from supervisor.processes.places import Places
 from supervisor.processes.process import CONFIRM_SECONDS
 from supervisor.redaction import secrets_in
-from supervisor.vocabulary import Phase, Status
 
 log = logging.getLogger("crew_supervisor.jobs")
 T = TypeVar("T")
@@ -250,7 +250,7 @@ def _job_env(
 ) -> dict[str, str]:
     """The job's environment, its secrets (``job.secrets``) taken from it: the bearer tokens as their files hold them
     now (one rotated in is kept out and masked too), its crew's values whatever their names."""
-    env = job_env(settings, state, job.crew_id, scratch / "tmp", crew_vars, tokens)
+    env = job_env(settings, state, job.crew_id, job_tmp(scratch), crew_vars, tokens)
     job.secrets = secrets_in(env, [*tokens, *crew_vars.values()])
     return env
 
@@ -300,10 +300,10 @@ def _make_places(state: Path, crew_id: str, worker_ids: tuple[int, int] | None) 
     """A job's scratch directory (its cwd, returned), with its TMPDIR inside: the job's own, removed when it ends;
     and its crew's HOME and CrewAI storage, kept. 0700, made by us: with WORKER_USER, the workers' user must own
     them to write. They exist before the worker starts: a sandbox grants rights only to what exists."""
-    made = Path(tempfile.mkdtemp(prefix="job-", dir=state / "scratch"))
+    made = Path(tempfile.mkdtemp(prefix=JOB_SCRATCH_PREFIX, dir=state / SCRATCH))
     try:
-        (made / "tmp").mkdir(mode=0o700)
-        fresh = [made, made / "tmp"]
+        job_tmp(made).mkdir(mode=0o700)
+        fresh = [made, job_tmp(made)]
         for place in crew_places(state, crew_id):
             with contextlib.suppress(FileExistsError):
                 place.mkdir(mode=0o700)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from protocol import HOME, LANDLOCK_ABI, STORAGE_DIR, Layer, Operation
 from supervisor.config import PREFIX, ConfigError, Settings
-from supervisor.journal.statefiles import WORKER_PLACES
+from supervisor.layout import WORKER_PLACES
 
 log = logging.getLogger("crew_supervisor")
 

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 
 from supervisor.config import PREFIX, ConfigError
-from supervisor.vocabulary import WaitingFor
+from supervisor.enums import WaitingFor
 
 EVERY_OTHER_CREW = "*"  # CREW_MAX_CONCURRENCY's name for the crews it does not name
 

@@ -8,11 +8,11 @@ import time
 from typing import Any
 
 from protocol import Reason, Stacks, bounded_threads
+from supervisor.enums import Phase
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.phases import StopReason
 from supervisor.processes.process import WorkerProcess
 from supervisor.redaction import redact
-from supervisor.vocabulary import Phase
 
 ASK_SECONDS = 1.0  # a worker answers in milliseconds, unless a thread holds the GIL (a C extension's loop)
 BEFORE_KILL_SECONDS = 0.2  # what a stop waits for them at most: a job that cannot answer is killed without them

@@ -20,6 +20,7 @@ from typing import Any
 
 from protocol import Registry
 from supervisor.config import Settings
+from supervisor.enums import STOPPABLE_PHASES, Lifecycle, Phase
 from supervisor.jobs.admission import Admission
 from supervisor.jobs.claim import Claim
 from supervisor.jobs.crew_disk import CrewDisk
@@ -27,7 +28,6 @@ from supervisor.jobs.environment import worker_env
 from supervisor.jobs.fencing import fence_restored, kill_left_in_cgroups
 from supervisor.jobs.housekeeping import Housekeeping
 from supervisor.jobs.leftovers import remove_stale_partials
-from supervisor.jobs.lifecycle import Lifecycle
 from supervisor.jobs.live import Budget, LiveJob
 from supervisor.jobs.reads import Reads
 from supervisor.jobs.recorder import Recorder, wake_followers
@@ -38,15 +38,14 @@ from supervisor.jobs.sandbox import Sandbox
 from supervisor.jobs.tracing import Tracing
 from supervisor.journal.records import Job
 from supervisor.journal.store import Journal
+from supervisor.layout import SCRATCH
 from supervisor.metrics import Metrics
 from supervisor.models import BulkCancelRequest
 from supervisor.processes.launcher import Launcher
 from supervisor.processes.limits import Limits
 from supervisor.processes.reaper import Reaper
 from supervisor.tokens import Credentials
-from supervisor.vocabulary import Phase
 
-CANCELLABLE = (Phase.QUEUED, Phase.LAUNCHING, Phase.RUNNING)  # a settling job's outcome is decided
 MAX_BULK_CANCEL = 1000  # jobs one bulk cancel stops; the answer says how many more matched
 log = logging.getLogger("crew_supervisor")
 
@@ -138,7 +137,7 @@ class Supervisor(Reads, Archives, Resumes):
             reaper = Reaper()
             launcher = launcher_for(reaper, limits)
             stack.push_async_callback(launcher.stop)
-            registry = await launcher.describe(worker_env(settings, state, ""), str(state / "scratch"))
+            registry = await launcher.describe(worker_env(settings, state, ""), str(state / SCRATCH))
             sandbox = Sandbox(settings, registry.sandbox)
             sandbox.check()
             sup = cls(settings, journal, launcher, limits, sandbox, reaper, registry, state, metrics, live, tracing)
@@ -172,7 +171,7 @@ class Supervisor(Reads, Archives, Resumes):
             (
                 job
                 for job in self.live.values()
-                if job.phase in CANCELLABLE
+                if job.phase in STOPPABLE_PHASES
                 and (request.crew_id is None or job.crew_id == request.crew_id)
                 and (request.phase is None or job.phase == request.phase)
                 and (request.operation is None or job.operation == request.operation)

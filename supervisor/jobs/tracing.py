@@ -25,11 +25,11 @@ from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode, Tra
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from protocol import SpanEnded, SpanStarted
+from supervisor.enums import Status as JobStatus
 from supervisor.jobs.phases import StopReason
 from supervisor.jobs.worker_spans import CUT_OFF, WorkerSpans
 from supervisor.journal.records import Job
 from supervisor.processes.process import StopEvidence
-from supervisor.vocabulary import Status as JobStatus
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.resources import Resource

@@ -17,11 +17,12 @@ from typing import Any
 
 import orjson
 
+from supervisor.enums import EventName, Status
 from supervisor.journal.errors import JournalError
 from supervisor.journal.schema import SCHEMA, SCHEMA_VERSION
-from supervisor.vocabulary import TERMINAL_EVENTS, Status
+from supervisor.layout import reference_original, upgrade_original
 
-EVENTS = ("started", "chunk", *TERMINAL_EVENTS)
+EVENTS = tuple(EventName)
 # Schema 1 wrapped a completed event's output: {"status", "exit_status", "output" | "output_in_record"}.
 WRAPPED_COMPLETED = frozenset({"status", "exit_status", "output", "output_in_record"})
 
@@ -47,7 +48,7 @@ def is_reference_journal(path: Path) -> bool:
 def import_reference(path: Path, max_bytes: int) -> Path:
     """Convert ``path`` in place; returns where the original JSON is kept."""
     records = _read(path, max_bytes)
-    backup = path.with_name(path.name + ".reference.json")
+    backup = reference_original(path)
     _write_private(backup, path.read_bytes())
     temporary = path.with_name(path.name + ".importing")
     temporary.unlink(missing_ok=True)
@@ -122,7 +123,7 @@ def _insert(db: sqlite3.Connection, record: dict[str, Any]) -> None:
 def upgrade(db: sqlite3.Connection, path: Path, version: int) -> Path:
     """Bring a journal of an older schema up to date in one transaction, each step it lacks in turn; returns
     where its copy is kept."""
-    backup = path.with_name(f"{path.name}.v{version}.backup")
+    backup = upgrade_original(path, version)
     _write_private(backup, b"")
     copy = sqlite3.connect(backup)
     try:

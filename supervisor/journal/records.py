@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from supervisor.enums import TERMINAL_EVENTS
 from supervisor.redaction import redact_within
-from supervisor.vocabulary import TERMINAL_EVENTS
 
 if TYPE_CHECKING:
     from supervisor.processes.pipes import Tail

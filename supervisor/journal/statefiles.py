@@ -10,6 +10,7 @@ from pathlib import Path
 
 from supervisor.journal.errors import JournalError, JournalLocked
 from supervisor.journal.schema import SCHEMA_VERSION
+from supervisor.layout import lock_file, reference_original, upgrade_original
 from supervisor.processes.reach import grants
 
 
@@ -128,10 +129,10 @@ def check_directory(directory: Path, worker_ids: tuple[int, int] | None = None) 
 def journal_companions(journal: Path) -> list[tuple[Path, str]]:
     """Every file beside the journal that we or SQLite open, with what to call it in a refusal."""
     name = journal.name
-    places = [(journal, "journal"), (journal.with_name(name + ".lock"), "lock file")]
+    places = [(journal, "journal"), (lock_file(journal), "lock file")]
     places += [(journal.with_name(name + suffix), "journal file") for suffix in ("-wal", "-shm")]
-    places.append((journal.with_name(name + ".reference.json"), "reference journal backup"))
-    places += [(journal.with_name(f"{name}.v{v}.backup"), "journal backup") for v in range(1, SCHEMA_VERSION)]
+    places.append((reference_original(journal), "reference journal backup"))
+    places += [(upgrade_original(journal, v), "journal backup") for v in range(1, SCHEMA_VERSION)]
     return places
 
 
@@ -161,11 +162,6 @@ def check_private_files(journal: Path) -> None:
         except FileNotFoundError:
             continue
         _refuse_shared(path, what, mode)
-
-
-# The workers' own directories under the state directory: HOME, CrewAI storage, TMPDIR (one of each per crew)
-# and each job's scratch directory.
-WORKER_PLACES = ("home", "storage", "tmp", "scratch")
 
 
 def prepare_places(state: Path, names: tuple[str, ...], worker_ids: tuple[int, int] | None = None) -> None:

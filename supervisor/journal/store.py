@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from supervisor.enums import EventName
 from supervisor.journal import admitted, ledger, migrate
 from supervisor.journal.errors import JournalError
 from supervisor.journal.quarantine import quarantine
@@ -30,6 +31,7 @@ from supervisor.journal.records import Event, Job, Resumed, Streams, TaskRecord,
 from supervisor.journal.schema import SCHEMA, SCHEMA_VERSION
 from supervisor.journal.statefiles import lock, prepare_file, restrict
 from supervisor.journal.writer import Writer, Written
+from supervisor.layout import lock_file
 
 T = TypeVar("T")
 HEADROOM_BYTES = 16 * 1024 * 1024
@@ -59,7 +61,7 @@ class Journal:
         self.upgraded_from: Path | None = None  # the backup of an older schema's journal upgraded at open
         self.quarantined: dict[str, str] = {}  # the records quarantined at this open, and what was wrong with each
         self._own_lock = locked is None
-        self._lock_fd = lock(path.with_name(path.name + ".lock")) if locked is None else locked
+        self._lock_fd = lock(lock_file(path)) if locked is None else locked
         try:
             if migrate.is_reference_journal(path):
                 self.imported_from = migrate.import_reference(path, max_bytes)
@@ -198,7 +200,7 @@ class Journal:
         def terminal(streams: Streams | None, db: sqlite3.Connection) -> Event:
             appended = _insert(db, action_id, event, data)
             ledger.settle(db, action_id)  # its calls still running are uncertain from this commit on
-            if event == "completed":
+            if event == EventName.COMPLETED:
                 admitted.completed(action_id, db)
             db.execute(
                 "UPDATE jobs SET status = ?, output = ?, exit_status = ?, ended_at = ?, leftovers = ?"

@@ -41,9 +41,11 @@ from protocol import (
     Forked,
     FrameError,
     MessageReader,
+    Mode,
     Reason,
     Refused,
     Registry,
+    command_line,
     pack,
 )
 from supervisor.processes.launcher import DESCRIBE_SECONDS, LaunchError, SpawnLauncher, spawn_process
@@ -230,7 +232,7 @@ class _ForkServer:
     ) -> _ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        command = [*argv, "forkserver", "--parent-pid", str(os.getpid()), "--cwd", cwd]
+        command = command_line(argv, Mode.FORKSERVER, os.getpid(), cwd)
         try:
             # Its stdout and stderr are ours: what it says while importing belongs in our log.
             pid = spawn_process(

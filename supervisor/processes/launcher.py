@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping
 from typing import Protocol as Interface
 
-from protocol import CONTROL_FD, EVENT_FD, Failed, FrameError, Hello, Message, Registry
+from protocol import CONTROL_FD, EVENT_FD, Failed, FrameError, Hello, Message, Mode, Registry, command_line
 from supervisor.processes.pipes import make_pipes
 from supervisor.processes.process import WorkerProcess
 from supervisor.processes.reaper import Reaper
@@ -82,7 +82,7 @@ class SpawnLauncher:
 
     async def describe(self, env: Mapping[str, str], cwd: str) -> Registry:
         """Asked of a worker, so the supervisor never imports crewai."""
-        worker = await self.launch("describe", env, cwd)
+        worker = await self.launch(Mode.DESCRIBE, env, cwd)
         try:
             async with asyncio.timeout(DESCRIBE_SECONDS):
                 answer = await expect_registry(worker)
@@ -96,7 +96,7 @@ class SpawnLauncher:
         pass
 
     async def spawn(self, env: Mapping[str, str], cwd: str) -> WorkerProcess:
-        return await self.launch("job", env, cwd)
+        return await self.launch(Mode.JOB, env, cwd)
 
     async def stop(self) -> None:
         pass
@@ -104,15 +104,15 @@ class SpawnLauncher:
     def health(self) -> dict[str, object]:
         return {}
 
-    async def launch(self, mode: str, env: Mapping[str, str], cwd: str, *args: str) -> WorkerProcess:
+    async def launch(self, mode: Mode, env: Mapping[str, str], cwd: str, *args: str) -> WorkerProcess:
         """``python -m worker <mode>`` (``job``, ``describe`` or ``check``) with ``args``, its pipes being read."""
         ours, theirs = make_pipes()
         null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        argv = [*self.argv, mode, "--parent-pid", str(os.getpid()), "--cwd", cwd, *args]
+        argv = command_line(self.argv, mode, os.getpid(), cwd, *args)
         try:
             fds = {0: null, 1: theirs.stdout, 2: theirs.stderr, CONTROL_FD: theirs.control, EVENT_FD: theirs.events}
             # A job's worker leaves its group to its job's containment, which counts what it kills.
-            pid = spawn_process(self.reaper, argv, env, fds, kill_group=mode != "job")
+            pid = spawn_process(self.reaper, argv, env, fds, kill_group=mode is not Mode.JOB)
         except LaunchError:
             ours.close()
             raise

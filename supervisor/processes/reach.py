@@ -1,7 +1,7 @@
 """Whether a worker of the workers' user (``WORKER_USER``) can import what it needs: the standard library, this
 environment's packages, crew-supervisor and the registry's module.
 
-A worker starts as root and takes that uid before it imports the registry (worker/lifecycle.py), so a Python
+A worker starts as root and takes that uid before it imports the registry (worker/tether.py), so a Python
 that user cannot reach (one under a 0700 ``/root``, as pyenv's) fails only at the worker's first import
 after the change ("No module named 'sqlite3'"), which names no cause. So serve and the doctor first run the
 interpreter as a worker runs: started as root, it takes that uid, gid and no supplementary groups, then imports.

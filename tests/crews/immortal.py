@@ -17,7 +17,7 @@ from tests.crews import eval_llms
 from tests.crews import registry as one_registry
 from tests.crews.base import stubborn
 from tests.crews.hostile import leave_pid
-from worker import lifecycle
+from worker import tether
 
 PR_SET_PDEATHSIG = 1
 EXIT_REFUSED = "exit-refused.pids"  # in EVIDENCE_DIR: immortal workers that were told to exit and did not
@@ -37,7 +37,7 @@ def immortal() -> Crew:
     patched = types.ModuleType("os")
     patched.__dict__.update(os.__dict__)
     patched._exit = refuse_exit  # type: ignore[attr-defined]
-    lifecycle.os = patched  # type: ignore[attr-defined]
+    tether.os = patched  # type: ignore[attr-defined]
     return stubborn()  # blocks in an LLM call (once recorded), writing nothing that could fail on a dead pipe
 
 

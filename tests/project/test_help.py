@@ -12,7 +12,7 @@ import pytest
 from supervisor import backup, chaos, cli, config
 from supervisor.chaos import flags as chaos_flags
 from supervisor.console import commands
-from supervisor.doctor import run as doctor
+from supervisor.doctor import report as doctor
 
 # Module paths and reST markup: what a developer docstring says and a user's help must not.
 CODE_WORDS = re.compile(r"\w\.py\b|``|\b(supervisor|worker|protocol|console|doctor|chaos)/")

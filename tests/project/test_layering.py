@@ -198,7 +198,7 @@ def test_every_layer_says_what_it_holds() -> None:
 
 def test_the_worker_imports_crewai_only_once_its_environment_is_set() -> None:
     """Importing CrewAI writes under HOME (and as whoever runs it): a worker's modules import it only once the
-    worker has set up the job's HOME, its umask and its user (worker/lifecycle.py)."""
+    worker has set up the job's HOME, its umask and its user (worker/tether.py)."""
     probe = "import sys, worker.__main__, worker.job, worker.forkserver; print('crewai' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stdout + done.stderr

@@ -61,7 +61,7 @@ def imported_past_home(path: Path, homes: dict[str, set[str]]) -> list[str]:
 def test_the_vocabulary_is_imported_from_its_home() -> None:
     """Not through a module that happens to import it: that module may stop, and the name's home is its meaning."""
     ours = {"Status", "TERMINAL_EVENTS", "Phase", "LIVE_PHASES", "STOPPABLE_PHASES"}
-    homes = {name: {"supervisor.vocabulary"} for name in ours}
+    homes = {name: {"supervisor.enums"} for name in ours}
     homes |= {name: {"protocol", "protocol.vocabulary"} for name in ("Operation", "READ_ONLY_OPERATIONS", "Reason")}
     others = sorted(path for folder in ("tests", "scripts") for path in (ROOT / folder).rglob("*.py"))
     assert [where for path in [*SOURCES, *others] for where in imported_past_home(path, homes)] == []
@@ -71,9 +71,9 @@ def test_the_import_check_sees_a_name_taken_through_another_module(tmp_path: Pat
     module = tmp_path / "relay.py"
     module.write_text(
         "from supervisor.jobs.phases import Phase, StopReason\nfrom .vocabulary import Status\n"
-        "from supervisor.vocabulary import Phase as Home\nfrom hypothesis import Phase as Theirs\n"
+        "from supervisor.enums import Phase as Home\nfrom hypothesis import Phase as Theirs\n"
     )
-    homes = {"Phase": {"supervisor.vocabulary"}, "Status": {"supervisor.vocabulary"}}
+    homes = {"Phase": {"supervisor.enums"}, "Status": {"supervisor.enums"}}
     assert imported_past_home(module, homes) == [
         "relay.py:1: Phase from supervisor.jobs.phases",
         "relay.py:2: Status from vocabulary",

@@ -12,8 +12,8 @@ import pytest
 
 from supervisor import tokens
 from supervisor.config import ConfigError, load
+from supervisor.enums import Role
 from supervisor.tokens import MAX_TOKENS_PER_FILE, Credentials, read_tokens
-from supervisor.vocabulary import Role
 from tests.system.security.test_token_roles import write_tokens
 
 BASE = {"AIP_CREWAI_REGISTRY": "m:r", "AIP_CREWAI_STATE_FILE": "/tmp/j.db"}

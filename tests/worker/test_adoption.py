@@ -9,8 +9,9 @@ import sys
 import orjson
 import pytest
 
+from protocol import ExitCode
 from tests.conftest import ROOT
-from worker import forkserver, lifecycle
+from worker import forkserver
 
 # Plays the process that adopts the worker once its middle leaves: a subreaper, the supervisor or not.
 ADOPTER = """
@@ -53,7 +54,7 @@ def test_a_worker_the_supervisor_adopts_goes_on() -> None:
 @pytest.mark.timeout(120)
 def test_a_worker_adopted_by_another_leaves_at_once_not_at_the_deadline() -> None:
     answer = adopted_by("another")  # its supervisor is a process that has exited
-    assert answer["code"] == lifecycle.EXIT_ORPHANED
+    assert answer["code"] == ExitCode.ORPHANED
     # Before, it waited out the deadline (ADOPTION_SECONDS) from its start: a supervisor restarted within it
     # found an old worker alive. Now it leaves on its next look at its parent, ~0.2 ms; half the deadline
     # is a ceiling a machine at load 10 keeps and the old behaviour cannot.

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from protocol import Completed, MessageReader, Stacks
-from worker.lifecycle import FrameWriter
+from worker.tether import FrameWriter
 
 
 def test_close_waits_for_the_frame_another_thread_is_writing_and_lets_no_other_begin() -> None:

@@ -20,6 +20,7 @@ from protocol import (
     Completed,
     EffectEnded,
     EffectStarted,
+    ExitCode,
     Failed,
     Hello,
     Reason,
@@ -36,7 +37,6 @@ from tests.crews.effects import EFFECTS_LOG, TOOL
 from tests.helpers.kickoff import comparable
 from tests.helpers.ledger import answered_to_the_end, answering, job, launch, next_answered
 from worker import resume
-from worker.lifecycle import EXIT_PROTOCOL
 from worker.provider import URL_ENV, Provider
 
 pytestmark = pytest.mark.usefixtures("subreaper")
@@ -193,7 +193,7 @@ def test_a_recorded_nobody_waits_for_ends_the_worker(tmp_path: Path) -> None:
         finally:
             await worker.kill()
 
-    assert asyncio.run(scenario()) == EXIT_PROTOCOL
+    assert asyncio.run(scenario()) == ExitCode.PROTOCOL
 
 
 def test_the_fingerprint_is_the_crew_s_tasks_as_written() -> None:

@@ -9,7 +9,7 @@ import platform
 
 import pytest
 
-from worker import lifecycle, prefault
+from worker import prefault, tether
 
 PAGES = 64
 
@@ -76,7 +76,7 @@ def test_the_probe_reads_its_page_map_in_an_undumpable_process_of_another_uid() 
             os.setgroups([])
             os.setgid(65534)
             os.setuid(65534)
-            lifecycle.set_dumpable(False)
+            tether.set_dumpable(False)
             buffer = bytearray(b"\x01" * (PAGES + 2) * prefault.PAGE)
 
             def kickoff() -> None:

@@ -17,6 +17,7 @@ from protocol import (
     Building,
     Chunk,
     Completed,
+    ExitCode,
     Failed,
     FrameError,
     FrameTooLarge,
@@ -134,7 +135,7 @@ def test_worker_exits_when_its_control_pipe_closes(tmp_path: Path) -> None:
         worker.close_control()
         return await worker.wait_exit(10)
 
-    assert run(scenario) == 76  # EXIT_CONTROL_CLOSED, before CrewAI even finished importing
+    assert run(scenario) == ExitCode.CONTROL_CLOSED  # before CrewAI even finished importing
 
 
 def test_crew_failure_is_reported_by_class_without_its_text(tmp_path: Path) -> None:

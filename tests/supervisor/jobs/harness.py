@@ -21,8 +21,9 @@ from supervisor import config
 from supervisor.http.app import create_app
 from supervisor.jobs.supervisor import Supervisor
 from supervisor.journal.records import Job
-from supervisor.journal.statefiles import WORKER_PLACES, prepare_directory, prepare_places
+from supervisor.journal.statefiles import prepare_directory, prepare_places
 from supervisor.journal.store import Journal
+from supervisor.layout import WORKER_PLACES
 from supervisor.models import StartRequest
 from supervisor.processes.launcher import LaunchError, SpawnLauncher
 from supervisor.processes.limits import Limits

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from supervisor.enums import Lifecycle
 from supervisor.jobs import admission
-from supervisor.jobs.environment import crew_places
-from supervisor.jobs.lifecycle import Lifecycle
+from supervisor.layout import crew_places
 from supervisor.models import StartRequest
 from tests.supervisor.jobs.harness import CREW, Core, core, in_loop
 

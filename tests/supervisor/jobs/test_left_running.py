@@ -13,9 +13,9 @@ import orjson
 import pytest
 
 from protocol import Reason
+from supervisor.enums import Status
 from supervisor.logs import JsonFormatter
 from supervisor.processes.containment import Boundary, Left
-from supervisor.vocabulary import Status
 from tests.conftest import gone
 from tests.supervisor.jobs.harness import DEADLINE, Core, core, in_loop
 from tests.supervisor.jobs.test_stops import alive_and_ours

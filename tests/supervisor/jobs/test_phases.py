@@ -8,9 +8,9 @@ import itertools
 
 import pytest
 
+from supervisor.enums import Phase
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.phases import MOVES, IllegalMove, StopReason, diagram
-from supervisor.vocabulary import Phase
 from tests.conftest import ROOT
 from tests.supervisor.jobs.harness import in_loop
 

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from supervisor.config import ConfigError
+from supervisor.enums import WaitingFor
 from supervisor.jobs.slots import Slots, Waiting
-from supervisor.vocabulary import WaitingFor
 from tests.supervisor.jobs.harness import in_loop
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.journal.statefiles import WORKER_PLACES
+from supervisor.layout import WORKER_PLACES
 from tests.conftest import start_server
 
 EXIT_SECONDS = 60.0

@@ -17,13 +17,13 @@ import httpx
 import pytest
 
 from supervisor import config
+from supervisor.enums import ROLES, Role
 from supervisor.http.app import create_app
 from supervisor.http.auth import BearerAuth
 from supervisor.jobs.supervisor import Supervisor
 from supervisor.redaction import REDACTED
 from supervisor.testing import Server
 from supervisor.tokens import POLL_SECONDS
-from supervisor.vocabulary import ROLES, Role
 from tests.conftest import sse_events, start_body, start_server, stop_server
 from tests.crews.prober import digest
 from tests.helpers.waiting import wait_until

@@ -34,7 +34,8 @@ import pytest
 from protocol import WORKER_IDS
 from supervisor.config import ConfigError, load
 from supervisor.journal.errors import JournalError
-from supervisor.journal.statefiles import WORKER_PLACES, prepare_directory, prepare_places
+from supervisor.journal.statefiles import prepare_directory, prepare_places
+from supervisor.layout import WORKER_PLACES
 from supervisor.testing import free_port
 from tests.conftest import (
     ROOT,

@@ -18,12 +18,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from protocol import CREWAI_SWITCHES, NOT_A_FACTORY, QUIET_CREWAI, Built, Registry, factory_fix
+from protocol import CREW, CREWAI_SWITCHES, NOT_A_FACTORY, QUIET_CREWAI, Built, Mode, Registry, factory_fix
 from supervisor.config import PREFIX, ConfigError, Settings
 from supervisor.doctor import crewenv, host
 from supervisor.doctor.findings import Finding, ok, problem, warning
 from supervisor.jobs.environment import worker_env
-from supervisor.journal.statefiles import WORKER_PLACES, prepare_places
+from supervisor.journal.statefiles import prepare_places
+from supervisor.layout import WORKER_PLACES
 from supervisor.processes import reach
 from supervisor.processes.launcher import LaunchError, SpawnLauncher, expect_registry
 from supervisor.processes.process import WorkerProcess
@@ -70,7 +71,7 @@ def runtime(settings: Settings) -> list[Finding]:
     return [ok("runtime", f"a worker of {sys.executable} as uid {settings.worker_ids[0]} imports {what}")]
 
 
-def crews(settings: Settings) -> list[Finding]:
+def built(settings: Settings) -> list[Finding]:
     """Load the registry, rehearse the warm-up and build each crew once, offline and with telemetry off
     whatever the environment says, in a worker of the workers' user, with a HOME and CrewAI storage thrown
     away after."""
@@ -111,7 +112,7 @@ async def _check(env: Mapping[str, str], cwd: str, only: str | None = None) -> C
     worker: WorkerProcess | None = None
     try:
         async with asyncio.timeout(BUILD_SECONDS):
-            worker = await SpawnLauncher(Reaper()).launch("check", env, cwd, *(("--crew", only) if only else ()))
+            worker = await SpawnLauncher(Reaper()).launch(Mode.CHECK, env, cwd, *((CREW, only) if only else ()))
             checked.described = await expect_registry(worker)
             checked.listed = checked.described.crews
             while len(checked.built) < (1 if only else len(checked.listed)):

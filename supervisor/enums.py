@@ -1,6 +1,6 @@
-"""The names every layer of the supervisor shares, each spelled once: a job's statuses, its terminal events,
-where a live job is (its phase), and the roles a token gives. The worker never sees them (the names both sides
-share are protocol/vocabulary.py).
+"""The names every layer of the supervisor shares, each spelled once: a job's statuses, its events, where a
+live job is (its phase), the supervisor's own state, and the roles a token gives. The worker never sees them (the
+names both sides share are protocol/vocabulary.py).
 
 It imports nothing of ours, so each layer may import it, the console's CLI too (which reaches only the journal).
 """
@@ -22,7 +22,18 @@ class Status(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
-TERMINAL_EVENTS = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)  # a job's last event: one of them, once
+class EventName(enum.StrEnum):
+    """A job's events, as the journal keeps them and its stream sends them: ``started`` once its worker runs it, its
+    ``chunk``s, then one terminal event, named as the status it leaves the job in."""
+
+    STARTED = "started"
+    CHUNK = "chunk"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_EVENTS = (EventName.COMPLETED, EventName.FAILED, EventName.CANCELLED)  # a job's last event: one, once
 
 
 class Phase(enum.StrEnum):
@@ -47,6 +58,33 @@ class WaitingFor(enum.StrEnum):
 LIVE_PHASES = (Phase.QUEUED, Phase.LAUNCHING, Phase.RUNNING, Phase.SETTLING)
 # Where a cancel still reaches a job: a settling job's outcome is decided.
 STOPPABLE_PHASES = (Phase.QUEUED, Phase.LAUNCHING, Phase.RUNNING)
+
+
+class Lifecycle(enum.StrEnum):
+    """The supervisor's own state, from ``Supervisor.open`` to the end of its ``stop``: set by the ``Supervisor``
+    alone, read by admission (whether a start is admitted), a job admitted late (how it ends) and ``/health``."""
+
+    OPENING = "opening"  # its parts coming up: nothing listens yet
+    OPEN = "open"  # serving: starts are admitted
+    CLOSING = "closing"  # no new starts (503); the admissions under way are made durable and launched
+    DRAINING = "draining"  # the queue closed: queued jobs fail, certain; running ones get DRAIN_SECONDS
+    STOPPING = "stopping"  # every job left is killed, then the services stop
+    STOPPED = "stopped"
+
+    @property
+    def admits(self) -> bool:
+        """New starts are admitted (``/health`` says ``ready``); from a drain's or a stop's start, they answer 503."""
+        return self in (Lifecycle.OPENING, Lifecycle.OPEN)
+
+    @property
+    def queue_closed(self) -> bool:
+        """No queued job starts: one admitted now ends at once, as those queued did."""
+        return self in (Lifecycle.DRAINING, Lifecycle.STOPPING, Lifecycle.STOPPED)
+
+    @property
+    def stopping(self) -> bool:
+        """Every job ends now, killed if it runs."""
+        return self in (Lifecycle.STOPPING, Lifecycle.STOPPED)
 
 
 class Role(enum.StrEnum):

@@ -20,6 +20,7 @@ from protocol import (
     QUIET_CREWAI,
     STORAGE_DIR,
     DumpStacks,
+    ExitCode,
     FrameError,
     Layer,
     Message,
@@ -40,10 +41,6 @@ PR_CAPBSET_READ = 23
 PR_CAPBSET_DROP = 24
 CAP_SETPCAP = 8
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
-EXIT_ORPHANED = 75
-EXIT_CONTROL_CLOSED = 76
-EXIT_STOPPED = 77
-EXIT_PROTOCOL = 78
 contained = False  # this process can leave no cgroup (``confine``)
 offered: list[Layer] = []  # the layers of a job's sandbox here, once ``confine`` ran
 hiding: landlock.Hiding | None = None  # what this process's domain hides, listed once: its jobs' hide the same
@@ -102,7 +99,7 @@ def bind_to_parent(parent_pid: int) -> None:
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent_pid:
-        os._exit(EXIT_ORPHANED)
+        os._exit(ExitCode.ORPHANED)
 
 
 class _CapHeader(ctypes.Structure):
@@ -285,17 +282,17 @@ class Control:
             return
         if isinstance(message, Recorded) and self._started and self._recorded(message.id):
             return
-        os._exit(EXIT_STOPPED if isinstance(message, Stop) else EXIT_PROTOCOL)
+        os._exit(ExitCode.STOPPED if isinstance(message, Stop) else ExitCode.PROTOCOL)
 
     def _next(self) -> Message:
         while not self._read_ahead:
             data = os.read(self._fd, 65536)
             if not data:
-                os._exit(EXIT_CONTROL_CLOSED)
+                os._exit(ExitCode.CONTROL_CLOSED)
             try:
                 self._read_ahead = self._reader.feed(data)
             except FrameError:
-                os._exit(EXIT_PROTOCOL)
+                os._exit(ExitCode.PROTOCOL)
         return self._read_ahead.pop(0)
 
 

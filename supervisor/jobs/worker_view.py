@@ -11,13 +11,13 @@ from typing import Any
 
 import psutil
 
+from supervisor.enums import Phase
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.slots import Slots
 from supervisor.journal.records import shown
 from supervisor.processes.containment import ProcessTable
 from supervisor.processes.limits import Limits
 from supervisor.processes.process import WorkerProcess
-from supervisor.vocabulary import Phase
 
 LAST_LINE_CHARS = 200
 

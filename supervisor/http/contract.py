@@ -71,7 +71,7 @@ async def health(sup: Sup) -> dict[str, Any]:
     """The reference's keys, types and order (crews and operations sorted), then ours. While the supervisor
     drains, ``status`` is ``draining``: the reference's client starts work only on ``ready``, and the
     container's probe reports it unready, so an orchestrator sends nothing new meanwhile."""
-    return sup.health()
+    return sup.reads.health()
 
 
 @router.post("/jobs", responses=START_ERRORS)
@@ -151,7 +151,7 @@ async def get_events(
     check_cursor(cursor, job.event_count)
     if "text/event-stream" in request.headers.get("accept", ""):
         return stream(sup, action_id, cursor)
-    events = sup.events(action_id, cursor, EVENTS_PER_PAGE, PAGE_DATA_BYTES)
+    events = sup.reads.events(action_id, cursor, EVENTS_PER_PAGE, PAGE_DATA_BYTES)
     return Response(page(job, cursor, events), media_type="application/json")
 
 
@@ -165,7 +165,7 @@ async def cancel(sup: Sup, action_id: str, body: CancelRequest) -> dict[str, Any
     if job.crew_id != body.crew_id:
         raise HTTPException(404, "run was not found")
     await sup.cancel(action_id, body.reason)
-    return view(sup, sup.job(action_id) or job)
+    return view(sup, sup.reads.job(action_id) or job)
 
 
 @router.delete("/jobs/{action_id}", responses=errors(404, 409, 422, 428, 503, 507))
@@ -181,7 +181,7 @@ async def archive(
     if job.status == Status.RUNNING:
         raise HTTPException(409, "a running job cannot be archived")
     with archiving():
-        await sup.archive(action_id)
+        await sup.archives.archive(action_id)
     return {"archived": True, "action_id": action_id}
 
 
@@ -208,11 +208,11 @@ async def start_blocking(
 async def answer(sup: Supervisor, job: Job, timeout_ms: int) -> Response:
     """A blocking start's answer for its admitted ``job``, once it ends or its wait (``timeout_ms``) expires."""
     finished = await sup.wait(job.action_id, timeout_ms / 1000)
-    job = sup.job(job.action_id) or job
+    job = sup.reads.job(job.action_id) or job
     if not finished or job.status == Status.RUNNING:
         return JSONResponse({"detail": "timed out waiting; the job continues", **view(sup, job)}, 504)
     if job.status == Status.COMPLETED:
-        return JSONResponse(sup.output(job.action_id))
+        return JSONResponse(sup.reads.output(job.action_id))
     detail = "run was cancelled" if job.status == Status.CANCELLED else "run failed"
     return JSONResponse({"detail": detail, **view(sup, job)}, 409 if job.status == Status.CANCELLED else 502)
 
@@ -224,9 +224,11 @@ def checked(action_id: str) -> None:
 
 def find(sup: Supervisor, action_id: str) -> Job:
     checked(action_id)
-    job = sup.job(action_id)
+    job = sup.reads.job(action_id)
     if job is None:
-        if sup.quarantined(action_id) is not None:  # kept aside, not served: its rows disagreed (docs/operating.md)
+        if (
+            sup.reads.quarantined(action_id) is not None
+        ):  # kept aside, not served: its rows disagreed (docs/operating.md)
             raise HTTPException(404, "run was quarantined at start: its journal record is inconsistent")
         raise HTTPException(404, "run was not found")
     return job
@@ -240,7 +242,9 @@ def view(sup: Supervisor, job: Job, with_output: bool = True) -> dict[str, Any]:
     once it failed or was cancelled (its terminal's evidence keeps it; a completed job's ``token_usage`` says it).
     Without ``with_output``, a completed job's output is null, and its terminal too (its data is the output)."""
     completed = job.status == Status.COMPLETED
-    last = sup.last_event(job.action_id) if job.status != Status.RUNNING and (with_output or not completed) else None
+    last = (
+        sup.reads.last_event(job.action_id) if job.status != Status.RUNNING and (with_output or not completed) else None
+    )
     terminal = last.data if last is not None and last.terminal else None
     kept = (
         terminal.get("llm_spent") if terminal is not None and job.status in (Status.FAILED, Status.CANCELLED) else None
@@ -251,16 +255,16 @@ def view(sup: Supervisor, job: Job, with_output: bool = True) -> dict[str, Any]:
         "operation": job.operation,
         "status": job.status,
         "event_count": job.event_count,
-        "output": sup.output(job.action_id) if completed and with_output else None,
+        "output": sup.reads.output(job.action_id) if completed and with_output else None,
         "terminal": terminal,
         "exit_status": job.exit_status,
         "leftovers": orjson.loads(job.leftovers) if job.leftovers is not None else None,
-        "phase": sup.phase_of(job.action_id, job.status),
+        "phase": sup.reads.phase_of(job.action_id, job.status),
         "admitted_at": job.admitted_at,
         "ended_at": job.ended_at,
-        "llm_spent": sup.spent_of(job.action_id, job.status) or kept,
-        **sup.links(job.action_id),  # a resume's: the job it continues, and the job that continues it
-        **sup.trace_of(job.action_id),  # a traced job's trace id, and its page in the trace UI (TRACE_UI_URL)
+        "llm_spent": sup.reads.spent_of(job.action_id, job.status) or kept,
+        **sup.reads.links(job.action_id),  # a resume's: the job it continues, and the job that continues it
+        **sup.reads.trace_of(job.action_id),  # a traced job's trace id, and its page in the trace UI (TRACE_UI_URL)
     }
 
 
@@ -274,7 +278,7 @@ def page(job: Job, cursor: int, events: list[StoredEvent]) -> bytes:
 
 
 def stream(sup: Supervisor, action_id: str, cursor: int) -> EventStream:
-    return EventStream(sse_frames(sup.follow(action_id, cursor)), headers=SSE_HEADERS)
+    return EventStream(sse_frames(sup.reads.follow(action_id, cursor)), headers=SSE_HEADERS)
 
 
 def last_event_id(header: str | None) -> int | None:

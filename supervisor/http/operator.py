@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Header, HTTPException, Query, Request
 
-from supervisor.enums import LIVE_PHASES, Role, Status, literal
+from supervisor.enums import LIVE_PHASES, Phase, Role, Status, literal
 from supervisor.http.contract import archiving, find, view
 from supervisor.http.responses import errors
 from supervisor.http.routing import StrictJSONRoute, Sup
@@ -24,8 +24,12 @@ from supervisor.scopes import needs
 
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
-StatusName = literal(Status)
-LivePhase = literal(LIVE_PHASES)
+if TYPE_CHECKING:  # Literals built at run time (``literal``), of the enums' text, which ``list_jobs`` makes members
+    StatusName = str
+    LivePhase = str
+else:
+    StatusName = literal(Status)
+    LivePhase = literal(LIVE_PHASES)
 # Above the longest cursor ``encode_cursor`` can issue: base64 of [admitted_at, action_id] as JSON, where an
 # id of 256 characters is at most 1,024 bytes of UTF-8 (512 of escaped quotes), under 1,420 characters in
 # all. The 1,024 this replaced stuck paging at 422 after a page ending in a 256-emoji id.
@@ -55,7 +59,8 @@ async def list_jobs(
     if unknown := set(request.query_params) - LIST_PARAMETERS:
         raise HTTPException(422, f"unknown query parameter {sorted(unknown)[0]!r}")
     before = decode_cursor(cursor) if cursor else None
-    rows = sup.list_jobs(status, phase, crew_id, operation, before, limit + 1)
+    among = (Status(status) if status else None, Phase(phase) if phase else None)  # checked: the enums' text
+    rows = sup.reads.list_jobs(*among, crew_id, operation, before, limit + 1)
     page, more = rows[:limit], len(rows) > limit
     return {"jobs": page, "next_cursor": encode_cursor(page[-1]) if more else None}
 
@@ -63,7 +68,7 @@ async def list_jobs(
 @router.get("/workers")
 @needs(Role.OBSERVER)
 async def workers(sup: Sup) -> dict[str, Any]:
-    return {"workers": await sup.workers()}
+    return {"workers": await sup.reads.workers()}
 
 
 @router.get("/jobs/{action_id}/output", responses=errors(404, 422))
@@ -73,7 +78,7 @@ async def output(sup: Sup, action_id: str) -> dict[str, Any]:
     if problem := path_id_problem(action_id):
         raise HTTPException(422, problem)
     try:
-        live, streams = sup.captured(action_id)
+        live, streams = sup.reads.captured(action_id)
     except LookupError:
         raise HTTPException(404, "run was not found") from None
     return {
@@ -91,7 +96,7 @@ async def effects(sup: Sup, action_id: str) -> dict[str, Any]:
     it had started when the job ended otherwise, and may or may not have had its effect); and how many of a run's
     tasks completed. Times in Unix seconds, as the job's record gives them."""
     find(sup, action_id)  # 422, or 404 (unknown, or quarantined), as the job's own route answers
-    entries, tasks = sup.effects(action_id)
+    entries, tasks = sup.reads.effects(action_id)
     return {
         "action_id": action_id,
         "effects": [
@@ -124,7 +129,7 @@ async def cancel_many(sup: Sup, body: BulkCancelRequest) -> dict[str, Any]:
     taken, left = await sup.cancel_many(body)
     jobs = []
     for action_id, before in taken.items():
-        job = sup.job(action_id)
+        job = sup.reads.job(action_id)
         if job is not None:  # archived meanwhile: nothing left to show
             jobs.append({**view(sup, job, with_output=False), "phase_before": before})
     return {"dry_run": body.dry_run, "jobs": jobs, "more": left}
@@ -142,7 +147,7 @@ async def archive_many(
     if confirmation != BULK_CONFIRMATION:
         raise HTTPException(428, f"X-AIP-Archive-Confirmation must be {BULK_CONFIRMATION!r} to archive many jobs")
     with archiving():
-        archived, more = await sup.archive_many(body)
+        archived, more = await sup.archives.archive_many(body)
     return {"archived": len(archived), "action_ids": archived, "dry_run": body.dry_run, "more": more}
 
 
@@ -154,7 +159,7 @@ async def stack(sup: Sup, action_id: str) -> dict[str, Any]:
     if problem := path_id_problem(action_id):
         raise HTTPException(422, problem)
     try:
-        return await sup.stacks_of(action_id)
+        return await sup.reads.stacks_of(action_id)
     except LookupError:
         raise HTTPException(404, "run was not found") from None
     except Unavailable as exc:

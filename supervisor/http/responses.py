@@ -20,10 +20,12 @@ class ValidationProblem(BaseModel):
     detail: str | list[dict[str, Any]]
 
 
-def _error(description: str, model: type[BaseModel] = Problem, **more_content: Any) -> dict[str, Any]:
+def _error(
+    description: str, model: type[BaseModel] = Problem, more_content: dict[str, Any] | None = None
+) -> dict[str, Any]:
     # Content spelled out rather than ``model=``: FastAPI would file errors under the route's own media type
     # (text/event-stream, text/plain), and they are always JSON.
-    content = {"application/json": {"schema": model.model_json_schema()}, **more_content}
+    content = {"application/json": {"schema": model.model_json_schema()}, **(more_content or {})}
     return {"description": description, "content": content}
 
 
@@ -39,7 +41,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     404: _error("Crew or job not found"),
     409: _error("Action id admitted with other material, job cancelled, job running, or a job that cannot resume"),
     # Starlette's body limit answers in plain text when the declared Content-Length is already too big.
-    413: _error("Body over 4 MiB, or a start's input over 1 MiB", **{"text/plain": {"schema": {"type": "string"}}}),
+    413: _error("Body over 4 MiB, or a start's input over 1 MiB", more_content=_PLAIN),
     416: _error("Cursor outside 0..event_count"),
     422: _error("Request, path id or operation input invalid", ValidationProblem),
     428: _error("Idempotency-Key or archive confirmation missing"),

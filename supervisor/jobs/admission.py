@@ -19,6 +19,7 @@ from supervisor.enums import Lifecycle, Status
 from supervisor.escaping import ident
 from supervisor.jobs.crew_disk import CrewDisk
 from supervisor.jobs.retention import Retention
+from supervisor.jobs.runner import Runner
 from supervisor.jobs.tracing import JobTrace, Tracing
 from supervisor.journal.errors import JournalBusy, JournalError
 from supervisor.journal.records import Job, TaskRecord
@@ -89,8 +90,6 @@ class JournalUnavailable(Refused):
     shortly (503 with ``Retry-After``, not 507: nothing is full)."""
 
 
-# The admitted job, its input, its timeout, and for a resume the tasks its earlier job completed.
-Launch = Callable[[Job, dict[str, Any], int, list[TaskRecord] | None, JobTrace], None]
 SERVED_NAMED = 20  # crews an unknown crew's 404 names; it counts the rest
 QUOTE = "\\x27"  # ' as ``ident`` writes a character out, which ``typed_id`` reads back
 
@@ -111,7 +110,7 @@ class Admission:
         settings: Settings,
         journal: Journal,
         crews: list[str],
-        launch: Launch,
+        runner: Runner,
         lifecycle: Callable[[], Lifecycle],
         crew_disk: CrewDisk,
         retention: Retention,
@@ -123,7 +122,7 @@ class Admission:
         self.crew_disk = crew_disk  # each crew's places, as last measured
         self.journal = journal
         self.crews = crews
-        self.launch = launch
+        self.runner = runner  # launches each admitted job
         self.lifecycle = lifecycle  # the supervisor's, which it alone sets: no new starts once it drains
         # Admissions being made durable, by action id: checked as if already in the journal.
         self._admitting: dict[str, asyncio.Future[None]] = {}
@@ -291,4 +290,4 @@ class Admission:
                 del self._resuming[resumed[0]]
             under_way.set_result(None)
         trace.admitted()
-        self.launch(job, operation_input, timeout_ms, copied, trace)
+        self.runner.launch(job, operation_input, timeout_ms, copied, trace)

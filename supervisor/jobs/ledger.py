@@ -3,11 +3,11 @@ crew code talking, so each is checked (ids in order, an end only for a call runn
 order), bounded and masked before the journal takes it (``journal/ledger.py``); a frame that breaks the protocol is
 the job's protocol fault, as any other. A call's start and a completed task are answered ``Recorded`` once their
 commit is durable, never before: the worker's thread waits for it before the call goes out (or the next task
-starts). The relay's loop waits for a task's commit, as for a chunk checkpoint (a task's output is large: a worker
-that does not wait for its answer must not queue them in the writer), not for a call's start (small, bounded). A job's
-task outputs, its earlier job's included, fit a resume's ``Start`` (``MAX_RESUMED_BYTES``): a faithful worker never
-sends more. An entry past ``MAX_EFFECTS`` is neither recorded nor answered: the job is stopped as over any other
-limit."""
+starts). The conversation's loop waits for a task's commit, as for a chunk checkpoint (a task's output is large: a
+worker that does not wait for its answer must not queue them in the writer), not for a call's start (small, bounded). A
+job's task outputs, its earlier job's included, fit a resume's ``Start`` (``MAX_RESUMED_BYTES``): a faithful worker
+never sends more. An entry past ``MAX_EFFECTS`` is neither recorded nor answered: the job is stopped as over any
+other limit."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from protocol import (
     TaskDone,
 )
 from supervisor.config import PREFIX, Settings
-from supervisor.jobs.live import LiveJob
+from supervisor.jobs.job_state import JobState
 from supervisor.jobs.recorder import masked
 from supervisor.journal.ledger import Ending, Entry, LedgerWrites
 from supervisor.journal.writer import Written
@@ -40,21 +40,21 @@ from supervisor.redaction import redact
 MAX_DIGEST_CHARS = 128  # a SHA-256 in hex is 64; room for a prefix naming the hash, none for anything else
 ENDED = (EffectStatus.FINISHED, EffectStatus.FAILED)  # what a worker may say of a call's end
 LedgerFrame = EffectStarted | EffectEnded | TaskDone
-Fault = tuple[str, str]  # a protocol fault: its reason and message
+Fault = tuple[Reason, str]  # a protocol fault: its reason and message
 
 
 class Ledger:
     def __init__(
         self,
-        job: LiveJob,
+        job: JobState,
         settings: Settings,
         metrics: Metrics,
         writes: LedgerWrites,
         answer: Callable[[int], None],
-        breach: Callable[[LiveJob, Breach], None],
+        breach: Callable[[Breach], None],
     ) -> None:
-        """``answer``: tells the worker an entry is recorded (the relay's, which owns the conversation); ``breach``:
-        stops the job as over a limit (``Relay.breach``)."""
+        """``answer``: tells the worker an entry is recorded (its conversation's, which speaks to the worker);
+        ``breach``: stops the job as over a limit (``Conversation.breach``)."""
         self.job, self.settings, self.metrics, self.writes, self.answer = job, settings, metrics, writes, answer
         self.breach = breach
         self.last = 0  # the id of the last entry taken (calls and tasks share the count)
@@ -76,7 +76,7 @@ class Ledger:
         if message.id > (limit := self.settings.max_effects):
             self.full = True
             text = f"the job's ledger holds {limit} entries, {PREFIX}MAX_EFFECTS: its next call never started"
-            self.breach(self.job, Breach(Reason.EFFECT_LIMIT_EXCEEDED, text, {"limit": limit}))
+            self.breach(Breach(Reason.EFFECT_LIMIT_EXCEEDED, text, {"limit": limit}))
             return None
         if isinstance(message, EffectStarted):
             return self._start(message)
@@ -147,7 +147,7 @@ class Ledger:
                 return
             if (exc := done.exception()) is not None:
                 text = f"ledger entry {entry} could not be made durable: {exc}"
-                self.breach(self.job, Breach(Reason.JOURNAL_ERROR, text, {"entry": entry}))
+                self.breach(Breach(Reason.JOURNAL_ERROR, text, {"entry": entry}))
                 return
             self.answer(entry)
 

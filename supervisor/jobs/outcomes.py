@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from protocol import (
     BEFORE_CREW_REASONS,
@@ -22,11 +22,9 @@ from protocol import (
     VersionMismatch,
 )
 from supervisor.enums import Status
+from supervisor.jobs.job_state import JobState
 from supervisor.jobs.phases import StopReason
 from supervisor.redaction import redact
-
-if TYPE_CHECKING:
-    from supervisor.jobs.live import LiveJob
 
 # Signals the kernel sends a process for its own fault, as opposed to someone killing it.
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT, signal.SIGSYS})
@@ -147,7 +145,7 @@ def after_terminal(trailing: list[Message | FrameError]) -> Outcome:
     return failure(Reason.PROTOCOL_MESSAGE_AFTER_TERMINAL, f"the worker sent {', '.join(kinds)} after its result", True)
 
 
-def interrupted(job: LiveJob, proof: dict[str, Any]) -> Outcome:
+def interrupted(job: JobState, proof: dict[str, Any]) -> Outcome:
     """What a stop ends a job with; a supervisor stopping, or its timeout, is uncertain if the job had begun."""
     launched = proof.get("launched", True)
     if job.stop is StopReason.LIMIT and job.breach is not None:

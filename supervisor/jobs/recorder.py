@@ -1,12 +1,9 @@
-"""The recorder: a job's events into the journal, within their bounds, and its followers woken when they
-commit. Readers only ever see committed events."""
+"""The recorder: a job's events into the journal, within their bounds, its worker's record, and its terminal event.
+Readers only ever see committed events (``reads.follow``)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -14,10 +11,10 @@ import orjson
 from protocol import Reason
 from supervisor.config import PREFIX, Settings
 from supervisor.enums import EventName, Status
-from supervisor.jobs.live import LiveJob
+from supervisor.jobs.job_state import JobState
 from supervisor.jobs.outcomes import Outcome
 from supervisor.journal.errors import JournalError
-from supervisor.journal.records import StoredEvent, Streams
+from supervisor.journal.records import Streams
 from supervisor.journal.store import Journal
 from supervisor.processes.containment import Boundary
 from supervisor.processes.process import WorkerProcess
@@ -25,24 +22,21 @@ from supervisor.redaction import mentions, redact_data
 from supervisor.tracebacks import last_traceback
 
 log = logging.getLogger("crew_supervisor.jobs")
-EVENTS_PER_READ = 256
-# A stream's batch is written whole: bounded in bytes too, so a follower that stops reading holds one batch
-# (and the connection's send timeout drops it), not 256 events of up to MAX_EVENT_BYTES each.
-BATCH_BYTES = 256 * 1024
 CREW_RAISED = (Reason.OPERATION_FAILED, Reason.CREW_FACTORY_FAILED)  # failures whose worker wrote the crew's exception
 MAX_LOGGED_TRACEBACK = 16 * 1024  # characters: its end, where the exception's message is
 
 
 class Recorder:
-    def __init__(self, settings: Settings, journal: Journal, live: dict[str, LiveJob]) -> None:
+    def __init__(self, settings: Settings, journal: Journal) -> None:
         self.settings = settings
         self.journal = journal
-        self.live = live
 
-    async def record(self, job: LiveJob, name: str, data: dict[str, Any]) -> tuple[str, str] | None:
-        """Append a non-terminal event, or say which bound it breaks (the last slot is the terminal's) or
-        that its group could not be committed."""
-        if job.event_count + 1 >= self.settings.max_events_per_run:
+    async def record(
+        self, job: JobState, name: EventName, data: dict[str, Any], recorded: int
+    ) -> tuple[Reason, str] | None:
+        """Append a non-terminal event to the ``recorded`` ones, or say which bound it breaks (the last slot is the
+        terminal's) or that its group could not be committed."""
+        if recorded + 1 >= self.settings.max_events_per_run:
             limit = self.settings.max_events_per_run
             return Reason.EVENT_LIMIT_EXCEEDED, f"more than {limit - 1} events: {PREFIX}MAX_EVENTS_PER_RUN is {limit}"
         encoded = masked(job, data)  # as the reference measures it: the event's data, compact JSON; as stored
@@ -51,8 +45,6 @@ class Recorder:
             return Reason.EVENT_TOO_LARGE, f"an event of {len(encoded)} bytes exceeds {PREFIX}MAX_EVENT_BYTES ({bound})"
         started = name == EventName.STARTED  # committed at once, not awaited: start latency is what clients feel first
         group = self.journal.append(job.action_id, name, data, encoded, commit=started)
-        job.event_count += 1
-        job.last_event_at = time.time()
         if group is not None and not started:  # a checkpoint: relay no more of this job until it is durable
             try:
                 await group
@@ -60,22 +52,23 @@ class Recorder:
                 return Reason.JOURNAL_ERROR, str(exc)
         return None
 
-    async def record_worker(self, job: LiveJob, worker: WorkerProcess, boundary: Boundary) -> None:
+    async def record_worker(self, action_id: str, worker: WorkerProcess, boundary: Boundary) -> None:
         """Committed before the worker gets its job, so a restart can find and fence it and all it starts."""
-        await self.journal.set_worker(job.action_id, worker.pid, worker.create_time, worker.pgid, boundary.encode())
+        await self.journal.set_worker(action_id, worker.pid, worker.create_time, worker.pgid, boundary.encode())
 
-    def record_boundary(self, job: LiveJob, boundary: Boundary) -> None:
+    def record_boundary(self, action_id: str, boundary: Boundary) -> None:
         """Samples found more of the job's processes: journaled for a restart to kill, not waited for."""
-        self.journal.set_boundary(job.action_id, boundary.encode())
+        self.journal.set_boundary(action_id, boundary.encode())
 
-    async def finish(self, job: LiveJob, outcome: Outcome) -> None:
+    async def finish(self, job: JobState, outcome: Outcome, stack: dict[str, Any] | None) -> None:
         """The terminal event (a job that did not complete keeps its LLM spend there), the record's status, output and
         exit status, and the worker's stdout/stderr tails (an operator reads them after the job ended): one durable
         commit. Another process holding
         the journal's lock only delays it; the journal failing it otherwise leaves the job to be fenced."""
         streams = Streams.of(job.worker.stdout, job.worker.stderr, job.secrets) if job.worker is not None else None
-        if outcome.event != Status.COMPLETED and job.spent.llm_calls:  # a completed job's output's token_usage says it
-            outcome.data.setdefault("llm_spent", job.spent.summary())
+        spent = job.spent
+        if outcome.event != Status.COMPLETED and spent.llm_calls:  # a completed job's output's token_usage says it
+            outcome.data.setdefault("llm_spent", spent.summary())
         masked(job, outcome.data)  # in place, so the log says what the journal does; a completed one's is the output
         try:
             await self.journal.finish(
@@ -85,7 +78,7 @@ class Recorder:
                 outcome.output,
                 streams,
                 exit_status=outcome.exit_status,
-                stack=job.stack,
+                stack=stack,
                 leftovers=outcome.leftovers,
             )
         except JournalError as exc:
@@ -94,13 +87,12 @@ class Recorder:
                 exc,
                 extra={"action_id": job.action_id},
             )
-        job.wake()
         raised = outcome.event == Status.FAILED and outcome.data.get("reason") in CREW_RAISED
         if streams is not None and raised and self.settings.log_crew_tracebacks:
             self._log_traceback(job, streams.stderr)
 
     @staticmethod
-    def _log_traceback(job: LiveJob, stderr: str) -> None:
+    def _log_traceback(job: JobState, stderr: str) -> None:
         """A crew's exception, for the operator, as the reference logs it; its event keeps the generic words."""
         raised = last_traceback(stderr, max_chars=MAX_LOGGED_TRACEBACK)
         if raised is not None:
@@ -109,31 +101,8 @@ class Recorder:
                 "the crew raised", extra={"action_id": job.action_id, "crew_id": job.crew_id, "traceback": ending}
             )
 
-    async def follow(self, action_id: str, cursor: int, heartbeat: float) -> AsyncIterator[list[StoredEvent] | None]:
-        """Events from ``cursor`` through the terminal one, in batches as they commit (one write per
-        batch, not per event; at most EVENTS_PER_READ events and BATCH_BYTES of data, or one event larger
-        than that), their data as stored; None whenever ``heartbeat`` passes idle."""
-        while True:
-            job = self.live.get(action_id)
-            changed = job.changed if job is not None else None  # taken before reading: no lost wake-up
-            events = self.journal.reader.stored_events(action_id, cursor, EVENTS_PER_READ, BATCH_BYTES)
-            terminal = next((i for i, event in enumerate(events) if event.terminal), None)
-            if terminal is not None:
-                yield events[: terminal + 1]
-                return
-            if events:
-                yield events
-                cursor = events[-1].sequence + 1
-                continue
-            if changed is None:
-                return
-            try:
-                await asyncio.wait_for(changed.wait(), heartbeat)
-            except TimeoutError:
-                yield None
 
-
-def masked(job: LiveJob, data: dict[str, Any]) -> bytes:
+def masked(job: JobState, data: dict[str, Any]) -> bytes:
     """``data`` (what a job's worker wrote, decoded) as compact JSON, with the job's secrets replaced in its strings
     (``supervisor/redaction.py``), in place: every event, and the output, passes here before it is journaled, sent
     or logged. A chunk event is the hot path: its JSON is searched once, and walked only if a secret may be in it."""
@@ -141,11 +110,3 @@ def masked(job: LiveJob, data: dict[str, Any]) -> bytes:
     if job.secrets and mentions(encoded, job.secrets):
         encoded = orjson.dumps(redact_data(data, job.secrets))
     return encoded
-
-
-def wake_followers(live: dict[str, LiveJob], action_ids: frozenset[str]) -> None:
-    """Readers see only committed events: after each commit, the followers of jobs with newly committed events
-    look again. Only those: hundreds of streams must not all query the journal on every commit."""
-    for action_id in action_ids:
-        if (job := live.get(action_id)) is not None:
-            job.wake()

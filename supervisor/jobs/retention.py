@@ -2,7 +2,7 @@
 ``DELETE /jobs/{id}`` archives one (``Journal.archive``). Three ways: a sweep on the serving loop, admission when the
 journal is full (``make_room``, before it answers 507), and the operator's bulk archive (``archive``, which names its
 own age). A running record is never archived, nor one whose job is still live here (its terminal event committed a
-moment before it leaves ``live``).
+moment before it leaves the roster).
 
 Each archives at most ``BATCH`` records in one write, awaited before the next: the journal's one writer commits the
 events of running jobs between two batches, never behind a long delete.
@@ -20,11 +20,12 @@ import contextlib
 import datetime
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from typing import Any
 
 from supervisor.config import PREFIX, Settings
 from supervisor.jobs.live import LiveJob
+from supervisor.jobs.roster import Roster
 from supervisor.journal.errors import JournalError
 from supervisor.journal.store import Journal
 from supervisor.models import BulkArchiveRequest
@@ -38,10 +39,10 @@ RETRY_SECONDS = 30.0  # after a sweep the journal refused (another process's loc
 
 
 class Retention:
-    def __init__(self, settings: Settings, journal: Journal, live: Mapping[str, LiveJob]) -> None:
+    def __init__(self, settings: Settings, journal: Journal, roster: Roster[LiveJob]) -> None:
         self.window = settings.archive_after_seconds  # 0: off
         self.journal = journal
-        self.live = live
+        self.roster = roster
         self._task: asyncio.Task[None] | None = None
         self._room = asyncio.Lock()  # one admission makes room at a time; the others then find it made
         self._pause = min(max(self.window / 10, 1.0), SWEEP_EVERY)  # the shortest sleep between two sweeps
@@ -103,8 +104,8 @@ class Retention:
         self, end: float, limit: int, statuses: Collection[str] | None = None, crew_id: str | None = None
     ) -> tuple[list[str], int]:
         """The first ``limit`` records that ended before ``end`` and whose job is not live here, and how many match."""
-        ids, matching = self.journal.reader.ended_before(end, limit + len(self.live), statuses, crew_id)
-        kept = [action_id for action_id in ids if action_id not in self.live]
+        ids, matching = self.journal.reader.ended_before(end, limit + len(self.roster), statuses, crew_id)
+        kept = [action_id for action_id in ids if action_id not in self.roster]
         return kept[:limit], matching - (len(ids) - len(kept))
 
     async def _archive_due(self, limit: int) -> int:
@@ -131,7 +132,7 @@ class Retention:
         return archived
 
     def _until_due(self) -> float:
-        """Seconds until the oldest ended record is past the window (a live one's, once it leaves ``live``, soon)."""
+        """Seconds until the oldest ended record is past the window (a live one's, once it leaves the roster, soon)."""
         ids, _ = self.journal.reader.ended_before(float("inf"), 1)
         job = self.journal.reader.get(ids[0]) if ids else None
         if job is None:
@@ -146,10 +147,11 @@ def iso(seconds: float) -> str:
 
 
 class Archives:
-    """The facade's archives (``Supervisor`` is one): one record, as ``DELETE /jobs/{id}`` asks, or many."""
+    """The facade's archives (``Supervisor.archives``): one record, as ``DELETE /jobs/{id}`` asks, or many."""
 
-    journal: Journal
-    retention: Retention
+    def __init__(self, journal: Journal, retention: Retention) -> None:
+        self.journal = journal
+        self.retention = retention
 
     async def archive(self, action_id: str) -> None:
         """Remove an ended job from the journal; raises ``JournalBusy`` or ``JournalError``."""

@@ -1,6 +1,6 @@
-"""A job's stacks: every thread's Python stack, asked of its worker by the relay (``DumpStacks``) while the job goes
-on, for the operator; and taken just before the kill of a timeout, a cancel or a broken limit, kept with the job's
-record. Here is what is asked when, and how an answer is kept: the asking is the relay's."""
+"""A job's stacks: every thread's Python stack, asked of its worker by its conversation (``DumpStacks``) while the
+job goes on, for the operator; and taken just before the kill of a timeout, a cancel or a broken limit, kept with the
+job's record. Here is what is asked when, and how an answer is kept: the asking is the conversation's."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from protocol import Reason, Stacks, bounded_threads
 from supervisor.enums import Phase
-from supervisor.jobs.live import LiveJob
+from supervisor.jobs.job_state import JobState
 from supervisor.jobs.phases import StopReason
 from supervisor.processes.process import WorkerProcess
 from supervisor.redaction import redact
@@ -30,9 +30,10 @@ class Late(Exception):
     """The worker did not answer in time."""
 
 
-def asked_of(job: LiveJob) -> WorkerProcess:
-    """The worker a live job's stacks are asked of now; raises Unavailable if none runs its crew."""
-    if job.phase is not Phase.RUNNING or not job.started or job.worker is None:
+def asked_of(job: JobState, started: bool) -> WorkerProcess:
+    """The worker a live job's stacks are asked of now (``started``: its worker said so); raises Unavailable if none
+    runs its crew."""
+    if job.phase is not Phase.RUNNING or not started or job.worker is None:
         raise Unavailable(f"the job is {job.phase}: no worker runs its crew now")
     return job.worker
 
@@ -47,13 +48,13 @@ def unanswered(worker: WorkerProcess) -> Unavailable | Late:
     )
 
 
-def kept_before_kill(job: LiveJob) -> bool:
-    """Whether a stopping job's stacks are asked for before its kill."""
+def kept_before_kill(job: JobState, started: bool) -> bool:
+    """Whether a stopping job's stacks are asked for before its kill (``started``: its worker said so)."""
     growing = job.stop is StopReason.LIMIT and (job.breach is None or job.breach.error_type not in WAITED_FOR)
-    return job.stop in KEPT_FOR and job.started and not growing
+    return job.stop in KEPT_FOR and started and not growing
 
 
-def kept(job: LiveJob, stacks: Stacks) -> dict[str, Any]:
+def kept(job: JobState, stacks: Stacks) -> dict[str, Any]:
     """As the operator reads them: when taken, each thread's name, id and stack, the job's secrets redacted, held to
     the bounds the worker keeps (``protocol.bounded_threads``), which crew code writing its own answer could ignore:
     what an id is not a number is null."""

@@ -1,46 +1,48 @@
-"""The job lifecycle, wired: admission (validate, fence, admit) hands jobs to the runner (queue, spawn,
-relay, settle), which writes through the recorder (events into the journal, followers woken); one
-housekeeping tick samples and reaps. ``open`` brings them up on the serving loop and down again; ``stop``
-(drain, then every job ended, then the services) is the one way down, whoever asks first. The one facade HTTP
-talks to: its commands here, its reads in ``reads.py``, its archives in ``retention.py``,
-its starts and resumes in ``resumes.py``."""
+"""The job lifecycle, wired: admission (validate, fence, admit) hands jobs to the runner, which puts each on the
+roster as a live job that runs itself (wait for a slot, launch, converse with its worker, settle), writing through
+the recorder (events into the journal, followers woken); one housekeeping tick samples and reaps. ``open`` brings
+them up on the serving loop and down again; ``stop`` (drain, then every job ended, then the services) is the one way
+down, whoever asks first. The one facade HTTP talks to: its commands here, its reads in ``reads`` (``reads.py``), its
+archives in ``archives`` (``retention.py``)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import logging
 import os
 import secrets
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 from protocol import Registry
 from supervisor.config import Settings
-from supervisor.enums import STOPPABLE_PHASES, Lifecycle, Phase
+from supervisor.enums import Lifecycle, Phase
 from supervisor.jobs.admission import Admission
+from supervisor.jobs.budget import Budget
 from supervisor.jobs.claim import Claim
 from supervisor.jobs.crew_disk import CrewDisk
 from supervisor.jobs.environment import worker_env
 from supervisor.jobs.fencing import fence_restored, kill_left_in_cgroups
 from supervisor.jobs.housekeeping import Housekeeping
 from supervisor.jobs.leftovers import remove_stale_partials
-from supervisor.jobs.live import Budget, LiveJob
+from supervisor.jobs.live import LiveJob
+from supervisor.jobs.parts import Parts
 from supervisor.jobs.reads import Reads
-from supervisor.jobs.recorder import Recorder, wake_followers
-from supervisor.jobs.resumes import Resumes
+from supervisor.jobs.recorder import Recorder
+from supervisor.jobs.resumes import resumed_start
 from supervisor.jobs.retention import Archives, Retention
+from supervisor.jobs.roster import Roster
 from supervisor.jobs.runner import Runner
 from supervisor.jobs.sandbox import Sandbox
+from supervisor.jobs.slots import Slots
 from supervisor.jobs.tracing import Tracing
 from supervisor.journal.records import Job
 from supervisor.journal.store import Journal
 from supervisor.layout import SCRATCH
 from supervisor.metrics import Metrics
-from supervisor.models import BulkCancelRequest
+from supervisor.models import BulkCancelRequest, ResumeRequest, StartRequest
 from supervisor.processes.launcher import Launcher
 from supervisor.processes.limits import Limits
 from supervisor.processes.reaper import Reaper
@@ -50,7 +52,7 @@ MAX_BULK_CANCEL = 1000  # jobs one bulk cancel stops; the answer says how many m
 log = logging.getLogger("crew_supervisor")
 
 
-class Supervisor(Reads, Archives, Resumes):
+class Supervisor:
     def __init__(
         self,
         settings: Settings,
@@ -62,43 +64,44 @@ class Supervisor(Reads, Archives, Resumes):
         registry: Registry,
         state: Path,
         metrics: Metrics,
-        live: dict[str, LiveJob],
+        roster: Roster[LiveJob],
         tracing: Tracing,
     ) -> None:
-        self.settings = settings
-        # Each crew's own LLM budget that holds (what its registry entry asks, read as counts), for /health.
-        owns = {crew_id: Budget.own(described) for crew_id, described in registry.budgets.items()}
-        self.budgets = {crew_id: dataclasses.asdict(own) for crew_id, own in owns.items() if own != Budget()}
-        self.journal = journal
-        self.reader = journal.reader
-        self.launcher = launcher
+        self.settings, self.journal, self.launcher, self.metrics = settings, journal, launcher, metrics
         self.crews = registry.crews
         limits.contained = registry.contained
-        self.instance = secrets.token_hex(8)  # this life of the supervisor: a restart changes it
-        self.live = live  # jobs without a terminal event, shared by the parts below
-        self.metrics = metrics
-        self.limits = limits
-        self.sandbox = sandbox
-        self._stopping: asyncio.Future[None] | None = None
-        self.recorder = Recorder(settings, journal, live)
+        self.roster = roster  # the jobs without a terminal event
         self.lifecycle = Lifecycle.OPENING  # moved on by _become alone
-        now_in = self._now_in
-        crew_disk = CrewDisk(limits, state)  # each crew's places as last measured: the runner's, for admission
+        self._stopping: asyncio.Future[None] | None = None
+        crew_disk = CrewDisk(limits, state)  # each crew's places as last measured: the jobs', for admission
         # The bearer tokens, read again as their files change: the HTTP middleware's, and what a job must not see.
         self.credentials = Credentials(settings.tokens, settings.token_files) if settings.tokens else None
-        tokens = self.credentials.every_token if self.credentials else frozenset
-        self.runner = Runner(
-            settings, launcher, limits, sandbox, self.recorder, metrics, state, live, owns, now_in, crew_disk, tokens
+        slots = Slots(settings.max_concurrency, settings.crew_max_concurrency)
+        slots.check(self.crews)  # each crew's own bound: the crews are known here, the fork server described them
+        self.parts = Parts(
+            settings,
+            state,
+            launcher,
+            limits,
+            sandbox,
+            Recorder(settings, journal),
+            metrics,
+            slots,
+            crew_disk,
+            self.credentials.every_token if self.credentials else frozenset,
+            self._now_in,
+            Budget(settings.worker_max_tokens, settings.worker_max_llm_calls),
+            {crew_id: Budget.own(described) for crew_id, described in registry.budgets.items()},
         )
-        self.slots = self.runner.slots
-        self.slots.check(self.crews)  # each crew's own bound: the crews are known here, the fork server described them
-        self.relay = self.runner.relay
-        self.retention = Retention(settings, journal, live)
-        self.tracing = tracing  # each job's trace begins at admission (supervisor/jobs/tracing.py)
-        given = (self._launch, now_in, crew_disk, self.retention, self.tracing)
+        self.housekeeping = Housekeeping(limits, reaper, metrics, live=lambda: bool(roster))
+        self.runner = Runner(self.parts, roster, self.housekeeping)
+        self.retention = Retention(settings, journal, roster)
+        given = (self.runner, self._now_in, crew_disk, self.retention, tracing)
         self.admission = Admission(settings, journal, self.crews, *given)
-        self.housekeeping = Housekeeping(limits, reaper, metrics, live=lambda: bool(live))
-        _observe(metrics, live, journal, launcher, lambda: self.slots.queued(self.crews))
+        instance = secrets.token_hex(8)  # this life of the supervisor: a restart changes it
+        self.reads = Reads(self.parts, roster, journal.reader, self.crews, instance, self.retention, tracing)
+        self.archives = Archives(journal, self.retention)
+        _observe(metrics, roster, journal, launcher, slots, self.crews)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -116,7 +119,7 @@ class Supervisor(Reads, Archives, Resumes):
         the launcher, the limits' cgroups, the journal, whose close commits what is queued, the lock, and last the
         tracer, whose spans all ended with their jobs (``TracingError`` first of all: nothing is touched)."""
         state = journal_path.parent
-        live: dict[str, LiveJob] = {}
+        roster: Roster[LiveJob] = Roster()
         metrics = Metrics()
         tracing = Tracing.from_environ(os.environ)
         async with contextlib.AsyncExitStack() as stack:  # closed in reverse: the lock, then the tracer, last
@@ -127,7 +130,7 @@ class Supervisor(Reads, Archives, Resumes):
             limits = Limits(settings)
             stack.callback(limits.stop)
             claim.hold(limits.cgroup_bases())
-            journal = _journal(settings, journal_path, claim, metrics, live)
+            journal = _journal(settings, journal_path, claim, metrics, roster)
             stack.callback(journal.close)
             _said_where_the_journal_came_from(journal)
             await fence_restored(journal, killed, tracing)
@@ -140,7 +143,7 @@ class Supervisor(Reads, Archives, Resumes):
             registry = await launcher.describe(worker_env(settings, state, ""), str(state / SCRATCH))
             sandbox = Sandbox(settings, registry.sandbox)
             sandbox.check()
-            sup = cls(settings, journal, launcher, limits, sandbox, reaper, registry, state, metrics, live, tracing)
+            sup = cls(settings, journal, launcher, limits, sandbox, reaper, registry, state, metrics, roster, tracing)
             stack.push_async_callback(sup.stop)
             launcher.start()
             sup.housekeeping.start()
@@ -148,12 +151,36 @@ class Supervisor(Reads, Archives, Resumes):
             sup._become(Lifecycle.OPEN)
             yield sup
 
-    def _launch(self, job: Job, *given: Any) -> None:  # Runner.launch's input, timeout, resumed tasks, trace
-        self.runner.launch(job, *given)
-        self.housekeeping.poke()  # a live job is sampled and its orphans reaped
+    async def admit(
+        self,
+        body: StartRequest,
+        key: str | None,
+        legacy: bool,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
+    ) -> Job:
+        """Admission's answer (``Admission.admit``): the job, durable and launched; or a ``Refused``. Each takes the
+        caller's W3C trace context as its request's headers carried it (raw: a malformed one is ignored)."""
+        return await self.admission.admit(body, key, legacy, traceparent=traceparent, tracestate=tracestate)
+
+    async def resume(
+        self,
+        old_id: str,
+        request: ResumeRequest,
+        key: str | None,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
+    ) -> Job:
+        """Admission's answer for a ``run`` of the job ``old_id``'s crew and input as job ``request.action_id``, its
+        worker given the tasks the old job completed (``resumes.py``): the new job, durable and launched; or a
+        ``Refused``."""
+        body = resumed_start(self.journal.reader, old_id, request)
+        traced = {"traceparent": traceparent, "tracestate": tracestate}
+        return await self.admission.admit(body, key, legacy=False, resumed_from=old_id, **traced)
 
     async def cancel(self, action_id: str, reason: str | None) -> None:
-        """Return once the job is terminal (``Runner.cancel``)."""
+        """Return once the job is terminal (``Runner.cancel``): a job stopping for another reason, or settling, keeps
+        its outcome."""
         await self.runner.cancel(action_id, reason)
 
     async def wait(self, action_id: str, seconds: float) -> bool:
@@ -167,17 +194,7 @@ class Supervisor(Reads, Archives, Resumes):
         """Cancel the live jobs ``request`` names, oldest first and at most MAX_BULK_CANCEL of them, all at once;
         return once each is terminal (or, ``dry_run``, at once, none touched). Their ids with the phase each was in,
         and how many more matched."""
-        named = sorted(
-            (
-                job
-                for job in self.live.values()
-                if job.phase in STOPPABLE_PHASES
-                and (request.crew_id is None or job.crew_id == request.crew_id)
-                and (request.phase is None or job.phase == request.phase)
-                and (request.operation is None or job.operation == request.operation)
-            ),
-            key=lambda job: job.admitted,
-        )
+        named = self.roster.stoppable(request.crew_id, request.phase, request.operation)
         taken = {job.action_id: job.phase for job in named[:MAX_BULK_CANCEL]}
         if not request.dry_run:
             await asyncio.gather(*(self.runner.cancel(action_id, request.reason) for action_id in taken))
@@ -218,8 +235,8 @@ class Supervisor(Reads, Archives, Resumes):
         began = loop.time()
         self._become(Lifecycle.DRAINING)
         queued = await self.runner.close_queue()
-        log.warning("drain began", extra={"seconds": seconds, "running": len(self.live), "queued": queued})
-        pending = [job.done for job in self.live.values()]
+        log.warning("drain began", extra={"seconds": seconds, "running": len(self.roster), "queued": queued})
+        pending = [job.done for job in self.roster]
         skipped = asyncio.ensure_future(skip.wait())
         deadline = began + seconds
         try:
@@ -231,17 +248,17 @@ class Supervisor(Reads, Archives, Resumes):
             skipped.cancel()
         reason = "jobs_finished" if not pending else "skipped" if skip.is_set() else "grace_expired"
         duration_ms = round((loop.time() - began) * 1000, 1)
-        log.warning("drain ended", extra={"reason": reason, "duration_ms": duration_ms, "running": len(self.live)})
+        log.warning("drain ended", extra={"reason": reason, "duration_ms": duration_ms, "running": len(self.roster)})
 
 
-def _journal(settings: Settings, path: Path, claim: Claim, metrics: Metrics, live: dict[str, LiveJob]) -> Journal:
+def _journal(settings: Settings, path: Path, claim: Claim, metrics: Metrics, roster: Roster[LiveJob]) -> Journal:
     """The journal, opened on the serving loop under the claim's lock: each commit wakes the followers of the jobs it
     holds events of."""
     loop = asyncio.get_running_loop()
 
     def committed(action_ids: frozenset[str]) -> None:  # on the journal's writer thread
         with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is left to wake
-            loop.call_soon_threadsafe(functools.partial(wake_followers, live, action_ids))
+            loop.call_soon_threadsafe(functools.partial(roster.wake, action_ids))
 
     return Journal(
         path,
@@ -261,17 +278,13 @@ def _said_where_the_journal_came_from(journal: Journal) -> None:
 
 
 def _observe(
-    metrics: Metrics,
-    live: dict[str, LiveJob],
-    journal: Journal,
-    launcher: Launcher,
-    queued_by_crew: Callable[[], Mapping[str, int]],
+    metrics: Metrics, roster: Roster[LiveJob], journal: Journal, launcher: Launcher, slots: Slots, crews: list[str]
 ) -> None:
     """The gauges, read at scrape time."""
     metrics.observe_with(
-        running=lambda: sum(job.phase in (Phase.LAUNCHING, Phase.RUNNING) for job in live.values()),
-        queued=lambda: sum(job.phase is Phase.QUEUED for job in live.values()),
-        queued_by_crew=queued_by_crew,
+        running=lambda: roster.count(Phase.LAUNCHING, Phase.RUNNING),
+        queued=lambda: roster.count(Phase.QUEUED),
+        queued_by_crew=lambda: slots.queued(crews),
         journal_bytes=journal.reader.size_bytes,
         restarts=lambda: getattr(launcher, "restarts", 0),
         idle_workers=lambda: getattr(launcher, "idle_workers", 0),

@@ -13,6 +13,7 @@ import psutil
 
 from supervisor.enums import Phase
 from supervisor.jobs.live import LiveJob
+from supervisor.jobs.roster import Roster
 from supervisor.jobs.slots import Slots
 from supervisor.journal.records import shown
 from supervisor.processes.containment import ProcessTable
@@ -22,9 +23,9 @@ from supervisor.processes.process import WorkerProcess
 LAST_LINE_CHARS = 200
 
 
-async def workers(live: dict[str, LiveJob], limits: Limits, slots: Slots) -> list[dict[str, Any]]:
+async def workers(roster: Roster[LiveJob], limits: Limits, slots: Slots) -> list[dict[str, Any]]:
     """Every live job's view, oldest first; one ended while it was measured is left out."""
-    jobs = sorted(live.values(), key=lambda job: job.admitted)
+    jobs = list(roster)
     table = ProcessTable.scan()  # one scan of the process table for every job's tree
     readings = [memory_reading(job, table) for job in jobs]
     # Off the loop: a PSS reading walks each process's mappings in the kernel.
@@ -33,7 +34,7 @@ async def workers(live: dict[str, LiveJob], limits: Limits, slots: Slots) -> lis
     return [
         {**worker_view(job, limits, now, *measured), "waiting": waiting(job, slots)}
         for job, measured in zip(jobs, memory, strict=True)
-        if job.action_id in live and job.phase is not Phase.SETTLED  # not ended while it was measured
+        if job.action_id in roster and job.phase is not Phase.SETTLED  # not ended while it was measured
     ]
 
 
@@ -59,7 +60,8 @@ def worker_view(
 ) -> dict[str, Any]:
     """A queued job has no worker yet: its process fields are null. ``memory`` is the job's as its cap measures
     it (``measure``: ``cgroup``, the kernel's charge, or ``pss``), where RSS counts every shared page in full."""
-    worker = job.worker
+    worker, conversation, spent = job.worker, job.conversation, job.spent
+    last_event_at = conversation.last_event_at if conversation is not None else None
     tree = worker.containment if worker is not None else None
     # The sampler refreshes ``usage``; until its first pass one sample here is cheap.
     usage = (tree.usage or tree.sample()) if tree is not None else None
@@ -74,19 +76,19 @@ def worker_view(
         "cpu_seconds": usage.cpu_seconds if usage else None,
         "processes": usage.processes if usage else None,
         "age_seconds": round(now - job.admitted, 3),
-        "event_count": job.event_count,
-        "last_event_at": job.last_event_at,
-        "idle_seconds": None if job.last_event_at is None else round(max(time.time() - job.last_event_at, 0), 3),
+        "event_count": conversation.events if conversation is not None else 0,
+        "last_event_at": last_event_at,
+        "idle_seconds": None if last_event_at is None else round(max(time.time() - last_event_at, 0), 3),
         "memory_bytes": memory,
         "memory_measure": measure,
         "memory_limit_bytes": limits.memory_bytes or None,
         "seconds_left": round(job.deadline - now, 3),  # before its timeout
         # Its LLM usage so far, call by call as CrewAI counts it (its output's token_usage only once it ends).
-        "tokens": job.spent.tokens,
-        "prompt_tokens": job.spent.prompt_tokens,
-        "completion_tokens": job.spent.completion_tokens,
-        "llm_calls": job.spent.llm_calls,
-        "model": job.spent.model,
+        "tokens": spent.tokens,
+        "prompt_tokens": spent.prompt_tokens,
+        "completion_tokens": spent.completion_tokens,
+        "llm_calls": spent.llm_calls,
+        "model": spent.model,
         "last_output": last_line(worker, job.secrets) if worker is not None else None,
     }
 

@@ -130,10 +130,11 @@ PARTS = {
     "journal",
     "launcher",
     "limits",
-    "live",
+    "parts",
     "reader",
     "recorder",
-    "relay",
+    "retention",
+    "roster",
     "runner",
     "sandbox",
 }
@@ -150,7 +151,7 @@ def test_http_reaches_no_part_through_the_facade() -> None:
     assert reached == set()
 
 
-def test_only_the_relay_speaks_to_a_job_s_worker() -> None:
+def test_only_the_conversation_speaks_to_a_job_s_worker() -> None:
     """What the supervisor sends a job's worker is named in one module: the conversation has one owner."""
     said = {"Start", "Stop", "DumpStacks", "Recorded"}
     speakers = {
@@ -160,7 +161,7 @@ def test_only_the_relay_speaks_to_a_job_s_worker() -> None:
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("protocol")
         if said & {alias.name for alias in node.names}
     }
-    assert speakers == {"supervisor/jobs/relay.py"}
+    assert speakers == {"supervisor/jobs/conversation.py"}
 
 
 @pytest.mark.parametrize(

@@ -89,12 +89,12 @@ class Core:
     ) -> Job:
         """Admit a job of ``crew`` that plays ``script`` (``extra`` joins its input); raises the admission's refusal."""
         body = StartRequest(crew_id=crew, action_id=action_id, input={"script": script, **extra}, timeout_ms=timeout_ms)
-        return await self.sup.admission.admit(body, f"key-{action_id}", legacy=False)
+        return await self.sup.admit(body, f"key-{action_id}", legacy=False)
 
     async def cancel(self, action_id: str = "job", reason: str | None = None) -> None:
         """Cancel, and return once the job is terminal: a cancel that never ends fails here, not at a hang guard."""
         async with asyncio.timeout(CANCEL_DEADLINE):
-            await self.sup.runner.cancel(action_id, reason)
+            await self.sup.cancel(action_id, reason)
 
     async def settled(self, action_id: str = "job") -> tuple[str, dict[str, Any]]:
         """The job's terminal event, once committed: its name and data."""
@@ -122,7 +122,7 @@ class Core:
 
     async def phase_reached(self, action_id: str, phase: str) -> None:
         async with asyncio.timeout(DEADLINE):
-            while (job := self.sup.live.get(action_id)) is None or job.phase != phase:
+            while (job := self.sup.roster.get(action_id)) is None or job.phase != phase:
                 await asyncio.sleep(0.005)
 
 

@@ -152,8 +152,8 @@ async def test_after_a_drain_began_only_an_exact_repeat_is_answered(tmp_path: Pa
     async with core(tmp_path) as it:
         await it.start(["started", "complete"], action_id="before")
         await it.settled("before")
-        assert it.sup.lifecycle is Lifecycle.OPEN and it.sup.health()["status"] == "ready"
+        assert it.sup.lifecycle is Lifecycle.OPEN and it.sup.reads.health()["status"] == "ready"
         await it.sup.stop(drain_seconds=0)
-        assert it.sup.lifecycle is Lifecycle.STOPPED and it.sup.health()["status"] == "draining"
+        assert it.sup.lifecycle is Lifecycle.STOPPED and it.sup.reads.health()["status"] == "draining"
         assert (await it.start(["started", "complete"], action_id="before")).status == "completed"
         assert await refusal(it, input={"script": []}) is admission.ShuttingDown

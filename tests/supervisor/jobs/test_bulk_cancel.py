@@ -39,13 +39,13 @@ async def test_each_phase_is_chosen_apart_and_a_running_job_is_killed_with_proof
         for job in answer["jobs"]:
             assert (job["phase_before"], job["status"], job["terminal"]["reason"]) == ("queued", "cancelled", "not now")
             assert job["terminal"]["stop_confirmed"] is True and job["terminal"]["launched"] is False
-        assert it.sup.live["busy"].phase == "running"  # another phase: untouched
+        assert it.sup.roster.get("busy").phase == "running"  # another phase: untouched
 
         listed = await bulk_cancel(client, phase="running", dry_run=True)
         assert [(job["action_id"], job["status"], job["terminal"]) for job in listed["jobs"]] == [
             ("busy", "running", None)
         ]
-        assert it.sup.live["busy"].stop is None  # a dry run asks nothing
+        assert it.sup.roster.get("busy").stop is None  # a dry run asks nothing
         worker = it.launcher.workers[0]
         (killed,) = (await bulk_cancel(client, phase="running"))["jobs"]
         assert (killed["status"], killed["terminal"]["reason"]) == ("cancelled", "cancelled by request")
@@ -63,7 +63,7 @@ async def test_a_launching_job_is_cancelled_before_its_worker_gets_its_job(tmp_p
         await it.phase_reached("spawning", "launching")
         cancelling = asyncio.ensure_future(bulk_cancel(client, phase="launching"))
         # The cancel is asked while its spawn still waits.
-        await asyncio.wait_for(it.sup.live["spawning"].stopped.wait(), DEADLINE)
+        await asyncio.wait_for(it.sup.roster.get("spawning").stopped.wait(), DEADLINE)
         it.launcher.gate.set()
         (job,) = (await cancelling)["jobs"]
         assert (job["phase_before"], job["status"]) == ("launching", "cancelled")
@@ -93,7 +93,7 @@ async def test_filters_that_match_nothing_touch_nothing(tmp_path: Path) -> None:
         await it.running("stays")
         for body in ({"crew_id": "another"}, {"operation": "train"}, {"crew_id": "scripted", "phase": "queued"}):
             assert (await bulk_cancel(client, **body))["jobs"] == [], body
-        assert it.sup.live["stays"].stop is None
+        assert it.sup.roster.get("stays").stop is None
         await it.cancel("stays")
 
 

@@ -24,7 +24,7 @@ async def waiting(client: httpx.AsyncClient) -> dict[str, object]:
 
 
 def phase(it: Core, action_id: str) -> str:
-    return it.sup.live[action_id].phase
+    return it.sup.roster.get(action_id).phase
 
 
 @in_loop
@@ -92,7 +92,7 @@ async def test_a_drain_fails_jobs_waiting_for_their_crew_certain(tmp_path: Path)
         try:
             event, data = await it.settled("a2")
             assert event == "failed" and data["reason"] == "supervisor_stopped" and data["uncertain_outcome"] is False
-            assert "a1" in it.sup.live and not stopping.done()
+            assert "a1" in it.sup.roster and not stopping.done()
         finally:
             skip.set()
         await stopping

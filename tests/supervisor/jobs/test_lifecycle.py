@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from protocol import BEFORE_CREW_REASONS, WORKER_REASONS, Reason
+from supervisor.jobs.reads import follow
 from tests.conftest import gone
 from tests.supervisor.jobs.harness import DEADLINE, core, identity, in_loop
 
@@ -139,7 +140,7 @@ async def test_a_follower_is_woken_by_each_commit_not_by_its_heartbeat(tmp_path:
         await it.start(["started", "await-go", "chunk", "hang"], go=str(go), timeout_ms=int(2 * DEADLINE * 1000))
         await it.running()
         names: list[str] = []
-        async for batch in it.sup.recorder.follow("job", 0, heartbeat=DEADLINE):
+        async for batch in follow(it.journal.reader, it.sup.roster, "job", 0, heartbeat=DEADLINE):
             assert batch is not None, "the follower waited for its heartbeat: no commit woke it"
             names += [event.event for event in batch]
             if names == ["started"]:

@@ -17,7 +17,7 @@ async def test_an_answer_after_the_result_leaves_a_completed_job_completed(tmp_p
     async with core(tmp_path) as it:
         await it.start(["started", "await-dump", "complete", "stacks"])
         await it.running()
-        asked = asyncio.ensure_future(it.sup.stacks_of("job"))
+        asked = asyncio.ensure_future(it.sup.reads.stacks_of("job"))
         event, data = await it.settled()
         assert event == "completed", data
         await asyncio.wait((asked,))  # answered, or given up on as the job ended: never an error of the job
@@ -36,7 +36,7 @@ async def test_an_answer_after_the_ask_gave_up_is_not_a_fault(tmp_path: Path) ->
         go.touch()
         asked = await client.get("/jobs/job/stack")
         assert asked.status_code == 200 and asked.json()["threads"][0]["name"] == "MainThread", asked.text
-        assert it.sup.live["job"].phase == "running"
+        assert it.sup.roster.get("job").phase == "running"
         await it.cancel("job")
         event, _ = await it.settled()
         assert event == "cancelled"
@@ -64,6 +64,6 @@ async def test_an_answer_past_the_bounds_is_held_to_them(tmp_path: Path) -> None
         assert len(first["name"]) == MAX_NAME_CHARS and first["ident"] is None
         assert first["stack"].startswith(STACK_CUT) and first["stack"].endswith("innermost call\n")
         assert sum(len(thread["stack"]) for thread in threads) <= MAX_STACK_BYTES
-        assert it.sup.live["job"].phase == "running"  # the job goes on
+        assert it.sup.roster.get("job").phase == "running"  # the job goes on
         await it.cancel("job")
         await it.settled()

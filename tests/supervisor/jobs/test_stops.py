@@ -156,7 +156,7 @@ async def test_a_drain_fails_the_queued_certain_and_lets_the_running_finish(tmp_
         try:
             event, data = await it.settled("queued")
             assert event == "failed" and data["reason"] == "supervisor_stopped" and data["uncertain_outcome"] is False
-            assert "running" in it.sup.live and not stopping.done()  # a drain kills nothing while it waits
+            assert "running" in it.sup.roster and not stopping.done()  # a drain kills nothing while it waits
         finally:
             skip.set()  # a second signal: the wait ends, and what still runs is killed
         await stopping
@@ -192,7 +192,7 @@ async def test_a_cancel_or_timeout_while_the_terminal_event_is_written_keeps_the
         go.touch()
         try:
             await it.phase_reached("job", "settling")
-            job = it.sup.live["job"]
+            job = it.sup.roster.get("job")
             assert job.worker is not None
             async with asyncio.timeout(DEADLINE):
                 await job.worker.exited

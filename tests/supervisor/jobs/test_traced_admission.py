@@ -63,7 +63,7 @@ def ids(n: int) -> tuple[str, str]:
 
 def traced(it: Core, untraced: tuple[str, ...] = ()) -> Kept:
     kept = Kept(untraced)
-    it.sup.tracing = it.sup.admission.tracing = kept
+    it.sup.reads.tracing = it.sup.admission.tracing = kept
     return kept
 
 

@@ -701,7 +701,7 @@ async def test_a_job_through_the_core_is_one_trace_its_worker_s_spans_beneath(
     given = tmp_path / "trace"
     script = ["trace", "started", f"span:{KICKOFF}::kickoff", f"span:{TASK}:{KICKOFF}:task", f"span-end:{TASK}"]
     async with core(tmp_path) as it:
-        assert it.sup.tracing.exporter == "otlp/http"
+        assert it.sup.reads.tracing.exporter == "otlp/http"
         await it.start([*script, f"span-end:{KICKOFF}", "complete"], "core-tree", trace=str(given))
         assert (await it.settled("core-tree"))[0] == "completed"
     spans = by_name(mine(tracing_on, "core-tree"), 12)  # exported as the supervisor closed
@@ -826,7 +826,7 @@ async def test_a_supervisor_not_tracing_gives_its_workers_an_empty_trace(tmp_pat
     given = tmp_path / "trace"
     given.write_text("untouched")
     async with core(tmp_path) as it:
-        assert it.sup.tracing.exporter is None
+        assert it.sup.reads.tracing.exporter is None
         await it.start(["trace", f"span:{TASK}:{KICKOFF}:task", "complete"], trace=str(given))  # ignored, not a fault
         assert (await it.settled())[0] == "completed"
     assert given.read_text() == ""

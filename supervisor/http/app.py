@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from supervisor.http import contract, operator
 from supervisor.http.auth import BearerAuth
@@ -84,7 +84,7 @@ def create_app(sup: Supervisor) -> FastAPI:
         app.include_router(router)
     # Each route as the middleware matches it: FastAPI's own (/openapi.json), then each router's. Every one: a
     # request it finds no route for goes on to the router as a 404 or 405 with a scoped token too.
-    routes = [route for route in app.router.routes if isinstance(route, Route)]
+    routes: list[BaseRoute] = [route for route in app.router.routes if isinstance(route, Route)]
     if len(app.router.routes) - len(routes) != len(routers):  # a Mount, say: the middleware could not judge it
         raise RuntimeError("the app serves a route the bearer middleware does not know")
     routes += [route for router in routers for route in router.routes]

@@ -45,9 +45,10 @@ class Holder:
     def pid_started(self) -> float | None:
         """When the process its pid names now started (None: no process has it); ``started`` while it runs."""
         try:
-            return psutil.Process(self.pid).create_time()
+            started: float = psutil.Process(self.pid).create_time()  # psutil is untyped: its seconds since the epoch
         except psutil.NoSuchProcess:
             return None
+        return started
 
     def jobs(self) -> list[Path]:
         """Its job cgroups, whether it runs or not."""

@@ -79,15 +79,11 @@ class Leftovers:
 
 class Conversation:
     def __init__(self, job: JobState, worker: WorkerProcess, parts: Parts) -> None:
-        self.job, self.worker = job, worker
-        self.settings, self.limits, self.recorder, self.metrics = (
-            parts.settings,
-            parts.limits,
-            parts.recorder,
-            parts.metrics,
-        )
-        self.grace = parts.grace
-        # What the conversation learns; the job reads each (``JobState``'s properties), nothing else writes it.
+        self.job, self.worker, self.grace = job, worker, parts.grace
+        # Held here, not read through ``parts`` at each frame: the relay loop is the hot path.
+        self.settings, self.limits = parts.settings, parts.limits
+        self.recorder, self.metrics = parts.recorder, parts.metrics
+        # What the conversation learns: its own, the job reads it (``LiveJob.conversation``), nothing else writes it.
         self.building = False  # its worker said Building: the crew's code runs in it from then on
         self.started = False  # its worker said Started: its crew runs, and it answers DumpStacks
         self.spent = Spending()  # each Spent counted
@@ -103,9 +99,10 @@ class Conversation:
         limits = (job.budget.max_tokens, job.budget.max_llm_calls)
         given = (job.action_id, job.crew_id, job.operation, job.input, job.timeout_ms, env, cwd, *limits)
         done = job.resumed or None
-        resumed = ([task.output for task in done], done[0].fingerprint) if done else (None, "")
+        resumed, fingerprint = ([task.output for task in done], done[0].fingerprint) if done else (None, "")
         trace = job.trace.worker_started(self.worker.pid, job.secrets)  # its worker's spans go beneath; "": not traced
-        self.worker.send(Start(*given, writable, holding(env, job.secrets), *resumed, trace))
+        names = holding(env, job.secrets)
+        self.worker.send(Start(*given, writable, names, resumed, fingerprint, trace))
 
     async def end(self, result: Ending | None) -> Outcome:
         """The job's outcome from how its conversation ended (``run``'s result): None, a stop was asked (the worker

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import psutil
 
@@ -58,7 +59,7 @@ async def fence_restored(journal: Journal, killed_before: Killed, tracing: Traci
         cgroups = Boundary.decode(job.boundary).cgroups
         earlier = [process for path in cgroups for process in killed_before.get(path, ())]
         killed = {process.pid: process for process in [*earlier, *await asyncio.to_thread(_kill_remains, job)]}
-        evidence = {
+        evidence: dict[str, Any] = {
             "orphan_killed": bool(killed),
             "orphans_killed": len(killed),
             "orphan_pids": sorted(killed)[:MAX_PIDS_RECORDED],

@@ -30,7 +30,7 @@ from supervisor.redaction import redact
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT, signal.SIGSYS})
 
 
-FRAME_FAULTS: dict[type[FrameError], str] = {
+FRAME_FAULTS: dict[type[FrameError], Reason] = {
     FrameTooLarge: Reason.FRAME_TOO_LARGE,
     TruncatedFrame: Reason.FRAME_TRUNCATED,
     InvalidDocument: Reason.FRAME_INVALID,
@@ -40,7 +40,7 @@ FRAME_FAULTS: dict[type[FrameError], str] = {
 
 
 # Where the reference sidecar reports the same condition: the class name of what it raises there.
-REFERENCE_ERROR_TYPES = {
+REFERENCE_ERROR_TYPES: dict[Reason, str] = {
     Reason.TIMEOUT: "TimeoutError",
     Reason.EVENT_TOO_LARGE: "RegistryError",
     Reason.EVENT_LIMIT_EXCEEDED: "RegistryError",
@@ -66,7 +66,7 @@ class Outcome:
     leftovers: dict[str, Any] | None = None
 
 
-def failure(reason: str, message: str, uncertain: bool, error_type: str | None = None, **proof: Any) -> Outcome:
+def failure(reason: Reason, message: str, uncertain: bool, error_type: str | None = None, **proof: Any) -> Outcome:
     """``reason`` is our precise name; ``error_type`` the reference's value for it where it has one."""
     data = {
         "status": Status.FAILED,
@@ -90,7 +90,8 @@ def worker_failure(failed: Failed, secrets: tuple[str, ...], *, crew_ran: bool, 
     taken, the job fails as the protocol error it is, with the worker's claim named apart (``worker_reason``)."""
     if failed.reason in WORKER_REASONS and not (crew_ran and failed.reason in BEFORE_CREW_REASONS):
         text = redact(failed.message, secrets)
-        return failure(failed.reason, text, failed.uncertain_outcome, error_type=failed.error_type, **proof)
+        reason = Reason(failed.reason)  # one of WORKER_REASONS: the worker's text, checked
+        return failure(reason, text, failed.uncertain_outcome, error_type=failed.error_type, **proof)
     claimed = bounded(redact(failed.reason, secrets), MAX_ERROR_TYPE_CHARS)
     message = f"the worker failed its job with a reason only the supervisor gives: {claimed!r}"
     return failure(Reason.PROTOCOL_ERROR, message, True, worker_reason=claimed, **proof)
@@ -130,7 +131,7 @@ def exit_failure(status: int | None, pid: int) -> Outcome:
     )
 
 
-def protocol_fault(got: Message | FrameError | None, wanted: str) -> tuple[str, str]:
+def protocol_fault(got: Message | FrameError | None, wanted: str) -> tuple[Reason, str]:
     """The error type and message for a worker that sent ``got`` where ``wanted`` belonged."""
     if isinstance(got, FrameError):
         return FRAME_FAULTS.get(type(got), Reason.PROTOCOL_ERROR), f"{type(got).__name__}: {got}"

@@ -138,6 +138,8 @@ class Retention:
         if job is None:
             return min(float(self.window), LONGEST_SLEEP)
         end = job.ended_at if job.ended_at is not None else job.admitted_at
+        if end is None:  # never of a record the journal read (it keeps each one's admission): due at once
+            return self._pause
         return min(max(end + self.window - time.time(), self._pause), LONGEST_SLEEP)
 
 

@@ -237,12 +237,13 @@ class Supervisor:
         queued = await self.runner.close_queue()
         log.warning("drain began", extra={"seconds": seconds, "running": len(self.roster), "queued": queued})
         pending = [job.done for job in self.roster]
-        skipped = asyncio.ensure_future(skip.wait())
+        skipped: asyncio.Future[bool] = asyncio.ensure_future(skip.wait())
         deadline = began + seconds
         try:
             # asyncio.wait cancels nothing it waits on: the jobs go on whatever ends the wait.
             while pending and not skip.is_set() and (left := deadline - loop.time()) > 0:
-                await asyncio.wait((*pending, skipped), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                waited: list[asyncio.Future[None] | asyncio.Future[bool]] = [*pending, skipped]
+                await asyncio.wait(waited, timeout=left, return_when=asyncio.FIRST_COMPLETED)
                 pending = [done for done in pending if not done.done()]
         finally:
             skipped.cancel()

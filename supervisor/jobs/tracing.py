@@ -24,7 +24,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from protocol import SpanEnded, SpanStarted
+from protocol import Reason, SpanEnded, SpanStarted
 from supervisor.enums import Status as JobStatus
 from supervisor.jobs.phases import StopReason
 from supervisor.jobs.worker_spans import CUT_OFF, WorkerSpans
@@ -79,7 +79,7 @@ class JobTrace:
         when the job is not traced. ``secrets``: the job's, masked in every string its worker's spans carry."""
         return ""
 
-    def take(self, message: SpanStarted | SpanEnded) -> tuple[str, str] | None:
+    def take(self, message: SpanStarted | SpanEnded) -> tuple[Reason, str] | None:
         """A span frame of the job's worker, checked as untrusted: a fault (reason, message) for one that breaks
         the rules, else None."""
         return None
@@ -129,9 +129,11 @@ class Traced(JobTrace):
         self.stop: Span | None = None  # from the stop that won to the job's end
         self.ended = False
 
-    def _span(self, name: str, start: int, parent: Context | None = None, **attributes: Any) -> Span:
+    def _span(
+        self, name: str, start: int, parent: Context | None = None, attributes: Mapping[str, str | int] | None = None
+    ) -> Span:
         within = parent or self.inside
-        return self.tracer.start_span(name, within, attributes={**self.job, **attributes}, start_time=start)
+        return self.tracer.start_span(name, within, attributes={**self.job, **(attributes or {})}, start_time=start)
 
     def admitted(self) -> None:
         if self.admission is not None:
@@ -161,21 +163,21 @@ class Traced(JobTrace):
 
     def worker_started(self, pid: int, secrets: Iterable[str]) -> str:
         began = time.time_ns()
-        self.worker = self._span("worker", began, **{"process.pid": pid})
+        self.worker = self._span("worker", began, attributes={"process.pid": pid})
         inside = trace.set_span_in_context(self.worker)
         self.spans = WorkerSpans(self.tracer, inside, self.job, secrets, began)
         carrier: dict[str, str] = {}
         PROPAGATOR.inject(carrier, inside)
         return carrier["traceparent"]
 
-    def take(self, message: SpanStarted | SpanEnded) -> tuple[str, str] | None:
+    def take(self, message: SpanStarted | SpanEnded) -> tuple[Reason, str] | None:
         if self.spans is None or self.worker is None:  # not given its trace yet, or gone: nothing of it is taken
             return None
         return self.spans.take(message)
 
     def stop_asked(self, reason: StopReason, said: str | None) -> None:
         if not self.ended and self.stop is None:
-            self.stop = self._span("stop", time.time_ns(), **{"crew_supervisor.stop_reason": str(reason)})
+            self.stop = self._span("stop", time.time_ns(), attributes={"crew_supervisor.stop_reason": str(reason)})
 
     @contextlib.contextmanager
     def killing(self) -> Iterator[Killed]:
@@ -330,7 +332,7 @@ class Tracing:
         the outcome in its trace, an error. Nothing for ids the journal holds malformed."""
         if self.tracer is None or (root := _context(*ids)) is None:
             return
-        attributes = _attributes(job.action_id, job.crew_id, job.operation)
+        attributes: dict[str, str | bool] = {**_attributes(job.action_id, job.crew_id, job.operation)}
         attributes |= {"crew_supervisor.outcome": str(JobStatus.FAILED), "crew_supervisor.reason": str(reason)}
         attributes["crew_supervisor.uncertain_outcome"] = True  # its worker's end was never seen
         within = trace.set_span_in_context(trace.NonRecordingSpan(root))

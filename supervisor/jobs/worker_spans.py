@@ -35,7 +35,7 @@ NAMES = frozenset(SpanName)
 INT64 = range(-(2**63), 2**63)  # what OTLP carries of an integer: a larger one would fail the whole batch's export
 CUT_OFF = "cut_off"  # error.type of a span the job's end cut off (a kill interrupted its work)
 QUOTED_CHARS = 40  # of a worker's text a fault quotes
-Fault = tuple[str, str]
+Fault = tuple[Reason, str]  # a span frame that breaks the rules: the protocol fault it is
 
 
 class WorkerSpans:
@@ -122,7 +122,10 @@ class WorkerSpans:
                 return _fault(f"span attribute {_quoted(key)} is none a worker's span carries")
             if type(value) is not kind or (kind is int and value not in INT64):
                 return _fault(f"span attribute {key} is not a {kind.__name__} (or out of range)")
-            taken[key] = self._text(value) if kind is str else value
+            if isinstance(value, str):  # exactly its kind, as checked above
+                taken[key] = self._text(value)
+            elif isinstance(value, int):
+                taken[key] = value
         return taken
 
     def _text(self, text: str) -> str:

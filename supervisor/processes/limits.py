@@ -35,7 +35,7 @@ CPU_BACKSTOP_SECONDS = 5
 
 @dataclasses.dataclass(frozen=True)
 class Breach:
-    error_type: str
+    error_type: Reason
     message: str
     proof: dict[str, Any]
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import orjson
 from fastapi import APIRouter, Header, HTTPException, Query, Request
 
+from protocol import Operation
 from supervisor.enums import LIVE_PHASES, Phase, Role, Status, literal
 from supervisor.http.contract import archiving, find, view
 from supervisor.http.responses import errors
@@ -60,7 +61,8 @@ async def list_jobs(
         raise HTTPException(422, f"unknown query parameter {sorted(unknown)[0]!r}")
     before = decode_cursor(cursor) if cursor else None
     among = (Status(status) if status else None, Phase(phase) if phase else None)  # checked: the enums' text
-    rows = sup.reads.list_jobs(*among, crew_id, operation, before, limit + 1)
+    kind = Operation(operation) if operation else None
+    rows = sup.reads.list_jobs(*among, crew_id, kind, before, limit + 1)
     page, more = rows[:limit], len(rows) > limit
     return {"jobs": page, "next_cursor": encode_cursor(page[-1]) if more else None}
 

@@ -58,7 +58,7 @@ class Ledger:
         self.job, self.settings, self.metrics, self.writes, self.answer = job, settings, metrics, writes, answer
         self.breach = breach
         self.last = 0  # the id of the last entry taken (calls and tasks share the count)
-        self.running: dict[int, str] = {}  # the calls started and not ended, and their kinds
+        self.running: dict[int, Effect] = {}  # the calls started and not ended, and their kinds
         # The index the next TaskDone must have: a resume's first is the first task its earlier job did not complete.
         self.next_task = len(job.resumed or ())
         # The bytes its task outputs take as stored, the earlier job's too: what a resume of this job carries.
@@ -88,7 +88,7 @@ class Ledger:
             self._count(kind, EffectStatus.UNCERTAIN)
         self.running.clear()
 
-    def _count(self, kind: str, status: str) -> None:
+    def _count(self, kind: Effect, status: EffectStatus) -> None:
         self.metrics.effects.labels(self.job.crew_id, kind, status).inc()
 
     def _start(self, message: EffectStarted) -> Fault | None:
@@ -99,7 +99,7 @@ class Ledger:
         secrets = self.job.secrets
         entry = Entry(message.id, message.effect, redact(message.name, secrets), redact(message.digest, secrets))
         self.last = message.id
-        self.running[message.id] = message.effect
+        self.running[message.id] = Effect(message.effect)  # one of them, checked above
         self._answer(self.writes.start(self.job.action_id, entry), message.id)
         return None
 
@@ -112,7 +112,7 @@ class Ledger:
             return Reason.PROTOCOL_ERROR, f"ledger entry {message.id}: an error over its bound"
         if message.prompt_tokens < 0 or message.completion_tokens < 0:
             return Reason.PROTOCOL_ERROR, f"ledger entry {message.id}: a negative count of tokens"
-        self._count(self.running.pop(message.id), message.status)
+        self._count(self.running.pop(message.id), EffectStatus(message.status))  # finished or failed, checked
         secrets = self.job.secrets
         error = (redact(message.error_type, secrets) or None, redact(message.error_message, secrets) or None)
         ending = Ending(message.id, message.status, *error, message.prompt_tokens, message.completion_tokens)

@@ -259,7 +259,7 @@ async def _unless_stopped(job: LiveJob, step: Callable[[], Awaitable[T]]) -> T |
     return None if work.cancelled() else work.result()
 
 
-def _finished(job: LiveJob, event: str, evidence: dict[str, Any]) -> dict[str, Any]:
+def _finished(job: LiveJob, event: Status, evidence: dict[str, Any]) -> dict[str, Any]:
     """What the log says of a job that ended: what it was, how it ended, how long it took and what it spent."""
     spent = job.spent
     return {

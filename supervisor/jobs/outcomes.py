@@ -59,7 +59,7 @@ class Outcome:
     """The terminal event (``completed`` data is the output itself, as the reference writes it), and what the record
     keeps beside it: the worker's exit status, and what it left running when it exited (``Leftovers.record``)."""
 
-    event: str  # completed | failed | cancelled
+    event: Status  # completed | failed | cancelled
     data: dict[str, Any]
     output: dict[str, Any] | None = None
     exit_status: int | None = None

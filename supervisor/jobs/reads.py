@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+from protocol import Operation
 from supervisor.enums import Phase, Status
 from supervisor.jobs import stacks
 from supervisor.jobs.live import LiveJob
@@ -117,7 +118,7 @@ class Reads:
         status: Status | None,
         phase: Phase | None,
         crew_id: str | None,
-        operation: str | None,
+        operation: Operation | None,
         before: tuple[float, str] | None,
         limit: int,
     ) -> list[dict[str, Any]]:

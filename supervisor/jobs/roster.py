@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Generic, Protocol, TypeVar
 
+from protocol import Operation
 from supervisor.enums import STOPPABLE_PHASES, Phase
 
 
@@ -19,7 +20,7 @@ class Member(Protocol):
     def crew_id(self) -> str: ...
 
     @property
-    def operation(self) -> str: ...
+    def operation(self) -> Operation: ...
 
     @property
     def phase(self) -> Phase: ...
@@ -62,7 +63,7 @@ class Roster(Generic[Job]):
         """The action ids of the live jobs in ``phase`` (a listing's filter)."""
         return [job.action_id for job in self._jobs.values() if job.phase is phase]
 
-    def stoppable(self, crew_id: str | None, phase: Phase | None, operation: str | None) -> list[Job]:
+    def stoppable(self, crew_id: str | None, phase: Phase | None, operation: Operation | None) -> list[Job]:
         """The live jobs a stop may still be asked of, of ``crew_id``, in ``phase``, of ``operation`` (None: any),
         oldest first."""
         return [

@@ -80,7 +80,7 @@ class Sandbox:
         else:
             log.info("a job's sandbox: %s", ", ".join(self.layers))
 
-    def policy(self, env: Mapping[str, str], cwd: str, operation: str) -> list[str] | None:
+    def policy(self, env: Mapping[str, str], cwd: str, operation: Operation) -> list[str] | None:
         """The places a job may change, its Start's ``writable`` (None: no sandbox)."""
         if self.mode == "off":
             return None

@@ -97,7 +97,7 @@ class JobTrace:
         """The worker is gone (its exit read, or its kill confirmed): the ``worker`` span ends, with how
         (``exit_status``), and its spans still open end as cut off."""
 
-    def end(self, event: str, evidence: Mapping[str, Any], input_tokens: int = 0, output_tokens: int = 0) -> None:
+    def end(self, event: JobStatus, evidence: Mapping[str, Any], input_tokens: int = 0, output_tokens: int = 0) -> None:
         """The job's terminal event is committed: the root ends with it (``evidence``: a failed or cancelled event's
         data, never a completed one's output); a span still open ends as cut off."""
 
@@ -211,7 +211,7 @@ class Traced(JobTrace):
         self.worker.end(now)
         self.worker = None
 
-    def end(self, event: str, evidence: Mapping[str, Any], input_tokens: int = 0, output_tokens: int = 0) -> None:
+    def end(self, event: JobStatus, evidence: Mapping[str, Any], input_tokens: int = 0, output_tokens: int = 0) -> None:
         if self.ended:
             return
         self._cut_off()
@@ -326,7 +326,7 @@ class Tracing:
         root = self.tracer.start_span("job", caller, attributes=job, links=links, start_time=began_ns)
         return Traced(self.tracer, root, job, began_ns) if root.is_recording() else NO_TRACE
 
-    def fenced(self, job: Job, ids: tuple[str, str], reason: str, began_ns: int) -> None:
+    def fenced(self, job: Job, ids: tuple[str, str], reason: Reason, began_ns: int) -> None:
         """A job a dead supervisor left running, failed by restart fencing (``fencing.py``): its root never ended,
         so a ``fenced`` span, a child of it (``ids``: its trace and root span id, as the journal keeps them), says
         the outcome in its trace, an error. Nothing for ids the journal holds malformed."""

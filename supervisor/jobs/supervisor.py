@@ -79,25 +79,26 @@ class Supervisor:
         slots = Slots(settings.max_concurrency, settings.crew_max_concurrency)
         slots.check(self.crews)  # each crew's own bound: the crews are known here, the fork server described them
         self.parts = Parts(
-            settings,
-            state,
-            launcher,
-            limits,
-            sandbox,
-            Recorder(settings, journal),
-            metrics,
-            slots,
-            crew_disk,
-            self.credentials.every_token if self.credentials else frozenset,
-            self._now_in,
-            Budget(settings.worker_max_tokens, settings.worker_max_llm_calls),
-            {crew_id: Budget.own(described) for crew_id, described in registry.budgets.items()},
+            settings=settings,
+            state=state,
+            launcher=launcher,
+            limits=limits,
+            sandbox=sandbox,
+            recorder=Recorder(settings, journal),
+            metrics=metrics,
+            slots=slots,
+            crew_disk=crew_disk,
+            tokens=self.credentials.every_token if self.credentials else frozenset,
+            lifecycle=self._now_in,
+            budget=Budget(settings.worker_max_tokens, settings.worker_max_llm_calls),
+            budgets={crew_id: Budget.own(described) for crew_id, described in registry.budgets.items()},
         )
         self.housekeeping = Housekeeping(limits, reaper, metrics, live=lambda: bool(roster))
         self.runner = Runner(self.parts, roster, self.housekeeping)
         self.retention = Retention(settings, journal, roster)
-        given = (self.runner, self._now_in, crew_disk, self.retention, tracing)
-        self.admission = Admission(settings, journal, self.crews, *given)
+        self.admission = Admission(
+            settings, journal, self.crews, self.runner, self._now_in, crew_disk, self.retention, tracing
+        )
         instance = secrets.token_hex(8)  # this life of the supervisor: a restart changes it
         self.reads = Reads(self.parts, roster, journal.reader, self.crews, instance, self.retention, tracing)
         self.archives = Archives(journal, self.retention)

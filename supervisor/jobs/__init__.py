@@ -1,1 +1,1 @@
-"""The job lifecycle: admission, the runner, the recorder, housekeeping, how jobs end, restart fencing."""
+"""The job lifecycle: admission, the live jobs (each one's run and conversation), recording, housekeeping, fencing."""

@@ -1,7 +1,7 @@
 """What a ``train`` job leaves half-written in the training directory when its worker dies before it
 publishes (a kill, a crash, a supervisor that died with it): its hidden ``.partial`` file.
 
-The name is the job's own (``protocol.partial_name``), so once the job's worker is gone the runner removes
+The name is the job's own (``protocol.partial_name``), so once the job's worker is gone its launch removes
 exactly that file; at start-up, before any job runs, no ``.partial`` there belongs to anything alive.
 """
 

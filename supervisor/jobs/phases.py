@@ -1,5 +1,5 @@
 """A live job's phases (named in ``supervisor/enums.py``, for every layer), the moves between them, and why a
-job is stopped: the runner's state machine.
+job is stopped: the state machine of each live job (``LiveJob.move``).
 
 A job moves only forward, through ``MOVES``; ``docs/architecture.md`` draws this table (``diagram()``), and a
 test keeps the drawing true. A stop is asked for with a ``StopReason``: the first one asked wins, and none is
@@ -30,7 +30,7 @@ class StopReason(enum.StrEnum):
 
 
 class IllegalMove(RuntimeError):
-    """A move ``MOVES`` does not allow: a bug in the runner, never a job's doing."""
+    """A move ``MOVES`` does not allow: a bug in the supervisor (``LiveJob``), never a job's doing."""
 
 
 def check_move(current: Phase, to: Phase) -> None:

@@ -136,6 +136,7 @@ class Conversation:
     async def _relay(self, ledger: Ledger) -> Ending:
         """The worker's frames after its hello, into the job's events and its ledger."""
         job, worker, recorder = self.job, self.worker, self.recorder
+        action_id, secrets = job.action_id, job.secrets  # the job's own from its launch on: read once, not per frame
         while True:
             message = await worker.next_message()
             if isinstance(message, Completed | Failed):
@@ -150,11 +151,11 @@ class Conversation:
                 self.limits.begin(worker)
                 self.metrics.start_latency.observe(asyncio.get_running_loop().time() - job.admitted)
                 started = {"status": Status.RUNNING, "operation": job.operation, "pid": worker.pid}
-                fault = await recorder.record(job, EventName.STARTED, started, self.events)
+                fault = await recorder.record(action_id, secrets, EventName.STARTED, started, self.events)
                 if fault is None:
                     self.events, self.last_event_at = self.events + 1, time.time()
             elif isinstance(message, Chunk):
-                fault = await recorder.record(job, EventName.CHUNK, message.data, self.events)
+                fault = await recorder.record(action_id, secrets, EventName.CHUNK, message.data, self.events)
                 if fault is None:
                     self.events, self.last_event_at = self.events + 1, time.time()
             elif isinstance(message, EffectStarted | EffectEnded | TaskDone):
@@ -207,7 +208,7 @@ class Conversation:
             return after_terminal(trailing)
         # The client takes the completed event's data as the output: it must carry all of it, or the job
         # fails as the reference's does. Never a completed event without its output.
-        size, bound = len(masked(self.job, message.output)), self.settings.max_event_bytes  # measured as stored
+        size, bound = len(masked(message.output, self.job.secrets)), self.settings.max_event_bytes  # measured as stored
         if size > bound:
             message_text = f"an output of {size} bytes exceeds {PREFIX}MAX_EVENT_BYTES ({bound})"
             return failure(Reason.EVENT_TOO_LARGE, message_text, True, output_bytes=size, limit_bytes=bound, **proof)

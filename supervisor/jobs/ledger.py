@@ -126,7 +126,7 @@ class Ledger:
             return Reason.PROTOCOL_ERROR, f"completed task {message.index} out of order: expected {self.next_task}"
         if len(message.fingerprint) > MAX_DIGEST_CHARS:
             return Reason.PROTOCOL_ERROR, f"ledger entry {message.id}: a fingerprint over its bound"
-        output = masked(self.job, message.output)  # as the completed event's output is kept
+        output = masked(message.output, self.job.secrets)  # as the completed event's output is kept
         if len(output) > (bound := self.settings.max_event_bytes):
             return Reason.EVENT_TOO_LARGE, f"a task output of {len(output)} bytes: {PREFIX}MAX_EVENT_BYTES is {bound}"
         if self.task_bytes + len(output) > MAX_RESUMED_BYTES:

@@ -32,19 +32,19 @@ class Recorder:
         self.journal = journal
 
     async def record(
-        self, job: JobState, name: EventName, data: dict[str, Any], recorded: int
+        self, action_id: str, secrets: tuple[str, ...], name: EventName, data: dict[str, Any], recorded: int
     ) -> tuple[Reason, str] | None:
-        """Append a non-terminal event to the ``recorded`` ones, or say which bound it breaks (the last slot is the
-        terminal's) or that its group could not be committed."""
+        """Append a non-terminal event of the job ``action_id`` (its ``secrets`` masked) to the ``recorded`` ones, or
+        say which bound it breaks (the last slot is the terminal's) or that its group could not be committed."""
         if recorded + 1 >= self.settings.max_events_per_run:
             limit = self.settings.max_events_per_run
             return Reason.EVENT_LIMIT_EXCEEDED, f"more than {limit - 1} events: {PREFIX}MAX_EVENTS_PER_RUN is {limit}"
-        encoded = masked(job, data)  # as the reference measures it: the event's data, compact JSON; as stored
+        encoded = masked(data, secrets)  # as the reference measures it: the event's data, compact JSON; as stored
         if len(encoded) > self.settings.max_event_bytes:
             bound = self.settings.max_event_bytes
             return Reason.EVENT_TOO_LARGE, f"an event of {len(encoded)} bytes exceeds {PREFIX}MAX_EVENT_BYTES ({bound})"
         started = name == EventName.STARTED  # committed at once, not awaited: start latency is what clients feel first
-        group = self.journal.append(job.action_id, name, data, encoded, commit=started)
+        group = self.journal.append(action_id, name, data, encoded, commit=started)
         if group is not None and not started:  # a checkpoint: relay no more of this job until it is durable
             try:
                 await group
@@ -69,7 +69,9 @@ class Recorder:
         spent = job.spent
         if outcome.event != Status.COMPLETED and spent.llm_calls:  # a completed job's output's token_usage says it
             outcome.data.setdefault("llm_spent", spent.summary())
-        masked(job, outcome.data)  # in place, so the log says what the journal does; a completed one's is the output
+        masked(
+            outcome.data, job.secrets
+        )  # in place, so the log says what the journal does; a completed one's is the output
         try:
             await self.journal.finish(
                 job.action_id,
@@ -102,11 +104,11 @@ class Recorder:
             )
 
 
-def masked(job: JobState, data: dict[str, Any]) -> bytes:
-    """``data`` (what a job's worker wrote, decoded) as compact JSON, with the job's secrets replaced in its strings
+def masked(data: dict[str, Any], secrets: tuple[str, ...]) -> bytes:
+    """``data`` (what a job's worker wrote, decoded) as compact JSON, with the job's ``secrets`` replaced in its strings
     (``supervisor/redaction.py``), in place: every event, and the output, passes here before it is journaled, sent
     or logged. A chunk event is the hot path: its JSON is searched once, and walked only if a secret may be in it."""
     encoded = orjson.dumps(data)
-    if job.secrets and mentions(encoded, job.secrets):
-        encoded = orjson.dumps(redact_data(data, job.secrets))
+    if secrets and mentions(encoded, secrets):
+        encoded = orjson.dumps(redact_data(data, secrets))
     return encoded

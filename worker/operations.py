@@ -25,7 +25,7 @@ from worker import registry, resume, tether
 from worker.chunks import Coalescer
 
 Emit = Callable[[Chunk], None]
-OUTPUT_FIELDS = {"raw": "", "json_dict": None, "pydantic": None, "tasks_output": [], "token_usage": {}}
+OUTPUT_FIELDS: dict[str, Any] = {"raw": "", "json_dict": None, "pydantic": None, "tasks_output": [], "token_usage": {}}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -89,11 +89,12 @@ class _Trace:
                 if span in still:
                     still.remove(span)
             span.ending = SpanEnded(span.id, end_ns, attributes or {}, self.text(error) if error else "")
-            while span is not None and span.children == 0 and span.ending is not None:
-                self.send(span.ending)
-                span.ending, span = None, span.parent
-                if span is not None:
-                    span.children -= 1
+            said: Span | None = span
+            while said is not None and said.children == 0 and said.ending is not None:
+                self.send(said.ending)
+                said.ending, said = None, said.parent
+                if said is not None:
+                    said.children -= 1
 
     @contextlib.contextmanager
     def span(self, name: SpanName, attributes: dict[str, Any]) -> Iterator[Span]:
@@ -185,7 +186,8 @@ def follow(crew: Any) -> None:
     from crewai import Task
 
     trace.crews.append(crew)
-    for cls in {Task, *(type(task) for task in getattr(crew, "tasks", None) or ())}:
+    classes: set[type] = {Task, *(type(task) for task in getattr(crew, "tasks", None) or ())}
+    for cls in classes:
         for each in cls.__mro__:
             _wrap_task(each)
 

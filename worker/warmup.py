@@ -175,11 +175,12 @@ def _provider_llm(model: str, url: str) -> Any:
 def _crew(llm: Any = None, tool: bool = False) -> Any:
     """One agent and task on the offline model; or two on ``llm``, the first with a tool to call."""
     from crewai import Agent, Crew, Task
+    from crewai.agents.agent_builder.base_agent import BaseAgent
 
     from worker.demo import OfflineLLM
 
     llm = llm or OfflineLLM(model="offline-warmup")
-    agents = [Agent(role="Warmer", goal="Answer", backstory="Quick.", llm=llm, allow_delegation=False)]
+    agents: list[BaseAgent] = [Agent(role="Warmer", goal="Answer", backstory="Quick.", llm=llm, allow_delegation=False)]
     if tool:
         agents[0].tools = [_lookup()]
         agents.append(Agent(role="Writer", goal="Write", backstory="Quick.", llm=llm, allow_delegation=False))
@@ -202,7 +203,7 @@ def _kickoff(operation: operations.Handler, crew: Any, streamed: bool) -> None:
     """What a job of ``operation`` does on a fresh crew: streamed or not, the output converted; then the
     crew's HTTP clients are closed, so no connection outlives the warm-up."""
     chunks: list[Any] = []
-    job_input = {} if streamed else {"inputs": [{}]}
+    job_input: dict[str, Any] = {} if streamed else {"inputs": [{}]}
     loop = asyncio.new_event_loop()
     try:
         work = operations.Work(crew, job_input, chunks.append, lambda: crew, "warm-up")
@@ -211,9 +212,9 @@ def _kickoff(operation: operations.Handler, crew: Any, streamed: bool) -> None:
     finally:
         loop.close()
         for agent in crew.agents:
-            client = getattr(agent.llm, "_client", None)
-            if hasattr(client, "close"):
-                client.close()
+            close = getattr(getattr(agent.llm, "_client", None), "close", None)
+            if callable(close):
+                close()
     raw = output.get("raw") if streamed else output["results"][0].get("raw")
     if not raw or (streamed and not chunks):
         raise WarmupError("the warm-up kickoff streamed no chunks or gave no output")

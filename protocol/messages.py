@@ -276,7 +276,7 @@ class OverBudget(Message):
     waits to be stopped; no call of the job starts after this."""
 
     kind: ClassVar[str] = "over_budget"
-    limit: str
+    limit: str  # a Limit; the supervisor checks it is one its job has
 
 
 @dataclasses.dataclass(frozen=True)

@@ -65,7 +65,7 @@ def run(
             if mode is Mode.CHECK:
                 check({only: crews[only]} if only in crews else crews, out)
         elif crews is not None:
-            serve(state, control.start(), crews, out, launched, domain, control)
+            enter_and_execute(state, control.start(), crews, out, launched, domain, control)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -74,7 +74,7 @@ def run(
         os._exit(0)
 
 
-def serve(
+def enter_and_execute(
     state: WorkerState,
     start: Start,
     crews: dict[str, Any],

@@ -299,27 +299,37 @@ def follow_tasks(ledger: Ledger, crew: Any, fingerprint: str, resumed: list[dict
     runs again from that task. So is a task CrewAI skips (a ``ConditionalTask``: it gets no output)."""
     theirs = crew.task_callback
     lock = threading.Lock()
-    state = {"next": len(resumed), "open": True, "bytes": sum(ledger.size(output) for output in resumed)}
+    done = _TasksDone(len(resumed), sum(ledger.size(output) for output in resumed))
 
     def task_done(output: Any) -> Any:
         with lock:
-            while state["open"] and state["next"] < len(crew.tasks) and crew.tasks[state["next"]].output is not None:
-                sent = _send_task(ledger, crew.tasks[state["next"]].output, state, fingerprint, max_bytes)
-                state["open"], state["next"] = sent, state["next"] + 1
+            while done.open and done.next < len(crew.tasks) and crew.tasks[done.next].output is not None:
+                sent = _send_task(ledger, crew.tasks[done.next].output, done, fingerprint, max_bytes)
+                done.open, done.next = sent, done.next + 1
         return theirs(output) if theirs is not None else None
 
     crew.task_callback = task_done
 
 
-def _send_task(ledger: Ledger, output: Any, state: dict[str, Any], fingerprint: str, max_bytes: int) -> bool:
+@dataclasses.dataclass
+class _TasksDone:
+    """Where a run's ``TaskDone``s stand: the index of the next task to send, the bytes of the outputs sent (a resume's
+    restored ones included), and whether any more may be sent."""
+
+    next: int
+    bytes: int
+    open: bool = True
+
+
+def _send_task(ledger: Ledger, output: Any, done: _TasksDone, fingerprint: str, max_bytes: int) -> bool:
     from worker.operations import to_json
 
-    dumped, index = to_json(output), state["next"]
+    dumped, index = to_json(output), done.next
     data = {name: dumped.get(name) for name in TASK_FIELDS}
     size = ledger.size(data)
-    if size > max_bytes or state["bytes"] + size > MAX_RESUMED_BYTES:
+    if size > max_bytes or done.bytes + size > MAX_RESUMED_BYTES:
         return False
-    state["bytes"] += size
+    done.bytes += size
     ledger.enter(lambda entry: TaskDone(entry, index, data, fingerprint))
     return True
 

@@ -40,7 +40,7 @@ class Span:
     """An open span: ``children`` still open beneath it; once it is ended, ``ending`` holds its end until they are."""
 
     id: str
-    name: str
+    name: SpanName
     parent: Span | None
     thread: int  # where it was opened: a fallback parent for a span opened there without a context
     children: int = 0

@@ -24,6 +24,7 @@ from protocol.environment import (
     WORKER_IDS,
     WORKER_NICE,
     BadSetting,
+    Warmup,
     WorkerSettings,
 )
 from protocol.factories import NOT_A_FACTORY, factory_fix, not_a_factory
@@ -178,6 +179,7 @@ __all__ = [
     "TruncatedFrame",
     "UnknownMessage",
     "VersionMismatch",
+    "Warmup",
     "WorkerSettings",
     "bounded_threads",
     "command_line",

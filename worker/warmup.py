@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from protocol import STORAGE_DIR, WARMUP, Operation, WorkerSettings
+from protocol import STORAGE_DIR, WARMUP, Operation, Warmup, WorkerSettings
 from worker import operations, provider, tls
 from worker.state import WorkerState
 
@@ -87,12 +87,12 @@ def warm(state: WorkerState, ours: Iterable[threading.Thread] = ()) -> Warmth:
         raise WarmupError(f"cannot import CrewAI: {type(exc).__name__}: {exc}") from None
     native = Threads(frozenset([threading.current_thread(), *ours]), Threads.now().kernel)
     sockets = _sockets()  # the supervisor's channel: any other socket left open would be every worker's
-    providers = state.settings.warmup != "offline"
+    providers = state.settings.warmup != Warmup.OFFLINE
     try:
         for _ in range(KICKOFFS):
             warmth = rehearse(state.settings, providers)
         if not providers:
-            warmth.not_warmed["providers"] = f"{WARMUP}=offline"
+            warmth.not_warmed["providers"] = f"{WARMUP}={Warmup.OFFLINE}"
     except WarmupError:
         raise
     except Exception as exc:  # a timeout included

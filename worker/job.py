@@ -204,7 +204,7 @@ def prepare(state: WorkerState, start: Start, crews: dict[str, Any], out: tether
     # As the job starts, not before the factory: a process CPU limit makes the kernel count the process's CPU clock
     # by ticks (its timer running), and a factory timing itself with process_time() read 0 ms of 2 (the bench's).
     tether.bound_cpu(state.settings)
-    fresh = functools.partial(_fresh, state, start.crew_id, entry)
+    fresh = functools.partial(_fresh, opened, state.trace, start.crew_id, entry)
     restored = len(start.resumed or ())
     return Work(crew, operation, start.input, out.send, fresh, start.job_id, state.settings, secrets, restored)
 
@@ -228,12 +228,11 @@ def resumed(start: Start, operation: Operation, crew: Any, fingerprint: str) -> 
     return None
 
 
-def _fresh(state: WorkerState, crew_id: str, entry: Any) -> Any:
-    """Another crew for the job (``batch_run``'s), its classes in the ledger, its tasks traced."""
+def _fresh(opened: ledger.Ledger, trace: tracing.Trace | None, crew_id: str, entry: Any) -> Any:
+    """Another crew for the job (``batch_run``'s), its classes in the ``opened`` ledger, its tasks traced."""
     crew = registry.build(crew_id, entry)
-    if state.ledger is not None:
-        ledger.wrap_classes(state.ledger)
-    tracing.follow(state.trace, crew)
+    ledger.wrap_classes(opened)
+    tracing.follow(trace, crew)
     return crew
 
 

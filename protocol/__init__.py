@@ -24,6 +24,7 @@ from protocol.environment import (
     WORKER_IDS,
     WORKER_NICE,
     BadSetting,
+    Warmup,
     WorkerSettings,
 )
 from protocol.factories import NOT_A_FACTORY, factory_fix, not_a_factory
@@ -90,6 +91,7 @@ from protocol.vocabulary import (
     WORKER_REASONS,
     Effect,
     EffectStatus,
+    Limit,
     Operation,
     Reason,
     SpanName,
@@ -155,6 +157,7 @@ __all__ = [
     "Hello",
     "InvalidDocument",
     "Layer",
+    "Limit",
     "Message",
     "MessageReader",
     "Mode",
@@ -176,6 +179,7 @@ __all__ = [
     "TruncatedFrame",
     "UnknownMessage",
     "VersionMismatch",
+    "Warmup",
     "WorkerSettings",
     "bounded_threads",
     "command_line",

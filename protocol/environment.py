@@ -9,6 +9,7 @@ sides take the numbers and the names from here, so they cannot drift apart.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import TypeVar
@@ -23,7 +24,7 @@ EVENT_FD = 4  # worker -> supervisor: every frame the worker sends
 SETTINGS_PREFIX = "AIP_CREWAI_"
 REGISTRY = SETTINGS_PREFIX + "REGISTRY"  # module:attr, the crews the worker loads
 WORKER_NICE = SETTINGS_PREFIX + "WORKER_NICE"  # a job's worker's niceness (the fork server keeps the supervisor's)
-WARMUP = SETTINGS_PREFIX + "WARMUP"  # what the fork server warms: providers, or offline crews alone
+WARMUP = SETTINGS_PREFIX + "WARMUP"  # what the fork server warms (``Warmup``)
 TRAINING_DIR = SETTINGS_PREFIX + "TRAINING_DIR"  # where a train job publishes its artifact, absolute
 # "uid:gid" a worker (or the fork server) switches to before anything else, when the supervisor's
 # AIP_CREWAI_WORKER_USER is set; absent, it keeps the supervisor's uid.
@@ -64,6 +65,13 @@ CREWAI_SWITCHES = {
 QUIET_CREWAI = {**CREWAI_SWITCHES, "OTEL_SDK_DISABLED": "true"}
 
 
+class Warmup(enum.StrEnum):
+    """What the fork server warms (``WARMUP``): any other value than ``offline`` warms the providers too."""
+
+    PROVIDERS = "providers"  # our own crews offline, and on each installed provider against a loopback one
+    OFFLINE = "offline"  # our own crews offline alone
+
+
 class BadSetting(ValueError):
     """A worker setting whose value the worker cannot read: names the variable and what it must be."""
 
@@ -76,7 +84,7 @@ class WorkerSettings:
 
     registry: str = ""
     nice: int = 0
-    warmup: str = "providers"
+    warmup: str = Warmup.PROVIDERS  # text: the supervisor's setting, which the worker reads as a ``Warmup``
     max_events: int = 1000
     max_event_bytes: int = 262144
     hidden: tuple[str, ...] = ()

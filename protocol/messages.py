@@ -276,7 +276,7 @@ class OverBudget(Message):
     waits to be stopped; no call of the job starts after this."""
 
     kind: ClassVar[str] = "over_budget"
-    limit: str
+    limit: str  # a Limit; the supervisor checks it is one its job has
 
 
 @dataclasses.dataclass(frozen=True)
@@ -358,8 +358,7 @@ def decode(document: dict[str, Any]) -> Message:
     if version != PROTOCOL_VERSION:
         raise VersionMismatch(f"protocol version {version!r}, expected {PROTOCOL_VERSION}")
     kind = document.get("type")
-    cls = _KINDS.get(kind) if isinstance(kind, str) else None
-    if cls is None:
+    if not isinstance(kind, str) or (cls := _KINDS.get(kind)) is None:
         raise UnknownMessage(f"unknown message type {kind!r}")
     names, checks = _CHECKS[kind]
     if document.keys() != names:

@@ -39,6 +39,14 @@ class EffectStatus(enum.StrEnum):
     UNCERTAIN = "uncertain"
 
 
+class Limit(enum.StrEnum):
+    """A job's LLM budget, as a crew's own (``worker.spending.budget``) names it and as a worker says which one it
+    held a call back for (``OverBudget.limit``)."""
+
+    MAX_TOKENS = "max_tokens"
+    MAX_LLM_CALLS = "max_llm_calls"
+
+
 class SpanName(enum.StrEnum):
     """The spans a worker opens in its job's trace (``SpanStarted``), only when its ``Start`` names one (``trace``):
     all beneath the supervisor's span that ``Start.trace`` names (docs/tracing.md)."""

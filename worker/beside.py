@@ -48,4 +48,4 @@ def fork_beside() -> int:
     _python.PyOS_AfterFork_Parent()
     if pid < 0:
         raise OSError(error, os.strerror(error))
-    return pid
+    return int(pid)  # ctypes gives the restype's Python int, typed Any

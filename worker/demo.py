@@ -20,12 +20,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 import orjson
-from chromadb import EmbeddingFunction
+from chromadb import Documents, EmbeddingFunction
 from crewai import LLM, Agent, Crew, Process, Task
+from crewai.agents.agent_builder.base_agent import BaseAgent
 from crewai.events.types.llm_events import LLMCallType
 from crewai.knowledge.source.string_knowledge_source import StringKnowledgeSource
 from crewai.llms.base_llm import BaseLLM, llm_call_context
 from crewai.rag.embeddings.providers.custom.embedding_callable import CustomEmbeddingFunction
+from crewai.rag.embeddings.providers.custom.types import CustomProviderSpec
 from crewai.tools import BaseTool
 from pydantic import BaseModel
 
@@ -99,7 +101,7 @@ class OfflineLLM(BaseLLM):
         from_task: Any = None,
         from_agent: Any = None,
         response_model: Any = None,
-    ) -> str:
+    ) -> str | BaseModel:
         prompt = prompt_text(messages)
         digest = hashlib.sha256(prompt.encode()).hexdigest()[:12]
         role = getattr(from_agent, "role", "agent")
@@ -133,7 +135,7 @@ class OfflineLLM(BaseLLM):
         """What the model says to a call (not a structured one), given what it found in the prompt."""
         return f"Thought: I know the answer.\nFinal Answer: {finding}"
 
-    async def acall(self, *args: Any, **kwargs: Any) -> str:
+    async def acall(self, *args: Any, **kwargs: Any) -> str | BaseModel:
         return await asyncio.to_thread(self.call, *args, **kwargs)
 
     def get_input_tokens_count(self, *args: Any, **kwargs: Any) -> int:
@@ -145,7 +147,7 @@ class OfflineLLM(BaseLLM):
 
     def _answer_structured(
         self, messages: str | list[Any], model: type[BaseModel], text: str, task: Any, agent: Any
-    ) -> Any:
+    ) -> BaseModel:
         answer = _structured(model, text)
         with llm_call_context():
             self._emit_call_started_event(messages=messages, from_task=task, from_agent=agent)
@@ -290,7 +292,8 @@ def demo_effects() -> Crew:
     """EFFECT_STEPS tasks, each of its own agent, each agent's tool an external effect (``RecordStep``: a line in
     the crew's HOME) that takes ``seconds`` (default 1): a run to stop half-way, look at its effect ledger, and
     resume (docs/reconcile-and-resume.md). Inputs: ``marker`` (default "demo"), ``seconds``."""
-    agents, tasks = [], []
+    agents: list[BaseAgent] = []
+    tasks = []
     for step in range(1, EFFECT_STEPS + 1):
         agent = Agent(
             role=f"Clerk {step}",
@@ -305,7 +308,7 @@ def demo_effects() -> Crew:
     return Crew(agents=agents, tasks=tasks, before_kickoff_callbacks=[_with_marker])
 
 
-class HashEmbedder(CustomEmbeddingFunction, EmbeddingFunction):  # type: ignore[misc]
+class HashEmbedder(CustomEmbeddingFunction, EmbeddingFunction[Documents]):
     """A deterministic offline embedder: each word adds +-1 to a sha256-chosen dimension.
 
     Texts sharing words point the same way. Both bases: CrewAI's custom provider wants its class,
@@ -341,7 +344,7 @@ class HashEmbedder(CustomEmbeddingFunction, EmbeddingFunction):  # type: ignore[
         return HashEmbedder()
 
 
-OFFLINE_EMBEDDER = {"provider": "custom", "config": {"embedding_callable": HashEmbedder}}
+OFFLINE_EMBEDDER: CustomProviderSpec = {"provider": "custom", "config": {"embedding_callable": HashEmbedder}}
 KNOWLEDGE = (
     "Every CrewAI job runs in its own worker process, started by the supervisor.",
     "Cancelling a job kills the worker's whole process group and confirms every process is gone.",

@@ -39,6 +39,7 @@ from protocol import (
     Refused,
 )
 from worker import beside, job, prefault, tether, warmup
+from worker.state import WorkerState
 
 EXIT_NOT_SINGLE_THREADED = 79
 EXIT_NOT_WARMED = 80
@@ -46,33 +47,41 @@ ADOPTION_SECONDS = 5.0
 JOB_FDS = 4  # control, events, stdout, stderr
 
 
-def serve(socket_fd: int) -> NoReturn:
+def serve(state: WorkerState, socket_fd: int) -> NoReturn:
+    """Warm up, then fork a worker for each ``Fork`` until the supervisor is gone. Each worker's state is the fork
+    server's (``state``, its TLS pool made by the warm-up) with the settings of its own environment."""
     channel = socket.socket(fileno=socket_fd)
     # Before the registry's code runs here: no worker may read this process's memory or attach to it.
     # Its workers inherit the flag; each sets it back when it takes a job (job.enter).
     tether.set_dumpable(False)
     tether.prepare_environment()
     out = tether.FrameWriter(socket_fd)  # SOCK_SEQPACKET: each frame is one whole packet
-    crews = job.load(out)  # imports the registry (and crewai, here or in warm), once for every job to come
+    crews = job.load(state, out)  # imports the registry (and crewai, here or in warm), once for every job to come
     if crews is None:
         os._exit(1)
     try:
-        warmth = warmup.warm()
+        warmth = warmup.warm(state)
     except warmup.WarmupError as exc:
         line = " ".join(str(exc).split())[:1000]  # one line for the supervisor's log
         out.send(job.failed(Reason.WARMUP_FAILED, Reason.WARMUP_FAILED, line, False))
         os._exit(EXIT_NOT_WARMED)
     gc.collect()  # the warm-up's garbage, so it is not frozen with the rest
     gc.freeze()  # what is imported and warmed now stays shared with every child
-    written = prefault.probe(lambda: warmup.rehearse(providers=False))  # learned from a child forked as workers are
-    out.send(job.describe_registry(crews, dataclasses.asdict(warmth)))
+    # Learned from a child forked as workers are.
+    written = prefault.probe(lambda: warmup.rehearse(state.settings, providers=False))
+    out.send(job.describe_registry(state, crews, dataclasses.asdict(warmth)))
     supervisor = os.getppid()
     while True:
-        _fork_one(channel, out, crews, written, supervisor)
+        _fork_one(state, channel, out, crews, written, supervisor)
 
 
 def _fork_one(
-    channel: socket.socket, out: tether.FrameWriter, crews: dict[str, Any], written: prefault.Runs, supervisor: int
+    state: WorkerState,
+    channel: socket.socket,
+    out: tether.FrameWriter,
+    crews: dict[str, Any],
+    written: prefault.Runs,
+    supervisor: int,
 ) -> None:
     data, fds, _, _ = socket.recv_fds(channel, MAX_FRAME_BYTES, JOB_FDS)
     if not data:
@@ -89,7 +98,7 @@ def _fork_one(
     sys.stdout.flush()
     sys.stderr.flush()
     fork = messages[0]
-    become = lambda middle: _become_worker(fork, fds, (supervisor, middle), crews, written, [channel.fileno()])  # noqa: E731
+    become = lambda middle: _become_worker(state, fork, fds, (supervisor, middle), crews, written, [channel.fileno()])  # noqa: E731
     pid = _fork_beside(become, supervisor) if beside.supported() and beside.alone() else _double_fork(become)
     for fd in fds:
         os.close(fd)
@@ -143,6 +152,7 @@ def _double_fork(become: Callable[[int], NoReturn]) -> int:
 
 
 def _become_worker(
+    server: WorkerState,
     request: Fork,
     fds: list[int],
     parents: tuple[int, int],  # the supervisor's pid, the middle's
@@ -156,7 +166,7 @@ def _become_worker(
     # the supervisor's (where the kernel groups scheduling by session, a new one would weigh as much).
     os.setpgid(0, 0)
     tether.name_worker()
-    tether.lower_priority()
+    tether.lower_priority(server.settings)
     supervisor, middle = parents
     _await_adoption(supervisor, middle)
     tether.bind_to_parent(supervisor)
@@ -169,13 +179,13 @@ def _become_worker(
         os.dup2(source, target)
         os.close(source)
     os.chdir(request.cwd)
-    tether.adopt_environment(request.env)
+    state = WorkerState(tether.adopt_environment(request.env, server.settings), server.confinement, server.pool)
     # Before it says hello: a worker forked ahead of demand is idle now, not yet started. One forked for a job
     # waiting faults in only the pages it writes, on the CPU it would spend copying them all ahead. Its job's
     # sandbox is made ready then too (``job.domain_ahead``).
     if request.prefault:
         prefault.populate(written)
-    job.run(EVENT_FD, CONTROL_FD, crews=crews, domain=job.domain_ahead())
+    job.run(state, EVENT_FD, CONTROL_FD, crews=crews, domain=job.domain_ahead(state))
 
 
 def _await_adoption(supervisor: int, middle: int) -> None:

@@ -41,6 +41,7 @@ from protocol import (
     EffectEnded,
     EffectStarted,
     EffectStatus,
+    Limit,
     Message,
     TaskDone,
 )
@@ -54,12 +55,14 @@ _call: contextvars.ContextVar[int | None] = contextvars.ContextVar("ledger_call"
 
 
 @dataclasses.dataclass
-class _Ledger:
-    """The job's ledger: ``lock`` takes an id and sends its entry as one step, so ids go out in order; the waiters
-    have a lock of their own, so the control thread hands on a ``Recorded`` while an entry is being written."""
+class Ledger:
+    """The job's ledger (the worker's ``ledger``, once its crew is built): ``lock`` takes an id and sends its entry as
+    one step, so ids go out in order; the waiters have a lock of their own, so the control thread hands on a
+    ``Recorded`` while an entry is being written. ``trace``: the job's, which each call is a span of."""
 
     send: Callable[[Message], None]
     secrets: tuple[str, ...]
+    trace: tracing.Trace | None = None
     last: int = 0
     waiting: dict[int, threading.Event] = dataclasses.field(default_factory=dict)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -114,18 +117,18 @@ class _Ledger:
         self.send(EffectEnded(entry, EffectStatus.FAILED, error_type, message, prompt, completion))
 
 
-_ledger: _Ledger | None = None
-
-
-def open_ledger(send: Callable[[Message], None], secrets: tuple[str, ...] = ()) -> None:
+def open_ledger(
+    send: Callable[[Message], None], secrets: tuple[str, ...] = (), trace: tracing.Trace | None = None
+) -> Ledger:
     """From now on every tool and LLM call of the job is in the ledger. Once the job's crew is built: the classes
-    of its tools and models are imported by then."""
-    global _ledger
-    _ledger = _Ledger(send, masking.ordered(secrets))
-    wrap_classes()
+    of its tools and models are imported by then. The calls are wrapped where their classes define them, and CrewAI
+    calls the wrappers, which hold the ledger: one job a process, so a class is wrapped once."""
+    ledger = Ledger(send, masking.ordered(secrets), trace)
+    wrap_classes(ledger)
+    return ledger
 
 
-def wrap_classes() -> None:
+def wrap_classes(ledger: Ledger) -> None:
     """Wrap the tool and model classes now imported: at ``open_ledger``, and again once the job builds another crew
     (``batch_run``'s): a class its factory defines is a new one at each build."""
     from crewai.llms.base_llm import BaseLLM
@@ -133,30 +136,24 @@ def wrap_classes() -> None:
     from crewai.tools.structured_tool import CrewStructuredTool
 
     for cls in classes(BaseTool):
-        _wrap(cls, ("run", "arun"), Effect.TOOL, _tool_keywords)
-    _wrap(CrewStructuredTool, ("invoke", "ainvoke"), Effect.TOOL, _tool_input)
+        _wrap(ledger, cls, ("run", "arun"), Effect.TOOL, _tool_keywords)
+    _wrap(ledger, CrewStructuredTool, ("invoke", "ainvoke"), Effect.TOOL, _tool_input)
     for cls in classes(BaseLLM):
-        wrap_llm(cls)
+        wrap_llm(ledger, cls)
 
 
-def wrap_llm(cls: type) -> bool:
+def wrap_llm(ledger: Ledger, cls: type) -> bool:
     """Put the calls of the model class ``cls`` in the ledger (a class imported after ``open_ledger``: ``spending``).
     True: some were not (a call of it under way now is not)."""
-    return _wrap(cls, ("call", "acall"), Effect.LLM, _messages)
+    return _wrap(ledger, cls, ("call", "acall"), Effect.LLM, _messages)
 
 
-def unwrapped_call(llm: Any, messages: Any) -> None:
+def unwrapped_call(ledger: Ledger, llm: Any, messages: Any) -> None:
     """A call of ``llm`` under way, made before its class was wrapped (its hooks run inside it: no agent's): recorded
     now, waited for, before it goes out; its end is not seen, so the supervisor makes it uncertain when the job ends.
     Nothing if this thread's call is in the ledger already (an override calling a wrapped ``super().call``)."""
-    ledger = _ledger
-    if ledger is not None and _call.get() is None:
+    if _call.get() is None:
         ledger.enter(_started(Effect.LLM, _name(ledger, Effect.LLM, llm), messages))
-
-
-def recorded(entry: int) -> bool:
-    """The control thread's ``Recorded(entry)``: the thread waiting on it goes on. False: nobody waits for it."""
-    return _ledger is not None and _ledger.recorded(entry)
 
 
 def booked(prompt: int, completion: int) -> None:
@@ -167,16 +164,16 @@ def booked(prompt: int, completion: int) -> None:
         usage[1] += completion
 
 
-def held(limit: str) -> None:
+def held(ledger: Ledger, limit: Limit) -> None:
     """The LLM call under way here is held back by the job's budget (``spending``: its ``limit`` is spent) until the
     job is stopped, never to return: its end said now, failed, so the ledger shows it went no further (the call was
     not made, or its answer never reached the agent), rather than ``uncertain``."""
-    ledger, entry = _ledger, _call.get()
-    if ledger is not None and entry is not None:
+    entry = _call.get()
+    if entry is not None:
         prompt, completion = _usage.get() or (0, 0)
         message = f"held back: the job's {limit} is spent"
         ledger.send(EffectEnded(entry, EffectStatus.FAILED, "OverBudget", message, prompt, completion))
-        tracing.held("OverBudget", [prompt, completion])
+        tracing.held(ledger.trace, "OverBudget", [prompt, completion])
 
 
 def digest(arguments: Any) -> str:
@@ -192,14 +189,14 @@ def digest(arguments: Any) -> str:
     return hashlib.sha256(text).hexdigest()
 
 
-def _wrap(cls: type, names: tuple[str, ...], effect: Effect, arguments: Arguments) -> bool:
+def _wrap(ledger: Ledger, cls: type, names: tuple[str, ...], effect: Effect, arguments: Arguments) -> bool:
     wrapped = False
     for name in names:
         method = vars(cls).get(name)
         if method is None or getattr(method, "ledger", False) or getattr(method, "__isabstractmethod__", False):
             continue
         wrapper = _async_entry if asyncio.iscoroutinefunction(method) else _entry
-        setattr(cls, name, wrapper(method, effect, arguments))
+        setattr(cls, name, wrapper(ledger, method, effect, arguments))
         wrapped = True
     return wrapped
 
@@ -220,31 +217,39 @@ def _messages(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return args[0] if args else kwargs.get("messages")
 
 
-def _entry(method: Callable[..., Any], effect: Effect, arguments: Arguments) -> Callable[..., Any]:
+def _entry(ledger: Ledger, method: Callable[..., Any], effect: Effect, arguments: Arguments) -> Callable[..., Any]:
     @functools.wraps(method)
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        ledger, active = _ledger, _active.get()
-        if ledger is None or id(self) in active:
+        active = _active.get()
+        if id(self) in active:
             return method(self, *args, **kwargs)
         name = _name(ledger, effect, self)
         entry = ledger.enter(_started(effect, name, arguments(args, kwargs)))
-        with _running(ledger, entry, effect, active | {id(self)}) as usage, tracing.call(effect, name, entry, usage):
+        with (
+            _running(ledger, entry, effect, active | {id(self)}) as usage,
+            tracing.call(ledger.trace, effect, name, entry, usage),
+        ):
             return method(self, *args, **kwargs)
 
     call.ledger = True  # type: ignore[attr-defined]
     return call
 
 
-def _async_entry(method: Callable[..., Any], effect: Effect, arguments: Arguments) -> Callable[..., Any]:
+def _async_entry(
+    ledger: Ledger, method: Callable[..., Any], effect: Effect, arguments: Arguments
+) -> Callable[..., Any]:
     @functools.wraps(method)
     async def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        ledger, active = _ledger, _active.get()
-        if ledger is None or id(self) in active:
+        active = _active.get()
+        if id(self) in active:
             return await method(self, *args, **kwargs)
         name = _name(ledger, effect, self)
         # The wait in a thread: the loop runs other tasks' calls meanwhile.
         entry = await asyncio.to_thread(ledger.enter, _started(effect, name, arguments(args, kwargs)))
-        with _running(ledger, entry, effect, active | {id(self)}) as usage, tracing.call(effect, name, entry, usage):
+        with (
+            _running(ledger, entry, effect, active | {id(self)}) as usage,
+            tracing.call(ledger.trace, effect, name, entry, usage),
+        ):
             return await method(self, *args, **kwargs)
 
     call.ledger = True  # type: ignore[attr-defined]
@@ -252,7 +257,7 @@ def _async_entry(method: Callable[..., Any], effect: Effect, arguments: Argument
 
 
 @contextlib.contextmanager
-def _running(ledger: _Ledger, entry: int, effect: Effect, active: frozenset[int]) -> Iterator[list[int] | None]:
+def _running(ledger: Ledger, entry: int, effect: Effect, active: frozenset[int]) -> Iterator[list[int] | None]:
     """The call ``entry`` under way: its ``EffectEnded`` when it returns or raises, with what it booked (a model's
     call: the usage yielded, as ``booked`` adds to it)."""
     llm = effect == Effect.LLM
@@ -271,7 +276,7 @@ def _running(ledger: _Ledger, entry: int, effect: Effect, active: frozenset[int]
         _active.reset(marks[0])
 
 
-def _name(ledger: _Ledger, effect: Effect, owner: Any) -> str:
+def _name(ledger: Ledger, effect: Effect, owner: Any) -> str:
     """A call's model or tool, as its entry and its span name it: masked, then cut (a secret cut in two would pass
     the mask)."""
     return ledger.masked(str(getattr(owner, "model" if effect == Effect.LLM else "name", "")))[:MAX_EFFECT_NAME_CHARS]
@@ -283,7 +288,7 @@ def _started(effect: Effect, name: str, arguments: Any) -> Callable[[int], Messa
     return lambda entry: EffectStarted(entry, effect, name, summary)
 
 
-def follow_tasks(crew: Any, fingerprint: str, resumed: list[dict[str, Any]], max_bytes: int) -> None:
+def follow_tasks(ledger: Ledger, crew: Any, fingerprint: str, resumed: list[dict[str, Any]], max_bytes: int) -> None:
     """A ``TaskDone`` for each task of this ``run`` as it completes (``resumed``: the outputs a resume restored), sent
     from the thread that ran it, in the order of ``crew.tasks``: a task that completes before an earlier one (an
     async one) waits to be sent with it. Chained before any ``task_callback`` the crew set: CrewAI calls the crew's
@@ -294,30 +299,37 @@ def follow_tasks(crew: Any, fingerprint: str, resumed: list[dict[str, Any]], max
     runs again from that task. So is a task CrewAI skips (a ``ConditionalTask``: it gets no output)."""
     theirs = crew.task_callback
     lock = threading.Lock()
-    ledger = _ledger
-    if ledger is None:  # called before open_ledger: no entry can be sent
-        raise RuntimeError("the ledger is not open")
-    state = {"next": len(resumed), "open": True, "bytes": sum(ledger.size(output) for output in resumed)}
+    done = _TasksDone(len(resumed), sum(ledger.size(output) for output in resumed))
 
     def task_done(output: Any) -> Any:
         with lock:
-            while state["open"] and state["next"] < len(crew.tasks) and crew.tasks[state["next"]].output is not None:
-                sent = _send_task(ledger, crew.tasks[state["next"]].output, state, fingerprint, max_bytes)
-                state["open"], state["next"] = sent, state["next"] + 1
+            while done.open and done.next < len(crew.tasks) and crew.tasks[done.next].output is not None:
+                sent = _send_task(ledger, crew.tasks[done.next].output, done, fingerprint, max_bytes)
+                done.open, done.next = sent, done.next + 1
         return theirs(output) if theirs is not None else None
 
     crew.task_callback = task_done
 
 
-def _send_task(ledger: _Ledger, output: Any, state: dict[str, Any], fingerprint: str, max_bytes: int) -> bool:
+@dataclasses.dataclass
+class _TasksDone:
+    """Where a run's ``TaskDone``s stand: the index of the next task to send, the bytes of the outputs sent (a resume's
+    restored ones included), and whether any more may be sent."""
+
+    next: int
+    bytes: int
+    open: bool = True
+
+
+def _send_task(ledger: Ledger, output: Any, done: _TasksDone, fingerprint: str, max_bytes: int) -> bool:
     from worker.operations import to_json
 
-    dumped, index = to_json(output), state["next"]
+    dumped, index = to_json(output), done.next
     data = {name: dumped.get(name) for name in TASK_FIELDS}
     size = ledger.size(data)
-    if size > max_bytes or state["bytes"] + size > MAX_RESUMED_BYTES:
+    if size > max_bytes or done.bytes + size > MAX_RESUMED_BYTES:
         return False
-    state["bytes"] += size
+    done.bytes += size
     ledger.enter(lambda entry: TaskDone(entry, index, data, fingerprint))
     return True
 

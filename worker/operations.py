@@ -19,26 +19,28 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from protocol import TRAINING_DIR, Chunk, Operation, partial_name
+from protocol import TRAINING_DIR, Chunk, Operation, WorkerSettings, partial_name
 from protocol.frames import MAX_OUTPUT_BYTES
-from worker import registry, resume, tether
+from worker import registry, resume
 from worker.chunks import Coalescer
 
 Emit = Callable[[Chunk], None]
-OUTPUT_FIELDS = {"raw": "", "json_dict": None, "pydantic": None, "tasks_output": [], "token_usage": {}}
+OUTPUT_FIELDS: dict[str, Any] = {"raw": "", "json_dict": None, "pydantic": None, "tasks_output": [], "token_usage": {}}
 
 
 @dataclasses.dataclass(frozen=True)
 class Work:
-    """What an operation gets: the job's crew (built before ``started``, so a broken factory fails first),
-    its input, where chunks go, a way to build another fresh crew, the job's id, and the secrets the supervisor masks
-    in all it writes (which no two chunk events may hold parts of)."""
+    """What an operation gets: the job's crew (built before ``started``, so a broken factory fails first), the
+    operation, its input, where chunks go, a way to build another fresh crew, the job's id, the worker's settings, and
+    the secrets the supervisor masks in all it writes (which no two chunk events may hold parts of)."""
 
     crew: Any
+    operation: Operation
     input: dict[str, Any]
     emit: Emit
     fresh: Callable[[], Any]
     job_id: str  # the action id
+    settings: WorkerSettings
     secrets: tuple[str, ...] = ()
     restored: int = 0  # a resumed run's: its first tasks have their outputs (worker/resume.py)
 
@@ -125,7 +127,7 @@ async def run(work: Work) -> dict[str, Any]:
     crew.stream = True
     result = await crew.kickoff_async(inputs=work.input)
     if hasattr(result, "__aiter__"):
-        chunks = Coalescer(work.emit, tether.settings, secrets=work.secrets)
+        chunks = Coalescer(work.emit, work.settings, secrets=work.secrets)
         try:
             async for chunk in result:
                 chunks.add(chunk_message(chunk))
@@ -205,7 +207,7 @@ async def train(work: Work) -> dict[str, Any]:
         raise TrainingError(
             "train requires input.feedback: the human feedback CrewAI asks for after every task of every iteration"
         )
-    target = training_target(job["artifact_name"])
+    target = training_target(work.settings, job["artifact_name"])
     n_iterations = job["n_iterations"]
     # CrewAI writes <filename>.pkl into the cwd (the job's scratch dir); a unique name avoids its own files.
     scratch = Path.cwd() / f"train-{uuid.uuid4().hex}.pkl"
@@ -250,8 +252,8 @@ def feedback_provider(feedback: str) -> Any:
     return Feedback()
 
 
-def training_target(artifact_name: str) -> Path:
-    directory = tether.settings.training_dir
+def training_target(settings: WorkerSettings, artifact_name: str) -> Path:
+    directory = settings.training_dir
     if not os.path.isabs(directory) or not os.path.isdir(directory):
         raise TrainingError(f"{TRAINING_DIR} must name an existing absolute directory")
     return Path(directory) / artifact_name
@@ -283,7 +285,7 @@ async def evaluate(work: Work) -> dict[str, Any]:
 
     crew.stream = False
     name = job["eval_llm"]
-    factory = registry.eval_llms(tether.settings.registry).get(name)
+    factory = registry.eval_llms(work.settings.registry).get(name)
     eval_llm = factory() if factory is not None else name
     events: list[Any] = []
 
@@ -330,7 +332,7 @@ async def memory_reset(work: Work) -> dict[str, Any]:
     return {"status": "completed", "command_type": command_type}
 
 
-HANDLERS: dict[str, Handler] = {
+HANDLERS: dict[Operation, Handler] = {
     Operation.RUN: run,
     Operation.BATCH_RUN: batch_run,
     Operation.REPLAY: replay,

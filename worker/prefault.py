@@ -21,6 +21,7 @@ import selectors
 import signal
 import time
 from collections.abc import Callable
+from typing import TypeAlias
 
 from worker import tether
 
@@ -32,7 +33,7 @@ FILE = 1 << 61  # a file page (read, never written) or shared anonymous memory: 
 MAX_RUNS = 65_536  # 1 MiB of (address, length) pairs; a probe reporting more is ignored
 PROBE_SECONDS = 60.0
 
-Runs = array.array  # of unsigned 64-bit (address, length) pairs
+Runs: TypeAlias = "array.array[int]"  # of unsigned 64-bit (address, length) pairs
 
 
 def probe(kickoff: Callable[[], object]) -> Runs:

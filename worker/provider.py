@@ -110,6 +110,7 @@ class Provider:
     ) -> None:
         self.directives = directives
         self._server = _Server((host, port), _Handler)
+        self._host = host
         self._server.provider = self
         self._thread: threading.Thread | None = None
         self._changed = threading.Condition()
@@ -120,8 +121,7 @@ class Provider:
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}/v1"
+        return f"http://{self._host}:{self._server.server_port}/v1"
 
     def start(self) -> Provider:
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="provider")
@@ -365,10 +365,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 message = turn.error or f"the provider answered {call.status}"
                 self._send_json(call.status, completions.error_body("provider_error", message))
                 return
-        message = turn.message
-        usage = completions.usage(call.messages, message)
+        answer = turn.message
+        usage = completions.usage(call.messages, answer)
         if not call.stream:
-            choice = {"index": 0, "message": message, "finish_reason": completions.finish(message), "logprobs": None}
+            choice = {"index": 0, "message": answer, "finish_reason": completions.finish(answer), "logprobs": None}
             self._send_json(
                 200, {**completions.head(call, body, "chat.completion"), "choices": [choice], "usage": usage}
             )
@@ -378,9 +378,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         head = completions.head(call, body, "chat.completion.chunk")
-        for delta in completions.deltas(message):
+        for delta in completions.deltas(answer):
             self._event({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
-        self._event({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": completions.finish(message)}]})
+        self._event({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": completions.finish(answer)}]})
         if (body.get("stream_options") or {}).get("include_usage"):
             self._event({**head, "choices": [], "usage": usage})
         self._write(b"data: [DONE]\n\n")

@@ -231,7 +231,7 @@ def _judge(name: str, refusal: Refusal) -> list[Instruction | str]:
                 body.append((JUMP_IF_EQUAL, held, failed, check.value))
             else:
                 body.append((JUMP_IF_ANY_BIT, failed, held, check.bits))
-        if not last:
+        if isinstance(failed, str):  # not the last case: the next one's label, where this one's failed check goes on
             body.append(failed)
     return body
 

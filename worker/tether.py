@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import os
 import queue
@@ -41,11 +42,6 @@ PR_CAPBSET_READ = 23
 PR_CAPBSET_DROP = 24
 CAP_SETPCAP = 8
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
-contained = False  # this process can leave no cgroup (``confine``)
-offered: list[Layer] = []  # the layers of a job's sandbox here, once ``confine`` ran
-hiding: landlock.Hiding | None = None  # what this process's domain hides, listed once: its jobs' hide the same
-confined_to: list[str] = []  # what this process's domain lets it change: a spawned worker's are its job's places
-settings = WorkerSettings()  # the supervisor's settings for this process, out of its environment (``take_settings``)
 
 
 TITLE_CHARS = 200  # of a worker's command line (an action id may be 256 characters)
@@ -66,7 +62,7 @@ def _word(chosen: str) -> str:
     return "".join(c if c.isprintable() and not c.isspace() else "?" for c in chosen)
 
 
-def lower_priority() -> None:
+def lower_priority(settings: WorkerSettings) -> None:
     """The workers' niceness (``WORKER_NICE``), before any thread exists so all inherit it.
 
     It counts against the supervisor's because a worker stays in its session: where the kernel groups
@@ -75,22 +71,21 @@ def lower_priority() -> None:
     os.nice(settings.nice)
 
 
-def take_settings() -> None:
+def take_settings(settings: WorkerSettings | None = None) -> WorkerSettings:
     """Move the supervisor's settings (``AIP_CREWAI_*``: the registry, niceness, warm-up, training directory, the
-    workers' uid) from ``os.environ`` to ``settings``: the worker reads them there, and no job's code finds them
-    in its environment, nor passes them on to what it runs."""
-    global settings
-    settings = WorkerSettings.take(os.environ, settings)
+    workers' uid) out of ``os.environ``, ``settings``' kept where it has none: the worker reads them in its state,
+    and no job's code finds them in its environment, nor passes them on to what it runs."""
+    return WorkerSettings.take(os.environ, settings)
 
 
-def adopt_environment(env: dict[str, str]) -> None:
-    """``env`` becomes this process's whole environment, without the settings it carries (``take_settings``): they
-    replace this process's, which it keeps where ``env`` has none (a Fork's carry its worker's, a Start's none).
+def adopt_environment(env: dict[str, str], settings: WorkerSettings) -> WorkerSettings:
+    """``env`` becomes this process's whole environment, without the settings it carries (``take_settings``): those
+    returned replace ``settings``, kept where ``env`` has none (a Fork's carry its worker's, a Start's none).
     ``tempfile`` forgets the temporary directory it found (a forked worker's was its fork server's)."""
     os.environ.clear()
     os.environ.update(env)
-    take_settings()
     tempfile.tempdir = None
+    return take_settings(settings)
 
 
 def bind_to_parent(parent_pid: int) -> None:
@@ -110,7 +105,17 @@ class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
-def confine(ids: tuple[int, int] | None = None) -> None:
+@dataclasses.dataclass(frozen=True)
+class Confinement:
+    """What ``confine`` left a process in, for good (``WorkerState.confinement``)."""
+
+    hiding: landlock.Hiding | None = None  # what its domain hides, listed once: its jobs' hide the same
+    confined_to: list[str] = dataclasses.field(default_factory=list)  # what its domain lets it change
+    contained: bool = False  # it can leave no cgroup
+    offered: list[Layer] = dataclasses.field(default_factory=list)  # the layers of a job's sandbox here
+
+
+def confine(settings: WorkerSettings) -> Confinement:
     """What every worker process (and the fork server) gives up first, before any crew code runs.
 
     - Its rlimits (``settings.rlimits``: open files, address space, file size), lowered only. Set here by the
@@ -123,7 +128,7 @@ def confine(ids: tuple[int, int] | None = None) -> None:
       CAP_SYS_ADMIN and CAP_PERFMON each override the supervisor's PR_SET_DUMPABLE 0, so a root worker
       could otherwise still read its environ or attach to it. The bounding set is emptied too, so nothing
       the crew executes (a setuid-root binary included) gets one back.
-    - With ``ids`` (the supervisor's WORKER_USER as (uid, gid)), root's uid and groups: no supplementary
+    - With ``settings.ids`` (the supervisor's WORKER_USER as (uid, gid)), root's uid and groups: no supplementary
       groups, then that gid, then that uid (real, effective and saved, so none can be taken back). The
       bounding set is emptied first, while CAP_SETPCAP is still ours (the uid change takes it); the uid
       change clears the other capabilities. It also clears PR_SET_PDEATHSIG: the caller arms it after.
@@ -136,10 +141,10 @@ def confine(ids: tuple[int, int] | None = None) -> None:
       (``landlock.deny_cgroup_writes``): either way a job cannot leave its cgroups, however it got the rights to a
       root cgroup's files. ``contained`` says whether that holds.
     """
-    global hiding, confined_to, contained, offered
     os.umask(0o077)
     for name, value in settings.rlimits:
         _lower(getattr(resource, name), value)
+    hiding = None
     if hidden := list(settings.hidden):  # listed before any uid change: a workers' user may not list a 0711 one
         hiding = landlock.Hiding(hidden)
     libc = ctypes.CDLL(None, use_errno=True)
@@ -154,8 +159,8 @@ def confine(ids: tuple[int, int] | None = None) -> None:
             if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
                 raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
             cap += 1
-    if ids is not None:  # without CAP_SETUID/CAP_SETGID (a non-root supervisor's worker) this raises
-        uid, gid = ids
+    if settings.ids is not None:  # without CAP_SETUID/CAP_SETGID (a non-root supervisor's worker) this raises
+        uid, gid = settings.ids
         os.setgroups([])
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)
@@ -165,11 +170,11 @@ def confine(ids: tuple[int, int] | None = None) -> None:
     refused = seccomp.refuse_unneeded_calls(seccomp.TRUNCATE_BY_PATH if unjudged else None)  # with Landlock or not
     confined_to = list(settings.writable)
     held = bool(hiding.enter(confined_to)) if hiding is not None else landlock.deny_cgroup_writes()
-    contained = held and "clone3" in refused
     offered = [Layer.SECCOMP] * (refused >= frozenset(seccomp.REFUSED)) + landlock.layers(landlock.abi())
+    return Confinement(hiding, confined_to, held and "clone3" in refused, offered)
 
 
-def bound_cpu() -> None:
+def bound_cpu(settings: WorkerSettings) -> None:
     """As its job starts: the kernel stops this process ``settings.cpu_backstop`` CPU seconds from now, SIGXCPU
     first, SIGKILL a second later (none without one). A backstop behind the supervisor's sampler, which counts
     the job's whole tree; this counts the process, which its imports (a cold start's) counted for already."""
@@ -241,7 +246,7 @@ class Control:
     def __init__(self, fd: int, out: FrameWriter, recorded: Callable[[int], bool]) -> None:
         self._fd = fd
         self._out = out  # where the job's stacks go (``DumpStacks``)
-        self._recorded = recorded  # ``worker.ledger.recorded``: False when nobody waits for that entry
+        self._recorded = recorded  # ``WorkerState.recorded``: False when nobody waits for that entry
         self._reader = MessageReader()
         self._read_ahead: list[Message] = []  # messages that came in the same read as an earlier one
         self._starts: queue.Queue[Start] = queue.Queue(maxsize=1)

@@ -19,22 +19,45 @@ import ssl
 from typing import Any
 
 POOL = 8  # four LLMs' worth of clients: a crew that builds more pays for the rest itself
-_original = ssl.create_default_context
-_pool: list[ssl.SSLContext] = []
-_source: tuple[str, tuple[int, int, int, int]] | None = None  # certifi's file and its identity when parsed
+_original = ssl.create_default_context  # the standard library's, as imported: what every context not pooled is
 
 
-def prepare(size: int = POOL) -> int:
-    """Build ``size`` contexts from the file httpx would load here and take over
-    ``ssl.create_default_context``; how many were built (0: nothing to pool)."""
-    global _source
+class Pool:
+    """Contexts parsed from ``cafile`` (whose identity they were parsed at is ``source``), each handed out once by
+    ``context``, which stands in for ``ssl.create_default_context`` once ``prepare`` installed it."""
+
+    def __init__(self, cafile: str, size: int) -> None:
+        self._source = (cafile, _identity(cafile))
+        self._contexts = [_original(cafile=cafile) for _ in range(size)]
+
+    def __len__(self) -> int:
+        return len(self._contexts)
+
+    def context(
+        self, purpose: Any = ssl.Purpose.SERVER_AUTH, *, cafile: Any = None, capath: Any = None, cadata: Any = None
+    ) -> ssl.SSLContext:
+        if (
+            self._contexts
+            and purpose == ssl.Purpose.SERVER_AUTH
+            and cafile == self._source[0]
+            and capath is None
+            and cadata is None
+            and not os.environ.get("SSLKEYLOGFILE")  # create_default_context would set the context's key log
+            and _identity(cafile) == self._source[1]
+        ):
+            return self._contexts.pop()
+        return _original(purpose, cafile=cafile, capath=capath, cadata=cadata)
+
+
+def prepare(size: int = POOL) -> Pool | None:
+    """Build ``size`` contexts from the file httpx would load here and take over ``ssl.create_default_context``
+    with them; None: nothing to pool."""
     cafile = os.environ.get("SSL_CERT_FILE") or (None if os.environ.get("SSL_CERT_DIR") else _certifi())
     if cafile is None:
-        return 0
-    _source = (cafile, _identity(cafile))
-    _pool[:] = [_original(cafile=cafile) for _ in range(size)]
-    ssl.create_default_context = _pooled
-    return len(_pool)
+        return None
+    pool = Pool(cafile, size)
+    ssl.create_default_context = pool.context  # httpx calls it with no way to hand it the pool
+    return pool
 
 
 def _certifi() -> str | None:
@@ -43,27 +66,6 @@ def _certifi() -> str | None:
     except ImportError:
         return None
     return str(certifi.where())
-
-
-def left() -> int:
-    return len(_pool)
-
-
-def _pooled(
-    purpose: Any = ssl.Purpose.SERVER_AUTH, *, cafile: Any = None, capath: Any = None, cadata: Any = None
-) -> ssl.SSLContext:
-    if (
-        _pool
-        and _source is not None
-        and purpose == ssl.Purpose.SERVER_AUTH
-        and cafile == _source[0]
-        and capath is None
-        and cadata is None
-        and not os.environ.get("SSLKEYLOGFILE")  # create_default_context would set the context's key log
-        and _identity(cafile) == _source[1]
-    ):
-        return _pool.pop()
-    return _original(purpose, cafile=cafile, capath=capath, cadata=cadata)
 
 
 def _identity(path: str) -> tuple[int, int, int, int]:

@@ -40,7 +40,7 @@ class Span:
     """An open span: ``children`` still open beneath it; once it is ended, ``ending`` holds its end until they are."""
 
     id: str
-    name: str
+    name: SpanName
     parent: Span | None
     thread: int  # where it was opened: a fallback parent for a span opened there without a context
     children: int = 0
@@ -51,9 +51,9 @@ class Span:
 _current: contextvars.ContextVar[Span | None] = contextvars.ContextVar("trace_span", default=None)
 
 
-class _Trace:
-    """The job's spans: ``lock`` makes choosing a parent, counting it and sending the frame one step, so the frames
-    go out in the order they say."""
+class Trace:
+    """The job's spans (the worker's ``trace``, once its Start named one): ``lock`` makes choosing a parent, counting
+    it and sending the frame one step, so the frames go out in the order they say."""
 
     def __init__(self, send: Callable[[Message], None], secrets: tuple[str, ...]) -> None:
         self.send = send
@@ -89,11 +89,12 @@ class _Trace:
                 if span in still:
                     still.remove(span)
             span.ending = SpanEnded(span.id, end_ns, attributes or {}, self.text(error) if error else "")
-            while span is not None and span.children == 0 and span.ending is not None:
-                self.send(span.ending)
-                span.ending, span = None, span.parent
-                if span is not None:
-                    span.children -= 1
+            said: Span | None = span
+            while said is not None and said.children == 0 and said.ending is not None:
+                self.send(said.ending)
+                said.ending, said = None, said.parent
+                if said is not None:
+                    said.children -= 1
 
     @contextlib.contextmanager
     def span(self, name: SpanName, attributes: dict[str, Any]) -> Iterator[Span]:
@@ -153,52 +154,49 @@ class _Trace:
         return None
 
 
-_trace: _Trace | None = None
+def open_trace(send: Callable[[Message], None], secrets: tuple[str, ...] = ()) -> Trace:
+    """As the job's ``Start`` is taken, if it names a trace: the job is traced, its ``worker.start`` opened. Each
+    function below takes the job's trace, None when it is not traced."""
+    trace = Trace(send, masking.ordered(secrets))
+    trace.starting = trace.open(SpanName.WORKER_START, {})
+    return trace
 
 
-def open_trace(send: Callable[[Message], None], secrets: tuple[str, ...] = ()) -> None:
-    """As the job's ``Start`` is taken, if it names a trace: the job is traced, its ``worker.start`` opened."""
-    global _trace
-    _trace = _Trace(send, masking.ordered(secrets))
-    _trace.starting = _trace.open(SpanName.WORKER_START, {})
-
-
-def started(error: str = "") -> None:
+def started(trace: Trace | None, error: str = "") -> None:
     """The job has started (``Started`` said), or will not (``error``: the type of what ends it first)."""
-    trace = _trace
     if trace is not None and trace.starting is not None:
         trace.end(trace.starting, error=error)
 
 
-def span(name: SpanName, attributes: dict[str, Any] | None = None) -> AbstractContextManager[Any]:
-    """A span around a block of work (``_Trace.span``); nothing when the job is not traced."""
-    trace = _trace
+def span(trace: Trace | None, name: SpanName, attributes: dict[str, Any] | None = None) -> AbstractContextManager[Any]:
+    """A span around a block of work (``Trace.span``); nothing when the job is not traced."""
     return _UNTRACED if trace is None else trace.span(name, attributes or {})
 
 
-def follow(crew: Any) -> None:
+def follow(trace: Trace | None, crew: Any) -> None:
     """The tasks of ``crew`` (the job's, or another it builds: ``batch_run``'s) each a span when they run: the run
     of their classes wrapped, and the crew known for their indexes."""
-    trace = _trace
     if trace is None:
         return
     from crewai import Task
 
     trace.crews.append(crew)
-    for cls in {Task, *(type(task) for task in getattr(crew, "tasks", None) or ())}:
+    classes: set[type] = {Task, *(type(task) for task in getattr(crew, "tasks", None) or ())}
+    for cls in classes:
         for each in cls.__mro__:
-            _wrap_task(each)
+            _wrap_task(trace, each)
 
 
-def call(effect: Effect, name: str, entry: int, usage: list[int] | None) -> AbstractContextManager[Any]:
+def call(
+    trace: Trace | None, effect: Effect, name: str, entry: int, usage: list[int] | None
+) -> AbstractContextManager[Any]:
     """The span of the ledger's call ``entry`` (its model's or tool's ``name``), around it: how it ended, and for a
     model what it booked (``usage``, read at its end)."""
-    trace = _trace
     return _UNTRACED if trace is None else _call(trace, effect, name, entry, usage)
 
 
 @contextlib.contextmanager
-def _call(trace: _Trace, effect: Effect, name: str, entry: int, usage: list[int] | None) -> Iterator[None]:
+def _call(trace: Trace, effect: Effect, name: str, entry: int, usage: list[int] | None) -> Iterator[None]:
     llm = effect == Effect.LLM
     attributes = {
         "gen_ai.operation.name": "chat" if llm else "execute_tool",
@@ -218,10 +216,10 @@ def _call(trace: _Trace, effect: Effect, name: str, entry: int, usage: list[int]
         _current.reset(mark)
 
 
-def held(error: str, usage: list[int] | None) -> None:
+def held(trace: Trace | None, error: str, usage: list[int] | None) -> None:
     """The LLM call under way in this context is held back by the job's budget, never to return (worker/spending.py):
     its span ends now, failed, as its ledger entry does."""
-    trace, current = _trace, _current.get()
+    current = _current.get()
     if trace is not None and current is not None and current.name == SpanName.LLM_CALL:
         trace.end(current, _call_end(EffectStatus.FAILED, usage), error)
 
@@ -236,19 +234,18 @@ def _call_end(status: EffectStatus, usage: list[int] | None) -> dict[str, Any]:
     }
 
 
-def _wrap_task(cls: type) -> None:
+def _wrap_task(trace: Trace, cls: type) -> None:
+    """The run of ``cls``'s tasks, each a span of ``trace``: CrewAI calls the wrapper, which holds the trace (one job
+    a process: a class is wrapped once)."""
     for name in ("_execute_core", "_aexecute_core"):
         method = vars(cls).get(name)
         if method is not None and not getattr(method, "traced", False):
-            setattr(cls, name, (_async_task if asyncio.iscoroutinefunction(method) else _task)(method))
+            setattr(cls, name, (_async_task if asyncio.iscoroutinefunction(method) else _task)(trace, method))
 
 
-def _task(method: Callable[..., Any]) -> Callable[..., Any]:
+def _task(trace: Trace, method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        trace = _trace
-        if trace is None:
-            return method(self, *args, **kwargs)
         with trace.span(SpanName.TASK, trace.task_attributes(self, _agent(self, args, kwargs))):
             return method(self, *args, **kwargs)
 
@@ -256,12 +253,9 @@ def _task(method: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def _async_task(method: Callable[..., Any]) -> Callable[..., Any]:
+def _async_task(trace: Trace, method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     async def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        trace = _trace
-        if trace is None:
-            return await method(self, *args, **kwargs)
         with trace.span(SpanName.TASK, trace.task_attributes(self, _agent(self, args, kwargs))):
             return await method(self, *args, **kwargs)
 

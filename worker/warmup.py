@@ -36,8 +36,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from protocol import STORAGE_DIR, WARMUP
-from worker import operations, provider, tether, tls
+from protocol import STORAGE_DIR, WARMUP, Operation, Warmup, WorkerSettings
+from worker import operations, provider, tls
+from worker.state import WorkerState
 
 # The event bus's attributes quiescing needs (crewai 1.15's CrewAIEventsBus).
 BUS_ATTRIBUTES = ("flush", "_loop", "_loop_thread", "_sync_executor", "_executor_initialized", "_has_pending_events")
@@ -72,11 +73,11 @@ class Warmth:
     tls_contexts: int = 0
 
 
-def warm(ours: Iterable[threading.Thread] = ()) -> Warmth:
+def warm(state: WorkerState, ours: Iterable[threading.Thread] = ()) -> Warmth:
     """Run our own crews on every first-use path (offline ones alone with ``WARMUP=offline``), then quiesce
     CrewAI; raises WarmupError. No Python thread may be left but this one and ``ours`` (a doctor's check
     worker has its control thread; a fork server none): a thread the registry started when imported is
-    refused like one the warm-up left."""
+    refused like one the warm-up left. Last, the TLS contexts its workers will take (``state.pool``)."""
     # Native threads importing started (numpy's OpenBLAS pool, which CrewAI's import brings) stay: forks already
     # live with them. So CrewAI is imported before the baseline is taken, for a registry that imports it only in
     # its factories: they are not the warm-up's.
@@ -86,12 +87,12 @@ def warm(ours: Iterable[threading.Thread] = ()) -> Warmth:
         raise WarmupError(f"cannot import CrewAI: {type(exc).__name__}: {exc}") from None
     native = Threads(frozenset([threading.current_thread(), *ours]), Threads.now().kernel)
     sockets = _sockets()  # the supervisor's channel: any other socket left open would be every worker's
-    providers = tether.settings.warmup != "offline"
+    providers = state.settings.warmup != Warmup.OFFLINE
     try:
         for _ in range(KICKOFFS):
-            warmth = rehearse(providers)
+            warmth = rehearse(state.settings, providers)
         if not providers:
-            warmth.not_warmed["providers"] = f"{WARMUP}=offline"
+            warmth.not_warmed["providers"] = f"{WARMUP}={Warmup.OFFLINE}"
     except WarmupError:
         raise
     except Exception as exc:  # a timeout included
@@ -104,11 +105,12 @@ def warm(ours: Iterable[threading.Thread] = ()) -> Warmth:
         raise WarmupError(f"cannot quiesce CrewAI: {type(exc).__name__}: {exc}") from None
     if _sockets() != sockets:
         raise WarmupError("the warm-up left a connection open: forked workers would share it")
-    warmth.tls_contexts = tls.prepare()  # after the rehearsals, so none of theirs comes from the pool
+    state.pool = tls.prepare()  # after the rehearsals, so none of theirs comes from the pool
+    warmth.tls_contexts = len(state.pool or ())
     return warmth
 
 
-def rehearse(providers: bool = True) -> Warmth:
+def rehearse(settings: WorkerSettings, providers: bool = True) -> Warmth:
     """Our own crews on every path (or, without ``providers``, the offline one), in throwaway storage.
 
     The prefault probe learns the pages an idle worker copies ahead from the offline path alone: those
@@ -118,8 +120,8 @@ def rehearse(providers: bool = True) -> Warmth:
     saved = os.environ.get(STORAGE_DIR)
     os.environ[STORAGE_DIR] = storage
     try:
-        _kickoff(operations.run, _crew(), streamed=True)
-        return _rehearse_providers() if providers else Warmth()
+        _kickoff(settings, Operation.RUN, _crew(), streamed=True)
+        return _rehearse_providers(settings) if providers else Warmth()
     finally:
         if saved is None:
             os.environ.pop(STORAGE_DIR, None)
@@ -128,7 +130,7 @@ def rehearse(providers: bool = True) -> Warmth:
         shutil.rmtree(storage, ignore_errors=True)
 
 
-def _rehearse_providers() -> Warmth:
+def _rehearse_providers(settings: WorkerSettings) -> Warmth:
     """Each installed native provider that speaks OpenAI's API, streamed (a ``run``) and blocking (a
     ``batch_run``), a tool call in each, against a provider of our own on loopback, stopped after."""
     other = "not warmed: it speaks another API than the warm-up's provider"
@@ -138,21 +140,21 @@ def _rehearse_providers() -> Warmth:
     level = counting.level
     counting.setLevel(logging.ERROR)
     try:
-        _rehearse_each(warmth)
+        _rehearse_each(settings, warmth)
     finally:
         counting.setLevel(level)
     return warmth
 
 
-def _rehearse_each(warmth: Warmth) -> None:
+def _rehearse_each(settings: WorkerSettings, warmth: Warmth) -> None:
     with provider.Provider() as stub:
         for name, (package, model) in PROVIDERS.items():
             if not _installed(package):
                 warmth.not_warmed[name] = f"not installed ({package})"
                 continue
             try:
-                for operation, streamed in ((operations.run, True), (operations.batch_run, False)):
-                    _kickoff(operation, _crew(_provider_llm(model, stub.url), tool=True), streamed)
+                for operation, streamed in ((Operation.RUN, True), (Operation.BATCH_RUN, False)):
+                    _kickoff(settings, operation, _crew(_provider_llm(model, stub.url), tool=True), streamed)
             except Exception as exc:  # CrewAI or the SDK changed: jobs pay the first use, nothing worse
                 warmth.not_warmed[name] = " ".join(f"not warmed: {type(exc).__name__}: {exc}".split())[:300]
             else:
@@ -175,11 +177,12 @@ def _provider_llm(model: str, url: str) -> Any:
 def _crew(llm: Any = None, tool: bool = False) -> Any:
     """One agent and task on the offline model; or two on ``llm``, the first with a tool to call."""
     from crewai import Agent, Crew, Task
+    from crewai.agents.agent_builder.base_agent import BaseAgent
 
     from worker.demo import OfflineLLM
 
     llm = llm or OfflineLLM(model="offline-warmup")
-    agents = [Agent(role="Warmer", goal="Answer", backstory="Quick.", llm=llm, allow_delegation=False)]
+    agents: list[BaseAgent] = [Agent(role="Warmer", goal="Answer", backstory="Quick.", llm=llm, allow_delegation=False)]
     if tool:
         agents[0].tools = [_lookup()]
         agents.append(Agent(role="Writer", goal="Write", backstory="Quick.", llm=llm, allow_delegation=False))
@@ -198,22 +201,22 @@ def _lookup() -> Any:
     return lookup
 
 
-def _kickoff(operation: operations.Handler, crew: Any, streamed: bool) -> None:
+def _kickoff(settings: WorkerSettings, operation: Operation, crew: Any, streamed: bool) -> None:
     """What a job of ``operation`` does on a fresh crew: streamed or not, the output converted; then the
     crew's HTTP clients are closed, so no connection outlives the warm-up."""
     chunks: list[Any] = []
-    job_input = {} if streamed else {"inputs": [{}]}
+    job_input: dict[str, Any] = {} if streamed else {"inputs": [{}]}
     loop = asyncio.new_event_loop()
     try:
-        work = operations.Work(crew, job_input, chunks.append, lambda: crew, "warm-up")
-        output = loop.run_until_complete(asyncio.wait_for(operation(work), KICKOFF_SECONDS))
+        work = operations.Work(crew, operation, job_input, chunks.append, lambda: crew, "warm-up", settings)
+        output = loop.run_until_complete(asyncio.wait_for(operations.HANDLERS[operation](work), KICKOFF_SECONDS))
         loop.run_until_complete(loop.shutdown_default_executor())  # the thread kickoff_async ran in
     finally:
         loop.close()
         for agent in crew.agents:
-            client = getattr(agent.llm, "_client", None)
-            if hasattr(client, "close"):
-                client.close()
+            close = getattr(getattr(agent.llm, "_client", None), "close", None)
+            if callable(close):
+                close()
     raw = output.get("raw") if streamed else output["results"][0].get("raw")
     if not raw or (streamed and not chunks):
         raise WarmupError("the warm-up kickoff streamed no chunks or gave no output")

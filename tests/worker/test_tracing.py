@@ -311,36 +311,39 @@ def test_a_kickoff_that_raises_ends_with_its_error(tmp_path: Path) -> None:
 # The trace's own rules, in this process: its frames go to a list.
 
 
-def test_a_job_not_traced_opens_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_job_not_traced_opens_nothing() -> None:
     """No span, no current span set, no task class wrapped: each place a span would open checks once."""
-    monkeypatch.setattr(tracing, "_trace", None)
-    with tracing.span(SpanName.KICKOFF), tracing.call(Effect.TOOL, "tool", 1, None):
+    with tracing.span(None, SpanName.KICKOFF), tracing.call(None, Effect.TOOL, "tool", 1, None):
         assert tracing._current.get() is None
-    tracing.follow(effects.effects())
+    tracing.follow(None, effects.effects())
     assert not hasattr(Task._execute_core, "traced") and not hasattr(Task._aexecute_core, "traced")
-    tracing.started()
-    tracing.held("OverBudget", [1, 2])
+    tracing.started(None)
+    tracing.held(None, "OverBudget", [1, 2])
 
 
 @pytest.fixture
-def sent(monkeypatch: pytest.MonkeyPatch) -> list[Message]:
-    """A trace open in this process (put back as it was after the test), sending into the list returned."""
-    frames: list[Message] = []
-    monkeypatch.setattr(tracing, "_trace", None)
-    tracing.open_trace(frames.append, ("s3cret",))
-    tracing.started()
-    return frames
+def sent() -> list[Message]:
+    """Where the test's trace (``trace``) sends its frames."""
+    return []
 
 
-def test_a_span_ended_before_its_child_is_said_ended_after_it(sent: list[Message]) -> None:
+@pytest.fixture
+def trace(sent: list[Message]) -> tracing.Trace:
+    """A trace open in this process, its job started, sending into ``sent``."""
+    opened = tracing.open_trace(sent.append, ("s3cret",))
+    tracing.started(opened)
+    return opened
+
+
+def test_a_span_ended_before_its_child_is_said_ended_after_it(trace: tracing.Trace, sent: list[Message]) -> None:
     opened, release = threading.Event(), threading.Event()
 
     def child() -> None:
-        with tracing.span(SpanName.LLM_CALL):
+        with tracing.span(trace, SpanName.LLM_CALL):
             opened.set()
             release.wait()
 
-    with tracing.span(SpanName.KICKOFF) as kickoff:
+    with tracing.span(trace, SpanName.KICKOFF) as kickoff:
         thread = threading.Thread(target=child)
         thread.start()
         assert opened.wait(30)
@@ -352,13 +355,15 @@ def test_a_span_ended_before_its_child_is_said_ended_after_it(sent: list[Message
     Tree(sent)
 
 
-def test_a_span_where_no_span_is_current_goes_beneath_the_innermost_open_one(sent: list[Message]) -> None:
+def test_a_span_where_no_span_is_current_goes_beneath_the_innermost_open_one(
+    trace: tracing.Trace, sent: list[Message]
+) -> None:
     """Beneath the open task of its thread, else the one open task, else the kickoff."""
 
     release, threads = threading.Event(), []
 
     def enter(name: SpanName) -> None:
-        tracing._trace.open(name, {})  # type: ignore[union-attr]  # left open: as a call under way
+        trace.open(name, {})  # left open: as a call under way
 
     def opened_in_a_thread(name: SpanName, context: contextvars.Context | None = None, stays: bool = False) -> None:
         # A thread runs in a context of its own, with no span current: as a thread CrewAI starts may. One that
@@ -379,14 +384,14 @@ def test_a_span_where_no_span_is_current_goes_beneath_the_innermost_open_one(sen
         else:
             threads.append(thread)
 
-    with tracing.span(SpanName.KICKOFF) as kickoff:
+    with tracing.span(trace, SpanName.KICKOFF) as kickoff:
         opened_in_a_thread(SpanName.LLM_CALL)  # no task open: beneath the kickoff
-        with tracing.span(SpanName.TASK) as task:
+        with tracing.span(trace, SpanName.TASK) as task:
             opened_in_a_thread(SpanName.LLM_CALL)  # beneath the one task open
             inside = contextvars.copy_context()
         opened_in_a_thread(SpanName.TOOL_CALL, inside)  # its context's span has ended: beneath the kickoff
         at_kickoff = contextvars.copy_context()
-        with tracing.span(SpanName.TASK) as mine:
+        with tracing.span(trace, SpanName.TASK) as mine:
             opened_in_a_thread(SpanName.TASK, at_kickoff, stays=True)  # a second task open, in its own thread
             contextvars.Context().run(enter, SpanName.LLM_CALL)  # this thread's task
             opened_in_a_thread(SpanName.LLM_CALL)  # two tasks open, neither its thread's: the kickoff
@@ -406,20 +411,22 @@ def test_a_span_where_no_span_is_current_goes_beneath_the_innermost_open_one(sen
     ]
 
 
-def test_a_span_whose_work_raises_ends_with_its_type_and_the_exception_goes_on(sent: list[Message]) -> None:
+def test_a_span_whose_work_raises_ends_with_its_type_and_the_exception_goes_on(
+    trace: tracing.Trace, sent: list[Message]
+) -> None:
     secret_error = type("s3cretError", (Exception,), {})  # a secret in a type's name is masked too
     error = secret_error("no")
-    with pytest.raises(secret_error) as raised, tracing.span(SpanName.KICKOFF):
+    with pytest.raises(secret_error) as raised, tracing.span(trace, SpanName.KICKOFF):
         raise error
     assert raised.value is error
     assert isinstance(sent[-1], SpanEnded) and sent[-1].error == "[redacted]Error"
 
 
-def test_a_task_s_strings_are_masked_then_cut(sent: list[Message]) -> None:
+def test_a_task_s_strings_are_masked_then_cut(trace: tracing.Trace) -> None:
     agent = Agent(role="s3cret " + "r" * 300, goal="g", backstory="b", llm=OfflineLLM(model="offline"))
     name = "x" * (MAX_SPAN_VALUE_CHARS - 3) + "s3cret and more"
     task = Task(name=name, description="d", expected_output="e", agent=agent)
-    attributes = tracing._trace.task_attributes(task, agent)  # type: ignore[union-attr]
+    attributes = trace.task_attributes(task, agent)
     assert attributes == {
         "crew_supervisor.task.name": "x" * (MAX_SPAN_VALUE_CHARS - 3) + "[re",
         "crew_supervisor.agent.role": ("[redacted] " + "r" * 300)[:MAX_SPAN_VALUE_CHARS],

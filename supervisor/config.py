@@ -197,7 +197,7 @@ def _tokens(s: Settings) -> dict[Role, tuple[str, ...]]:
         raise ConfigError(f"set only one of {PREFIX}BEARER_TOKEN and {PREFIX}BEARER_TOKEN_FILE")
     if s.bearer_token and (problem := token_problem(s.bearer_token)):
         raise ConfigError(f"{PREFIX}BEARER_TOKEN {problem}")
-    found = {Role.CONTRACT: (s.bearer_token,)} if s.bearer_token else {}
+    found: dict[Role, tuple[str, ...]] = {Role.CONTRACT: (s.bearer_token,)} if s.bearer_token else {}
     for role, path in s.token_files.items():
         try:
             found[role] = read_tokens(FILE_SETTINGS[role], path)

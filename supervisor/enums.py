@@ -34,6 +34,7 @@ class EventName(enum.StrEnum):
 
 
 TERMINAL_EVENTS = (EventName.COMPLETED, EventName.FAILED, EventName.CANCELLED)  # a job's last event: one, once
+ENDED = tuple(Status(event) for event in TERMINAL_EVENTS)  # a job's status once it ended: its terminal event's name
 
 
 class Phase(enum.StrEnum):

@@ -134,7 +134,8 @@ class _DrainingServer(uvicorn.Server):
             async with contextlib.AsyncExitStack() as stack:
                 stack.callback(_remove, self.ephemeral)  # last: after the journal's close
                 stack.callback(self._unbind)
-                self._opening = asyncio.current_task()
+                self._opening = started = asyncio.current_task()
+                assert started is not None  # a coroutine runs in a task
                 try:
                     launcher = functools.partial(_launcher, self.settings)
                     opening = Supervisor.open(self.settings, self.journal, launcher, fenced=self._bind)
@@ -148,7 +149,7 @@ class _DrainingServer(uvicorn.Server):
                 except asyncio.CancelledError:
                     if not self.should_exit:
                         raise
-                    self._opening.uncancel()  # a signal during start-up: what was opened is closed, then it ends us
+                    started.uncancel()  # a signal during start-up: what was opened is closed, then it ends us
                     return
                 finally:
                     self._opening = None

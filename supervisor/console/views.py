@@ -23,7 +23,7 @@ from supervisor.enums import Phase, Status, WaitingFor
 from supervisor.escaping import ident, visible
 from supervisor.tracebacks import last_traceback
 
-STATUS_STYLES = {
+STATUS_STYLES: dict[str, str] = {
     **dict.fromkeys((Phase.QUEUED, Phase.LAUNCHING, Phase.SETTLING), "dim cyan"),
     Status.RUNNING: "cyan",  # the phase's word too
     Status.COMPLETED: "green",
@@ -67,7 +67,7 @@ def jobs_table(jobs: list[dict[str, Any]], width: int = 80, now: float | None = 
         else:
             table.add_column(name, no_wrap=True, min_width=size, justify="right" if name == "events" else "left")
     for job in jobs:
-        cells = {
+        cells: dict[str, RenderableType] = {
             "action id": id_text(job["action_id"]),
             "crew": id_text(job["crew_id"]),
             "op": plain(job["operation"]),
@@ -230,8 +230,8 @@ def crews_view(served: dict[str, Any]) -> Group:
     table.add_column("jobs at once", justify="right", no_wrap=True)
     for crew in served["crews"]:
         own = budget["crews"].get(crew, {})
-        limits = (count(own.get(name)) for name in ("max_tokens", "max_llm_calls"))
-        table.add_row(id_text(crew), *limits, count(bounds.get(crew)))
+        own_limits = (count(own.get(name)) for name in ("max_tokens", "max_llm_calls"))
+        table.add_row(id_text(crew), *own_limits, count(bounds.get(crew)))
     limits = f"{count(budget['max_tokens'])} tokens, {count(budget['max_llm_calls'])} LLM calls"
     return Group(
         Text(f"{len(served['crews'])} crew(s) served ({visible(served['status'])}); per job: {limits}", "bold"),
@@ -355,7 +355,7 @@ class ChunkText:
 
 def state(job: dict[str, Any]) -> str:
     """The one word for a job: its phase while it runs (as ``top`` shows it), else its status."""
-    return job.get("phase") or job["status"]
+    return str(job.get("phase") or job["status"])
 
 
 def status_text(status: str) -> Text:

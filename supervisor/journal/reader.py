@@ -23,6 +23,12 @@ _JOB_COLUMNS = (
     " exit_status, admitted_at, ended_at, boundary, leftovers"
 )
 
+# A row of ``list_jobs``: the record's columns, then its terminal event's reason, error type and message.
+_LISTED = (
+    *("action_id", "crew_id", "operation", "status", "event_count", "admitted_at", "ended_at"),
+    *("reason", "error_type", "message"),
+)
+
 
 class ResumeReads:
     """What a resume reads of a job (``POST /jobs/{id}/resume``): its input, its completed tasks, its links."""
@@ -199,11 +205,7 @@ class Reader(ResumeReads, LedgerReads, TraceReads):
             " ORDER BY j.admitted_at DESC, j.action_id DESC LIMIT ?",
             (*params, limit),
         )
-        names = (
-            *("action_id", "crew_id", "operation", "status", "event_count", "admitted_at", "ended_at"),
-            *("reason", "error_type", "message"),
-        )
-        return [dict(zip(names, row, strict=True)) for row in rows]
+        return [dict(zip(_LISTED, row, strict=True)) for row in rows]
 
     def streams(self, action_id: str) -> Streams | None:
         row = self._db.execute(
@@ -257,7 +259,8 @@ class Reader(ResumeReads, LedgerReads, TraceReads):
 
     def oldest_admitted(self) -> float | None:
         """When the oldest record the journal holds was admitted (Unix seconds); None if it holds none."""
-        return self._db.execute("SELECT min(admitted_at) FROM jobs").fetchone()[0]  # type: ignore[no-any-return]
+        oldest: float | None = self._db.execute("SELECT min(admitted_at) FROM jobs").fetchone()[0]
+        return oldest
 
     def used_bytes(self) -> int:
         """The bytes the journal's records take, as admission holds them against MAX_STATE_BYTES: its pages less

@@ -177,8 +177,8 @@ class Journal:
         ends = commit or self._uncheckpointed >= self._checkpoint
         if ends:
             self._uncheckpointed = 0
-        data = orjson.dumps(data) if encoded is None else encoded
-        group = self._writer.append(action_id, event, data, ends_group=ends)
+        stored = orjson.dumps(data) if encoded is None else encoded
+        group = self._writer.append(action_id, event, stored, ends_group=ends)
         return Written(group) if group is not None else None
 
     def finish(

@@ -241,7 +241,7 @@ class Writer:
             except _RolledBack:  # its fallback goes again, with the rest
                 return pending
             except (sqlite3.Error, JournalError) as exc:
-                if self._waits.out_of_disk(self._db, exc):
+                if isinstance(exc, sqlite3.Error) and self._waits.out_of_disk(self._db, exc):
                     return self._disk_full(pending, failures, exc)
                 failures.append((write, _journal_error(exc)))
                 if not self._db.in_transaction:  # SQLite rolled back the whole round: the rest go again

@@ -66,8 +66,8 @@ class WorkerProcess:
         """Start reading pipes without blocking the loop."""
         loop = asyncio.get_running_loop()
         await loop.connect_read_pipe(lambda: self._frames, os.fdopen(self._pipes.events, "rb", buffering=0))
-        for fd, tail in ((self._pipes.stdout, self.stdout), (self._pipes.stderr, self.stderr)):
-            await loop.connect_read_pipe(lambda tail=tail: tail, os.fdopen(fd, "rb", buffering=0))
+        await loop.connect_read_pipe(lambda: self.stdout, os.fdopen(self._pipes.stdout, "rb", buffering=0))
+        await loop.connect_read_pipe(lambda: self.stderr, os.fdopen(self._pipes.stderr, "rb", buffering=0))
         self._control, _ = await loop.connect_write_pipe(
             asyncio.Protocol, os.fdopen(self._pipes.control, "wb", buffering=0)
         )

@@ -88,6 +88,13 @@ class Lifecycle(enum.StrEnum):
         return self in (Lifecycle.STOPPING, Lifecycle.STOPPED)
 
 
+class Readiness(enum.StrEnum):
+    """``/health``'s ``status``: whether the supervisor admits new starts (``Lifecycle.admits``)."""
+
+    READY = "ready"
+    DRAINING = "draining"  # from a drain's start or a stop's: a start answers 503
+
+
 class Role(enum.StrEnum):
     """Whose token a request carries, from least to most it may do (``ROLES``); each route declares the least it
     needs (``supervisor/scopes.py``)."""

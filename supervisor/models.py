@@ -7,7 +7,7 @@ import hashlib
 import json
 import math
 from collections.abc import Iterable
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import orjson
 from pydantic import (
@@ -16,7 +16,6 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    GetCoreSchemaHandler,
     RootModel,
     StrictBool,
     StrictInt,
@@ -25,10 +24,9 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
-from pydantic_core import CoreSchema, core_schema
 
 from protocol import Operation
-from supervisor.enums import ENDED, STOPPABLE_PHASES, Phase, Status
+from supervisor.enums import ENDED, STOPPABLE_PHASES, Phase, Status, literal
 from supervisor.settings_table import MAX_ARCHIVE_AGE_SECONDS
 
 MAX_INPUT_BYTES = 1024 * 1024
@@ -50,23 +48,25 @@ def _addressable(action_id: str) -> str:
 
 
 ActionId = Annotated[Id, AfterValidator(_addressable)]
-Name = TypeVar("Name", bound=enum.StrEnum)
 
 
-class OneOf(Generic[Name]):
-    """``Annotated[Phase, OneOf(STOPPABLE_PHASES)]``: a field that holds the enum, checked as a ``Literal`` of the
-    names' plain text. Its JSON schema lists them inline, as the contract's always has (an Enum would add a
-    definition of its own), and a wrong value is refused in a ``Literal``'s words; the value is then the member."""
-
-    def __init__(self, names: Iterable[Name]) -> None:
-        self.names = tuple(names)
-
-    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
-        kind = type(self.names[0])
-        return core_schema.no_info_after_validator_function(kind, core_schema.literal_schema([*self.names]))
+def one_of(names: Iterable[enum.StrEnum]) -> Any:
+    """A field that holds one of ``names``' enum, checked as a ``Literal`` of their plain text: its JSON schema lists
+    them inline, as the contract's always has, and a wrong value is refused in a ``Literal``'s words; the value is
+    then the member. FastAPI would add an unused definition of the enum beside its fields' were it the annotation."""
+    names = tuple(names)
+    return Annotated[literal(names), AfterValidator(type(names[0]))]
 
 
-OperationName = Annotated[Operation, OneOf(Operation)]
+# What the type checker sees is what the field holds: the member, made by ``one_of``'s validator.
+if TYPE_CHECKING:
+    OperationName = Operation
+    StoppablePhase = Phase
+    EndedStatus = Status
+else:
+    OperationName = one_of(Operation)
+    StoppablePhase = one_of(STOPPABLE_PHASES)
+    EndedStatus = one_of(ENDED)
 
 
 class StartRequest(BaseModel):
@@ -104,7 +104,7 @@ class BulkCancelRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     crew_id: Id | None = None
-    phase: Annotated[Phase, OneOf(STOPPABLE_PHASES)] | None = None
+    phase: StoppablePhase | None = None
     operation: OperationName | None = None
     reason: Annotated[str, StringConstraints(max_length=2048)] | None = None
     # JSON booleans only: a lax "yes" or 1 read as true would stop jobs, or every job, on a typo.
@@ -126,7 +126,7 @@ class BulkArchiveRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     older_than_seconds: Annotated[StrictInt, Field(ge=0, le=MAX_ARCHIVE_AGE_SECONDS)]
-    status: Annotated[list[Annotated[Status, OneOf(ENDED)]], Field(min_length=1, max_length=3)] | None = None
+    status: Annotated[list[EndedStatus], Field(min_length=1, max_length=3)] | None = None
     crew_id: Id | None = None
     # JSON booleans only, as the bulk cancel's: a lax "no" read as true would archive instead of listing.
     dry_run: StrictBool = False

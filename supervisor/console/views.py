@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from supervisor.console.durations import spoken
-from supervisor.enums import Phase, Status, WaitingFor
+from supervisor.enums import EventName, Phase, Status, WaitingFor
 from supervisor.escaping import ident, visible
 from supervisor.tracebacks import last_traceback
 
@@ -247,7 +247,7 @@ def count(limit: Any) -> str:
 
 def event_line(event: dict[str, Any]) -> Text:
     data = event["data"]
-    summary = data.get("content") if event["event"] == "chunk" else compact(data)
+    summary = data.get("content") if event["event"] == EventName.CHUNK else compact(data)
     return Text.assemble(
         (f"{event['sequence']:>5} ", "dim"), (f"{visible(event['event']):<9} ", "bold"), visible(summary, layout=True)
     )
@@ -342,7 +342,7 @@ class ChunkText:
         self._partial = ""
 
     def feed(self, event: dict[str, Any]) -> Iterator[str]:
-        if event["event"] != "chunk":
+        if event["event"] != EventName.CHUNK:
             return
         *lines, self._partial = (self._partial + str(event["data"].get("content") or "")).split("\n")
         yield from (visible(line, layout=True) for line in lines)

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from supervisor.enums import EventName
 from supervisor.journal.ledger import LedgerReads
 from supervisor.journal.records import Event, Job, StoredEvent, Streams, TaskRecord, TraceIds
 from supervisor.journal.schema import INCONSISTENT
@@ -97,9 +98,10 @@ class Reader(ResumeReads, LedgerReads, TraceReads):
     def schema_version(self) -> int:
         return int(self._db.execute("PRAGMA user_version").fetchone()[0])
 
-    def integrity(self) -> str:
-        """SQLite's quick check of the file: ``ok``, or its first finding."""
-        return str(self._db.execute("PRAGMA quick_check").fetchone()[0])
+    def damage(self) -> str | None:
+        """SQLite's quick check of the file: its first finding, or None where it finds the file sound."""
+        found = str(self._db.execute("PRAGMA quick_check").fetchone()[0])
+        return None if found == "ok" else found
 
     def inconsistent(self) -> list[tuple[str, str]]:
         """Each record whose rows disagree, and how (``schema.INCONSISTENT``): an action id once per problem."""
@@ -171,7 +173,7 @@ class Reader(ResumeReads, LedgerReads, TraceReads):
         row = self._db.execute(
             "SELECT event, sequence, data FROM events WHERE action_id = ? ORDER BY sequence DESC LIMIT 1", (action_id,)
         ).fetchone()
-        return Event(row[0], row[1], orjson.loads(row[2])) if row else None
+        return Event(EventName(row[0]), row[1], orjson.loads(row[2])) if row else None
 
     def list_jobs(
         self,

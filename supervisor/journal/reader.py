@@ -14,16 +14,33 @@ from typing import Any
 
 import orjson
 
-from supervisor.enums import EventName
+from protocol import Operation
+from supervisor.enums import EventName, Status
 from supervisor.journal.ledger import LedgerReads
 from supervisor.journal.records import Event, Job, StoredEvent, Streams, TaskRecord, TraceIds
-from supervisor.journal.schema import INCONSISTENT
+from supervisor.journal.schema import INCONSISTENT, RUNNING
 
 _JOB_COLUMNS = (
     "action_id, crew_id, operation, request_hash, status, event_count, worker_pid, worker_start_time, worker_pgid,"
     " exit_status, admitted_at, ended_at, boundary, leftovers"
 )
 
+
+def _said(key: str, *statuses: Status) -> str:
+    """``key`` of a job's terminal event ``e`` (the last: one key lookup a row) where its status is one of
+    ``statuses``, else NULL."""
+    names = ", ".join(f"'{status}'" for status in statuses)
+    return f"CASE WHEN j.status IN ({names}) THEN json_extract(CAST(e.data AS TEXT), '$.{key}') END"
+
+
+# A failed or cancelled job's reason, and a failed one's error type and message, as ``list_jobs`` selects them.
+_WHY = ", ".join(
+    (
+        _said("reason", Status.FAILED, Status.CANCELLED),
+        _said("error_type", Status.FAILED),
+        _said("message", Status.FAILED),
+    )
+)
 # A row of ``list_jobs``: the record's columns, then its terminal event's reason, error type and message.
 _LISTED = (
     *("action_id", "crew_id", "operation", "status", "event_count", "admitted_at", "ended_at"),
@@ -177,9 +194,9 @@ class Reader(ResumeReads, LedgerReads, TraceReads):
 
     def list_jobs(
         self,
-        status: str | None = None,
+        status: Status | None = None,
         crew_id: str | None = None,
-        operation: str | None = None,
+        operation: Operation | None = None,
         before: tuple[float, str] | None = None,
         limit: int = 50,
         among: Collection[str] | None = None,
@@ -195,13 +212,8 @@ class Reader(ResumeReads, LedgerReads, TraceReads):
         if before is not None:
             clauses.append("(j.admitted_at, j.action_id) < (?, ?)")
             params += before
-        # A failed or cancelled job's reason, and a failed one's error type and message, from its terminal event
-        # (the last: one key lookup a row).
         rows = self._db.execute(
-            "SELECT j.action_id, j.crew_id, j.operation, j.status, j.event_count, j.admitted_at, j.ended_at,"
-            " CASE WHEN j.status IN ('failed', 'cancelled') THEN json_extract(CAST(e.data AS TEXT), '$.reason') END,"
-            " CASE WHEN j.status = 'failed' THEN json_extract(CAST(e.data AS TEXT), '$.error_type') END,"
-            " CASE WHEN j.status = 'failed' THEN json_extract(CAST(e.data AS TEXT), '$.message') END"
+            f"SELECT j.action_id, j.crew_id, j.operation, j.status, j.event_count, j.admitted_at, j.ended_at, {_WHY}"
             " FROM jobs AS j LEFT JOIN events AS e ON e.action_id = j.action_id AND e.sequence = j.event_count - 1"
             f" {'WHERE ' + ' AND '.join(clauses) if clauses else ''}"
             " ORDER BY j.admitted_at DESC, j.action_id DESC LIMIT ?",
@@ -221,7 +233,7 @@ class Reader(ResumeReads, LedgerReads, TraceReads):
         return orjson.loads(row[0]) if row else None
 
     def running(self) -> list[Job]:
-        rows = self._db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE status = 'running' ORDER BY admitted_at")
+        rows = self._db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE status = {RUNNING} ORDER BY admitted_at")
         return [Job(*row) for row in rows]
 
     def count(self) -> int:
@@ -238,12 +250,12 @@ class Reader(ResumeReads, LedgerReads, TraceReads):
             self._db.execute("ROLLBACK")
 
     def ended_before(
-        self, end: float, limit: int, statuses: Collection[str] | None = None, crew_id: str | None = None
+        self, end: float, limit: int, statuses: Collection[Status] | None = None, crew_id: str | None = None
     ) -> tuple[list[str], int]:
         """The first ``limit`` ended records (of ``statuses``, of ``crew_id``) that ended before ``end`` (Unix
         seconds; a record whose end is unknown counts from its admission), oldest end first, and how many there are
         in all. One range of ``jobs_by_end`` each."""
-        where = "status != 'running' AND coalesce(ended_at, admitted_at) < ?"
+        where = f"status != {RUNNING} AND coalesce(ended_at, admitted_at) < ?"  # the partial index jobs_by_end's
         params: list[Any] = [end]
         if statuses is not None:
             where += " AND status IN (SELECT value FROM json_each(?))"

@@ -28,7 +28,7 @@ from supervisor.journal.errors import JournalError
 from supervisor.journal.quarantine import quarantine
 from supervisor.journal.reader import Reader
 from supervisor.journal.records import Event, Job, Resumed, Streams, TaskRecord, TraceIds
-from supervisor.journal.schema import SCHEMA, SCHEMA_VERSION
+from supervisor.journal.schema import RUNNING, SCHEMA, SCHEMA_VERSION
 from supervisor.journal.statefiles import lock, prepare_file, restrict
 from supervisor.journal.writer import Writer, Written
 from supervisor.layout import lock_file
@@ -243,7 +243,7 @@ def _json(value: dict[str, Any] | None) -> bytes | None:
 def _archive(named: str, db: sqlite3.Connection) -> list[str]:
     """``Journal.archive``'s write: the ended records of the action ids ``named`` (a JSON list), and their rows."""
     rows = db.execute(
-        "DELETE FROM jobs WHERE action_id IN (SELECT value FROM json_each(?)) AND status != 'running'"
+        f"DELETE FROM jobs WHERE action_id IN (SELECT value FROM json_each(?)) AND status != {RUNNING}"
         " RETURNING action_id",
         (named,),
     ).fetchall()

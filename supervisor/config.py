@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from protocol import SETTINGS_PREFIX, Operation
-from supervisor.enums import Role
+from supervisor.enums import LauncherName, Role
 from supervisor.settings_table import SPEC
 from supervisor.tokens import FILE_SETTINGS, TokenFileError, in_two_roles, read_tokens, shared, token_problem
 
@@ -54,7 +54,7 @@ class Settings:
     min_free_disk_mb: int
     stream_checkpoint_events: int
     training_dir: str
-    launcher: str
+    launcher: LauncherName
     warmup: str
     prefork: int | None  # None until ``load`` sizes it
     log_format: str

@@ -88,6 +88,13 @@ class Lifecycle(enum.StrEnum):
         return self in (Lifecycle.STOPPING, Lifecycle.STOPPED)
 
 
+class LauncherName(enum.StrEnum):
+    """How a job's worker is started (``LAUNCHER``): what ``/health`` and the metrics name its launcher."""
+
+    FORKSERVER = "forkserver"  # forked by a fork server that imported CrewAI once (supervisor/processes/forkserver.py)
+    SPAWN = "spawn"  # a fresh interpreter (supervisor/processes/launcher.py)
+
+
 class Readiness(enum.StrEnum):
     """``/health``'s ``status``: whether the supervisor admits new starts (``Lifecycle.admits``)."""
 

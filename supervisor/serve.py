@@ -27,6 +27,7 @@ from uvicorn.server import HANDLED_SIGNALS
 
 from supervisor import config, hardening, listener
 from supervisor.config import ConfigError
+from supervisor.enums import LauncherName
 from supervisor.http.app import create_app
 from supervisor.http.connections import Bounds, budget, guarded_protocol
 from supervisor.jobs.environment import worker_env
@@ -268,7 +269,11 @@ def _prepare_state(settings: config.Settings, journal_path: Path) -> None:
 
 def _launcher(settings: config.Settings, reaper: Reaper, limits: Limits) -> Launcher:
     spawn = SpawnLauncher(reaper)
-    return ForkServerLauncher(spawn, settings.prefork or 0, limits) if settings.launcher == "forkserver" else spawn
+    return (
+        ForkServerLauncher(spawn, settings.prefork or 0, limits)
+        if settings.launcher == LauncherName.FORKSERVER
+        else spawn
+    )
 
 
 def _remove(ephemeral: Path | None) -> None:

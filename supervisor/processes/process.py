@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import psutil
 
 from protocol import FrameError, Message, pack
+from supervisor.enums import LauncherName
 from supervisor.processes.containment import Containment
 from supervisor.processes.pipes import QUEUE_HIGH, QUEUE_LOW, Frames, PipeEnds, Tail
 from supervisor.processes.reaper import Reaper, signal_group
@@ -43,7 +44,7 @@ class WorkerProcess:
     (``Reaper.watch``), whoever's child it is."""
 
     def __init__(
-        self, pid: int, pipes: PipeEnds, reaper: Reaper, exited: asyncio.Future[int | None], launched_by: str
+        self, pid: int, pipes: PipeEnds, reaper: Reaper, exited: asyncio.Future[int | None], launched_by: LauncherName
     ) -> None:
         self.pid = pid
         self.launched_by = launched_by

@@ -20,12 +20,14 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
 sys.path[:0] = [str(ROOT), str(SCRIPTS)]
+from protocol import Operation  # noqa: E402
 from supervisor import testing  # noqa: E402
 from supervisor.console.sse import Frame, frames, lines  # noqa: E402
+from supervisor.enums import TERMINAL_EVENTS, EventName, Status  # noqa: E402
 from supervisor.journal.schema import SCHEMA, SCHEMA_VERSION  # noqa: E402
 from supervisor.testing import Server  # noqa: E402
 
-TERMINAL = ("completed", "failed", "cancelled")
+TERMINAL = TERMINAL_EVENTS
 JOB_TIMEOUT_MS = 120_000  # a job the bench loses track of is still ended by its supervisor
 READY_SECONDS = 240.0
 MARKER_SECONDS = 20.0
@@ -105,16 +107,15 @@ def populate(state: Path, jobs: int) -> None:
         job_rows, event_rows = [], []
         for i in range(jobs):
             action = f"retained-{i:06d}"
-            job_rows.append(
-                (action, "fast", "run", secrets.token_hex(32), "completed", 4, orjson.dumps(output), now, 0)
-            )
+            digest = secrets.token_hex(32)
+            job_rows.append((action, "fast", Operation.RUN, digest, Status.COMPLETED, 4, orjson.dumps(output), now, 0))
             chunk = {"content": "finding ", "chunk_type": "text", "channel": "llm"}
             for sequence, (name, data) in enumerate(
                 [
-                    ("started", {"status": "running", "operation": "run", "pid": 1000 + i}),
-                    ("chunk", chunk),
-                    ("chunk", chunk),
-                    ("completed", output),
+                    (EventName.STARTED, {"status": Status.RUNNING, "operation": Operation.RUN, "pid": 1000 + i}),
+                    (EventName.CHUNK, chunk),
+                    (EventName.CHUNK, chunk),
+                    (EventName.COMPLETED, output),
                 ]
             ):
                 event_rows.append((action, sequence, name, orjson.dumps(data)))
@@ -190,7 +191,7 @@ def cancel(client: httpx.Client, crew: str, action: str) -> Stop:
     elapsed = time.perf_counter() - began
     record = response.json() if response.status_code == 200 else {}
     terminal = record.get("terminal") or {}
-    if record.get("status") != "cancelled" or terminal.get("stop_confirmed") is not True:
+    if record.get("status") != Status.CANCELLED or terminal.get("stop_confirmed") is not True:
         raise BenchError(f"cancel of {action} did not confirm the stop: {response.status_code} {response.text[:300]}")
     return elapsed, float(terminal["elapsed_ms"])
 
@@ -206,7 +207,7 @@ def wait_blocked(client: httpx.Client, markers: Path, pid: int, action: str) -> 
             raise BenchError(f"worker {pid} did not block within {MARKER_SECONDS:.0f} s")
         if now - looked > 0.1:  # a replay of a stale task id fails at once: do not wait for nothing
             looked = now
-            if client.get(f"/jobs/{action}").json()["status"] != "running":
+            if client.get(f"/jobs/{action}").json()["status"] != Status.RUNNING:
                 return False
         time.sleep(0.002)
     marker.unlink()

@@ -31,6 +31,7 @@ from bench_harness import (
     wait_blocked,
 )
 
+from supervisor.enums import EventName
 from supervisor.testing import FORKED_WORKER, Server
 
 Setup = Callable[[], contextlib.AbstractContextManager[Any]]
@@ -47,9 +48,9 @@ def start_latency(clients: list[httpx.Client], samples: int, warmup: int) -> lis
             began = time.perf_counter()
             with client.stream("POST", "/jobs/stream", json=start_body("fast", action), headers=key(action)) as answer:
                 events = sse(answer)
-                next_event(events, "started")
+                next_event(events, EventName.STARTED)
                 elapsed = time.perf_counter() - began
-                if drain(events) != "completed":
+                if drain(events) != EventName.COMPLETED:
                     raise BenchError(f"fast job {action} did not complete")
             if i >= warmup:
                 measured.append(elapsed)
@@ -69,14 +70,14 @@ def cancel_run(
         body = start_body("demo-slow", action, {"seconds": 600})
         with client.stream("POST", "/jobs/stream", json=body, headers=key(action)) as response:
             events = sse(response)
-            pid = next_event(events, "started")["pid"]
+            pid = next_event(events, EventName.STARTED)["pid"]
             starts.append(time.perf_counter() - began)
-            next_event(events, "chunk")
-            next_event(events, "chunk")  # mid-stream: the crew is running and ticking
+            next_event(events, EventName.CHUNK)
+            next_event(events, EventName.CHUNK)  # mid-stream: the crew is running and ticking
             if i < measure_memory:
                 memories.append(memory(pid))
             cancels.append(cancel(client, "demo-slow", action))
-            if drain(events) != "cancelled":
+            if drain(events) != EventName.CANCELLED:
                 raise BenchError(f"{action} did not end cancelled")
     return starts, cancels, memories
 
@@ -86,7 +87,7 @@ def cancel_blocked(client: httpx.Client, markers: Path, crew: str, body: dict[st
     action = body["action_id"]
     with client.stream("POST", "/jobs/stream", json=body, headers=key(action)) as response:
         events = sse(response)
-        pid = next_event(events, "started")["pid"]
+        pid = next_event(events, EventName.STARTED)["pid"]
         if not wait_blocked(client, markers, pid, action):
             return None
         stop = cancel(client, crew, action)
@@ -389,10 +390,10 @@ def stream_chunks(client: httpx.Client, crew: str, chunks: int) -> Stream:
                 continue
             for frame in whole.split(b"\n\n"):
                 name = frame.partition(b"\n")[0].removeprefix(b"event: ").decode()
-                if name == "started":
+                if name == EventName.STARTED:
                     began = now
                 elif name in TERMINAL:
-                    if name != "completed" or received != chunks:
+                    if name != EventName.COMPLETED or received != chunks:
                         raise BenchError(f"{crew} ended {name} after {received} of {chunks} chunks")
                     if received == first_read or not began:
                         raise BenchError(f"{crew}: every chunk arrived in one read; ask for more chunks")

@@ -34,6 +34,7 @@ from bench_report import quantile_text
 from load_common import PeakRss, parse_plan, serving, verdict
 
 from supervisor.console import sse
+from supervisor.enums import EventName, Status
 from supervisor.testing import Server
 
 Event = dict[str, Any]
@@ -94,7 +95,7 @@ def per_second(count: int, seconds: float) -> float:
 
 def ended_completed(events: list[Event]) -> bool:
     """The starter's answer: its stream's last event is ``completed`` (check() says what else is wrong)."""
-    return bool(events) and events[-1]["event"] == "completed"
+    return bool(events) and events[-1]["event"] == EventName.COMPLETED
 
 
 async def sse_events(response: httpx.Response) -> AsyncIterator[Event]:
@@ -187,11 +188,11 @@ def check(job: Job, record: dict[str, Any], plan: Plan, result: Result) -> None:
     terminals = [i for i, e in enumerate(events) if e["event"] in TERMINAL]
     if terminals != [len(events) - 1]:
         wrong(f"{job.action}: terminal events at {terminals} of {len(events)}")
-    elif events[-1]["event"] != "completed":
+    elif events[-1]["event"] != EventName.COMPLETED:
         wrong(f"{job.action}: ended {events[-1]['event']}: {events[-1]['data']}")
     elif events[-1]["data"] != record.get("output"):  # the client takes that data as the output
         wrong(f"{job.action}: the completed event's data is not the record's output")
-    if record.get("status") != "completed" or record.get("event_count") != len(events):
+    if record.get("status") != Status.COMPLETED or record.get("event_count") != len(events):
         wrong(f"{job.action}: record says {record.get('status')}/{record.get('event_count')}, stream saw {len(events)}")
     for kind, copies, expected in (("follower", job.followed, None), ("reader", job.read, plan.readers)):
         if expected is not None and len(copies) != expected:

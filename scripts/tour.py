@@ -22,6 +22,7 @@ import psutil
 from supervisor import testing
 from supervisor.config import DEMO_REGISTRY
 from supervisor.console import sse
+from supervisor.enums import EventName
 from worker.provider import URL_ENV, Provider
 
 Event = dict[str, Any]
@@ -108,9 +109,9 @@ def tour(client: httpx.Client) -> None:
     body = {"crew_id": "demo", "action_id": "tour-stream", "input": {"topic": "durable jobs"}}
     with client.stream("POST", "/jobs/stream", json=body, headers={"Idempotency-Key": "tour-2"}) as response:
         for event in sse.events(sse.lines(response.iter_bytes())):
-            if event["event"] == "chunk":
+            if event["event"] == EventName.CHUNK:
                 print(event["data"]["content"], end="", flush=True)
-            elif event["event"] == "completed":  # its data is the output itself, as the reference writes it
+            elif event["event"] == EventName.COMPLETED:  # its data is the output itself, as the reference writes it
                 print(f"\n[{event['sequence']}] completed: raw {event['data']['raw']!r}", flush=True)
             else:
                 print(f"\n[{event['sequence']}] {event['event']}", flush=True)
@@ -123,10 +124,10 @@ def tour(client: httpx.Client) -> None:
     def follow() -> None:
         with client.stream("POST", "/jobs/stream", json=body, headers={"Idempotency-Key": "tour-3"}) as response:
             for event in sse.events(sse.lines(response.iter_bytes())):
-                if event["event"] == "started":
+                if event["event"] == EventName.STARTED:
                     pid.append(event["data"]["pid"])
                     print(f"[{event['sequence']}] started in worker pid {pid[0]}")
-                elif event["event"] == "chunk":
+                elif event["event"] == EventName.CHUNK:
                     print(f"  {event['data']['content'].strip()}", flush=True)
                     if event["sequence"] >= 10:
                         ticking.set()
@@ -197,7 +198,7 @@ def job_events(client: httpx.Client, action: str) -> list[Event]:
 
 def started_pids(events: list[Event]) -> list[int]:
     """The pid of each worker that started on the job, from its started events."""
-    return [event["data"]["pid"] for event in events if event["event"] == "started"]
+    return [event["data"]["pid"] for event in events if event["event"] == EventName.STARTED]
 
 
 def one_worker(ran: list[Event], repeated: list[Event]) -> bool:

@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     from supervisor import config, logs
     from supervisor.console import commands as console
     from supervisor.doctor import report as doctor
+    from supervisor.settings_table import SPEC
 
     args = parser().parse_args(argv)
     if args.command == "chaos":
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(backup.run(args))
     if args.command not in ("serve", "doctor"):
         sys.exit(console.run_command(args))
-    flags = {name: getattr(args, name) for name in config.SPEC}
+    flags = {name: getattr(args, name) for name in SPEC}
     if args.demo:
         flags["REGISTRY"] = flags["REGISTRY"] or config.DEMO_REGISTRY
     if args.command == "doctor":

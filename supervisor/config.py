@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from protocol import SETTINGS_PREFIX, Operation
-from supervisor.enums import Role
+from supervisor.enums import LauncherName, Role
 from supervisor.settings_table import SPEC
 from supervisor.tokens import FILE_SETTINGS, TokenFileError, in_two_roles, read_tokens, shared, token_problem
 
@@ -54,7 +54,7 @@ class Settings:
     min_free_disk_mb: int
     stream_checkpoint_events: int
     training_dir: str
-    launcher: str
+    launcher: LauncherName
     warmup: str
     prefork: int | None  # None until ``load`` sizes it
     log_format: str
@@ -197,7 +197,7 @@ def _tokens(s: Settings) -> dict[Role, tuple[str, ...]]:
         raise ConfigError(f"set only one of {PREFIX}BEARER_TOKEN and {PREFIX}BEARER_TOKEN_FILE")
     if s.bearer_token and (problem := token_problem(s.bearer_token)):
         raise ConfigError(f"{PREFIX}BEARER_TOKEN {problem}")
-    found = {Role.CONTRACT: (s.bearer_token,)} if s.bearer_token else {}
+    found: dict[Role, tuple[str, ...]] = {Role.CONTRACT: (s.bearer_token,)} if s.bearer_token else {}
     for role, path in s.token_files.items():
         try:
             found[role] = read_tokens(FILE_SETTINGS[role], path)

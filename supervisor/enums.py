@@ -34,6 +34,7 @@ class EventName(enum.StrEnum):
 
 
 TERMINAL_EVENTS = (EventName.COMPLETED, EventName.FAILED, EventName.CANCELLED)  # a job's last event: one, once
+ENDED = tuple(Status(event) for event in TERMINAL_EVENTS)  # a job's status once it ended: its terminal event's name
 
 
 class Phase(enum.StrEnum):
@@ -85,6 +86,20 @@ class Lifecycle(enum.StrEnum):
     def stopping(self) -> bool:
         """Every job ends now, killed if it runs."""
         return self in (Lifecycle.STOPPING, Lifecycle.STOPPED)
+
+
+class LauncherName(enum.StrEnum):
+    """How a job's worker is started (``LAUNCHER``): what ``/health`` and the metrics name its launcher."""
+
+    FORKSERVER = "forkserver"  # forked by a fork server that imported CrewAI once (supervisor/processes/forkserver.py)
+    SPAWN = "spawn"  # a fresh interpreter (supervisor/processes/launcher.py)
+
+
+class Readiness(enum.StrEnum):
+    """``/health``'s ``status``: whether the supervisor admits new starts (``Lifecycle.admits``)."""
+
+    READY = "ready"
+    DRAINING = "draining"  # from a drain's start or a stop's: a start answers 503
 
 
 class Role(enum.StrEnum):

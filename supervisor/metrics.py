@@ -14,7 +14,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from supervisor.enums import Role, Status
+from protocol import Operation
+from supervisor.enums import EventName, Role
 from supervisor.scopes import needs
 
 PREFIX = "crew_supervisor"
@@ -98,7 +99,7 @@ class Metrics:
         self.idle_workers.set_function(idle_workers)
 
     def job_finished(
-        self, crew: str, operation: str, outcome: str, evidence: Mapping[str, Any], seconds: float
+        self, crew: str, operation: Operation, outcome: EventName, evidence: Mapping[str, Any], seconds: float
     ) -> None:
         """A job's terminal event committed, ``seconds`` after its admission; ``evidence``: a failed or cancelled
         job's (a kill's says its signal). A kill is counted by its failure's reason (ours: a bounded vocabulary), a
@@ -107,7 +108,7 @@ class Metrics:
         self.crew_finished.labels(crew, operation, outcome).inc()
         self.crew_job_seconds.labels(crew, outcome).observe(seconds)
         if "signal" in evidence:  # the supervisor killed the worker: say why
-            self.kills.labels(outcome if outcome == Status.CANCELLED else evidence.get("reason") or outcome).inc()
+            self.kills.labels(outcome if outcome == EventName.CANCELLED else evidence.get("reason") or outcome).inc()
 
     def job_step(self, step: str, seconds: float) -> None:
         self.job_steps.labels(step).observe(seconds)

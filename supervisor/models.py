@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import math
-from typing import Annotated, Any, Literal
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import orjson
 from pydantic import (
@@ -24,7 +26,7 @@ from pydantic import (
 )
 
 from protocol import Operation
-from supervisor.enums import STOPPABLE_PHASES, TERMINAL_EVENTS, literal
+from supervisor.enums import ENDED, STOPPABLE_PHASES, Phase, Status, literal
 from supervisor.settings_table import MAX_ARCHIVE_AGE_SECONDS
 
 MAX_INPUT_BYTES = 1024 * 1024
@@ -46,7 +48,25 @@ def _addressable(action_id: str) -> str:
 
 
 ActionId = Annotated[Id, AfterValidator(_addressable)]
-OperationName = literal(Operation)
+
+
+def one_of(names: Iterable[enum.StrEnum]) -> Any:
+    """A field that holds one of ``names``' enum, checked as a ``Literal`` of their plain text: its JSON schema lists
+    them inline, as the contract's always has, and a wrong value is refused in a ``Literal``'s words; the value is
+    then the member. FastAPI would add an unused definition of the enum beside its fields' were it the annotation."""
+    names = tuple(names)
+    return Annotated[literal(names), AfterValidator(type(names[0]))]
+
+
+# What the type checker sees is what the field holds: the member, made by ``one_of``'s validator.
+if TYPE_CHECKING:
+    OperationName = Operation
+    StoppablePhase = Phase
+    EndedStatus = Status
+else:
+    OperationName = one_of(Operation)
+    StoppablePhase = one_of(STOPPABLE_PHASES)
+    EndedStatus = one_of(ENDED)
 
 
 class StartRequest(BaseModel):
@@ -54,7 +74,7 @@ class StartRequest(BaseModel):
 
     crew_id: Id
     action_id: ActionId
-    operation: OperationName = Operation.RUN.value
+    operation: OperationName = Operation.RUN
     input: dict[str, Any] = Field(default_factory=dict)
     timeout_ms: Annotated[StrictInt, Field(ge=1, le=MAX_TIMEOUT_MS)] = DEFAULT_TIMEOUT_MS
 
@@ -84,7 +104,7 @@ class BulkCancelRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     crew_id: Id | None = None
-    phase: literal(STOPPABLE_PHASES) | None = None  # type: ignore[valid-type]
+    phase: StoppablePhase | None = None
     operation: OperationName | None = None
     reason: Annotated[str, StringConstraints(max_length=2048)] | None = None
     # JSON booleans only: a lax "yes" or 1 read as true would stop jobs, or every job, on a typo.
@@ -106,7 +126,7 @@ class BulkArchiveRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     older_than_seconds: Annotated[StrictInt, Field(ge=0, le=MAX_ARCHIVE_AGE_SECONDS)]
-    status: Annotated[list[literal(TERMINAL_EVENTS)], Field(min_length=1, max_length=3)] | None = None  # type: ignore[valid-type]
+    status: Annotated[list[EndedStatus], Field(min_length=1, max_length=3)] | None = None
     crew_id: Id | None = None
     # JSON booleans only, as the bulk cancel's: a lax "no" read as true would archive instead of listing.
     dry_run: StrictBool = False
@@ -170,8 +190,8 @@ def key_problem(key: str | None) -> tuple[bool, str] | None:
     return None
 
 
-def _bounded_text(max_bytes: int) -> Any:
-    """Non-empty, at most ``max_bytes`` of UTF-8, no control characters."""
+def _text_within(max_bytes: int) -> AfterValidator:
+    """``Annotated[StrictStr, _text_within(n)]``: non-empty, at most ``max_bytes`` of UTF-8, no control characters."""
 
     def check(value: str) -> str:
         if not value:
@@ -182,7 +202,7 @@ def _bounded_text(max_bytes: int) -> Any:
             raise ValueError("must not contain control characters")
         return value
 
-    return Annotated[StrictStr, AfterValidator(check)]
+    return AfterValidator(check)
 
 
 def _few_properties(value: dict[str, Any]) -> dict[str, Any]:
@@ -214,7 +234,7 @@ class BatchRunInput(_Closed):
 
 
 class ReplayInput(_Closed):
-    task_id: _bounded_text(256)  # type: ignore[valid-type]
+    task_id: Annotated[StrictStr, _text_within(256)]
     inputs: Inputs | None = None
 
 
@@ -222,17 +242,17 @@ class TrainInput(_Closed):
     n_iterations: Iterations
     artifact_name: Annotated[StrictStr, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
     inputs: Inputs | None = None
-    feedback: _bounded_text(4096) | None = None  # type: ignore[valid-type]
+    feedback: Annotated[StrictStr, _text_within(4096)] | None = None
 
 
 class TestInput(_Closed):
     n_iterations: Iterations
-    eval_llm: _bounded_text(256)  # type: ignore[valid-type]
+    eval_llm: Annotated[StrictStr, _text_within(256)]
     inputs: Inputs | None = None
 
 
 class KnowledgeQueryInput(_Closed):
-    query: Annotated[list[_bounded_text(4096)], Field(min_length=1, max_length=100)]  # type: ignore[valid-type]
+    query: Annotated[list[Annotated[StrictStr, _text_within(4096)]], Field(min_length=1, max_length=100)]
     results_limit: Annotated[StrictInt, Field(ge=1, le=100)] = 3
     score_threshold: Annotated[float, BeforeValidator(_not_boolean), Field(ge=0, le=1)] = 0.35
 

@@ -27,6 +27,7 @@ from uvicorn.server import HANDLED_SIGNALS
 
 from supervisor import config, hardening, listener
 from supervisor.config import ConfigError
+from supervisor.enums import LauncherName
 from supervisor.http.app import create_app
 from supervisor.http.connections import Bounds, budget, guarded_protocol
 from supervisor.jobs.environment import worker_env
@@ -134,7 +135,8 @@ class _DrainingServer(uvicorn.Server):
             async with contextlib.AsyncExitStack() as stack:
                 stack.callback(_remove, self.ephemeral)  # last: after the journal's close
                 stack.callback(self._unbind)
-                self._opening = asyncio.current_task()
+                self._opening = started = asyncio.current_task()
+                assert started is not None  # a coroutine runs in a task
                 try:
                     launcher = functools.partial(_launcher, self.settings)
                     opening = Supervisor.open(self.settings, self.journal, launcher, fenced=self._bind)
@@ -148,7 +150,7 @@ class _DrainingServer(uvicorn.Server):
                 except asyncio.CancelledError:
                     if not self.should_exit:
                         raise
-                    self._opening.uncancel()  # a signal during start-up: what was opened is closed, then it ends us
+                    started.uncancel()  # a signal during start-up: what was opened is closed, then it ends us
                     return
                 finally:
                     self._opening = None
@@ -267,7 +269,11 @@ def _prepare_state(settings: config.Settings, journal_path: Path) -> None:
 
 def _launcher(settings: config.Settings, reaper: Reaper, limits: Limits) -> Launcher:
     spawn = SpawnLauncher(reaper)
-    return ForkServerLauncher(spawn, settings.prefork or 0, limits) if settings.launcher == "forkserver" else spawn
+    return (
+        ForkServerLauncher(spawn, settings.prefork or 0, limits)
+        if settings.launcher == LauncherName.FORKSERVER
+        else spawn
+    )
 
 
 def _remove(ephemeral: Path | None) -> None:

@@ -4,6 +4,7 @@ source for ``supervisor.config`` (flags, environment, checks), ``serve --help`` 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import os
 import re
 import urllib.parse
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from protocol import Operation
+from supervisor.enums import LauncherName
 
 MAX_WORKERS = 1024  # MAX_CONCURRENCY's highest
 TRACE_ID = "{trace_id}"  # where TRACE_UI_URL takes a job's trace id
@@ -132,6 +134,12 @@ def _or_auto(parser: Parser) -> Parser:
         return None if not raw.strip() else parser(raw)
 
     return dataclasses.replace(parser, parse=parse_or_auto)
+
+
+def _named(names: type[enum.StrEnum]) -> Parser:
+    """One of ``names``, as its member."""
+    allowed = tuple(name.value for name in names)
+    return Parser(lambda raw: names(_choice(*allowed)(raw)), choices=allowed)
 
 
 def _choice(*allowed: str) -> Parser:
@@ -269,8 +277,8 @@ SPEC: dict[str, Setting] = {
         " hidden `.partial` files in it are removed at start",
     ),
     "LAUNCHER": Setting(
-        _choice("forkserver", "spawn"),
-        "forkserver",
+        _named(LauncherName),
+        LauncherName.FORKSERVER.value,
         "forkserver (warm, milliseconds per job) or spawn (a fresh interpreter, seconds)",
         "the fork server imports CrewAI once and warms it on crews of its own, offline, and on each installed"
         " provider CrewAI routes to natively against a loopback provider of its own, so that no worker repeats"

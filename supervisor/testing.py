@@ -34,8 +34,9 @@ from typing import Any
 import httpx
 import psutil
 
-from supervisor.config import PREFIX, SPEC
+from supervisor.config import PREFIX
 from supervisor.layout import JOURNAL
+from supervisor.settings_table import SPEC
 from supervisor.tokens import FILE_SETTINGS
 
 TOKEN_SETTINGS = frozenset(PREFIX + name for name in ("BEARER_TOKEN", *FILE_SETTINGS.values()))
@@ -116,9 +117,10 @@ class Server:
     def processes(self) -> list[psutil.Process]:
         """Its live descendants: the fork server and the workers."""
         try:
-            return psutil.Process(self.pid).children(recursive=True)
+            descendants: list[psutil.Process] = psutil.Process(self.pid).children(recursive=True)  # psutil: untyped
         except psutil.NoSuchProcess:
             return []
+        return descendants
 
     def forkserver(self) -> psutil.Process | None:
         """The fork server (None with the spawn launcher, or while there is none)."""
@@ -140,9 +142,10 @@ class Server:
 
     def _children(self) -> list[psutil.Process]:
         try:
-            return psutil.Process(self.pid).children()
+            children: list[psutil.Process] = psutil.Process(self.pid).children()  # psutil: untyped
         except psutil.NoSuchProcess:
             return []
+        return children
 
     def stop(self, timeout: float = STOP_SECONDS) -> None:
         """SIGTERM (the supervisor stops its workers and closes the journal), SIGKILL if it outlasts ``timeout``."""
@@ -197,7 +200,8 @@ def _running(process: psutil.Process) -> bool:
     with contextlib.suppress(ChildProcessError):
         os.waitpid(process.pid, os.WNOHANG)
     with contextlib.suppress(psutil.NoSuchProcess):
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+        alive: bool = process.is_running() and process.status() != psutil.STATUS_ZOMBIE  # psutil is untyped
+        return alive
     return False
 
 

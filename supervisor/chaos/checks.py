@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import psutil
 
-from protocol import BEFORE_CREW_REASONS, WORKER_REASONS, Reason
+from protocol import BEFORE_CREW_REASONS, WORKER_REASONS, EffectStatus, Reason
 from supervisor.chaos.faults import Record
 from supervisor.enums import TERMINAL_EVENTS, EventName, Status
 
@@ -102,7 +102,7 @@ def ledger_problems(action: str, ledger: dict[str, Any], own_tasks: int | None =
     fencing's, makes each ``uncertain``), or an entry lost: its calls and completed tasks share one count from 1, so
     every id up to its last call's is a call or one of its ``own_tasks`` (by default all it counts)."""
     effects = ledger["effects"]
-    running = [entry for entry in effects if entry["status"] == "running"][:1]  # one line says it
+    running = [entry for entry in effects if entry["status"] == EffectStatus.RUNNING][:1]  # one line says it
     problems = [f"{action}'s call {e['id']} ({e['name']}) still runs in its ended job's ledger" for e in running]
     ids = [entry["id"] for entry in effects]
     tasks = ledger["tasks_completed"] if own_tasks is None else own_tasks

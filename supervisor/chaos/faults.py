@@ -51,9 +51,10 @@ def dead(process: psutil.Process, timeout: float = CONFIRM_SECONDS) -> bool:
 
     def gone_or_zombie() -> bool:
         try:
-            return process.status() == psutil.STATUS_ZOMBIE
+            zombie: bool = process.status() == psutil.STATUS_ZOMBIE  # psutil is untyped
         except psutil.NoSuchProcess:
             return True
+        return zombie
 
     return _until(gone_or_zombie, timeout)
 

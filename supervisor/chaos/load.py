@@ -13,6 +13,7 @@ import httpx
 
 from supervisor.chaos.crews import Crews
 from supervisor.chaos.faults import Record
+from supervisor.enums import Status
 
 
 class Reachable(Protocol):
@@ -27,19 +28,19 @@ EFFECTS_ABOVE = 0.75  # a start rolled above this starts the effects crew: a qua
 EFFECTS_STEP_SECONDS = 0.5  # each step's tool call takes a while: a kill lands in one
 JOIN_SECONDS = 60.0  # longest a client may stay in a request once the load stops (a cancel's wait included)
 # An exact repeat answers what the job is now: 200 its output, else its record with the status that answer means.
-REPEAT_STATUS = {409: "cancelled", 502: "failed", 504: "running"}
+REPEAT_STATUS = {409: Status.CANCELLED, 502: Status.FAILED, 504: Status.RUNNING}
 
 
 def repeat_problem(action: str, code: int, body: Any, status: str | None) -> str | None:
     """What is wrong with an exact repeat's answer, given ``status``, the job's as read just after it (a
     job still running may have ended meanwhile; a terminal one never changes)."""
-    wanted = "completed" if code == 200 else REPEAT_STATUS.get(code)
+    wanted = Status.COMPLETED if code == 200 else REPEAT_STATUS.get(code)
     if wanted is None:
         return f"exact repeat of {action} answered {code}"
     if code != 200 and (not isinstance(body, dict) or body.get("action_id") != action or body.get("status") != wanted):
         seen = (body.get("action_id"), body.get("status")) if isinstance(body, dict) else body
         return f"exact repeat of {action} answered {code} without its job {wanted}: {seen!r}"
-    if status != wanted and wanted != "running":
+    if status != wanted and wanted != Status.RUNNING:
         return f"exact repeat of {action} answered {code} ({wanted}) but the journal says {status}"
     return None
 
@@ -61,7 +62,7 @@ def cancel_problem(action: str, code: int, body: Any) -> str | None:
     """A cancel answers once the job is terminal, with its record."""
     if code != 200 or not isinstance(body, dict) or body.get("action_id") != action:
         return f"cancel of {action} answered {code} {str(body)[:120]!r}"
-    if body.get("status") == "running":
+    if body.get("status") == Status.RUNNING:
         return f"cancel of {action} answered while the job still runs"
     return None
 

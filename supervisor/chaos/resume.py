@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from protocol import Effect, EffectStatus
 from supervisor.chaos.checks import Findings, ledger_problems
 from supervisor.chaos.crews import Crews
 from supervisor.enums import Status
@@ -52,8 +53,8 @@ def resume_problems(client: httpx.Client, old: str, new: str) -> list[str]:
     tasks = len(answer.json().get("tasks_output") or [])
     ledger = client.get(f"/jobs/{new}/effects").json()
     problems = ledger_problems(new, ledger, own_tasks=tasks - before)
-    tools = [entry["status"] for entry in ledger["effects"] if entry["kind"] == "tool"]
-    if tools != ["finished"] * (tasks - before):
+    tools = [entry["status"] for entry in ledger["effects"] if entry["kind"] == Effect.TOOL]
+    if tools != [EffectStatus.FINISHED] * (tasks - before):
         problems.append(f"{new} resumed {old} after its {before} of {tasks} completed tasks, but its tools: {tools}")
     if ledger["tasks_completed"] != tasks:
         problems.append(f"{new} completed with {tasks} task outputs but counts {ledger['tasks_completed']} completed")

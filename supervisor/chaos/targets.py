@@ -20,6 +20,7 @@ import psutil
 from supervisor import testing
 from supervisor.chaos.checks import Seen
 from supervisor.chaos.faults import CONFIRM_SECONDS, Record
+from supervisor.enums import Readiness
 from supervisor.layout import JOURNAL
 from supervisor.testing import Server
 
@@ -112,7 +113,7 @@ class Deployment:
         except httpx.TransportError:
             return None
         health = answer.json() if answer.status_code == 200 else {}
-        return health.get("instance") if health.get("status") == "ready" else None
+        return health.get("instance") if health.get("status") == Readiness.READY else None
 
     def restart(self) -> None:
         """Run the command; confirmed once ``/health`` answers ready with another ``instance`` (one that

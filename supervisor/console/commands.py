@@ -37,9 +37,8 @@ from supervisor.console.following import (
     start_and_follow,
 )
 from supervisor.console.reconnect import DEFAULT_WAIT_SECONDS
-from supervisor.console.views import visible
 from supervisor.enums import LIVE_PHASES, STOPPABLE_PHASES, TERMINAL_EVENTS, Status
-from supervisor.escaping import ident, typed_id
+from supervisor.escaping import ident, typed_id, visible
 
 ACTION_ID_HELP = "the job's action id, as the CLI prints it (\\u0456 for a character it writes out) or as it is"
 EXIT_PIPE_CLOSED = 141  # the reader of its output went away, as shells report SIGPIPE

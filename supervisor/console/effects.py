@@ -9,6 +9,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from protocol import Effect, EffectStatus
 from supervisor.console.durations import spoken
 from supervisor.console.views import clock, dash, id_text, plain
 
@@ -19,7 +20,12 @@ job runs), or uncertain (it had started when the job was cancelled, timed
 out, killed or fenced at a restart: it may or may not have had its effect;
 reconcile it before a new run). Tokens for LLM calls; how many of a run's
 tasks completed."""
-EFFECT_STYLES = {"finished": "green", "failed": "red", "running": "cyan", "uncertain": "bold black on yellow"}
+EFFECT_STYLES: dict[str, str] = {
+    EffectStatus.FINISHED: "green",
+    EffectStatus.FAILED: "red",
+    EffectStatus.RUNNING: "cyan",
+    EffectStatus.UNCERTAIN: "bold black on yellow",
+}
 
 
 def view(answer: dict[str, Any]) -> Group:
@@ -38,7 +44,7 @@ def view(answer: dict[str, Any]) -> Group:
             clock(entry["started_at"], short=True),
             took(entry),
             outcome(entry),
-            style="bold" if status == "uncertain" else None,
+            style="bold" if status == EffectStatus.UNCERTAIN else None,
         )
     return Group(table, summary(answer))
 
@@ -51,9 +57,9 @@ def took(entry: dict[str, Any]) -> Text:
 
 def outcome(entry: dict[str, Any]) -> Text:
     """A failed call's error; else an LLM call's tokens (prompt + completion)."""
-    if entry["status"] == "failed":
+    if entry["status"] == EffectStatus.FAILED:
         return plain(": ".join(str(part) for part in (entry["error_type"], entry["error_message"]) if part), "red")
-    if entry["kind"] == "llm":
+    if entry["kind"] == Effect.LLM:
         return plain(f"{entry['prompt_tokens']:,} + {entry['completion_tokens']:,}")
     return dash(None)
 
@@ -65,9 +71,9 @@ def summary(answer: dict[str, Any]) -> Text:
     calls = f"{len(statuses)} call{'' if len(statuses) == 1 else 's'}"
     line = Text.assemble(id_text(answer["action_id"]), f": {calls}{f' ({counted})' if counted else ''}")
     line.append(f", {answer['tasks_completed']} task(s) completed")
-    if uncertain := statuses.count("uncertain"):
+    if uncertain := statuses.count(EffectStatus.UNCERTAIN):
         line.append(
             f"\n{uncertain} uncertain: cut off when the job ended; each may or may not have had its effect",
-            EFFECT_STYLES["uncertain"],
+            EFFECT_STYLES[EffectStatus.UNCERTAIN],
         )
     return line

@@ -16,9 +16,8 @@ from rich.text import Text
 
 from supervisor.console import views
 from supervisor.console.client import Client, OperatorError, Unsettled, job_path
-from supervisor.console.views import visible
 from supervisor.enums import Status
-from supervisor.escaping import ident, json_line
+from supervisor.escaping import ident, json_line, visible
 
 EXIT_ERROR, EXIT_FAILED, EXIT_CANCELLED = 1, 3, 4
 EXIT_INTERRUPTED = 130  # Ctrl-C, as shells report SIGINT

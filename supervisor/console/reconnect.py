@@ -61,7 +61,7 @@ class Reconnect:
             self.noticed_at, self.told = now, True
         self.tries += 1
         first, most = PAUSE_SECONDS
-        return min(first * 2 ** (self.tries - 1), most, self.wait - out_for)
+        return min(first * 2.0 ** (self.tries - 1), most, self.wait - out_for)
 
     def alive(self, resume_after: int | None) -> None:
         if self.lost_at is None:

@@ -19,11 +19,11 @@ from rich.table import Table
 from rich.text import Text
 
 from supervisor.console.durations import spoken
-from supervisor.enums import Phase, Status, WaitingFor
+from supervisor.enums import EventName, Phase, Status, WaitingFor
 from supervisor.escaping import ident, visible
 from supervisor.tracebacks import last_traceback
 
-STATUS_STYLES = {
+STATUS_STYLES: dict[str, str] = {
     **dict.fromkeys((Phase.QUEUED, Phase.LAUNCHING, Phase.SETTLING), "dim cyan"),
     Status.RUNNING: "cyan",  # the phase's word too
     Status.COMPLETED: "green",
@@ -67,7 +67,7 @@ def jobs_table(jobs: list[dict[str, Any]], width: int = 80, now: float | None = 
         else:
             table.add_column(name, no_wrap=True, min_width=size, justify="right" if name == "events" else "left")
     for job in jobs:
-        cells = {
+        cells: dict[str, RenderableType] = {
             "action id": id_text(job["action_id"]),
             "crew": id_text(job["crew_id"]),
             "op": plain(job["operation"]),
@@ -230,8 +230,8 @@ def crews_view(served: dict[str, Any]) -> Group:
     table.add_column("jobs at once", justify="right", no_wrap=True)
     for crew in served["crews"]:
         own = budget["crews"].get(crew, {})
-        limits = (count(own.get(name)) for name in ("max_tokens", "max_llm_calls"))
-        table.add_row(id_text(crew), *limits, count(bounds.get(crew)))
+        own_limits = (count(own.get(name)) for name in ("max_tokens", "max_llm_calls"))
+        table.add_row(id_text(crew), *own_limits, count(bounds.get(crew)))
     limits = f"{count(budget['max_tokens'])} tokens, {count(budget['max_llm_calls'])} LLM calls"
     return Group(
         Text(f"{len(served['crews'])} crew(s) served ({visible(served['status'])}); per job: {limits}", "bold"),
@@ -247,7 +247,7 @@ def count(limit: Any) -> str:
 
 def event_line(event: dict[str, Any]) -> Text:
     data = event["data"]
-    summary = data.get("content") if event["event"] == "chunk" else compact(data)
+    summary = data.get("content") if event["event"] == EventName.CHUNK else compact(data)
     return Text.assemble(
         (f"{event['sequence']:>5} ", "dim"), (f"{visible(event['event']):<9} ", "bold"), visible(summary, layout=True)
     )
@@ -342,7 +342,7 @@ class ChunkText:
         self._partial = ""
 
     def feed(self, event: dict[str, Any]) -> Iterator[str]:
-        if event["event"] != "chunk":
+        if event["event"] != EventName.CHUNK:
             return
         *lines, self._partial = (self._partial + str(event["data"].get("content") or "")).split("\n")
         yield from (visible(line, layout=True) for line in lines)
@@ -355,7 +355,7 @@ class ChunkText:
 
 def state(job: dict[str, Any]) -> str:
     """The one word for a job: its phase while it runs (as ``top`` shows it), else its status."""
-    return job.get("phase") or job["status"]
+    return str(job.get("phase") or job["status"])
 
 
 def status_text(status: str) -> Text:

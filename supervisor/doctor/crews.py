@@ -22,6 +22,7 @@ from protocol import CREW, CREWAI_SWITCHES, NOT_A_FACTORY, QUIET_CREWAI, Built, 
 from supervisor.config import PREFIX, ConfigError, Settings
 from supervisor.doctor import crewenv, host
 from supervisor.doctor.findings import Finding, ok, problem, warning
+from supervisor.enums import LauncherName
 from supervisor.jobs.environment import worker_env
 from supervisor.journal.statefiles import prepare_places
 from supervisor.layout import WORKER_PLACES
@@ -85,7 +86,7 @@ def built(settings: Settings) -> list[Finding]:
 
 def warmed(settings: Settings, warmth: Mapping[str, Any]) -> Finding:
     """What the fork server's warm-up warms (``worker.warmup.Warmth``), as the check worker rehearsed it."""
-    if settings.launcher != "forkserver":
+    if settings.launcher != LauncherName.FORKSERVER:
         return ok("warm-up", f"not used: {PREFIX}LAUNCHER={settings.launcher} starts a fresh interpreter per job")
     if "refused" in warmth:
         fix = "report it with your CrewAI version: jobs still run, each in a fresh interpreter (seconds to start)"

@@ -141,7 +141,7 @@ def _judge(journal: Path, reader: Reader) -> Finding:
         return problem("records", detail, "serve it with the version that wrote it")
     if version < SCHEMA_VERSION:
         return ok("records", f"schema {version}: serve checks its records when it upgrades it to {SCHEMA_VERSION}")
-    if (result := reader.integrity()) != "ok":
+    if (result := reader.damage()) is not None:
         detail = f"{journal} fails SQLite's integrity check ({result}): serve refuses to start on it"
         return problem("records", detail, "restore the journal from a backup (docs/operating.md)")
     count, named = reader.quarantine(NAMED_RECORDS)

@@ -3,19 +3,29 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 
 import orjson
 
 from supervisor.escaping import json_line, visible
 
-OK, WARNING, PROBLEM = "ok", "warning", "problem"
+
+class Verdict(enum.StrEnum):
+    """What a check says of what it checked: its line's first word, its JSON's ``status``."""
+
+    OK = "ok"
+    WARNING = "warning"
+    PROBLEM = "problem"
+
+
+OK, WARNING, PROBLEM = Verdict
 BLOCKING = ("names", "settings", "runtime")  # a problem here stops the checks that need it
 
 
 @dataclasses.dataclass(frozen=True)
 class Finding:
     check: str
-    status: str
+    status: Verdict
     detail: str
     fix: str = ""
 

@@ -11,6 +11,7 @@ from typing import Any
 from supervisor.config import PREFIX
 from supervisor.console.client import Client, OperatorError, Target
 from supervisor.doctor.findings import Finding, ok, problem, warning
+from supervisor.enums import Readiness
 from supervisor.escaping import visible
 
 NEAR_FULL = 0.9  # of MAX_RETAINED_RUNS: a warning before every start answers 507
@@ -40,7 +41,7 @@ def check(target: Target) -> list[Finding]:
 
 
 def _status(health: Mapping[str, Any]) -> Finding:
-    if health["status"] == "ready":
+    if health["status"] == Readiness.READY:
         return ok("status", f"ready: it starts jobs ({health.get('active_runs')} active)")
     detail = f"{health['status']}: it starts no new job (a SIGTERM came: it finishes its jobs, then stops)"
     return problem("status", detail, "start it again once it stopped, or wait for the one that replaces it")

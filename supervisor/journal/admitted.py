@@ -9,6 +9,7 @@ import time
 
 import orjson
 
+from supervisor.enums import Status
 from supervisor.journal.records import Job, Resumed, TaskRecord, TraceIds
 
 
@@ -23,8 +24,8 @@ def insert(
     job it continues was archived meanwhile."""
     db.execute(
         "INSERT INTO jobs (action_id, crew_id, operation, request_hash, status, event_count, admitted_at)"
-        " VALUES (?, ?, ?, ?, 'running', 0, ?)",
-        (job.action_id, job.crew_id, job.operation, job.request_hash, time.time()),
+        " VALUES (?, ?, ?, ?, ?, 0, ?)",
+        (job.action_id, job.crew_id, job.operation, job.request_hash, Status.RUNNING, time.time()),
     )
     if input is not None:
         db.execute("INSERT INTO inputs (action_id, input) VALUES (?, ?)", (job.action_id, input))

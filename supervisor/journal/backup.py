@@ -142,7 +142,7 @@ def _checked(partial: Path) -> int:
     """The copy's records, once SQLite's quick check passed it."""
     reader = Reader(partial, immutable=True)  # nothing else has it: no -wal or -shm made beside it
     try:
-        if (result := reader.integrity()) != "ok":
+        if (result := reader.damage()) is not None:
             raise JournalError(f"the copy fails SQLite's quick check ({result}): the journal itself may be damaged")
         return reader.count()
     finally:

@@ -14,13 +14,37 @@ from typing import Any
 
 import orjson
 
+from protocol import Operation
+from supervisor.enums import EventName, Status
 from supervisor.journal.ledger import LedgerReads
 from supervisor.journal.records import Event, Job, StoredEvent, Streams, TaskRecord, TraceIds
-from supervisor.journal.schema import INCONSISTENT
+from supervisor.journal.schema import INCONSISTENT, RUNNING
 
 _JOB_COLUMNS = (
     "action_id, crew_id, operation, request_hash, status, event_count, worker_pid, worker_start_time, worker_pgid,"
     " exit_status, admitted_at, ended_at, boundary, leftovers"
+)
+
+
+def _said(key: str, *statuses: Status) -> str:
+    """``key`` of a job's terminal event ``e`` (the last: one key lookup a row) where its status is one of
+    ``statuses``, else NULL."""
+    names = ", ".join(f"'{status}'" for status in statuses)
+    return f"CASE WHEN j.status IN ({names}) THEN json_extract(CAST(e.data AS TEXT), '$.{key}') END"
+
+
+# A failed or cancelled job's reason, and a failed one's error type and message, as ``list_jobs`` selects them.
+_WHY = ", ".join(
+    (
+        _said("reason", Status.FAILED, Status.CANCELLED),
+        _said("error_type", Status.FAILED),
+        _said("message", Status.FAILED),
+    )
+)
+# A row of ``list_jobs``: the record's columns, then its terminal event's reason, error type and message.
+_LISTED = (
+    *("action_id", "crew_id", "operation", "status", "event_count", "admitted_at", "ended_at"),
+    *("reason", "error_type", "message"),
 )
 
 
@@ -91,9 +115,10 @@ class Reader(ResumeReads, LedgerReads, TraceReads):
     def schema_version(self) -> int:
         return int(self._db.execute("PRAGMA user_version").fetchone()[0])
 
-    def integrity(self) -> str:
-        """SQLite's quick check of the file: ``ok``, or its first finding."""
-        return str(self._db.execute("PRAGMA quick_check").fetchone()[0])
+    def damage(self) -> str | None:
+        """SQLite's quick check of the file: its first finding, or None where it finds the file sound."""
+        found = str(self._db.execute("PRAGMA quick_check").fetchone()[0])
+        return None if found == "ok" else found
 
     def inconsistent(self) -> list[tuple[str, str]]:
         """Each record whose rows disagree, and how (``schema.INCONSISTENT``): an action id once per problem."""
@@ -165,13 +190,13 @@ class Reader(ResumeReads, LedgerReads, TraceReads):
         row = self._db.execute(
             "SELECT event, sequence, data FROM events WHERE action_id = ? ORDER BY sequence DESC LIMIT 1", (action_id,)
         ).fetchone()
-        return Event(row[0], row[1], orjson.loads(row[2])) if row else None
+        return Event(EventName(row[0]), row[1], orjson.loads(row[2])) if row else None
 
     def list_jobs(
         self,
-        status: str | None = None,
+        status: Status | None = None,
         crew_id: str | None = None,
-        operation: str | None = None,
+        operation: Operation | None = None,
         before: tuple[float, str] | None = None,
         limit: int = 50,
         among: Collection[str] | None = None,
@@ -187,23 +212,14 @@ class Reader(ResumeReads, LedgerReads, TraceReads):
         if before is not None:
             clauses.append("(j.admitted_at, j.action_id) < (?, ?)")
             params += before
-        # A failed or cancelled job's reason, and a failed one's error type and message, from its terminal event
-        # (the last: one key lookup a row).
         rows = self._db.execute(
-            "SELECT j.action_id, j.crew_id, j.operation, j.status, j.event_count, j.admitted_at, j.ended_at,"
-            " CASE WHEN j.status IN ('failed', 'cancelled') THEN json_extract(CAST(e.data AS TEXT), '$.reason') END,"
-            " CASE WHEN j.status = 'failed' THEN json_extract(CAST(e.data AS TEXT), '$.error_type') END,"
-            " CASE WHEN j.status = 'failed' THEN json_extract(CAST(e.data AS TEXT), '$.message') END"
+            f"SELECT j.action_id, j.crew_id, j.operation, j.status, j.event_count, j.admitted_at, j.ended_at, {_WHY}"
             " FROM jobs AS j LEFT JOIN events AS e ON e.action_id = j.action_id AND e.sequence = j.event_count - 1"
             f" {'WHERE ' + ' AND '.join(clauses) if clauses else ''}"
             " ORDER BY j.admitted_at DESC, j.action_id DESC LIMIT ?",
             (*params, limit),
         )
-        names = (
-            *("action_id", "crew_id", "operation", "status", "event_count", "admitted_at", "ended_at"),
-            *("reason", "error_type", "message"),
-        )
-        return [dict(zip(names, row, strict=True)) for row in rows]
+        return [dict(zip(_LISTED, row, strict=True)) for row in rows]
 
     def streams(self, action_id: str) -> Streams | None:
         row = self._db.execute(
@@ -217,7 +233,7 @@ class Reader(ResumeReads, LedgerReads, TraceReads):
         return orjson.loads(row[0]) if row else None
 
     def running(self) -> list[Job]:
-        rows = self._db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE status = 'running' ORDER BY admitted_at")
+        rows = self._db.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE status = {RUNNING} ORDER BY admitted_at")
         return [Job(*row) for row in rows]
 
     def count(self) -> int:
@@ -234,12 +250,12 @@ class Reader(ResumeReads, LedgerReads, TraceReads):
             self._db.execute("ROLLBACK")
 
     def ended_before(
-        self, end: float, limit: int, statuses: Collection[str] | None = None, crew_id: str | None = None
+        self, end: float, limit: int, statuses: Collection[Status] | None = None, crew_id: str | None = None
     ) -> tuple[list[str], int]:
         """The first ``limit`` ended records (of ``statuses``, of ``crew_id``) that ended before ``end`` (Unix
         seconds; a record whose end is unknown counts from its admission), oldest end first, and how many there are
         in all. One range of ``jobs_by_end`` each."""
-        where = "status != 'running' AND coalesce(ended_at, admitted_at) < ?"
+        where = f"status != {RUNNING} AND coalesce(ended_at, admitted_at) < ?"  # the partial index jobs_by_end's
         params: list[Any] = [end]
         if statuses is not None:
             where += " AND status IN (SELECT value FROM json_each(?))"
@@ -257,7 +273,8 @@ class Reader(ResumeReads, LedgerReads, TraceReads):
 
     def oldest_admitted(self) -> float | None:
         """When the oldest record the journal holds was admitted (Unix seconds); None if it holds none."""
-        return self._db.execute("SELECT min(admitted_at) FROM jobs").fetchone()[0]  # type: ignore[no-any-return]
+        oldest: float | None = self._db.execute("SELECT min(admitted_at) FROM jobs").fetchone()[0]
+        return oldest
 
     def used_bytes(self) -> int:
         """The bytes the journal's records take, as admission holds them against MAX_STATE_BYTES: its pages less

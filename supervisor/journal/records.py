@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from supervisor.enums import TERMINAL_EVENTS
+from supervisor.enums import TERMINAL_EVENTS, EventName
 from supervisor.redaction import redact_within
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ class Job:
 
 @dataclasses.dataclass(frozen=True)
 class Event:
-    event: str
+    event: EventName
     sequence: int
     data: dict[str, Any]
 

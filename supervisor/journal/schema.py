@@ -1,12 +1,22 @@
 """The journal's SQLite schema and the consistency rule each record must pass before it is served (a record that
 fails it is quarantined: ``supervisor/journal/quarantine.py``)."""
 
+from __future__ import annotations
+
+from protocol import EffectStatus
+from supervisor.enums import TERMINAL_EVENTS, Status
+
+# The names the journal's SQL compares with, as SQL literals (a partial index is used only by a query that spells
+# its condition): each the enum's, spelled there once.
+RUNNING = f"'{Status.RUNNING}'"
+TERMINAL = "(" + ", ".join(f"'{event}'" for event in TERMINAL_EVENTS) + ")"
+
 # 2: completed events hold the output itself; the worker's exit status is in jobs. 3: when a job ended (ended_at).
 # 4: what identifies a job's processes beside its worker (boundary: its cgroups, the descendants samples saw).
 # 5: the stacks table. 6: what a job's worker left running when it exited, killed and named (leftovers);
 # the quarantine and its tables.
 SCHEMA_VERSION = 6
-SCHEMA = """
+SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS jobs (
     action_id TEXT PRIMARY KEY,
     crew_id TEXT NOT NULL,
@@ -37,7 +47,7 @@ CREATE INDEX IF NOT EXISTS jobs_by_status_admission ON jobs (status, admitted_at
 CREATE INDEX IF NOT EXISTS jobs_by_crew_admission ON jobs (crew_id, admitted_at, action_id);
 -- Ended records by their end (one whose end is unknown, from before schema 3 or the reference, by its admission):
 -- what retention archives first (supervisor/jobs/retention.py). Made at every open, so older journals gain it.
-CREATE INDEX IF NOT EXISTS jobs_by_end ON jobs (coalesce(ended_at, admitted_at), action_id) WHERE status != 'running';
+CREATE INDEX IF NOT EXISTS jobs_by_end ON jobs (coalesce(ended_at, admitted_at), action_id) WHERE status != {RUNNING};
 -- A settled worker's stdout/stderr tails (64 KiB each) and byte totals; created here, so old journals gain it.
 CREATE TABLE IF NOT EXISTS outputs (
     action_id TEXT PRIMARY KEY,
@@ -133,12 +143,12 @@ MIRRORED = ("jobs", "events", "outputs", "stacks", "effects", "tasks_done", "res
 # and redacted without growing: ``redaction.redact_within``). A job's effect ledger and completed tasks belong to a
 # known job, and an ended job has no call ``running`` (its end made them ``uncertain``, in the same commit). Every
 # problem of every record, an action id as often as it has problems.
-INCONSISTENT = """
+INCONSISTENT = f"""
 WITH summary AS (
     SELECT action_id, count(*) AS n, min(sequence) AS lo, max(sequence) AS hi,
-           sum(event IN ('completed', 'failed', 'cancelled')) AS terminals,
-           max(CASE WHEN event IN ('completed', 'failed', 'cancelled') THEN sequence END) AS terminal_at,
-           max(CASE WHEN event IN ('completed', 'failed', 'cancelled') THEN event END) AS terminal
+           sum(event IN {TERMINAL}) AS terminals,
+           max(CASE WHEN event IN {TERMINAL} THEN sequence END) AS terminal_at,
+           max(CASE WHEN event IN {TERMINAL} THEN event END) AS terminal
     FROM events GROUP BY action_id
 )
 SELECT j.action_id,
@@ -146,8 +156,8 @@ SELECT j.action_id,
             WHEN s.n > 0 AND (s.lo != 0 OR s.hi != s.n - 1) THEN 'event sequences are not contiguous from 0'
             WHEN s.terminals > 1 THEN 'more than one terminal event'
             WHEN s.terminals = 1 AND s.terminal_at != s.hi THEN 'events follow the terminal event'
-            WHEN j.status = 'running' AND s.terminals = 1 THEN 'running with a terminal event'
-            WHEN j.status != 'running' AND coalesce(s.terminal, '') != j.status THEN 'status without its terminal event'
+            WHEN j.status = {RUNNING} AND s.terminals = 1 THEN 'running with a terminal event'
+            WHEN j.status != {RUNNING} AND coalesce(s.terminal, '') != j.status THEN 'status without its terminal event'
        END AS problem
 FROM jobs AS j LEFT JOIN summary AS s USING (action_id)
 WHERE problem IS NOT NULL
@@ -156,7 +166,7 @@ SELECT action_id, 'events of an unknown job' FROM summary WHERE action_id NOT IN
 UNION ALL
 SELECT o.action_id,
        CASE WHEN j.action_id IS NULL THEN 'worker output of an unknown job'
-            WHEN j.status = 'running' THEN 'running with its worker output recorded'
+            WHEN j.status = {RUNNING} THEN 'running with its worker output recorded'
             WHEN length(o.stdout) > o.stdout_total OR length(o.stderr) > o.stderr_total
                 THEN 'worker output longer than its byte count'
        END AS problem
@@ -165,14 +175,14 @@ WHERE problem IS NOT NULL
 UNION ALL
 SELECT s.action_id,
        CASE WHEN j.action_id IS NULL THEN 'stacks of an unknown job'
-            WHEN j.status = 'running' THEN 'running with its last stacks recorded'
+            WHEN j.status = {RUNNING} THEN 'running with its last stacks recorded'
        END AS problem
 FROM stacks AS s LEFT JOIN jobs AS j USING (action_id)
 WHERE problem IS NOT NULL
 UNION ALL
 SELECT DISTINCT e.action_id,
        CASE WHEN j.action_id IS NULL THEN 'effects of an unknown job'
-            WHEN j.status != 'running' AND e.status = 'running' THEN 'a running effect in an ended job'
+            WHEN j.status != {RUNNING} AND e.status = '{EffectStatus.RUNNING}' THEN 'a running effect in an ended job'
        END AS problem
 FROM effects AS e LEFT JOIN jobs AS j USING (action_id)
 WHERE problem IS NOT NULL

@@ -28,7 +28,7 @@ from supervisor.journal.errors import JournalError
 from supervisor.journal.quarantine import quarantine
 from supervisor.journal.reader import Reader
 from supervisor.journal.records import Event, Job, Resumed, Streams, TaskRecord, TraceIds
-from supervisor.journal.schema import SCHEMA, SCHEMA_VERSION
+from supervisor.journal.schema import RUNNING, SCHEMA, SCHEMA_VERSION
 from supervisor.journal.statefiles import lock, prepare_file, restrict
 from supervisor.journal.writer import Writer, Written
 from supervisor.layout import lock_file
@@ -72,7 +72,7 @@ class Journal:
             # stops at max_bytes already; the headroom is for the terminal events of running jobs.
             (page_size,) = self._db.execute("PRAGMA page_size").fetchone()
             self._db.execute(f"PRAGMA max_page_count = {(max_bytes + HEADROOM_BYTES) // page_size}")
-            self._migrate()
+            self.upgraded_from = _migrate(self._db, path)
             self.reader = Reader(path)
             self._verify()
             for companion in ("-wal", "-shm"):
@@ -86,21 +86,10 @@ class Journal:
         self._writer = Writer(self._db, on_commit, commit_seconds)
         self.ledger = ledger.LedgerWrites(self._writer)  # the effect ledger's writes, on the same writer
 
-    def _migrate(self) -> None:
-        version = self._db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise JournalError(f"journal schema {version} is newer than this supervisor ({SCHEMA_VERSION})")
-        if 0 < version < SCHEMA_VERSION:
-            self.upgraded_from = migrate.upgrade(self._db, self.path, version)
-        # Every open runs this, a restart on a full disk too: CREATE ... IF NOT EXISTS of what exists writes nothing,
-        # but setting user_version dirties page 1 even to the same value, and committing that needs room in the WAL.
-        bump = f"PRAGMA user_version = {SCHEMA_VERSION};" if version != SCHEMA_VERSION else ""
-        self._db.executescript(f"BEGIN; {SCHEMA} {bump} COMMIT;")
-
     def _verify(self) -> None:
         """Refuse to serve a corrupt file rather than repeat or lose what it says; quarantine a record that breaks the
         consistency rule: one record (a job's output, a hand's edit) never stops the others, nor any fencing."""
-        if (result := self.reader.integrity()) != "ok":
+        if (result := self.reader.damage()) is not None:
             raise JournalError(f"journal {self.path} failed its integrity check: {result}")
         if found := self.reader.inconsistent():
             self.quarantined = quarantine(self._db, found)  # each one logged
@@ -167,7 +156,13 @@ class Journal:
         return self._write(update, durable=False)
 
     def append(
-        self, action_id: str, event: str, data: dict[str, Any], encoded: bytes | None = None, *, commit: bool = False
+        self,
+        action_id: str,
+        event: EventName,
+        data: dict[str, Any],
+        encoded: bytes | None = None,
+        *,
+        commit: bool = False,
     ) -> Written[None] | None:
         """A non-terminal event, group-committed by the writer (``supervisor.journal.writer``), numbered when
         its group is written. ``encoded`` is ``data`` as compact JSON, if the caller has it already.
@@ -177,14 +172,14 @@ class Journal:
         ends = commit or self._uncheckpointed >= self._checkpoint
         if ends:
             self._uncheckpointed = 0
-        data = orjson.dumps(data) if encoded is None else encoded
-        group = self._writer.append(action_id, event, data, ends_group=ends)
+        stored = orjson.dumps(data) if encoded is None else encoded
+        group = self._writer.append(action_id, event, stored, ends_group=ends)
         return Written(group) if group is not None else None
 
     def finish(
         self,
         action_id: str,
-        event: str,
+        event: EventName,
         data: dict[str, Any],
         output: dict[str, Any] | None = None,
         streams: Streams | None = None,
@@ -248,7 +243,7 @@ def _json(value: dict[str, Any] | None) -> bytes | None:
 def _archive(named: str, db: sqlite3.Connection) -> list[str]:
     """``Journal.archive``'s write: the ended records of the action ids ``named`` (a JSON list), and their rows."""
     rows = db.execute(
-        "DELETE FROM jobs WHERE action_id IN (SELECT value FROM json_each(?)) AND status != 'running'"
+        f"DELETE FROM jobs WHERE action_id IN (SELECT value FROM json_each(?)) AND status != {RUNNING}"
         " RETURNING action_id",
         (named,),
     ).fetchall()
@@ -262,7 +257,20 @@ def _archive(named: str, db: sqlite3.Connection) -> list[str]:
     return removed
 
 
-def _insert(db: sqlite3.Connection, action_id: str, event: str, data: dict[str, Any]) -> Event:
+def _migrate(db: sqlite3.Connection, path: Path) -> Path | None:
+    """The schema brought to this supervisor's; the backup of an older one's journal, if it was upgraded."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise JournalError(f"journal schema {version} is newer than this supervisor ({SCHEMA_VERSION})")
+    upgraded_from = migrate.upgrade(db, path, version) if 0 < version < SCHEMA_VERSION else None
+    # Every open runs this, a restart on a full disk too: CREATE ... IF NOT EXISTS of what exists writes nothing,
+    # but setting user_version dirties page 1 even to the same value, and committing that needs room in the WAL.
+    bump = f"PRAGMA user_version = {SCHEMA_VERSION};" if version != SCHEMA_VERSION else ""
+    db.executescript(f"BEGIN; {SCHEMA} {bump} COMMIT;")
+    return upgraded_from
+
+
+def _insert(db: sqlite3.Connection, action_id: str, event: EventName, data: dict[str, Any]) -> Event:
     row = db.execute(
         "UPDATE jobs SET event_count = event_count + 1 WHERE action_id = ? RETURNING event_count - 1", (action_id,)
     ).fetchone()

@@ -97,7 +97,7 @@ class Waits:
             log.error("journal disk full for %.1f s; %d write(s) wait for space", now - self.full_since, len(waiting))
         return waiting
 
-    def out_of_disk(self, db: sqlite3.Connection, exc: Exception) -> bool:
+    def out_of_disk(self, db: sqlite3.Connection, exc: sqlite3.Error) -> bool:
         """``SQLITE_FULL`` from the disk, not from the journal's own ceiling (``max_page_count``): the disk
         has less room than the pages SQLite would still allow."""
         # ENOSPC surfaces as SQLITE_FULL, or as an I/O error where the kernel reports it late (at fsync,
@@ -105,8 +105,9 @@ class Waits:
         if getattr(exc, "sqlite_errorcode", 0) & 0xFF not in (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR):
             return False
         try:
-            (count,), (ceiling,), (size,) = (
-                db.execute(f"PRAGMA {name}").fetchone() for name in ("page_count", "max_page_count", "page_size")
+            count, ceiling, size = (
+                int(db.execute(f"PRAGMA {name}").fetchone()[0])
+                for name in ("page_count", "max_page_count", "page_size")
             )
             disk = os.statvfs(self.directory)
         except (OSError, sqlite3.Error):  # cannot tell: fail the writes as any other error would

@@ -45,6 +45,7 @@ import time
 from collections.abc import Callable, Generator
 from typing import Any, Generic, NamedTuple, TypeVar
 
+from supervisor.enums import EventName
 from supervisor.journal.errors import JournalError
 from supervisor.journal.waits import Waits, Write
 
@@ -73,7 +74,7 @@ class _Event(NamedTuple):
     """A non-terminal event, queued for the group; ``ends`` (a future) ends the group, committed at once."""
 
     action_id: str
-    event: str
+    event: EventName
     data: bytes  # compact JSON
     ends: concurrent.futures.Future[None] | None
     at: float  # monotonic, when it was appended: its group is due GROUP_SECONDS after its first event's
@@ -126,7 +127,7 @@ class Writer:
         return future
 
     def append(
-        self, action_id: str, event: str, data: bytes, *, ends_group: bool
+        self, action_id: str, event: EventName, data: bytes, *, ends_group: bool
     ) -> concurrent.futures.Future[None] | None:
         """Queue a non-terminal event for the group; ``ends_group``: the group is written at once, and the
         future returned resolves when it has committed. A group that fails is logged and lost: readers
@@ -241,7 +242,7 @@ class Writer:
             except _RolledBack:  # its fallback goes again, with the rest
                 return pending
             except (sqlite3.Error, JournalError) as exc:
-                if self._waits.out_of_disk(self._db, exc):
+                if isinstance(exc, sqlite3.Error) and self._waits.out_of_disk(self._db, exc):
                     return self._disk_full(pending, failures, exc)
                 failures.append((write, _journal_error(exc)))
                 if not self._db.in_transaction:  # SQLite rolled back the whole round: the rest go again

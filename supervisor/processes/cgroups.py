@@ -336,7 +336,7 @@ def _cap_memory(path: Path, limit: int, v1: bool) -> None:
 
 def _own_directories(root: Path, controller: str) -> list[tuple[Path, bool]]:
     """Where our cgroup for ``controller`` lives: its v1 hierarchy first, then the v2 unified tree."""
-    found = []
+    found: list[tuple[Path, bool]] = []
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/cgroup").read_text().splitlines():
             _, controllers, path = line.split(":", 2)

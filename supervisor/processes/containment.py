@@ -221,7 +221,8 @@ class Containment:
             times = psutil.Process(self.pid).cpu_times()
         except psutil.NoSuchProcess:
             return 0.0
-        return times.user + times.system + times.children_user + times.children_system
+        spent: float = times.user + times.system + times.children_user + times.children_system  # psutil: untyped
+        return spent
 
     def job_cpu_seconds(self, sampled: float) -> float:
         """All the job's CPU so far: its cgroup's count where there is one (it counts every member, one that
@@ -359,7 +360,8 @@ def _alive_as(pid: int, start_time: float) -> bool:
     """Whether the worker still exists (a zombie too): only then is its group's id surely still the job's. Once
     its group has emptied, the id may name a new group, long after a crash."""
     try:
-        return psutil.Process(pid).create_time() == start_time
+        created: float = psutil.Process(pid).create_time()  # psutil is untyped
+        return created == start_time
     except psutil.NoSuchProcess:
         return False
 
@@ -394,6 +396,7 @@ def _pss(process: psutil.Process) -> int:
 
 def running(process: psutil.Process) -> bool:
     try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+        alive: bool = process.is_running() and process.status() != psutil.STATUS_ZOMBIE  # psutil is untyped
     except psutil.NoSuchProcess:
         return False
+    return alive

@@ -48,6 +48,7 @@ from protocol import (
     command_line,
     pack,
 )
+from supervisor.enums import LauncherName
 from supervisor.processes.launcher import DESCRIBE_SECONDS, LaunchError, SpawnLauncher, spawn_process
 from supervisor.processes.limits import Limits
 from supervisor.processes.pipes import PipeEnds, make_pipes
@@ -62,7 +63,7 @@ PF_EXITING = 0x4  # /proc/<pid>/stat flags: the process is in exit
 
 
 class ForkServerLauncher:
-    name = "forkserver"
+    name = LauncherName.FORKSERVER
 
     def __init__(self, fallback: SpawnLauncher, prefork: int = 0, limits: Limits | None = None) -> None:
         self.fallback = fallback
@@ -314,7 +315,7 @@ class _ForkServer:
             self.reaper.register(pid, kill_group=False)  # a job's worker: its group is its containment's
         except OSError as exc:
             raise LaunchError(f"forked worker {pid} died at once") from exc
-        return WorkerProcess(pid, ours, self.reaper, self.reaper.watch(pid), "forkserver")
+        return WorkerProcess(pid, ours, self.reaper, self.reaper.watch(pid), LauncherName.FORKSERVER)
 
     def _on_readable(self) -> None:
         while self.alive:

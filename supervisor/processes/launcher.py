@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Protocol as Interface
 
 from protocol import CONTROL_FD, EVENT_FD, Failed, FrameError, Hello, Message, Mode, Registry, command_line
+from supervisor.enums import LauncherName
 from supervisor.processes.pipes import make_pipes
 from supervisor.processes.process import WorkerProcess
 from supervisor.processes.reaper import Reaper
@@ -26,7 +27,7 @@ class LaunchError(Exception):
 
 
 class Launcher(Interface):
-    name: str
+    name: LauncherName
 
     async def describe(self, env: Mapping[str, str], cwd: str) -> Registry:
         """What the registry offers; a registry that cannot load raises LaunchError with its error."""
@@ -72,7 +73,7 @@ def spawn_process(
 class SpawnLauncher:
     """A fresh interpreter per job (``python -m worker``): seconds to start, nothing shared."""
 
-    name = "spawn"
+    name = LauncherName.SPAWN
 
     def __init__(self, reaper: Reaper, argv: list[str] | None = None) -> None:
         self.reaper = reaper

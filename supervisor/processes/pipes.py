@@ -28,6 +28,7 @@ class Tail(asyncio.Protocol):
         self.stopped = False  # reads no more (``stop_reading``)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # asyncio types the base's parameter: a read pipe's transport (connect_read_pipe) is a ReadTransport.
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
@@ -70,15 +71,18 @@ class Frames(asyncio.Protocol):
         self._queue = queue
         # Takes an answer asked for out of turn (``WorkerProcess.ask``): never queued behind frames.
         self._answered = answered
-        self._reader = MessageReader()
+        self._reader: MessageReader | None = MessageReader()  # None once the stream ended or failed
         self.transport: asyncio.ReadTransport | None = None
         self.paused = False
         self._stall: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # asyncio types the base's parameter: a read pipe's transport (connect_read_pipe) is a ReadTransport.
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if self._reader is None:  # failed: its transport is closing, and nothing it still reads counts
+            return
         try:
             for message in self._reader.feed(data):
                 if self._answered is None or not self._answered(message):
@@ -119,11 +123,11 @@ class Frames(asyncio.Protocol):
         except FrameError as error:
             self._fail(error)
             return
-        self._reader = None  # type: ignore[assignment]
+        self._reader = None
         self._queue.put_nowait(None)
 
     def _fail(self, exc: FrameError) -> None:
-        self._reader = None  # type: ignore[assignment]
+        self._reader = None
         self._queue.put_nowait(exc)
         self._queue.put_nowait(None)
         if self.transport is not None:

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import psutil
 
 from protocol import FrameError, Message, pack
+from supervisor.enums import LauncherName
 from supervisor.processes.containment import Containment
 from supervisor.processes.pipes import QUEUE_HIGH, QUEUE_LOW, Frames, PipeEnds, Tail
 from supervisor.processes.reaper import Reaper, signal_group
@@ -43,7 +44,7 @@ class WorkerProcess:
     (``Reaper.watch``), whoever's child it is."""
 
     def __init__(
-        self, pid: int, pipes: PipeEnds, reaper: Reaper, exited: asyncio.Future[int | None], launched_by: str
+        self, pid: int, pipes: PipeEnds, reaper: Reaper, exited: asyncio.Future[int | None], launched_by: LauncherName
     ) -> None:
         self.pid = pid
         self.launched_by = launched_by
@@ -66,8 +67,8 @@ class WorkerProcess:
         """Start reading pipes without blocking the loop."""
         loop = asyncio.get_running_loop()
         await loop.connect_read_pipe(lambda: self._frames, os.fdopen(self._pipes.events, "rb", buffering=0))
-        for fd, tail in ((self._pipes.stdout, self.stdout), (self._pipes.stderr, self.stderr)):
-            await loop.connect_read_pipe(lambda tail=tail: tail, os.fdopen(fd, "rb", buffering=0))
+        await loop.connect_read_pipe(lambda: self.stdout, os.fdopen(self._pipes.stdout, "rb", buffering=0))
+        await loop.connect_read_pipe(lambda: self.stderr, os.fdopen(self._pipes.stderr, "rb", buffering=0))
         self._control, _ = await loop.connect_write_pipe(
             asyncio.Protocol, os.fdopen(self._pipes.control, "wb", buffering=0)
         )

@@ -13,7 +13,7 @@ import stat
 from collections.abc import Mapping
 from typing import Any
 
-from protocol import SETTINGS_PREFIX, Operation
+from protocol import SETTINGS_PREFIX, Operation, Warmup
 from supervisor.enums import LauncherName, Role
 from supervisor.settings_table import SPEC
 from supervisor.tokens import FILE_SETTINGS, TokenFileError, in_two_roles, read_tokens, shared, token_problem
@@ -55,7 +55,7 @@ class Settings:
     stream_checkpoint_events: int
     training_dir: str
     launcher: LauncherName
-    warmup: str
+    warmup: Warmup
     prefork: int | None  # None until ``load`` sizes it
     log_format: str
     log_crew_tracebacks: bool

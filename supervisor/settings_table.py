@@ -11,7 +11,7 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from protocol import Operation
+from protocol import Operation, Warmup
 from supervisor.enums import LauncherName
 
 MAX_WORKERS = 1024  # MAX_CONCURRENCY's highest
@@ -285,8 +285,8 @@ SPEC: dict[str, Setting] = {
         " that first-use work; see [Architecture](architecture.md#how-it-works)",
     ),
     "WARMUP": Setting(
-        _choice("providers", "offline"),
-        "providers",
+        _named(Warmup),
+        Warmup.PROVIDERS.value,
         "what the fork server warms before it listens: providers (its offline crews, then each installed provider"
         " over HTTP) or offline (its offline crews alone)",
         "offline starts the fork server sooner (about 2 s less CPU here) for crews that never call a provider over"

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from protocol import Reason, Spent
+from protocol import Limit, Reason, Spent
 from supervisor.processes.limits import Breach
 
 MODEL_CHARS = 200  # of the model a worker names: it goes into the record and a stopped job's terminal
@@ -57,23 +57,23 @@ class Budget:
         """A crew's own budget as its registry describes it; what is no count of tokens or calls counts as none."""
         if not isinstance(described, Mapping):
             return cls()
-        return cls(*(_count(described.get(name)) for name in ("max_tokens", "max_llm_calls")))
+        return cls(*(_count(described.get(name)) for name in (Limit.MAX_TOKENS, Limit.MAX_LLM_CALLS)))
 
     def within(self, other: Budget) -> Budget:
         """The lower of each limit of the two, where 0 is none."""
         return Budget(_lower(self.max_tokens, other.max_tokens), _lower(self.max_llm_calls, other.max_llm_calls))
 
-    def breach(self, spent: Spending, held: str | None = None) -> Breach | None:
+    def breach(self, spent: Spending, held: Limit | None = None) -> Breach | None:
         """The limit ``spent`` is over: tokens crossed, more calls than allowed, or the worker holding a call
         back (``held``: which of the job's limits it says is spent, as ``OverBudget`` does)."""
         proof = {"tokens": spent.tokens, "llm_calls": spent.llm_calls, "model": spent.model}
-        if self.max_tokens and (held == "max_tokens" or spent.tokens > self.max_tokens):
+        if self.max_tokens and (held is Limit.MAX_TOKENS or spent.tokens > self.max_tokens):
             message = f"the job spent {spent.tokens} LLM tokens, over its {self.max_tokens}"
             return Breach(Reason.TOKEN_LIMIT_EXCEEDED, message, {**proof, "limit": self.max_tokens})
-        if self.max_llm_calls and (held == "max_llm_calls" or spent.llm_calls > self.max_llm_calls):
+        if self.max_llm_calls and (held is Limit.MAX_LLM_CALLS or spent.llm_calls > self.max_llm_calls):
             message = (
                 f"the job made its {self.max_llm_calls} LLM calls and would have made another"
-                if held == "max_llm_calls"
+                if held is Limit.MAX_LLM_CALLS
                 else f"the job made {spent.llm_calls} LLM calls, over its {self.max_llm_calls}"
             )
             return Breach(Reason.LLM_CALL_LIMIT_EXCEEDED, message, {**proof, "limit": self.max_llm_calls})
@@ -86,3 +86,8 @@ def _count(value: Any) -> int:
 
 def _lower(one: int, other: int) -> int:
     return min(one, other) if one and other else one or other
+
+
+def named_limit(text: str) -> Limit | None:
+    """The limit a worker names (``OverBudget.limit``, untrusted text); None: no limit of ours."""
+    return next((limit for limit in Limit if limit == text), None)

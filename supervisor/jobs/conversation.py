@@ -35,7 +35,7 @@ from protocol import (
 from supervisor.config import PREFIX
 from supervisor.enums import EventName, Phase, Status
 from supervisor.jobs import stacks
-from supervisor.jobs.budget import Spending
+from supervisor.jobs.budget import Spending, named_limit
 from supervisor.jobs.job_state import JobState
 from supervisor.jobs.ledger import Fault, Ledger
 from supervisor.jobs.outcomes import (
@@ -166,7 +166,7 @@ class Conversation:
                 self._spend(message)
                 continue
             elif isinstance(message, OverBudget):  # it holds a call back, and waits: stopped as over its budget
-                if (breach := job.budget.breach(self.spent, held=message.limit)) is None:
+                if (breach := job.budget.breach(self.spent, held=named_limit(message.limit))) is None:
                     text = f"the worker held a call back for a limit it has not: {message.limit!r}"
                     fault = (Reason.PROTOCOL_ERROR, text)
                 else:
@@ -212,7 +212,7 @@ class Conversation:
         if size > bound:
             message_text = f"an output of {size} bytes exceeds {PREFIX}MAX_EVENT_BYTES ({bound})"
             return failure(Reason.EVENT_TOO_LARGE, message_text, True, output_bytes=size, limit_bytes=bound, **proof)
-        return Outcome(Status.COMPLETED, message.output, message.output, exit_status=proof.get("exit_status"))
+        return Outcome(EventName.COMPLETED, message.output, message.output, exit_status=proof.get("exit_status"))
 
     def _spend(self, spent: Spent) -> None:
         """One LLM call's usage: the job's running totals and the supervisor's counters; over its budget, the

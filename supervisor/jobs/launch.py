@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from protocol import HOME, STORAGE_DIR, Operation
-from supervisor.enums import Status
+from supervisor.enums import EventName
 from supervisor.jobs.environment import job_env, worker_settings
 from supervisor.jobs.job_state import JobState
 from supervisor.jobs.leftovers import remove_partial
@@ -94,10 +94,10 @@ class Launch:
                 ", ".join(map(str, hidden)),
                 extra={"action_id": job.action_id, "crew_id": job.crew_id},
             )
-            if outcome.event != Status.COMPLETED:
+            if outcome.event != EventName.COMPLETED:
                 outcome.data.setdefault("unreadable_pids", hidden)
         breach = limits.disk_breach(final, after_exit=True)
-        if breach is None or outcome.event != Status.COMPLETED:
+        if breach is None or outcome.event != EventName.COMPLETED:
             return outcome  # a job that failed or was stopped keeps its own reason
         proof = {**breach.proof, "answered": True, "exit_status": outcome.exit_status}
         return failure(breach.error_type, breach.message, True, **proof)

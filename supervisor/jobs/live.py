@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from protocol import READ_ONLY_OPERATIONS, Operation, Reason
-from supervisor.enums import Phase, Status
+from supervisor.enums import EventName, Phase
 from supervisor.jobs.budget import Spending
 from supervisor.jobs.conversation import Conversation
 from supervisor.jobs.environment import CrewEnvError, read_crew_env
@@ -147,13 +147,13 @@ class LiveJob:
     async def _settle(self, outcome: Outcome) -> None:
         if self._phase is not Phase.SETTLING:  # it never ran: queued, or its launch failed
             self.move(Phase.SETTLING)  # nothing stops it now: its terminal event waits for the journal
-        if outcome.event == Status.FAILED and self.operation in READ_ONLY_OPERATIONS:
+        if outcome.event == EventName.FAILED and self.operation in READ_ONLY_OPERATIONS:
             outcome.data["uncertain_outcome"] = False  # nothing it did can have changed the world
         self.lap("cleanup")  # its worker's remains checked and removed (or it never launched): the journal's now
         stack = self._conversation.stack if self._conversation is not None else None  # kept before a stop's kill
         await self.parts.recorder.finish(self, outcome, stack)
         self.wake()
-        evidence = outcome.data if outcome.event != Status.COMPLETED else {}  # completed data is the output itself
+        evidence = outcome.data if outcome.event != EventName.COMPLETED else {}  # completed data is the output itself
         log.info("job finished", extra=_finished(self, outcome.event, evidence))
         self.move(Phase.SETTLED)
         self.trace.end(outcome.event, evidence, self.spent.prompt_tokens, self.spent.completion_tokens)
@@ -259,7 +259,7 @@ async def _unless_stopped(job: LiveJob, step: Callable[[], Awaitable[T]]) -> T |
     return None if work.cancelled() else work.result()
 
 
-def _finished(job: LiveJob, event: Status, evidence: dict[str, Any]) -> dict[str, Any]:
+def _finished(job: LiveJob, event: EventName, evidence: dict[str, Any]) -> dict[str, Any]:
     """What the log says of a job that ended: what it was, how it ended, how long it took and what it spent."""
     spent = job.spent
     return {

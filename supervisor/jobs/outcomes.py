@@ -21,7 +21,7 @@ from protocol import (
     UnknownMessage,
     VersionMismatch,
 )
-from supervisor.enums import Status
+from supervisor.enums import EventName, Status
 from supervisor.jobs.job_state import JobState
 from supervisor.jobs.phases import StopReason
 from supervisor.redaction import redact
@@ -59,7 +59,7 @@ class Outcome:
     """The terminal event (``completed`` data is the output itself, as the reference writes it), and what the record
     keeps beside it: the worker's exit status, and what it left running when it exited (``Leftovers.record``)."""
 
-    event: Status  # completed | failed | cancelled
+    event: EventName  # completed | failed | cancelled
     data: dict[str, Any]
     output: dict[str, Any] | None = None
     exit_status: int | None = None
@@ -75,7 +75,7 @@ def failure(reason: Reason, message: str, uncertain: bool, error_type: str | Non
         "message": bounded(message, MAX_MESSAGE_CHARS),
         "uncertain_outcome": uncertain,
     }
-    return Outcome(Status.FAILED, {**data, **proof}, exit_status=proof.get("exit_status"))
+    return Outcome(EventName.FAILED, {**data, **proof}, exit_status=proof.get("exit_status"))
 
 
 def bounded(text: str, limit: int) -> str:
@@ -153,7 +153,7 @@ def interrupted(job: JobState, proof: dict[str, Any]) -> Outcome:
         return failure(job.breach.error_type, job.breach.message, True, **job.breach.proof, **proof)
     if job.stop is StopReason.CANCEL:
         data = {"status": Status.CANCELLED, "reason": job.cancel_reason, **proof}
-        return Outcome(Status.CANCELLED, data, exit_status=proof.get("exit_status"))
+        return Outcome(EventName.CANCELLED, data, exit_status=proof.get("exit_status"))
     if job.stop is StopReason.TIMEOUT and launched:
         return failure(Reason.TIMEOUT, f"job exceeded timeout_ms={job.timeout_ms}", True, **proof)
     if job.stop is StopReason.TIMEOUT:

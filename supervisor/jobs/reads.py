@@ -7,8 +7,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from protocol import Operation
-from supervisor.enums import Phase, Status
+from protocol import Limit, Operation
+from supervisor.enums import Phase, Readiness, Status
 from supervisor.jobs import stacks
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.outcomes import bounded
@@ -55,7 +55,7 @@ class Reads:
         settings, parts = self.settings, self.parts
         operations: set[str] = {*settings.allowed_operations, *CONTROL_OPERATIONS}
         return {
-            "status": "draining" if self.draining else "ready",
+            "status": Readiness.DRAINING if self.draining else Readiness.READY,
             "crews": sorted(self.crews),
             "active_runs": len(self.roster),
             "retained_runs": self.reader.count(),
@@ -71,8 +71,8 @@ class Reads:
             "sandbox": parts.sandbox.health(),
             "crew_max_concurrency": parts.slots.bounds(self.crews),  # each served crew's own bound, where it has one
             "llm_budget": {  # per job (0: none); a crew's own where its registry entry asks for less
-                "max_tokens": settings.worker_max_tokens,
-                "max_llm_calls": settings.worker_max_llm_calls,
+                Limit.MAX_TOKENS: settings.worker_max_tokens,
+                Limit.MAX_LLM_CALLS: settings.worker_max_llm_calls,
                 "crews": parts.crew_budgets(),
             },
             "retention": self.retention.health(),

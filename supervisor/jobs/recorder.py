@@ -10,7 +10,7 @@ import orjson
 
 from protocol import Reason
 from supervisor.config import PREFIX, Settings
-from supervisor.enums import EventName, Status
+from supervisor.enums import EventName
 from supervisor.jobs.job_state import JobState
 from supervisor.jobs.outcomes import Outcome
 from supervisor.journal.errors import JournalError
@@ -67,7 +67,7 @@ class Recorder:
         the journal's lock only delays it; the journal failing it otherwise leaves the job to be fenced."""
         streams = Streams.of(job.worker.stdout, job.worker.stderr, job.secrets) if job.worker is not None else None
         spent = job.spent
-        if outcome.event != Status.COMPLETED and spent.llm_calls:  # a completed job's output's token_usage says it
+        if outcome.event != EventName.COMPLETED and spent.llm_calls:  # a completed job's output's token_usage says it
             outcome.data.setdefault("llm_spent", spent.summary())
         masked(
             outcome.data, job.secrets
@@ -89,7 +89,7 @@ class Recorder:
                 exc,
                 extra={"action_id": job.action_id},
             )
-        raised = outcome.event == Status.FAILED and outcome.data.get("reason") in CREW_RAISED
+        raised = outcome.event == EventName.FAILED and outcome.data.get("reason") in CREW_RAISED
         if streams is not None and raised and self.settings.log_crew_tracebacks:
             self._log_traceback(job, streams.stderr)
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from supervisor.config import PREFIX, Settings
+from supervisor.enums import Status
 from supervisor.jobs.live import LiveJob
 from supervisor.jobs.roster import Roster
 from supervisor.journal.errors import JournalError
@@ -88,7 +89,7 @@ class Retention:
         return f"{kept}; archive with `crew-supervisor archive --older-than DURATION --yes`, or raise {PREFIX}{limit}"
 
     async def archive(
-        self, older_than: float, limit: int, statuses: Collection[str] | None, crew_id: str | None, dry_run: bool
+        self, older_than: float, limit: int, statuses: Collection[Status] | None, crew_id: str | None, dry_run: bool
     ) -> tuple[list[str], int]:
         """The operator's: up to ``limit`` records of ``statuses`` and ``crew_id`` that ended more than ``older_than``
         seconds ago, oldest end first, archived (``dry_run``: only named); those archived, and how many more match."""
@@ -101,7 +102,7 @@ class Retention:
         return archived, matching - len(named)
 
     def _chosen(
-        self, end: float, limit: int, statuses: Collection[str] | None = None, crew_id: str | None = None
+        self, end: float, limit: int, statuses: Collection[Status] | None = None, crew_id: str | None = None
     ) -> tuple[list[str], int]:
         """The first ``limit`` records that ended before ``end`` and whose job is not live here, and how many match."""
         ids, matching = self.journal.reader.ended_before(end, limit + len(self.roster), statuses, crew_id)

@@ -25,7 +25,7 @@ from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode, Tra
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from protocol import Reason, SpanEnded, SpanStarted
-from supervisor.enums import Status as JobStatus
+from supervisor.enums import EventName
 from supervisor.jobs.phases import StopReason
 from supervisor.jobs.worker_spans import CUT_OFF, WorkerSpans
 from supervisor.journal.records import Job
@@ -97,7 +97,7 @@ class JobTrace:
         """The worker is gone (its exit read, or its kill confirmed): the ``worker`` span ends, with how
         (``exit_status``), and its spans still open end as cut off."""
 
-    def end(self, event: JobStatus, evidence: Mapping[str, Any], input_tokens: int = 0, output_tokens: int = 0) -> None:
+    def end(self, event: EventName, evidence: Mapping[str, Any], input_tokens: int = 0, output_tokens: int = 0) -> None:
         """The job's terminal event is committed: the root ends with it (``evidence``: a failed or cancelled event's
         data, never a completed one's output); a span still open ends as cut off."""
 
@@ -211,13 +211,13 @@ class Traced(JobTrace):
         self.worker.end(now)
         self.worker = None
 
-    def end(self, event: JobStatus, evidence: Mapping[str, Any], input_tokens: int = 0, output_tokens: int = 0) -> None:
+    def end(self, event: EventName, evidence: Mapping[str, Any], input_tokens: int = 0, output_tokens: int = 0) -> None:
         if self.ended:
             return
         self._cut_off()
         attributes: dict[str, Any] = {"crew_supervisor.outcome": event}
         attributes |= {"gen_ai.usage.input_tokens": input_tokens, "gen_ai.usage.output_tokens": output_tokens}
-        if event == JobStatus.FAILED:  # a cancel's reason is what its caller said: free text, never exported
+        if event == EventName.FAILED:  # a cancel's reason is what its caller said: free text, never exported
             attributes["crew_supervisor.reason"] = str(evidence.get("reason"))
             self.root.set_status(Status(StatusCode.ERROR, str(evidence.get("reason"))))
         if isinstance(uncertain := evidence.get("uncertain_outcome"), bool):
@@ -333,7 +333,7 @@ class Tracing:
         if self.tracer is None or (root := _context(*ids)) is None:
             return
         attributes: dict[str, str | bool] = {**_attributes(job.action_id, job.crew_id, job.operation)}
-        attributes |= {"crew_supervisor.outcome": str(JobStatus.FAILED), "crew_supervisor.reason": str(reason)}
+        attributes |= {"crew_supervisor.outcome": str(EventName.FAILED), "crew_supervisor.reason": str(reason)}
         attributes["crew_supervisor.uncertain_outcome"] = True  # its worker's end was never seen
         within = trace.set_span_in_context(trace.NonRecordingSpan(root))
         span = self.tracer.start_span("fenced", within, attributes=attributes, start_time=began_ns)

@@ -231,6 +231,7 @@ def _entry(ledger: Ledger, method: Callable[..., Any], effect: Effect, arguments
         ):
             return method(self, *args, **kwargs)
 
+    # A mark on the wrapper itself: mypy types a def as a Callable, which takes no attribute.
     call.ledger = True  # type: ignore[attr-defined]
     return call
 
@@ -252,6 +253,7 @@ def _async_entry(
         ):
             return await method(self, *args, **kwargs)
 
+    # A mark on the wrapper itself: mypy types a def as a Callable, which takes no attribute.
     call.ledger = True  # type: ignore[attr-defined]
     return call
 

@@ -243,10 +243,12 @@ def feedback_provider(feedback: str) -> Any:
     from crewai.core.providers.human_input import SyncHumanInputProvider
 
     class Feedback(SyncHumanInputProvider):
-        def _prompt_input(self, crew: Any) -> str:  # type: ignore[override]
+        @staticmethod  # as CrewAI's own are
+        def _prompt_input(crew: Any) -> str:
             return feedback
 
-        async def _prompt_input_async(self, crew: Any) -> str:  # type: ignore[override]
+        @staticmethod
+        async def _prompt_input_async(crew: Any) -> str:
             return feedback
 
     return Feedback()

@@ -123,6 +123,7 @@ def _reporting(job: Spending, book: Callable[..., None]) -> Callable[..., None]:
         if crossed:  # the supervisor stops the job on this Spent: the call never returns to its agent
             _hold(job, Limit.MAX_TOKENS)
 
+    # A mark on the wrapper itself: mypy types a def as a Callable, which takes no attribute.
     booked.reports = True  # type: ignore[attr-defined]
     return booked
 

@@ -70,7 +70,7 @@ def run(flags: Mapping[str, str | None], as_json: bool) -> int:
 
 def _deployment(flags: Mapping[str, str | None]) -> list[Finding]:
     # Imported only now that the names are known to be ours: these modules load protocol and the rest.
-    from supervisor.doctor import crews, files, host
+    from supervisor.doctor import builds, files, host
     from supervisor.jobs.sandbox import check_places
 
     try:
@@ -78,13 +78,13 @@ def _deployment(flags: Mapping[str, str | None]) -> list[Finding]:
         if settings.state_file:  # as serve checks them at start
             check_places(settings, Path(settings.state_file).absolute().parent)
     except config.ConfigError as exc:
-        return [problem("settings", str(exc), exc.fix or SETTINGS_FIX), *crews.telemetry()]
+        return [problem("settings", str(exc), exc.fix or SETTINGS_FIX), *builds.telemetry()]
     where = settings.state_file or "a temporary directory"
     found = [ok("settings", f"registry {settings.registry}, journal in {where}, on {settings.host}:{settings.port}")]
     found += files.state(settings) + files.token_and_training(settings)
-    runtime = crews.runtime(settings)  # a worker that cannot start could only say "No module named ..."
-    found += runtime if any(f.status == PROBLEM for f in runtime) else runtime + crews.built(settings)
-    found += [*crews.telemetry(), host.tracing(os.environ)]
+    runtime = builds.runtime(settings)  # a worker that cannot start could only say "No module named ..."
+    found += runtime if any(f.status == PROBLEM for f in runtime) else runtime + builds.built(settings)
+    found += [*builds.telemetry(), host.tracing(os.environ)]
     return [
         *found,
         host.listen(settings),

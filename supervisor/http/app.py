@@ -79,6 +79,7 @@ def create_app(sup: Supervisor) -> FastAPI:
 
         routers.insert(0, webconsole.router())
         public = webconsole.PUBLIC_PATHS
+    # Starlette types a handler as taking any Exception; this one is registered for Refused alone.
     app.add_exception_handler(Refused, refused)  # type: ignore[arg-type]
     for router in routers:
         app.include_router(router)
@@ -98,7 +99,7 @@ def create_app(sup: Supervisor) -> FastAPI:
         schema["security"] = [{"bearer": []}]
         return schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to change the schema
     return app
 
 

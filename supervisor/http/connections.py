@@ -129,6 +129,7 @@ class GuardedProtocol(HttpToolsProtocol):
 
     # The connection ------------------------------------------------------------------------------------
 
+    # uvicorn's protocols narrow asyncio's BaseTransport to the Transport a TCP connection is, ignoring it as we do.
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._await_headers()

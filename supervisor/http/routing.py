@@ -14,6 +14,7 @@ from supervisor.models import strict_json
 
 
 def supervisor(request: Request) -> Supervisor:
+    # Starlette's State holds Any; create_app puts the Supervisor there, and nothing else sets it.
     return request.app.state.supervisor  # type: ignore[no-any-return]
 
 

@@ -20,7 +20,7 @@ from supervisor.escaping import ident
 from supervisor.jobs.crew_disk import CrewDisk
 from supervisor.jobs.retention import Retention
 from supervisor.jobs.runner import Runner
-from supervisor.jobs.tracing import JobTrace, Tracing
+from supervisor.jobs.tracing import JobTrace, Refusal, Tracing
 from supervisor.journal.errors import JournalBusy, JournalError
 from supervisor.journal.records import Job, TaskRecord
 from supervisor.journal.store import Journal
@@ -279,10 +279,10 @@ class Admission:
             # holds (a retention's archive of the job it continues may have taken them meanwhile: then none).
             copied = await self.journal.admit(job, kept, link, traced)
         except JournalBusy:
-            trace.refused("journal_unavailable")
+            trace.refused(Refusal.JOURNAL_UNAVAILABLE)
             raise JournalUnavailable("the journal is locked by another process; try again shortly") from None
         except JournalError as exc:
-            trace.refused("journal_full")
+            trace.refused(Refusal.JOURNAL_FULL)
             raise JournalFull(f"admission could not be made durable: {exc}") from None
         finally:
             del self._admitting[job.action_id]

@@ -1,4 +1,4 @@
-"""A job's launch, step by step as its job takes them (``JobState._launched``): its places made, its environment (its
+"""A job's launch, step by step as its job takes them (``LiveJob._launched``): its places made, its environment (its
 secrets found in it), its sandbox's policy; its worker spawned in them, then contained (its cgroups) and journaled
 before it has its job; watched against its limits while it runs; its places' final accounting; and, however the
 job ends, its remains removed: its worker's processes killed, its cgroup released, its scratch gone."""

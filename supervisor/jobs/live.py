@@ -56,7 +56,7 @@ class LiveJob:
         trace: JobTrace = NO_TRACE,
     ) -> None:
         """``resumed``: a resume's tasks its earlier job completed. Made as it is admitted: its time counts from now."""
-        self.parts, self.roster = parts, roster  # it joins the roster as it is launched, and leaves it once settled
+        self.parts, self.roster = parts, roster  # the runner puts it on the roster; it leaves once settled
         self.action_id, self.crew_id, self.operation, self.input = action_id, crew_id, operation, input
         self.timeout_ms, self.resumed, self.trace = timeout_ms, resumed, trace
         self.budget = parts.budget_of(crew_id)  # what it may spend on LLM calls

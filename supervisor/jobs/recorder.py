@@ -43,7 +43,7 @@ class Recorder:
         if len(encoded) > self.settings.max_event_bytes:
             bound = self.settings.max_event_bytes
             return Reason.EVENT_TOO_LARGE, f"an event of {len(encoded)} bytes exceeds {PREFIX}MAX_EVENT_BYTES ({bound})"
-        started = name == EventName.STARTED  # committed at once, not awaited: start latency is what clients feel first
+        started = name is EventName.STARTED  # committed at once, not awaited: start latency is what clients feel first
         group = self.journal.append(action_id, name, data, encoded, commit=started)
         if group is not None and not started:  # a checkpoint: relay no more of this job until it is durable
             try:

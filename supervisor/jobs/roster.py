@@ -1,5 +1,5 @@
-"""The roster: the jobs live here (admitted, no terminal event committed yet), by action id, oldest first. Each job
-adds itself as it is launched and leaves once its terminal event has committed; the rest only read it."""
+"""The roster: the jobs live here (admitted, no terminal event committed yet), by action id, oldest first. The runner
+adds each job as it is admitted; the job leaves it once its terminal event has committed; the rest only read it."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ exporter's headers, which may hold a vendor's key.
 from __future__ import annotations
 
 import contextlib
+import enum
 import importlib.metadata
 import os
 import re
@@ -53,6 +54,13 @@ TRACESTATE_MEMBER = re.compile(f"{_KEY}={_VALUE}")
 TRACE_ID, SPAN_ID = re.compile("[0-9a-f]{32}"), re.compile("[0-9a-f]{16}")
 
 
+class Refusal(enum.StrEnum):
+    """Why a start was refused after its trace began: its root's ``crew_supervisor.reason``."""
+
+    JOURNAL_UNAVAILABLE = "journal_unavailable"  # another process held the journal's write lock (503)
+    JOURNAL_FULL = "journal_full"  # the admission could not be made durable (507)
+
+
 class TracingError(Exception):
     """The ``OTEL_*`` variables ask for what cannot be had (said in one line at start)."""
 
@@ -66,7 +74,7 @@ class JobTrace:
     def admitted(self) -> None:
         """The job is durable: its admission span ends."""
 
-    def refused(self, reason: str) -> None:
+    def refused(self, reason: Refusal) -> None:
         """The start was refused after the trace began (the journal could not make it durable): the admission span
         and the root end, both an error, the root's outcome ``refused`` with ``reason``."""
 
@@ -141,7 +149,7 @@ class Traced(JobTrace):
             self.admission.end(self.lapped)
             self.admission = None
 
-    def refused(self, reason: str) -> None:
+    def refused(self, reason: Refusal) -> None:
         if self.ended:
             return
         self.ended = True

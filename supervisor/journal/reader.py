@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from protocol import Operation
-from supervisor.enums import EventName, Status
+from supervisor.enums import Status
 from supervisor.journal.ledger import LedgerReads
 from supervisor.journal.records import Event, Job, StoredEvent, Streams, TaskRecord, TraceIds
 from supervisor.journal.schema import INCONSISTENT, RUNNING
@@ -190,7 +190,7 @@ class Reader(ResumeReads, LedgerReads, TraceReads):
         row = self._db.execute(
             "SELECT event, sequence, data FROM events WHERE action_id = ? ORDER BY sequence DESC LIMIT 1", (action_id,)
         ).fetchone()
-        return Event(EventName(row[0]), row[1], orjson.loads(row[2])) if row else None
+        return Event(row[0], row[1], orjson.loads(row[2])) if row else None
 
     def list_jobs(
         self,

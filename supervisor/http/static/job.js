@@ -3,33 +3,34 @@
 
 import { RECONNECT_MS, Refused, Unauthorized, Unreachable, call, getJSON, jobPath, readEvents } from "./api.js";
 import { clearEffects, renderEffects } from "./effects.js";
+import { EVENT, REASON, STATUS, TERMINAL_EVENTS } from "./names.js";
 import { $, clock, duration, handle, ident, state, stopConfirmed, stopProof, viewError } from "./page.js";
 import { cancel } from "./workers.js";
 
 const EVENTS_SHOWN = 2000; // the oldest leave the page beyond this
-const TERMINAL = new Set(["completed", "failed", "cancelled"]);
+const TERMINAL = new Set(TERMINAL_EVENTS);
 const TRACEBACK = "Traceback (most recent call last):"; // where a worker wrote a crew's exception whole
 // A failure's `reason`, in words (the code itself for any other).
 const REASONS = {
-  timeout: "it reached its timeout",
-  operation_failed: "the crew raised an error",
-  crew_factory_failed: "its crew could not be built",
-  registry_error: "the registry could not be loaded",
-  launch_failed: "no worker could be started for it",
-  supervisor_restarted: "the supervisor restarted while it ran",
-  supervisor_stopped: "the supervisor stopped before it finished",
-  memory_limit_exceeded: "it went over its memory limit",
-  cpu_limit_exceeded: "it went over its CPU limit",
-  process_limit_exceeded: "it started too many processes",
-  output_limit_exceeded: "it wrote too much to stdout and stderr",
-  event_limit_exceeded: "it sent too many events",
-  event_too_large: "an event or its output was too large",
-  token_limit_exceeded: "it spent more LLM tokens than its budget",
-  llm_call_limit_exceeded: "it would have made more LLM calls than its budget",
-  effect_limit_exceeded: "it would have made more tool and LLM calls than MAX_EFFECTS",
-  stray_processes: "it left processes running after it answered",
-  worker_exited: "its worker exited without an answer",
-  worker_killed: "its worker was killed from outside",
+  [REASON.TIMEOUT]: "it reached its timeout",
+  [REASON.OPERATION_FAILED]: "the crew raised an error",
+  [REASON.CREW_FACTORY_FAILED]: "its crew could not be built",
+  [REASON.REGISTRY_ERROR]: "the registry could not be loaded",
+  [REASON.LAUNCH_FAILED]: "no worker could be started for it",
+  [REASON.SUPERVISOR_RESTARTED]: "the supervisor restarted while it ran",
+  [REASON.SUPERVISOR_STOPPED]: "the supervisor stopped before it finished",
+  [REASON.MEMORY_LIMIT_EXCEEDED]: "it went over its memory limit",
+  [REASON.CPU_LIMIT_EXCEEDED]: "it went over its CPU limit",
+  [REASON.PROCESS_LIMIT_EXCEEDED]: "it started too many processes",
+  [REASON.OUTPUT_LIMIT_EXCEEDED]: "it wrote too much to stdout and stderr",
+  [REASON.EVENT_LIMIT_EXCEEDED]: "it sent too many events",
+  [REASON.EVENT_TOO_LARGE]: "an event or its output was too large",
+  [REASON.TOKEN_LIMIT_EXCEEDED]: "it spent more LLM tokens than its budget",
+  [REASON.LLM_CALL_LIMIT_EXCEEDED]: "it would have made more LLM calls than its budget",
+  [REASON.EFFECT_LIMIT_EXCEEDED]: "it would have made more tool and LLM calls than MAX_EFFECTS",
+  [REASON.STRAY_PROCESSES]: "it left processes running after it answered",
+  [REASON.WORKER_EXITED]: "its worker exited without an answer",
+  [REASON.WORKER_KILLED]: "its worker was killed from outside",
 };
 const USAGE = [
   ["total", "total_tokens"],
@@ -173,9 +174,9 @@ function addEvent(event) {
   name.textContent = event.event;
   // A completed event's data is the output, shown above as text.
   const data =
-    event.event === "chunk"
+    event.event === EVENT.CHUNK
       ? String(event.data?.content ?? "")
-      : event.event === "completed"
+      : event.event === EVENT.COMPLETED
         ? "the output: shown above"
         : JSON.stringify(event.data);
   item.append(seq, name, data.length > 2000 ? `${data.slice(0, 2000)}…` : data);
@@ -213,7 +214,7 @@ function renderRecord(job) {
     if (name === "status") dd.className = `status-${value}`;
     list.append(dt, dd);
   }
-  $("job-cancel").hidden = job.status !== "running";
+  $("job-cancel").hidden = job.status !== STATUS.RUNNING;
   // Drawn again only when it changed: a redraw would drop the text an operator is selecting to copy.
   const drawn = JSON.stringify(job);
   if ($("raw").dataset.drawn === drawn) return;
@@ -227,11 +228,11 @@ function renderRecord(job) {
 function renderWhy(job) {
   const box = $("job-why");
   const terminal = job.terminal ?? {};
-  box.hidden = job.status !== "failed" && job.status !== "cancelled";
+  box.hidden = job.status !== STATUS.FAILED && job.status !== STATUS.CANCELLED;
   if (box.hidden) return;
   const title = document.createElement("strong");
   const lines = [];
-  if (job.status === "cancelled") {
+  if (job.status === STATUS.CANCELLED) {
     title.textContent = `Cancelled: ${terminal.reason ?? "by request"}`;
   } else {
     const words = Object.hasOwn(REASONS, terminal.reason ?? "") ? REASONS[terminal.reason] : terminal.reason;
@@ -253,7 +254,7 @@ function renderWhy(job) {
 function renderRaised(job, stderr) {
   const at = stderr.lastIndexOf(TRACEBACK);
   const box = $("job-raised");
-  const raisedByCrew = ["operation_failed", "crew_factory_failed"].includes(job.terminal?.reason);
+  const raisedByCrew = [REASON.OPERATION_FAILED, REASON.CREW_FACTORY_FAILED].includes(job.terminal?.reason);
   box.hidden = !raisedByCrew || at < 0 || (at > 0 && stderr[at - 1] !== "\n");
   if (box.hidden) return;
   const traceback = stderr.slice(at).trimEnd();

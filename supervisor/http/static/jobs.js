@@ -1,10 +1,20 @@
 // The job list: GET /jobs with its filters and keyset pages.
 
 import { getJSON } from "./api.js";
+import { ENDED, LIVE_PHASES, OPERATION } from "./names.js";
 import { $, cell, clock, duration, handle, ident, jobLink, state, viewError } from "./page.js";
 
 const JOBS_PER_PAGE = 25; // #/jobs?limit=N asks for another (1 to 500, the API's bound)
-const PHASES = new Set(["queued", "launching", "running", "settling"]); // the API's `phase`: filtered as such
+const PHASES = new Set(LIVE_PHASES); // the API's `phase`: filtered as such
+
+// The filters offer what a job may be (where it is while it runs, else how it ended) and every operation, as the
+// server names them (names.js).
+offer($("filters").elements.status, [...LIVE_PHASES, ...ENDED]);
+offer($("filters").elements.operation, Object.values(OPERATION));
+
+function offer(select, names) {
+  select.append(...names.map((name) => new Option(name)));
+}
 
 // Shows the view; returns its refresh.
 export function openJobs(params, signal) {

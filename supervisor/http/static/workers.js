@@ -1,6 +1,7 @@
 // The live worker view (GET /workers every tick), and a cancel with the evidence that the work stopped.
 
 import { CANCEL_MS, Refused, getJSON, jobPath } from "./api.js";
+import { STATUS, WAITING_FOR } from "./names.js";
 import {
   $,
   HISTORY,
@@ -84,7 +85,9 @@ function waitingFor(worker) {
   const said = document.createElement("small");
   said.className = "waiting";
   said.textContent =
-    waiting.on === "crew" ? `waits for crew ${ident(worker.crew_id)} ${running}` : `waits for a slot ${running}`;
+    waiting.on === WAITING_FOR.CREW
+      ? `waits for crew ${ident(worker.crew_id)} ${running}`
+      : `waits for a slot ${running}`;
   return [said];
 }
 
@@ -177,7 +180,7 @@ function showEvidence(box, record, failure) {
   const terminal = record?.terminal ?? {};
   if (failure) {
     title.textContent = failure;
-  } else if (record.status !== "cancelled") {
+  } else if (record.status !== STATUS.CANCELLED) {
     title.textContent = `${ident(record.action_id)} had already ended: ${record.status}`;
   } else if (terminal.launched === false) {
     title.textContent = `${ident(record.action_id)} cancelled before it started: no process ran`;

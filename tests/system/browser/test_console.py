@@ -95,6 +95,11 @@ def test_the_page_is_served_with_a_strict_policy_and_without_a_token(console: Se
         assert "http" not in page.text.replace("http-equiv", ""), "nothing fetched from elsewhere"
         assert client.get("/console", follow_redirects=False).headers["location"] == "/console/"
         assert client.get("/console/console.js").headers["content-type"].startswith("text/javascript")
+        names = client.get("/console/names.js")  # made from the enums, served as the files are
+        assert (
+            names.headers["content-type"].startswith("text/javascript") and names.headers["x-frame-options"] == "DENY"
+        )
+        assert names.headers["content-security-policy"] == policy and "export const STATUS = " in names.text
     # Only the page's own files are public, read: nothing else, however the path is spelt or the method.
     for path in (
         "/console/nothing-here",

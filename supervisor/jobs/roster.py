@@ -8,22 +8,12 @@ from typing import Generic, Protocol, TypeVar
 
 from protocol import Operation
 from supervisor.enums import STOPPABLE_PHASES, Phase
+from supervisor.jobs.job_state import JobState
 
 
-class Member(Protocol):
-    """What the roster reads of a job (``Job``, which it cannot name: the job holds the roster)."""
-
-    @property
-    def action_id(self) -> str: ...
-
-    @property
-    def crew_id(self) -> str: ...
-
-    @property
-    def operation(self) -> Operation: ...
-
-    @property
-    def phase(self) -> Phase: ...
+class Member(JobState, Protocol):
+    """What the roster reads of a job (``LiveJob``, which it cannot name: the job holds the roster): its state, and
+    whom to wake when its events commit."""
 
     def wake(self) -> None: ...
 

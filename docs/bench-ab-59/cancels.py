@@ -9,34 +9,24 @@ from __future__ import annotations
 
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, "/work/wt/int/scripts")
 from bench_measure import cancel_run
-from starts import server
+from starts import clients
 
 WARMUP = 3
 
 
 def main(samples: int) -> None:
     taken: dict[str, list[float]] = {"before": [], "after": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        markers = root / "markers"
-        markers.mkdir()
-        with (
-            server("before", root, markers) as a,
-            server("int", root, markers) as b,
-            a.client() as ca,
-            b.client() as cb,
-        ):
-            for i in range(samples + WARMUP):
-                for name, client in (("before", ca), ("after", cb)):
-                    _, stops, _ = cancel_run(client, 1, 0)
-                    if i >= WARMUP:
-                        taken[name].append(stops[0][0])
+    with clients() as (ca, cb):
+        for i in range(samples + WARMUP):
+            for name, client in (("before", ca), ("after", cb)):
+                _, stops, _ = cancel_run(client, 1, 0)
+                if i >= WARMUP:
+                    taken[name].append(stops[0][0])
     for name, seconds in taken.items():
         ms = sorted(x * 1000 for x in seconds)
         p50, p90 = statistics.median(ms), ms[int(0.9 * len(ms))]

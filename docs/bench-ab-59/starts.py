@@ -7,11 +7,15 @@ usage: python docs/bench-ab-59/starts.py SAMPLES
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import httpx
 
 sys.path.insert(0, "/work/wt/int/scripts")
 from bench_measure import new_id, post_job, start_body, start_latency
@@ -43,8 +47,9 @@ def report(name: str, seconds: list[float]) -> None:
     print(f"{name}: n={len(ms)} p50={p50:.2f} p90={p90:.2f} p99={p99:.2f} mean={statistics.fmean(ms):.2f} ms")
 
 
-def main(samples: int) -> None:
-    blocking: dict[str, list[float]] = {"before": [], "after": []}
+@contextlib.contextmanager
+def clients() -> Iterator[tuple[httpx.Client, httpx.Client]]:
+    """A client of each tree's supervisor (before's, after's), started side by side in a state of their own."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         markers = root / "markers"
@@ -52,17 +57,23 @@ def main(samples: int) -> None:
         with (
             server("before", root, markers) as a,
             server("int", root, markers) as b,
-            a.client() as ca,
-            b.client() as cb,
+            a.client() as before,
+            b.client() as after,
         ):
-            before, after = start_latency([ca, cb], samples, 10)
-            for i in range(samples + 5):
-                for name, client in (("before", ca), ("after", cb)):
-                    action = new_id("blk")
-                    began = time.perf_counter()
-                    post_job(client, start_body("fast", action))
-                    if i >= 5:
-                        blocking[name].append(time.perf_counter() - began)
+            yield before, after
+
+
+def main(samples: int) -> None:
+    blocking: dict[str, list[float]] = {"before": [], "after": []}
+    with clients() as (ca, cb):
+        before, after = start_latency([ca, cb], samples, 10)
+        for i in range(samples + 5):
+            for name, client in (("before", ca), ("after", cb)):
+                action = new_id("blk")
+                began = time.perf_counter()
+                post_job(client, start_body("fast", action))
+                if i >= 5:
+                    blocking[name].append(time.perf_counter() - began)
     report("start before", before)
     report("start after", after)
     for name, seconds in blocking.items():

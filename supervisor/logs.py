@@ -13,6 +13,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 from typing import IO
 
 import orjson
@@ -93,9 +94,9 @@ class SdkLines(logging.Filter):
     Of each kind (logger, level, message before its values) one is logged every ``every`` seconds; the next one
     logged says how many were not (``held_back``)."""
 
-    def __init__(self, every: float = SDK_LINE_SECONDS) -> None:
+    def __init__(self, every: float = SDK_LINE_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
-        self.every = every
+        self.every, self._clock = every, clock
         self._last: dict[tuple[str, int, str], float] = {}  # when a line of each kind was last logged
         self._held: dict[tuple[str, int, str], int] = {}
         self._lock = threading.Lock()  # the SDK says them from its export thread too
@@ -104,7 +105,7 @@ class SdkLines(logging.Filter):
         if not record.name.startswith(SDK_LOGGERS):
             return True
         kind = (record.name, record.levelno, str(record.msg))
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             last = self._last.get(kind)
             if last is not None and now - last < self.every:

@@ -517,11 +517,14 @@ def test_the_sdk_s_lines_of_one_kind_come_once_a_minute(monkeypatch: pytest.Monk
         "ours, each time",
         "ours, each time",
     ]
-    held = logs.SdkLines(every=0.05)  # a shorter minute
+    now = [0.0]
+    held = logs.SdkLines(clock=lambda: now[0])
     record = logging.LogRecord("opentelemetry.sdk._shared_internal", logging.WARNING, "", 0, "Queue full", (), None)
     assert held.filter(record) and not held.filter(record) and not held.filter(record)
-    time.sleep(0.06)
-    assert held.filter(record) and record.held_back == 2
+    now[0] = logs.SDK_LINE_SECONDS - 0.001  # still within its minute
+    assert not held.filter(record)
+    now[0] = logs.SDK_LINE_SECONDS
+    assert held.filter(record) and record.held_back == 3
 
 
 @contextlib.contextmanager

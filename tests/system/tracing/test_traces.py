@@ -78,11 +78,11 @@ def _is_root(span: ReceivedSpan, action_id: str) -> bool:
     return attributes.get("crew_supervisor.action_id") == action_id and "crew_supervisor.outcome" in attributes
 
 
-def begin(client: httpx.Client, body: dict[str, Any]) -> int:
-    """Start a job without waiting for its end; its worker's pid once it has started."""
+def begin(client: httpx.Client, body: dict[str, Any], until: str = "started") -> int:
+    """Start a job without waiting for its end; its worker's pid once the job's stream has said ``until``."""
     with client.stream("POST", "/jobs/stream", json=body, headers=KEY) as stream:
         for line in stream.iter_lines():
-            if line.startswith("event: started"):
+            if line == f"event: {until}":
                 break
     events = client.get(f"/jobs/{body['action_id']}/events").json()["events"]
     return int(next(event["data"]["pid"] for event in events if event["event"] == "started"))
@@ -177,7 +177,8 @@ def test_a_cancel_inside_a_hanging_llm_call_exports_its_stop_its_kill_and_what_i
 
 def test_a_worker_killed_from_outside_ends_its_trace(traced: Server, receiver: OtlpReceiver) -> None:
     with traced.client() as client:
-        pid = begin(client, start_body("demo-slow", "crashed", input={"seconds": 120}))
+        # Its first tick: it is inside its kickoff (a worker says started before its kickoff's span begins).
+        pid = begin(client, start_body("demo-slow", "crashed", input={"seconds": 120}), until="chunk")
         os.kill(pid, signal.SIGKILL)
         assert wait_until(lambda: client.get("/jobs/crashed").json()["status"] == "failed", timeout=60)
     root, spans = job_trace(receiver, "crashed")

@@ -78,7 +78,8 @@ def test_a_running_job_s_stacks_show_where_it_is_and_it_goes_on(server: Server) 
 @pytest.mark.parametrize(("ending", "before"), [("cancel", "cancel"), ("timeout", "timeout")])
 def test_a_stopped_job_keeps_where_it_was_just_before_its_kill(server: Server, ending: str, before: str) -> None:
     action = f"kept-{ending}"
-    pid = start_ticking(server, action, **({"timeout_ms": 3000} if ending == "timeout" else {}))
+    # A timeout from admission, 6 s: its first tick must come before it, even at load.
+    pid = start_ticking(server, action, **({"timeout_ms": 6000} if ending == "timeout" else {}))
     with server.client() as client:
         if ending == "cancel":
             client.post(f"/jobs/{action}/cancel", json={"crew_id": "demo-slow", "action_id": action, "reason": "x"})

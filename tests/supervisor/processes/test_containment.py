@@ -113,7 +113,8 @@ def test_each_way_a_job_ends_kills_its_whole_family(family_server: Server, evide
             answer = client.post("/jobs", json=start_body("family-raise", "end"), headers=KEY)
             terminal = answer.json()["terminal"]
         elif end == "timeout":
-            body = start_body("family-block", "end", timeout_ms=int(4000 * SLOWDOWN))  # the family starts first
+            # The family starts first: four processes, one after another (seconds at load), then it blocks.
+            body = start_body("family-block", "end", timeout_ms=int(8000 * SLOWDOWN))
             terminal = client.post("/jobs", json=body, headers=KEY, timeout=60 * SLOWDOWN).json()["terminal"]
         else:
             members = started_family(family_server, evidence, "end")

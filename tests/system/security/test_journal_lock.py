@@ -49,7 +49,8 @@ def test_a_held_journal_lock_stalls_nothing_and_loses_nothing(tmp_path: Path) ->
 
     def run(action_id: str) -> None:
         with server.client() as client:
-            body = start_body("demo-slow", action_id, input={"seconds": 1.5}, timeout_ms=60_000)
+            # Long enough to be running still once the lock is held (a process started for it: seconds at load).
+            body = start_body("demo-slow", action_id, input={"seconds": 5}, timeout_ms=60_000)
             answers[action_id] = client.post("/jobs", json=body, headers={"Idempotency-Key": action_id})
 
     jobs = ["first", "second", "queued"]  # the third waits for a slot: its worker is recorded under the lock

@@ -153,8 +153,12 @@ def test_a_timeout_while_the_provider_holds_the_call_closes_its_connection(
     terminal = events[-1]
     assert terminal["event"] == "failed" and terminal["data"]["reason"] == "timeout"
     assert terminal["data"]["stop_confirmed"] is True
+
     # The provider sees the connection close on its own thread, a moment after the kill: waited for.
-    (call,) = provider.wait(lambda calls: all(call.hung_up for call in calls[before:]), 30)[before:]
+    def hung_up(calls: list[Call]) -> bool:  # the job's one call (a timeout before it would leave none), closed
+        return len(calls) > before and all(call.hung_up for call in calls[before:])
+
+    (call,) = provider.wait(hung_up, 30)[before:]
     assert call.hung_up is not None and call.answered is None
     assert call.hung_up - call.started < 6.0 + 30  # closed by the kill, not left open
     assert gone(terminal["data"]["pid"])
